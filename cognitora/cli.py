@@ -1,0 +1,42 @@
+"""``cognitora`` console script: one subcommand per job, each living in its own module.
+
+Each subcommand module exposes ``main(argv: list[str]) -> int`` with its own argparse parser, so this file only
+dispatches and stays import-light (``cognitora sim`` must not pay for gRPC, ``extproc`` not for the simulator).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("cognitora.sim.cli", "run a simulated engine fleet (vLLM wire formats)"),
+    "collector": ("cognitora.collector", "feed the store from engine KV events and /metrics"),
+    "explain": ("cognitora.explain", "show where a prompt would be placed, and why"),
+    "extproc": ("envoy_extproc.server", "Envoy ext_proc service"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: cognitora <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines.append("\n'cognitora <command> --help' for a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in {"-h", "--help"}:
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"cognitora: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    result: int = module.main(rest)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""A placement ``Decision`` and its explanation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """One endpoint as placement saw it. Times are seconds, sizes are tokens."""
+
+    endpoint: str
+    cached_tokens: float
+    """Tier-weighted prefix tokens the endpoint holds (speculative entries included)."""
+    queued_prefill_tokens: float
+    prefill_tokens_per_s: float
+    predicted_ttft_s: float
+    excluded: str | None = None
+    """Why the endpoint was filtered out (unhealthy, KV nearly full, ...); None when it was ranked."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """The request is refused: an HTTP status, a message saying what to do, and Retry-After when it helps."""
+
+    status: int
+    message: str
+    retry_after_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes, and why.
+
+    Exactly one of ``endpoint`` (a local engine, ``host:port``) or ``rejection`` is set.
+    """
+
+    request_id: str
+    model: str
+    endpoint: str | None
+    url: str | None
+    """Base URL of the chosen endpoint (``http://host:port``)."""
+    prompt_tokens: int
+    predicted_cached_tokens: float = 0.0
+    predicted_ttft_s: float = 0.0
+    runner_up: CandidateScore | None = None
+    candidates: tuple[CandidateScore, ...] = ()
+    reason: str = ""
+    degraded: bool = False
+    """The store could not be read; placement used only what it had (load, own in-flight counts)."""
+    rejection: Rejection | None = None
+    exact_keys: bool = True
+    keys: tuple[int, ...] = field(default=(), repr=False)
+    """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
+
+    def explain(self) -> str:
+        """A human-readable explanation: the pick, the runner-up, every candidate."""
+        lines = []
+        if self.rejection is not None:
+            lines.append(f"rejected {self.rejection.status}: {self.rejection.message}")
+        else:
+            lines.append(
+                f"picked {self.endpoint} for model {self.model}: predicted TTFT {self.predicted_ttft_s * 1000:.1f} ms, "
+                f"{self.predicted_cached_tokens:.0f}/{self.prompt_tokens} prompt tokens cached"
+            )
+        if self.runner_up is not None:
+            r = self.runner_up
+            lines.append(
+                f"runner-up {r.endpoint}: predicted TTFT {r.predicted_ttft_s * 1000:.1f} ms, "
+                f"{r.cached_tokens:.0f} cached"
+            )
+        if self.reason:
+            lines.append(f"why: {self.reason}")
+        if self.degraded:
+            lines.append("degraded: the shared store was unreachable; placed on load and own in-flight counts only")
+        lines.append(f"{'endpoint':<24}{'cached':>10}{'queued':>10}{'rate tok/s':>12}{'TTFT ms':>10}  note")
+        for c in self.candidates:
+            lines.append(
+                f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
+                f"{c.prefill_tokens_per_s:>12.0f}{c.predicted_ttft_s * 1000:>10.1f}  {c.excluded or ''}"
+            )
+        return "\n".join(lines)

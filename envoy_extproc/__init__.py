@@ -1,0 +1,1 @@
+"""Envoy adapter: an ext_proc gRPC service. Translates; never decides."""

@@ -1,0 +1,68 @@
+"""Block keys: Cognitora's own key space for KV-cache blocks.
+
+A key is a chained 64-bit hash: ``key(i) = H(key(i-1), tokens of block i)``, with the chain rooted at the model
+(or LoRA adapter) name. Engines name blocks with their own hashes (vLLM: sha256 over CBOR, last 8 bytes; SGLang:
+first 8 bytes, signed); we never compare those across engines. Instead, keys are recomputed from token ids, so the
+same tokens give the same keys whether they come from a request or from a ``BlockStored`` event's ``token_ids``.
+
+Only full blocks are keyed: the engine never caches a partial last block either.
+
+Text-approximate keys (no tokenizer configured, or an engine that publishes no events) hash fixed-size chunks of
+UTF-8 text instead of token blocks, in a separate key space (the root differs), so they never collide with
+token-exact keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+BlockKey = int
+"""An unsigned 64-bit block key."""
+
+APPROX_CHARS_PER_TOKEN = 4
+"""Text-approximate keys assume this many characters per token, the usual figure for English BPE vocabularies."""
+
+
+def _h64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def root_key(model: str, lora: str | None = None) -> BlockKey:
+    """The parent of a sequence's first block: distinct per model and per LoRA adapter."""
+    return _h64(b"cognitora-root\x00" + model.encode() + b"\x00" + (lora or "").encode())
+
+
+def approx_root_key(model: str, lora: str | None = None) -> BlockKey:
+    """Root of the text-approximate key space for ``model``."""
+    return _h64(b"cognitora-text-root\x00" + model.encode() + b"\x00" + (lora or "").encode())
+
+
+def chain_block_keys(parent: BlockKey, token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
+    """Keys of the full blocks of ``token_ids``, chained from ``parent``. A partial last block gets no key."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    n_full = len(token_ids) // block_size
+    tokens = array("I", token_ids[: n_full * block_size])
+    raw = tokens.tobytes()
+    width = block_size * tokens.itemsize
+    keys: list[BlockKey] = []
+    blake = hashlib.blake2b
+    for i in range(n_full):
+        digest = blake(parent.to_bytes(8, "big") + raw[i * width : (i + 1) * width], digest_size=8).digest()
+        parent = int.from_bytes(digest, "big")
+        keys.append(parent)
+    return keys
+
+
+def text_block_keys(parent: BlockKey, text: str, chars_per_block: int) -> list[BlockKey]:
+    """Text-approximate keys: chained hashes of ``chars_per_block``-character chunks; a partial chunk gets none."""
+    if chars_per_block <= 0:
+        raise ValueError(f"chars_per_block must be positive, got {chars_per_block}")
+    keys: list[BlockKey] = []
+    for start in range(0, len(text) - chars_per_block + 1, chars_per_block):
+        chunk = text[start : start + chars_per_block].encode()
+        parent = _h64(parent.to_bytes(8, "big") + chunk)
+        keys.append(parent)
+    return keys

@@ -1,0 +1,150 @@
+"""The ``Store`` protocol: the one interface to the fleet's shared state.
+
+Two backends implement it and pass ONE contract suite (``tests/test_store_contract.py``):
+``kvstate.memory_store.MemoryStore`` (single gateway process) and ``kvstate.redis_store.RedisStore`` (shared by
+gateway replicas and the collector). Everything is async: gateways and the collector are asyncio programs.
+
+Identifiers:
+- ``model``: the model (or LoRA) name whose key space a block belongs to; Redis keys are hash-tagged by it.
+- ``endpoint``: an endpoint id, ``host:port`` of the engine (what Envoy's ORIGINAL_DST cluster is handed).
+- block keys: ``kvstate.keys.BlockKey`` (our own 64-bit keys, never engine hashes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol, runtime_checkable
+
+from kvstate.keys import BlockKey
+
+
+class Tier(IntEnum):
+    """Where an engine holds a block. Lower is faster to reuse."""
+
+    GPU = 0
+    CPU = 1
+    DISK = 2
+
+
+DEFAULT_TIER_WEIGHTS: dict[Tier, float] = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.DISK: 0.5}
+"""Share of a cached block's prefill saved when reused from each tier (reloading CPU/disk KV is not free)."""
+
+SPECULATIVE_WEIGHT = 1.0
+"""Weight of a speculative entry: a block we just routed there, whose BlockStored event has not arrived yet."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The backend cannot be reached (Redis down). Callers degrade; they do not crash."""
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """How much of a prompt's key chain one endpoint holds.
+
+    ``blocks``: length of the longest consecutive prefix held in any tier (or speculatively).
+    ``weighted_blocks``: the same prefix, each block weighted by its best tier (``DEFAULT_TIER_WEIGHTS`` unless the
+    store was given others); ``weighted_blocks * tokens_per_block`` is the prefill the endpoint saves.
+    """
+
+    blocks: int
+    weighted_blocks: float
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Work the routers have sent to an endpoint and not yet seen finish."""
+
+    requests: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EndpointSnapshot:
+    """The latest scraped view of one endpoint (written by the scraper, read by placement)."""
+
+    endpoint: str
+    healthy: bool = True
+    last_seen: float = 0.0
+    """Unix time of the last successful scrape."""
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    """0..1 share of the KV cache in use."""
+    prefill_tokens_per_s: float = 0.0
+    """Learned prefill throughput; 0 = not learned yet (placement then uses the configured default)."""
+    decode_tokens_per_s: float = 0.0
+    power_watts: float = 0.0
+    energy_joules: float = 0.0
+    """Cumulative energy counter, as the engine's power meter reports it."""
+    block_size: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The fleet's shared state. Every method may raise ``StoreUnavailable``."""
+
+    # -- KV block index -------------------------------------------------------------------------------------
+    async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
+        """Record that ``endpoint`` holds ``keys`` in ``tier`` (a BlockStored event, after key translation)."""
+        ...
+
+    async def remove_blocks(
+        self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
+    ) -> None:
+        """Forget ``keys`` on ``endpoint`` in ``tier`` (all tiers when None): a BlockRemoved event."""
+        ...
+
+    async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
+        """Forget everything ``endpoint`` holds (for ``model`` only, or every model): restart, cleared cache, gap."""
+        ...
+
+    async def match_prefix(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
+    ) -> dict[str, PrefixMatch]:
+        """Longest consecutive held prefix of ``keys`` per endpoint, tier-weighted, speculative entries included.
+
+        One round trip on Redis however long ``keys`` is. Endpoints holding nothing of the prefix are absent.
+        ``endpoints`` restricts the answer (None: all endpoints that hold the first key).
+        """
+        ...
+
+    async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
+        """Blocks we just routed to ``endpoint``: counted by ``match_prefix`` until confirmed or ``ttl_s`` passes."""
+        ...
+
+    # -- in-flight work, counted by the routers themselves -------------------------------------------------
+    async def inflight_add(
+        self, endpoint: str, request_id: str, prefill_tokens: int, decode_tokens: int, ttl_s: float
+    ) -> None:
+        """Count a dispatched request. It expires after ``ttl_s`` unless released, so a dead gateway heals."""
+        ...
+
+    async def inflight_prefill_done(self, endpoint: str, request_id: str) -> None:
+        """The request's first token came back: its prefill no longer queues ahead of others."""
+        ...
+
+    async def inflight_release(self, endpoint: str, request_id: str) -> None:
+        """The request finished (success, failure or stream end). Idempotent."""
+        ...
+
+    async def inflight(self, endpoints: Sequence[str]) -> dict[str, InFlight]:
+        """Current in-flight totals per endpoint (every endpoint asked for is present)."""
+        ...
+
+    # -- endpoint snapshots ---------------------------------------------------------------------------------
+    async def put_snapshot(self, snapshot: EndpointSnapshot) -> None: ...
+
+    async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
+        """Latest snapshots (None: all known endpoints)."""
+        ...
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def ping(self) -> bool:
+        """True when the backend answers."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""LiteLLM adapter: registers the ``cognitora`` routing strategy. Translates; never decides."""

@@ -1,0 +1,63 @@
+"""Find or start a real Redis for tests: ``REDIS_URL``, else 127.0.0.1:6379 if it answers, else a private
+``redis-server`` on a free port (stopped when the test session ends)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@contextmanager
+def redis_url() -> Iterator[str]:
+    env = os.environ.get("REDIS_URL")
+    if env:
+        yield env
+        return
+    default = "redis://127.0.0.1:6379/0"
+    if answers(default):
+        yield default
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("no Redis: set REDIS_URL, run one on 127.0.0.1:6379, or install redis-server")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="cognitora-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while not answers(url):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError(f"redis-server on port {port} did not start")
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
