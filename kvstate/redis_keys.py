@@ -1,0 +1,92 @@
+"""Every Redis key ``RedisStore`` uses, built in one place under one configurable prefix.
+
+Model-level keys are hash-tagged by model (``{prefix}:{<model>}:...``) so one model's prefix lookup touches one
+Redis Cluster slot and can run as one server-side script. Endpoint-level keys are hash-tagged by endpoint
+(``{prefix}:ep:{<endpoint>}:...``) so an endpoint's in-flight ZSET and HASH are updated atomically together.
+
+| key | type | content |
+|---|---|---|
+| ``{p}:{m}:b:<16 hex digits>`` | HASH | ``<endpoint>`` = tier bitmask (1 GPU, 2 CPU, 4 DISK), ``~<endpoint>`` = |
+| | | speculative entry's expiry (ms, server clock) |
+| ``{p}:{m}:e:<endpoint>`` | ZSET | block keys (hex) ``endpoint`` holds, scored by store time (us): the |
+| | | per-endpoint key set for purge and for the cap |
+| ``{p}:{m}:s:<endpoint>`` | ZSET | speculative block keys (hex) on ``endpoint``, scored by expiry (ms) |
+| ``{p}:{m}:endpoints`` | SET | endpoints that hold blocks of model ``m`` |
+| ``{p}:models`` | SET | models with any block |
+| ``{p}:ep:{e}:models`` | SET | models endpoint ``e`` holds blocks of |
+| ``{p}:ep:{e}:inflight`` | ZSET | in-flight request ids, scored by expiry (ms, server clock) |
+| ``{p}:ep:{e}:inflight:tokens`` | HASH | request id -> ``"<prefill> <decode>"`` |
+| ``{p}:ep:{e}:snapshot`` | HASH | ``EndpointSnapshot`` fields |
+| ``{p}:snapshot_endpoints`` | SET | endpoints with a snapshot |
+
+Braces inside a model or endpoint name would move the hash tag, so they are percent-escaped.
+"""
+
+from __future__ import annotations
+
+from kvstate.keys import BlockKey
+
+BLOCK_HEX_DIGITS = 16
+"""Block keys appear in key names as exactly this many lowercase hex digits (the scripts slice on it)."""
+
+SPECULATIVE_FIELD_MARK = "~"
+"""A block hash field ``~<endpoint>`` is a speculative entry; a bare ``<endpoint>`` field is a confirmed one."""
+
+
+def _tag(name: str) -> str:
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def block_hex(key: BlockKey) -> str:
+    return f"{key:016x}"
+
+
+class RedisKeys:
+    """Key builder for one prefix."""
+
+    def __init__(self, prefix: str = "cog") -> None:
+        if not prefix or any(c in prefix for c in "{} "):
+            raise ValueError(f"key prefix must be non-empty without braces or spaces, got {prefix!r}")
+        self.prefix = prefix
+
+    # -- model level (hash-tagged by model) ---------------------------------------------------------------
+    def model_base(self, model: str) -> str:
+        return f"{self.prefix}:{{{_tag(model)}}}"
+
+    def block_base(self, model: str) -> str:
+        """Prefix of every block hash of ``model``; append ``block_hex(key)`` for one block."""
+        return f"{self.model_base(model)}:b:"
+
+    def block(self, model: str, key: BlockKey) -> str:
+        return self.block_base(model) + block_hex(key)
+
+    def endpoint_blocks(self, model: str, endpoint: str) -> str:
+        return f"{self.model_base(model)}:e:{endpoint}"
+
+    def endpoint_speculative(self, model: str, endpoint: str) -> str:
+        return f"{self.model_base(model)}:s:{endpoint}"
+
+    def model_endpoints(self, model: str) -> str:
+        return f"{self.model_base(model)}:endpoints"
+
+    def models(self) -> str:
+        return f"{self.prefix}:models"
+
+    # -- endpoint level (hash-tagged by endpoint) ---------------------------------------------------------
+    def endpoint_base(self, endpoint: str) -> str:
+        return f"{self.prefix}:ep:{{{_tag(endpoint)}}}"
+
+    def endpoint_models(self, endpoint: str) -> str:
+        return f"{self.endpoint_base(endpoint)}:models"
+
+    def inflight(self, endpoint: str) -> str:
+        return f"{self.endpoint_base(endpoint)}:inflight"
+
+    def inflight_tokens(self, endpoint: str) -> str:
+        return f"{self.endpoint_base(endpoint)}:inflight:tokens"
+
+    def snapshot(self, endpoint: str) -> str:
+        return f"{self.endpoint_base(endpoint)}:snapshot"
+
+    def snapshot_endpoints(self) -> str:
+        return f"{self.prefix}:snapshot_endpoints"

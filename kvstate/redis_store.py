@@ -1,0 +1,586 @@
+"""``RedisStore``: the ``Store`` shared by gateway replicas and the collector.
+
+Key layout: ``kvstate.redis_keys``. Every multi-key update is one Lua script, so it is atomic; time comes from the
+Redis server (``TIME``), so gateways with skewed clocks agree on what has expired.
+
+- ``match_prefix`` is one read-only script call: it walks the block hashes along the key chain, asking each block
+  only about endpoints still matching, and stops at the first block where none does.
+- Memory is bounded: at most ``max_blocks_per_endpoint`` blocks per (model, endpoint), the oldest stored trimmed
+  first (matching does not refresh age in Redis: that would turn every lookup into a write). Speculative entries
+  expire by a server-clock timestamp and are swept on the endpoint's next speculative write or purge.
+- ``clear_endpoint`` walks that endpoint's own key set in chunks, never the keyspace.
+- In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
+- A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
+  Redis does not stall placement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from kvstate.keys import BlockKey
+from kvstate.memory_store import mask_weights, tier_bit
+from kvstate.redis_keys import RedisKeys
+from kvstate.store import SPECULATIVE_WEIGHT, EndpointSnapshot, InFlight, PrefixMatch, StoreUnavailable, Tier
+
+DEFAULT_SOCKET_TIMEOUT_S = 0.25
+"""Connect and read timeout: placement would rather degrade than wait on a dead Redis."""
+
+CHUNK = 2000
+"""Blocks per script call in bulk writes and purges, so no single script blocks Redis for long."""
+
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# KEYS: first block hash (routes the call to the model's slot). ARGV: block base, hex chain, weight of tier masks
+# 1..7, speculative weight, then the endpoints to consider (none: those holding the first block).
+_MATCH = (
+    "#!lua flags=no-writes\n"
+    + _NOW_MS
+    + """
+local base, blob = ARGV[1], ARGV[2]
+local n = #blob / 16
+local mw = {}
+for m = 1, 7 do mw[m] = tonumber(ARGV[2 + m]) end
+local sw = tonumber(ARGV[10])
+local now = now_ms()
+local alive = {}
+if #ARGV > 10 then
+  for i = 11, #ARGV do alive[#alive + 1] = ARGV[i] end
+else
+  local seen = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(f, 1, 1) == '~' then f = string.sub(f, 2) end
+    if not seen[f] then seen[f] = true; alive[#alive + 1] = f end
+  end
+end
+local blocks, weighted = {}, {}
+for _, ep in ipairs(alive) do blocks[ep] = 0; weighted[ep] = 0 end
+local fields, stale = {}, true
+local i = 1
+while i <= n and #alive > 0 do
+  if stale then
+    fields = {}
+    for j, ep in ipairs(alive) do fields[2 * j - 1] = ep; fields[2 * j] = '~' .. ep end
+    stale = false
+  end
+  local vals = redis.call('HMGET', base .. string.sub(blob, 16 * i - 15, 16 * i), unpack(fields))
+  local next_alive = {}
+  for j, ep in ipairs(alive) do
+    local m, w = vals[2 * j - 1], nil
+    if m then
+      w = mw[tonumber(m)]
+    else
+      local s = vals[2 * j]
+      if s and tonumber(s) > now then w = sw end
+    end
+    if w then
+      blocks[ep] = i; weighted[ep] = weighted[ep] + w; next_alive[#next_alive + 1] = ep
+    else
+      stale = true
+    end
+  end
+  alive = next_alive
+  i = i + 1
+end
+local out = {}
+for ep, b in pairs(blocks) do
+  if b > 0 then out[#out + 1] = ep; out[#out + 1] = b; out[#out + 1] = tostring(weighted[ep]) end
+end
+return out
+"""
+)
+
+# KEYS: endpoint block zset, endpoint speculative zset, model endpoints set.
+# ARGV: block base, endpoint, tier bit, cap, hex chain.
+_ADD = """
+local base, ep, tbit, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local n = #blob / 16
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local has_spec = redis.call('EXISTS', KEYS[2]) == 1
+local spec_field = '~' .. ep
+local z = {}
+for i = 1, n do
+  local hex = string.sub(blob, 16 * i - 15, 16 * i)
+  local k = base .. hex
+  local m = redis.call('HGET', k, ep)
+  if m then m = bit.bor(tonumber(m), tbit) else m = tbit end
+  redis.call('HSET', k, ep, m)
+  if has_spec then redis.call('HDEL', k, spec_field) end
+  -- the chain's head gets the newest score: trimming forgets tails first, as the engines do
+  z[#z + 1] = string.format('%.0f', now_us + (n - i))
+  z[#z + 1] = hex
+  if #z >= 2000 then redis.call('ZADD', KEYS[1], unpack(z)); z = {} end
+end
+if #z > 0 then redis.call('ZADD', KEYS[1], unpack(z)) end
+redis.call('SADD', KEYS[3], ep)
+local over = redis.call('ZCARD', KEYS[1]) - cap
+while over > 0 do
+  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], ep) end
+  over = over - #popped / 2
+end
+return n
+"""
+
+# KEYS: endpoint speculative zset, model endpoints set. ARGV: block base, endpoint, ttl ms, cap, hex chain.
+_ADD_SPECULATIVE = (
+    _NOW_MS
+    + """
+local base, ep, ttl, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local n = #blob / 16
+local now = now_ms()
+local f = '~' .. ep
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for j = 1, #expired do redis.call('HDEL', base .. expired[j], f) end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
+local exp = string.format('%.0f', now + ttl)
+local z = {}
+for i = 1, n do
+  local hex = string.sub(blob, 16 * i - 15, 16 * i)
+  redis.call('HSET', base .. hex, f, exp)
+  z[#z + 1] = exp
+  z[#z + 1] = hex
+  if #z >= 2000 then redis.call('ZADD', KEYS[1], unpack(z)); z = {} end
+end
+if #z > 0 then redis.call('ZADD', KEYS[1], unpack(z)) end
+redis.call('SADD', KEYS[2], ep)
+local over = redis.call('ZCARD', KEYS[1]) - cap
+while over > 0 do
+  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], f) end
+  over = over - #popped / 2
+end
+return n
+"""
+)
+
+# KEYS: endpoint block zset. ARGV: block base, endpoint, tier bit (0: every tier), hex chain.
+_REMOVE = """
+local base, ep, tbit, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local n = #blob / 16
+local f = '~' .. ep
+local gone = {}
+for i = 1, n do
+  local hex = string.sub(blob, 16 * i - 15, 16 * i)
+  local k = base .. hex
+  local m = redis.call('HGET', k, ep)
+  if m then
+    m = tonumber(m)
+    if tbit ~= 0 then m = bit.band(m, bit.bnot(tbit)) else m = 0 end
+    if m == 0 then
+      redis.call('HDEL', k, ep, f)
+      gone[#gone + 1] = hex
+      if #gone >= 2000 then redis.call('ZREM', KEYS[1], unpack(gone)); gone = {} end
+    else
+      redis.call('HSET', k, ep, m)
+    end
+  end
+end
+if #gone > 0 then redis.call('ZREM', KEYS[1], unpack(gone)) end
+return n
+"""
+
+# KEYS: endpoint block zset, endpoint speculative zset, model endpoints set. ARGV: block base, endpoint, chunk.
+# Purges up to ``chunk`` entries of each zset; returns how many remain (the caller loops until 0).
+_CLEAR_CHUNK = """
+local base, ep, chunk = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local popped = redis.call('ZPOPMIN', KEYS[1], chunk)
+for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], ep) end
+local f = '~' .. ep
+popped = redis.call('ZPOPMIN', KEYS[2], chunk)
+for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], f) end
+local left = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if left == 0 then redis.call('SREM', KEYS[3], ep) end
+return left
+"""
+
+_INFLIGHT_SWEEP = (
+    _NOW_MS
+    + """
+local function sweep(z, h, now)
+  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  for j = 1, #expired, 1000 do
+    redis.call('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
+  end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', z, '-inf', now) end
+end
+"""
+)
+
+# KEYS: inflight zset, inflight tokens hash. ARGV: request id, prefill tokens, decode tokens, ttl ms.
+_INFLIGHT_ADD = (
+    _INFLIGHT_SWEEP
+    + """
+local now = now_ms()
+sweep(KEYS[1], KEYS[2], now)
+local ttl = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
+-- the keys outlive their longest member, so an abandoned endpoint leaves nothing behind
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+return 1
+"""
+)
+
+# KEYS: inflight zset, inflight tokens hash. ARGV: request id.
+_INFLIGHT_PREFILL_DONE = """
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if not v then return 0 end
+local decode = string.match(v, ' (%d+)$') or '0'
+redis.call('HSET', KEYS[2], ARGV[1], '0 ' .. decode)
+return 1
+"""
+
+# KEYS: inflight zset, inflight tokens hash. Returns {requests, prefill tokens, decode tokens}.
+_INFLIGHT_READ = (
+    _INFLIGHT_SWEEP
+    + """
+sweep(KEYS[1], KEYS[2], now_ms())
+local vals = redis.call('HVALS', KEYS[2])
+local p, d = 0, 0
+for _, v in ipairs(vals) do
+  local a, b = string.match(v, '^(%d+) (%d+)$')
+  p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
+end
+return {#vals, p, d}
+"""
+)
+
+
+class _Script:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+_Call = tuple[_Script, Sequence[str], Sequence[Any]]
+
+
+def _hex_chain(keys: Sequence[BlockKey]) -> str:
+    return struct.pack(f">{len(keys)}Q", *keys).hex()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _describe(client: aioredis.Redis) -> str:
+    """``redis://host:port/db`` of a client, without credentials, for error messages."""
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+_SNAPSHOT_FIELDS = {f.name: f for f in dataclasses.fields(EndpointSnapshot)}
+
+
+def _encode_snapshot(snapshot: EndpointSnapshot) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in _SNAPSHOT_FIELDS:
+        value = getattr(snapshot, name)
+        if isinstance(value, bool):
+            out[name] = "1" if value else "0"
+        elif isinstance(value, dict):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = repr(value) if isinstance(value, float) else str(value)
+    return out
+
+
+def _decode_snapshot(endpoint: str, raw: dict[Any, Any]) -> EndpointSnapshot:
+    """Lenient: fields this version does not know are ignored, missing ones keep their defaults."""
+    values: dict[str, Any] = {"endpoint": endpoint}
+    for key, value in raw.items():
+        name, text = _text(key), _text(value)
+        f = _SNAPSHOT_FIELDS.get(name)
+        if f is None or name == "endpoint":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        try:
+            if name == "extra":
+                values[name] = {str(k): float(v) for k, v in json.loads(text).items()}
+            elif isinstance(default, bool):
+                values[name] = text == "1"
+            elif isinstance(default, int):
+                values[name] = int(float(text))
+            elif isinstance(default, float):
+                values[name] = float(text)
+            else:
+                values[name] = text
+        except (ValueError, AttributeError):
+            continue  # one bad field from another writer must not hide the rest of the snapshot
+    return EndpointSnapshot(**values)
+
+
+class RedisStore:
+    """``Store`` on Redis (7.0+). See the module docstring and ``kvstate.redis_keys`` for the layout.
+
+    A store built by ``from_url`` owns its client and closes it in ``close()``; a client passed in is left open.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        key_prefix: str = "cog",
+        tier_weights: dict[Tier, float] | None = None,
+        max_blocks_per_endpoint: int = 2_000_000,
+        *,
+        owns_client: bool = False,
+    ) -> None:
+        if max_blocks_per_endpoint <= 0:
+            raise ValueError(f"max_blocks_per_endpoint must be positive, got {max_blocks_per_endpoint}")
+        self._client = client
+        self._owns_client = owns_client
+        self.keys = RedisKeys(key_prefix)
+        self._cap = max_blocks_per_endpoint
+        self._url = _describe(client)
+        self._match_weights = [repr(w) for w in mask_weights(tier_weights)[1:]] + [repr(SPECULATIVE_WEIGHT)]
+        self._match = _Script(_MATCH)
+        self._add = _Script(_ADD)
+        self._add_speculative = _Script(_ADD_SPECULATIVE)
+        self._remove = _Script(_REMOVE)
+        self._clear_chunk = _Script(_CLEAR_CHUNK)
+        self._inflight_add = _Script(_INFLIGHT_ADD)
+        self._inflight_prefill_done = _Script(_INFLIGHT_PREFILL_DONE)
+        self._inflight_read = _Script(_INFLIGHT_READ)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        key_prefix: str = "cog",
+        tier_weights: dict[Tier, float] | None = None,
+        max_blocks_per_endpoint: int = 2_000_000,
+        socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+    ) -> RedisStore:
+        """A store with its own client: short timeouts and one immediate retry (a dropped idle connection)."""
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        return cls(client, key_prefix, tier_weights, max_blocks_per_endpoint, owns_client=True)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @contextlib.contextmanager
+    def _unavailable(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(
+                f"Redis at {self._url} did not answer ({what}: {exc.__class__.__name__}: {exc}); "
+                "check that redis-server is running and that the configured redis URL points at it"
+            ) from exc
+
+    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script call by SHA; loads the script when the server does not know it (first use, restart)."""
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self._client.script_load(script.source)
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def _run_many(self, calls: Sequence[_Call], then: Sequence[tuple[str, ...]] = ()) -> list[Any]:
+        """Script calls, then plain commands, in one pipelined round trip.
+
+        redis-py's own pipelined scripts cost an extra SCRIPT EXISTS round trip per execute; instead we load on
+        a NoScriptError and run again (every script here is idempotent).
+        """
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for script, keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for command in then:
+                pipe.execute_command(*command)
+            try:
+                return await pipe.execute()
+            except NoScriptError:
+                if attempt:
+                    raise
+                for script in {c[0].sha: c[0] for c in calls}.values():
+                    await self._client.script_load(script.source)
+        raise AssertionError("unreachable")
+
+    # -- KV block index -------------------------------------------------------------------------------------
+    async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
+        if not keys:
+            return
+        k = self.keys
+        zkeys = [k.endpoint_blocks(model, endpoint), k.endpoint_speculative(model, endpoint), k.model_endpoints(model)]
+        base = k.block_base(model)
+        bit = tier_bit(tier)
+        calls = [
+            (self._add, zkeys, [base, endpoint, bit, self._cap, _hex_chain(keys[i : i + CHUNK])])
+            for i in range(0, len(keys), CHUNK)
+        ]
+        with self._unavailable("add_blocks"):
+            await self._run_many(calls, [("SADD", k.endpoint_models(endpoint), model), ("SADD", k.models(), model)])
+
+    async def remove_blocks(
+        self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
+    ) -> None:
+        if not keys:
+            return
+        k = self.keys
+        bit = 0 if tier is None else tier_bit(tier)
+        zkeys = [k.endpoint_blocks(model, endpoint)]
+        calls = [
+            (self._remove, zkeys, [k.block_base(model), endpoint, bit, _hex_chain(keys[i : i + CHUNK])])
+            for i in range(0, len(keys), CHUNK)
+        ]
+        with self._unavailable("remove_blocks"):
+            await self._run_many(calls)
+
+    async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
+        k = self.keys
+        with self._unavailable("clear_endpoint"):
+            if model is not None:
+                models = [model]
+            else:
+                models = sorted(_text(m) for m in await self._client.smembers(k.endpoint_models(endpoint)))
+            for m in models:
+                zkeys = [k.endpoint_blocks(m, endpoint), k.endpoint_speculative(m, endpoint), k.model_endpoints(m)]
+                while await self._run(self._clear_chunk, zkeys, [k.block_base(m), endpoint, CHUNK]):
+                    pass
+                await self._client.srem(k.endpoint_models(endpoint), m)
+
+    async def match_prefix(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
+    ) -> dict[str, PrefixMatch]:
+        if not keys or (endpoints is not None and not endpoints):
+            return {}
+        k = self.keys
+        args: list[str] = [k.block_base(model), _hex_chain(keys), *self._match_weights]
+        if endpoints is not None:
+            args.extend(endpoints)
+        with self._unavailable("match_prefix"):
+            flat = await self._run(self._match, [k.block(model, keys[0])], args)
+        return {
+            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
+        }
+
+    async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
+        if not keys:
+            return
+        k = self.keys
+        ttl_ms = max(1, round(ttl_s * 1000))
+        zkeys = [k.endpoint_speculative(model, endpoint), k.model_endpoints(model)]
+        calls = [
+            (
+                self._add_speculative,
+                zkeys,
+                [k.block_base(model), endpoint, ttl_ms, self._cap, _hex_chain(keys[i : i + CHUNK])],
+            )
+            for i in range(0, len(keys), CHUNK)
+        ]
+        with self._unavailable("add_speculative"):
+            await self._run_many(calls, [("SADD", k.endpoint_models(endpoint), model), ("SADD", k.models(), model)])
+
+    # -- in-flight work -------------------------------------------------------------------------------------
+    def _inflight_keys(self, endpoint: str) -> list[str]:
+        return [self.keys.inflight(endpoint), self.keys.inflight_tokens(endpoint)]
+
+    async def inflight_add(
+        self, endpoint: str, request_id: str, prefill_tokens: int, decode_tokens: int, ttl_s: float
+    ) -> None:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        args = [request_id, max(0, int(prefill_tokens)), max(0, int(decode_tokens)), ttl_ms]
+        with self._unavailable("inflight_add"):
+            await self._run(self._inflight_add, self._inflight_keys(endpoint), args)
+
+    async def inflight_prefill_done(self, endpoint: str, request_id: str) -> None:
+        with self._unavailable("inflight_prefill_done"):
+            await self._run(self._inflight_prefill_done, self._inflight_keys(endpoint), [request_id])
+
+    async def inflight_release(self, endpoint: str, request_id: str) -> None:
+        zset, tokens = self._inflight_keys(endpoint)
+        with self._unavailable("inflight_release"):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zrem(zset, request_id)
+            pipe.hdel(tokens, request_id)
+            await pipe.execute()
+
+    async def inflight(self, endpoints: Sequence[str]) -> dict[str, InFlight]:
+        if not endpoints:
+            return {}
+        with self._unavailable("inflight"):
+            rows = await self._run_many([(self._inflight_read, self._inflight_keys(e), []) for e in endpoints])
+        return {e: InFlight(int(r[0]), int(r[1]), int(r[2])) for e, r in zip(endpoints, rows, strict=True)}
+
+    # -- endpoint snapshots ---------------------------------------------------------------------------------
+    async def put_snapshot(self, snapshot: EndpointSnapshot) -> None:
+        key = self.keys.snapshot(snapshot.endpoint)
+        with self._unavailable("put_snapshot"):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.hset(key, mapping=_encode_snapshot(snapshot))  # type: ignore[arg-type]
+            pipe.sadd(self.keys.snapshot_endpoints(), snapshot.endpoint)
+            await pipe.execute()
+
+    async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
+        with self._unavailable("snapshots"):
+            if endpoints is None:
+                endpoints = sorted(_text(e) for e in await self._client.smembers(self.keys.snapshot_endpoints()))
+            if not endpoints:
+                return {}
+            pipe = self._client.pipeline(transaction=False)
+            for endpoint in endpoints:
+                pipe.hgetall(self.keys.snapshot(endpoint))
+            rows = await pipe.execute()
+        return {e: _decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return False
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def delete_everything(self) -> None:
+        """Remove every key this store wrote under its prefix, found through its own key sets (never a SCAN).
+
+        For tests and benchmarks that share a Redis; in-flight keys not found this way expire on their own.
+        """
+        k = self.keys
+        with self._unavailable("delete_everything"):
+            models = [_text(m) for m in await self._client.smembers(k.models())]
+            for model in models:
+                endpoints = [_text(e) for e in await self._client.smembers(k.model_endpoints(model))]
+                for endpoint in endpoints:
+                    await self.clear_endpoint(endpoint)
+                    await self._client.delete(k.endpoint_models(endpoint), *self._inflight_keys(endpoint))
+                await self._client.delete(k.model_endpoints(model))
+            snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
+            for endpoint in snap_endpoints:
+                await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
+            await self._client.delete(k.models(), k.snapshot_endpoints())

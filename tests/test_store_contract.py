@@ -1,0 +1,353 @@
+"""One contract for every ``Store`` backend: ``MemoryStore`` and ``RedisStore`` (against a real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from cognitora.process import free_port
+from kvstate.memory_store import MemoryStore
+from kvstate.redis_store import RedisStore
+from kvstate.store import (
+    SPECULATIVE_WEIGHT,
+    EndpointSnapshot,
+    InFlight,
+    PrefixMatch,
+    Store,
+    StoreUnavailable,
+    Tier,
+    open_store,
+)
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+M = "meta-llama/Llama-3.1-8B-Instruct"
+CHAIN = [0x1000 + i for i in range(12)]
+TTL_S = 1.0
+"""Short enough to keep the suite fast, long enough that a loaded machine still sees the entry before it expires."""
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Backend:
+    """A store under test plus how time passes for it: a fake clock in memory, the Redis server's own clock."""
+
+    name: str
+    make: Callable[..., Store]
+    clock: FakeClock | None
+
+    async def eventually(self, condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            if self.clock is not None:
+                self.clock.now += 0.1
+            else:
+                await asyncio.sleep(0.05)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        clock = FakeClock()
+        yield Backend("memory", lambda **kw: MemoryStore(clock=clock, **kw), clock)
+        return
+    url = request.getfixturevalue("redis_server_url")
+    prefix = request.getfixturevalue("key_prefix")
+    made: list[RedisStore] = []
+
+    def make(**kw: object) -> Store:
+        store = RedisStore.from_url(url, key_prefix=prefix, **kw)  # type: ignore[arg-type]
+        made.append(store)
+        return store
+
+    yield Backend("redis", make, None)
+    for store in made:
+        await store.delete_everything()
+        await store.close()
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    return backend.make()
+
+
+def only(result: dict[str, PrefixMatch], endpoint: str) -> PrefixMatch:
+    assert endpoint in result, f"{endpoint} missing from {result}"
+    return result[endpoint]
+
+
+# -- KV block index ------------------------------------------------------------------------------------------
+
+
+async def test_is_a_store(store: Store) -> None:
+    assert isinstance(store, Store)
+    assert await store.ping()
+
+
+async def test_longest_prefix_per_endpoint(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_blocks(M, B, CHAIN[:4])
+    result = await store.match_prefix(M, CHAIN)
+    assert result == {A: PrefixMatch(12, 12.0), B: PrefixMatch(4, 4.0)}
+
+
+async def test_nothing_held_is_absent(store: Store) -> None:
+    assert await store.match_prefix(M, CHAIN) == {}
+    await store.add_blocks(M, A, CHAIN[1:])  # everything but the first block: no prefix at all
+    assert await store.match_prefix(M, CHAIN) == {}
+    assert await store.match_prefix(M, []) == {}
+
+
+async def test_a_hole_stops_the_match(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN[:3] + CHAIN[4:])
+    assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(3, 3.0)}
+
+
+async def test_models_are_separate_key_spaces(store: Store) -> None:
+    await store.add_blocks("other-model", A, CHAIN)
+    assert await store.match_prefix(M, CHAIN) == {}
+    assert only(await store.match_prefix("other-model", CHAIN), A).blocks == 12
+
+
+async def test_tier_weights_best_tier_wins_per_block(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN[:4], Tier.CPU)
+    await store.add_blocks(M, A, CHAIN[4:6], Tier.DISK)
+    await store.add_blocks(M, A, CHAIN[:2], Tier.GPU)  # blocks 0-1 now in GPU and CPU: GPU counts
+    match = only(await store.match_prefix(M, CHAIN), A)
+    assert match.blocks == 6
+    assert match.weighted_blocks == pytest.approx(2 * 1.0 + 2 * 0.8 + 2 * 0.5)
+
+
+async def test_custom_tier_weights(backend: Backend) -> None:
+    store = backend.make(tier_weights={Tier.CPU: 0.25})
+    await store.add_blocks(M, A, CHAIN[:4], Tier.CPU)
+    assert only(await store.match_prefix(M, CHAIN), A).weighted_blocks == pytest.approx(1.0)
+
+
+async def test_remove_one_tier_keeps_the_others(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN[:4], Tier.GPU)
+    await store.add_blocks(M, A, CHAIN[:4], Tier.CPU)
+    await store.remove_blocks(M, A, CHAIN[:4], Tier.GPU)
+    assert only(await store.match_prefix(M, CHAIN), A).weighted_blocks == pytest.approx(4 * 0.8)
+    await store.remove_blocks(M, A, CHAIN[2:3], Tier.CPU)
+    assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(2, pytest.approx(1.6))}  # type: ignore[arg-type]
+
+
+async def test_remove_all_tiers_makes_a_hole(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN, Tier.GPU)
+    await store.add_blocks(M, A, CHAIN, Tier.DISK)
+    await store.remove_blocks(M, A, [CHAIN[5]])
+    assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(5, 5.0)}
+    await store.remove_blocks(M, B, CHAIN)  # nothing held there: a no-op, not an error
+    await store.remove_blocks(M, A, [])
+
+
+async def test_endpoints_filter(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_blocks(M, B, CHAIN[:5])
+    assert await store.match_prefix(M, CHAIN, endpoints=[B, C]) == {B: PrefixMatch(5, 5.0)}
+    assert await store.match_prefix(M, CHAIN, endpoints=[]) == {}
+
+
+async def test_long_chain_in_one_call(store: Store) -> None:
+    chain = list(range(1, 5001))  # longer than one script chunk
+    await store.add_blocks(M, A, chain)
+    await store.add_blocks(M, B, chain[:3001])
+    result = await store.match_prefix(M, chain)
+    assert result[A].blocks == 5000
+    assert result[B].blocks == 3001
+
+
+async def test_clear_endpoint_for_one_model(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_blocks(M, B, CHAIN)
+    await store.add_blocks("other-model", A, CHAIN)
+    await store.clear_endpoint(A, M)
+    assert set(await store.match_prefix(M, CHAIN)) == {B}
+    assert set(await store.match_prefix("other-model", CHAIN)) == {A}
+
+
+async def test_clear_endpoint_for_every_model(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_speculative(M, A, [0x9999], ttl_s=60)
+    await store.add_blocks("other-model", A, CHAIN, Tier.CPU)
+    await store.add_blocks(M, B, CHAIN[:2])
+    await store.clear_endpoint(A)
+    assert await store.match_prefix(M, CHAIN) == {B: PrefixMatch(2, 2.0)}
+    assert await store.match_prefix(M, [0x9999]) == {}
+    assert await store.match_prefix("other-model", CHAIN) == {}
+    await store.add_blocks(M, A, CHAIN[:1])  # usable again afterwards
+    assert only(await store.match_prefix(M, CHAIN), A).blocks == 1
+
+
+async def test_speculative_entries_count_then_expire(backend: Backend) -> None:
+    store = backend.make()
+    await store.add_blocks(M, A, CHAIN[:3])
+    await store.add_speculative(M, A, CHAIN[3:6], ttl_s=TTL_S)
+    await store.add_speculative(M, B, CHAIN[:2], ttl_s=TTL_S)
+    result = await store.match_prefix(M, CHAIN)
+    assert result == {A: PrefixMatch(6, 3.0 + 3 * SPECULATIVE_WEIGHT), B: PrefixMatch(2, 2 * SPECULATIVE_WEIGHT)}
+
+    async def expired() -> bool:
+        return await store.match_prefix(M, CHAIN) == {A: PrefixMatch(3, 3.0)}
+
+    await backend.eventually(expired, "speculative entries to expire")
+
+
+async def test_confirmed_speculative_entry_takes_its_tier(backend: Backend) -> None:
+    store = backend.make()
+    await store.add_speculative(M, A, CHAIN[:4], ttl_s=60)
+    await store.add_blocks(M, A, CHAIN[:4], Tier.DISK)
+    assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(4, 2.0)}
+    await store.remove_blocks(M, A, CHAIN[:4])  # the engine evicted them: the old guess must not come back
+    assert await store.match_prefix(M, CHAIN) == {}
+
+
+# -- bounded memory ------------------------------------------------------------------------------------------
+
+
+async def test_cap_forgets_the_oldest_blocks_tails_first(backend: Backend) -> None:
+    store = backend.make(max_blocks_per_endpoint=8)
+    old, new = CHAIN[:6], [0x2000 + i for i in range(6)]
+    await store.add_blocks(M, A, old)
+    await store.add_blocks(M, A, new)
+    # 12 blocks, cap 8: the older chain loses its 4 tail blocks, its head survives.
+    assert (await store.match_prefix(M, old)) == {A: PrefixMatch(2, 2.0)}
+    assert (await store.match_prefix(M, new)) == {A: PrefixMatch(6, 6.0)}
+    await store.add_blocks(M, B, old)  # the cap is per endpoint
+    assert only(await store.match_prefix(M, old), B).blocks == 6
+
+
+async def test_memory_cap_keeps_recently_matched_blocks() -> None:
+    store = MemoryStore(max_blocks_per_endpoint=6)
+    first, second = CHAIN[:3], CHAIN[3:6]
+    await store.add_blocks(M, A, first)
+    await store.add_blocks(M, A, second)
+    await store.match_prefix(M, first)  # reused: now the youngest
+    await store.add_blocks(M, A, [0x3000, 0x3001, 0x3002])
+    assert only(await store.match_prefix(M, first), A).blocks == 3
+    assert await store.match_prefix(M, second) == {}
+
+
+# -- in-flight -----------------------------------------------------------------------------------------------
+
+
+async def test_inflight_counts_and_release_is_idempotent(store: Store) -> None:
+    await store.inflight_add(A, "r1", 1000, 200, ttl_s=60)
+    await store.inflight_add(A, "r2", 500, 100, ttl_s=60)
+    await store.inflight_add(B, "r3", 10, 1, ttl_s=60)
+    assert await store.inflight([A, B, C]) == {A: InFlight(2, 1500, 300), B: InFlight(1, 10, 1), C: InFlight()}
+    await store.inflight_prefill_done(A, "r1")
+    assert (await store.inflight([A]))[A] == InFlight(2, 500, 300)
+    await store.inflight_release(A, "r1")
+    await store.inflight_release(A, "r1")
+    await store.inflight_release(A, "never-added")
+    await store.inflight_prefill_done(A, "never-added")
+    assert await store.inflight([A, B]) == {A: InFlight(1, 500, 100), B: InFlight(1, 10, 1)}
+    await store.inflight_add(A, "r2", 700, 100, ttl_s=60)  # re-adding the same id replaces, never double counts
+    assert (await store.inflight([A]))[A] == InFlight(1, 700, 100)
+    assert await store.inflight([]) == {}
+
+
+async def test_inflight_heals_when_a_gateway_dies(backend: Backend) -> None:
+    store = backend.make()
+    await store.inflight_add(A, "lost", 4000, 100, ttl_s=TTL_S)  # its gateway never releases it
+    await store.inflight_add(A, "alive", 100, 10, ttl_s=600)
+    assert (await store.inflight([A]))[A] == InFlight(2, 4100, 110)
+
+    async def healed() -> bool:
+        return (await store.inflight([A]))[A] == InFlight(1, 100, 10)
+
+    await backend.eventually(healed, "the abandoned in-flight request to expire")
+
+
+# -- snapshots -----------------------------------------------------------------------------------------------
+
+
+async def test_snapshots_round_trip(store: Store) -> None:
+    a = EndpointSnapshot(
+        endpoint=A,
+        healthy=False,
+        last_seen=1_700_000_123.25,
+        running=3,
+        waiting=7,
+        kv_usage=0.625,
+        prefill_tokens_per_s=12345.5,
+        decode_tokens_per_s=321.0,
+        power_watts=250.5,
+        energy_joules=1e9 + 0.5,
+        block_size=16,
+        extra={"gpu_cache_hit_rate": 0.42},
+    )
+    b = EndpointSnapshot(endpoint=B)
+    await store.put_snapshot(a)
+    await store.put_snapshot(b)
+    assert await store.snapshots() == {A: a, B: b}
+    assert await store.snapshots([B, C]) == {B: b}
+    newer = EndpointSnapshot(endpoint=B, running=9)
+    await store.put_snapshot(newer)
+    assert (await store.snapshots([B]))[B] == newer
+
+
+# -- lifecycle and failures ----------------------------------------------------------------------------------
+
+
+async def test_ping_and_close(store: Store) -> None:
+    assert await store.ping() is True
+    await store.close()
+
+
+async def test_open_store_picks_the_backend(redis_server_url: str, key_prefix: str) -> None:
+    assert isinstance(open_store(None), MemoryStore)
+    store = open_store(redis_server_url, key_prefix)
+    try:
+        assert isinstance(store, RedisStore)
+        await store.add_blocks(M, A, CHAIN[:2])
+        assert only(await store.match_prefix(M, CHAIN), A).blocks == 2
+    finally:
+        assert isinstance(store, RedisStore)
+        await store.delete_everything()
+        await store.close()
+
+
+async def test_dead_redis_is_store_unavailable_quickly() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    store = RedisStore.from_url(url)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}"):
+        await store.match_prefix(M, CHAIN)
+    with pytest.raises(StoreUnavailable, match="redis-server is running"):
+        await store.inflight_add(A, "r1", 1, 1, ttl_s=1)
+    assert await store.ping() is False
+    assert time.monotonic() - started < 3.0
+    await store.close()
+
+
+async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key_prefix: str) -> None:
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_blocks("other-model", B, CHAIN, Tier.CPU)
+    await store.add_speculative(M, C, CHAIN, ttl_s=60)
+    await store.inflight_add(A, "r1", 1, 1, ttl_s=60)
+    await store.put_snapshot(EndpointSnapshot(endpoint=C))
+    raw = aioredis.Redis.from_url(redis_server_url)
+    try:
+        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*")]
+        await store.delete_everything()
+        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*")] == []
+    finally:
+        await raw.aclose()
+        await store.close()
