@@ -1,0 +1,278 @@
+"""Open-loop streaming load generator: sends a Schedule to one base URL and measures every request.
+
+Requests leave at their scheduled times whether or not earlier ones finished (open loop, as inference-perf and
+AIPerf's fixed schedule do). Each is a streaming OpenAI request asking for usage in its final chunk. Per request we
+record TTFT (first chunk carrying text), mean inter-token latency, end-to-end latency, the usage numbers (prompt,
+cached, completion tokens) and the HTTP status or error.
+
+Time: the schedule is in simulated-engine seconds. With a sim time scale X (engine durations divided by X), an
+arrival at engine time t is sent at wall time t / X and every measured wall duration is multiplied by X, so all
+reported latencies are engine seconds. (Router overhead in wall time is scaled by X too: say so when X < 1.)
+
+The harness measures itself: its own CPU time (one asyncio thread: above ~90% of a core it cannot keep up),
+the whole machine's busy share, and how late each request left compared with its schedule. A run where the
+harness was saturated is flagged invalid, not silently reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from bench.workloads import BenchRequest, Schedule, TextBank
+
+# Beyond these the harness itself distorts the measurement.
+MAX_HARNESS_CPU_SHARE = 0.90
+MAX_DISPATCH_LAG_P99_S = 0.25
+
+
+@dataclass
+class RequestResult:
+    """One request's outcome. Durations are engine seconds (see the module docstring); None when not reached."""
+
+    index: int
+    stage: str
+    measured: bool
+    arrival_s: float
+    status: int = 0
+    error: str = ""
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    content_tokens: int = 0
+    reusable_tokens: int = 0
+    chunks: int = 0
+    dispatch_lag_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+
+@dataclass
+class HarnessHealth:
+    wall_s: float
+    cpu_s: float
+    cpu_share: float
+    machine_busy_share: float
+    dispatch_lag_p99_s: float
+    saturated: bool
+    reason: str = ""
+
+
+@dataclass
+class LoadResult:
+    results: list[RequestResult]
+    time_scale: float
+    health: HarnessHealth
+    not_sent: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time_scale": self.time_scale,
+            "health": asdict(self.health),
+            "not_sent": self.not_sent,
+            "results": [asdict(r) for r in self.results],
+            **self.extra,
+        }
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs from /proc/stat; (0, 0) where unavailable."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def _one_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    req: BenchRequest,
+    time_scale: float,
+    timeout_s: float,
+    lag_s: float,
+) -> RequestResult:
+    res = RequestResult(
+        index=req.index,
+        stage=req.stage,
+        measured=req.measured,
+        arrival_s=req.arrival_s,
+        content_tokens=req.prompt_tokens,
+        reusable_tokens=req.reusable_tokens,
+        dispatch_lag_s=lag_s,
+    )
+    start = time.perf_counter()
+    first: float | None = None
+    last: float | None = None
+    try:
+        async with session.post(
+            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            res.status = resp.status
+            if resp.status != 200:
+                res.error = (await resp.text())[:300]
+                return res
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if _has_text(chunk):
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    last = now
+                    res.chunks += 1
+                usage = chunk.get("usage")
+                if usage:
+                    res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    res.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    res.cached_tokens = int(details.get("cached_tokens") or 0)
+    except TimeoutError:
+        res.error = f"timeout after {timeout_s * time_scale:.0f} engine s"
+    except (aiohttp.ClientError, json.JSONDecodeError, ValueError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+    end = time.perf_counter()
+    if first is not None:
+        res.ttft_s = (first - start) * time_scale
+        if res.completion_tokens == 0:
+            res.error = res.error or "stream carried no usage (stream_options.include_usage ignored)"
+        if last is not None and res.completion_tokens > 1:
+            res.itl_s = (last - first) / (res.completion_tokens - 1) * time_scale
+    elif not res.error:
+        res.error = "stream ended without any text"
+    if not res.error:
+        res.e2e_s = (end - start) * time_scale
+    return res
+
+
+def _has_text(chunk: Mapping[str, Any]) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta")
+        if (delta and delta.get("content")) or choice.get("text"):
+            return True
+    return False
+
+
+async def run_load(
+    base_url: str,
+    schedule: Schedule,
+    model: str,
+    time_scale: float = 1.0,
+    headers: Mapping[str, str] | None = None,
+    max_wall_s: float | None = None,
+    max_requests: int | None = None,
+    request_timeout_s: float = 600.0,
+    drain_wall_s: float = 120.0,
+    seed: int = 20251130,
+    progress: ProgressFn | None = None,
+) -> LoadResult:
+    """Send ``schedule`` open-loop to ``base_url``; return every request's result and the harness's own health.
+
+    ``request_timeout_s`` is engine seconds; ``max_wall_s`` stops dispatching (the unsent rest is counted as
+    ``not_sent``); ``drain_wall_s`` bounds the wait for in-flight requests after the last one left.
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    requests = schedule.requests[:max_requests] if max_requests is not None else list(schedule.requests)
+    bank = TextBank(seed)
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    base = base_url.rstrip("/")
+    paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    timeout_wall = request_timeout_s / time_scale
+
+    done = 0
+    total = len(requests)
+
+    def finished(_: asyncio.Task[RequestResult]) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    cpu0, busy0 = time.process_time(), _machine_busy()
+    wall0 = time.perf_counter()
+    tasks: list[asyncio.Task[RequestResult]] = []
+    not_sent = 0
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for i, req in enumerate(requests):
+            due = req.arrival_s / time_scale
+            if max_wall_s is not None and due > max_wall_s:
+                not_sent = total - i
+                total = i
+                break
+            delay = due - (time.perf_counter() - wall0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag = max(0.0, (time.perf_counter() - wall0) - due)
+            body = json.dumps(req.body(bank, model)).encode()
+            task = asyncio.create_task(
+                _one_request(session, base + paths[req.api], body, hdrs, req, time_scale, timeout_wall, lag)
+            )
+            task.add_done_callback(finished)
+            tasks.append(task)
+        results: list[RequestResult] = []
+        if tasks:
+            finished_set, pending = await asyncio.wait(tasks, timeout=drain_wall_s + timeout_wall)
+            for t in pending:
+                t.cancel()
+            for t, req in zip(tasks, requests, strict=False):
+                if t in finished_set and not t.cancelled() and t.exception() is None:
+                    results.append(t.result())
+                else:
+                    results.append(
+                        RequestResult(
+                            req.index,
+                            req.stage,
+                            req.measured,
+                            req.arrival_s,
+                            error="not finished when the run ended",
+                            content_tokens=req.prompt_tokens,
+                            reusable_tokens=req.reusable_tokens,
+                        )
+                    )
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    busy1 = _machine_busy()
+    machine = (busy1[0] - busy0[0]) / (busy1[1] - busy0[1]) if busy1[1] > busy0[1] else 0.0
+    lag_p99 = _percentile([r.dispatch_lag_s for r in results], 99)
+    cpu_share = cpu / wall if wall > 0 else 0.0
+    reasons = []
+    if cpu_share > MAX_HARNESS_CPU_SHARE:
+        reasons.append(f"harness used {cpu_share:.0%} of a core (limit {MAX_HARNESS_CPU_SHARE:.0%})")
+    if lag_p99 > MAX_DISPATCH_LAG_P99_S:
+        reasons.append(f"requests left {lag_p99 * 1000:.0f} ms late at p99 (limit {MAX_DISPATCH_LAG_P99_S * 1000:.0f})")
+    health = HarnessHealth(wall, cpu, cpu_share, machine, lag_p99, bool(reasons), "; ".join(reasons))
+    return LoadResult(results, time_scale, health, not_sent)
