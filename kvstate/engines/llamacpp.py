@@ -1,0 +1,68 @@
+"""llama.cpp ``llama-server --metrics``: Prometheus ``/metrics`` (prefix ``llamacpp:``, no labels), ``/health``.
+
+Source: ggml-org/llama.cpp ``tools/server`` (engines.md 4.2). No KV events: prefix reuse is per slot, so the
+router can only approximate it. llama.cpp measures its own busy time, which makes its rates exact.
+
+| constant | metric | type |
+|---|---|---|
+| RUNNING | ``llamacpp:requests_processing`` (busy slots) | gauge |
+| WAITING | ``llamacpp:requests_deferred`` | gauge |
+| KV_USAGE | ``llamacpp:kv_cache_usage_ratio`` (older builds only) | gauge |
+| PROMPT_TOKENS | ``llamacpp:prompt_tokens`` (EXCLUDES cached tokens) | counter |
+| PROMPT_TOKENS_CACHED | ``llamacpp:prompt_tokens_cached`` | counter |
+| PROMPT_SECONDS | ``llamacpp:prompt_seconds`` (time spent in prefill) | counter |
+| TOKENS_PREDICTED | ``llamacpp:tokens_predicted`` | counter |
+| TOKENS_PREDICTED_SECONDS | ``llamacpp:tokens_predicted_seconds`` (time spent decoding) | counter |
+"""
+
+from __future__ import annotations
+
+from kvstate.engines import dcgm
+from kvstate.engines.base import EngineLoad, EngineSpec
+from kvstate.engines.prom import MetricSamples
+
+KIND = "llamacpp"
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+
+RUNNING = "llamacpp:requests_processing"
+WAITING = "llamacpp:requests_deferred"
+KV_USAGE = "llamacpp:kv_cache_usage_ratio"
+PROMPT_TOKENS = "llamacpp:prompt_tokens"
+PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached"
+PROMPT_SECONDS = "llamacpp:prompt_seconds"
+TOKENS_PREDICTED = "llamacpp:tokens_predicted"
+TOKENS_PREDICTED_SECONDS = "llamacpp:tokens_predicted_seconds"
+
+
+def load_from(samples: MetricSamples) -> EngineLoad:
+    uncached = samples.counter(PROMPT_TOKENS)
+    cached = samples.counter(PROMPT_TOKENS_CACHED)
+    # Normalize to "all prompt tokens, cached included", as the other engines count them.
+    prompt_total = None if uncached is None else uncached + (cached or 0.0)
+    predicted = samples.counter(TOKENS_PREDICTED)
+    return EngineLoad(
+        running=samples.gauge_sum(RUNNING),
+        waiting=samples.gauge_sum(WAITING),
+        kv_usage=samples.gauge_max(KV_USAGE),
+        prompt_tokens_total=prompt_total,
+        generation_tokens_total=predicted,
+        prefix_cache_hits_total=cached,
+        prefix_cache_queries_total=prompt_total if cached is not None else None,
+        prefill_seconds_sum=samples.counter(PROMPT_SECONDS),
+        # Decode time over decoded tokens is the mean inter-token latency.
+        itl_seconds_sum=samples.counter(TOKENS_PREDICTED_SECONDS),
+        itl_count=predicted,
+        power_watts=dcgm.power_watts(samples),
+        energy_joules=dcgm.energy_joules(samples),
+    )
+
+
+SPEC = EngineSpec(
+    kind=KIND,
+    health_path=HEALTH_PATH,
+    metrics_path=METRICS_PATH,
+    load_from=load_from,
+    known_metrics=frozenset({RUNNING, WAITING, PROMPT_TOKENS, TOKENS_PREDICTED}),
+    publishes_kv_events=False,
+)
