@@ -1,0 +1,351 @@
+"""The scraper against real HTTP servers speaking vLLM's and SGLang's metric names."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from cognitora.process import free_port
+from kvstate.engines import EngineLoad
+from kvstate.memory_store import MemoryStore
+from kvstate.redis_store import RedisStore
+from kvstate.scrape import RateEstimator, Scraper, ScrapeTarget, base_url
+
+
+@dataclass
+class Counters:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    prompt: float = 0.0
+    hits: float = 0.0
+    generation: float = 0.0
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
+    watts: float = 0.0
+    millijoules: float = 0.0
+
+
+def vllm_page(c: Counters) -> str:
+    labels = '{model_name="m",engine="0"}'
+    return f"""# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{labels} {c.running}
+vllm:num_requests_waiting{labels} {c.waiting}
+vllm:kv_cache_usage_perc{labels} {c.kv_usage}
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{labels} {c.prompt}
+vllm:generation_tokens_total{labels} {c.generation}
+vllm:prefix_cache_hits_total{labels} {c.hits}
+vllm:prefix_cache_queries_total{labels} {c.prompt}
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{model_name="m",engine="0",le="+Inf"}} {c.ttft_count}
+vllm:time_to_first_token_seconds_sum{labels} {c.ttft_sum}
+vllm:time_to_first_token_seconds_count{labels} {c.ttft_count}
+vllm:inter_token_latency_seconds_sum{labels} {c.itl_sum}
+vllm:inter_token_latency_seconds_count{labels} {c.itl_count}
+vllm:cache_config_info{{block_size="16",num_gpu_blocks="2048"}} 1
+DCGM_FI_DEV_POWER_USAGE{{gpu="0"}} {c.watts}
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total{{gpu="0"}} {c.millijoules}
+"""
+
+
+def sglang_page(c: Counters) -> str:
+    return f"""sglang:num_running_reqs{{model_name="m"}} {c.running}
+sglang:num_queue_reqs{{model_name="m"}} {c.waiting}
+sglang:token_usage{{model_name="m"}} {c.kv_usage}
+sglang:prompt_tokens_total{{model_name="m"}} {c.prompt}
+sglang:cached_tokens_total{{model_name="m"}} {c.hits}
+sglang:generation_tokens_total{{model_name="m"}} {c.generation}
+sglang:time_to_first_token_seconds_sum{{model_name="m"}} {c.ttft_sum}
+sglang:time_to_first_token_seconds_count{{model_name="m"}} {c.ttft_count}
+sglang:cache_config_info{{model_name="m",page_size="1",num_pages="50000"}} 1
+"""
+
+
+class FakeEngine:
+    """A real HTTP server on a free port with /health and /metrics the test controls; can stop and restart."""
+
+    def __init__(self, page: Callable[[Counters], str]) -> None:
+        self.port = free_port()
+        self.page = page
+        self.counters = Counters()
+        self.health_status = 200
+        self.garbage = False
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"}, status=self.health_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.garbage:
+            return web.Response(text="<html><body>upstream sent garbage</body></html>", content_type="text/html")
+        return web.Response(text=self.page(self.counters), content_type="text/plain")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
+    """Await ``condition`` until true; return the seconds it took; fail naming ``what`` after ``timeout_s``."""
+    start = time.monotonic()
+    while not await condition():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+async def vllm_engine() -> AsyncIterator[FakeEngine]:
+    engine = FakeEngine(vllm_page)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+@pytest.fixture
+async def sglang_engine() -> AsyncIterator[FakeEngine]:
+    engine = FakeEngine(sglang_page)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_vllm_snapshot_lands_in_store(vllm_engine: FakeEngine) -> None:
+    vllm_engine.counters = Counters(running=3, waiting=2, kv_usage=0.5, watts=250.0, millijoules=1_234_567)
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")], interval_s=1.0)
+    before = time.time()
+    await scraper.scrape_all()
+    await scraper.stop()
+    snap = (await store.snapshots())["e1"]
+    assert snap.healthy and snap.last_seen >= before
+    assert (snap.running, snap.waiting, snap.kv_usage, snap.block_size) == (3, 2, 0.5, 16)
+    assert snap.power_watts == 250.0
+    assert snap.energy_joules == pytest.approx(1234.567)
+    assert snap.prefill_tokens_per_s == 0.0  # nothing learned from a single scrape
+
+
+async def test_sglang_snapshot_lands_in_redis(
+    sglang_engine: FakeEngine, redis_server_url: str, key_prefix: str
+) -> None:
+    sglang_engine.counters = Counters(running=5, waiting=7, kv_usage=0.25)
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    scraper = Scraper(store, [ScrapeTarget("s1", sglang_engine.url + "/v1", "sglang")])
+    try:
+        await scraper.scrape_all()
+        snap = (await store.snapshots(["s1"]))["s1"]
+    finally:
+        await scraper.stop()
+        await store.close()
+    assert snap.healthy
+    assert (snap.running, snap.waiting, snap.kv_usage, snap.block_size) == (5, 7, 0.25, 1)
+
+
+async def test_prefill_and_decode_rates_learned_from_moving_counters(vllm_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")])
+    c = vllm_engine.counters
+    await scraper.scrape_all()
+    for _ in range(5):
+        # Each round: 4000 prompt tokens, 1000 of them cache hits, 4 first tokens taking 0.5 s in total
+        # -> 3000 uncached tokens over 0.5 s of prefill = 6000 tokens/s; 200 tokens at 20 ms each -> 50 tokens/s.
+        c.prompt += 4000
+        c.hits += 1000
+        c.ttft_sum += 0.5
+        c.ttft_count += 4
+        c.generation += 200
+        c.itl_sum += 4.0
+        c.itl_count += 200
+        await scraper.scrape_all()
+    await scraper.stop()
+    snap = (await store.snapshots())["e1"]
+    assert snap.prefill_tokens_per_s == pytest.approx(6000.0)
+    assert snap.decode_tokens_per_s == pytest.approx(50.0)
+
+
+async def test_sglang_prefill_rate_excludes_cached_tokens(sglang_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("s1", sglang_engine.url, "sglang")])
+    await scraper.scrape_all()
+    c = sglang_engine.counters
+    c.prompt, c.hits, c.ttft_sum, c.ttft_count = 10_000, 8_000, 0.25, 10
+    await scraper.scrape_all()
+    await scraper.stop()
+    assert (await store.snapshots())["s1"].prefill_tokens_per_s == pytest.approx(8000.0)
+
+
+async def test_one_failed_scrape_is_a_blip_two_mark_unhealthy_one_good_heals(vllm_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")])
+
+    async def healthy() -> bool:
+        return (await store.snapshots())["e1"].healthy
+
+    await scraper.scrape_all()
+    vllm_engine.health_status = 503
+    await scraper.scrape_all()
+    assert await healthy()
+    await scraper.scrape_all()
+    assert not await healthy()
+    vllm_engine.health_status = 200
+    await scraper.scrape_all()
+    assert await healthy()
+    await scraper.stop()
+    assert scraper.stats.failures == 2
+
+
+async def test_stopped_server_unhealthy_within_three_intervals_and_healthy_again_on_restart(
+    vllm_engine: FakeEngine,
+) -> None:
+    interval = 0.3
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")], interval_s=interval)
+
+    async def healthy() -> bool:
+        snaps = await store.snapshots()
+        return "e1" in snaps and snaps["e1"].healthy
+
+    async def unhealthy() -> bool:
+        return not await healthy()
+
+    await scraper.start()
+    try:
+        await eventually(healthy, 5, "first healthy snapshot")
+        await vllm_engine.stop()
+        # Within three intervals; the small slack is for a loaded CI machine's event loop, not for the rule.
+        took = await eventually(unhealthy, 3 * interval + 0.5, "unhealthy after the server stopped")
+        assert took <= 3 * interval + 0.5
+        await vllm_engine.start()
+        await eventually(healthy, 2 * interval + 0.5, "healthy again after restart")
+    finally:
+        await scraper.stop()
+
+
+async def test_garbage_body_is_counted_and_last_good_load_kept(vllm_engine: FakeEngine) -> None:
+    vllm_engine.counters.running = 4
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")])
+    await scraper.scrape_all()
+    vllm_engine.garbage = True
+    await scraper.scrape_all()
+    await scraper.scrape_all()
+    snap = (await store.snapshots())["e1"]
+    assert scraper.stats.garbage == 2
+    assert snap.healthy and snap.running == 4
+    vllm_engine.garbage = False
+    vllm_engine.counters.running = 1
+    await scraper.scrape_all()
+    await scraper.stop()
+    assert (await store.snapshots())["e1"].running == 1
+
+
+async def test_wrong_engine_kind_is_reported_not_misread(sglang_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("s1", sglang_engine.url, "vllm")])
+    sglang_engine.counters.running = 9
+    await scraper.scrape_all()
+    await scraper.stop()
+    assert scraper.stats.unrecognized == 1
+    assert (await store.snapshots())["s1"].running == 0
+
+
+async def test_store_down_is_logged_once_and_scraping_goes_on(
+    vllm_engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead_redis = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", key_prefix="cogtest-dead")
+    scraper = Scraper(dead_redis, [ScrapeTarget("e1", vllm_engine.url, "vllm")])
+    caplog.set_level(logging.WARNING, logger="kvstate.scrape")
+    for running in (1, 2, 3):
+        vllm_engine.counters.running = running
+        await scraper.scrape_all()
+    await scraper.stop()
+    await dead_redis.close()
+    assert scraper.stats.store_failures == 3
+    assert [r.getMessage() for r in caplog.records].count("store unavailable; still scraping") == 1
+    snap = scraper.snapshot("e1")
+    assert snap is not None and snap.running == 3
+
+
+async def test_power_from_a_separate_dcgm_exporter(vllm_engine: FakeEngine, sglang_engine: FakeEngine) -> None:
+    vllm_engine.counters = Counters(watts=300.0, millijoules=5_000_000)  # this server plays the DCGM exporter
+    store = MemoryStore()
+    target = ScrapeTarget("s1", sglang_engine.url, "sglang", power_url=vllm_engine.url + "/metrics")
+    scraper = Scraper(store, [target])
+    await scraper.scrape_all()
+    await scraper.stop()
+    snap = (await store.snapshots())["s1"]
+    assert (snap.power_watts, snap.energy_joules) == (300.0, 5000.0)
+
+
+def test_base_url_strips_trailing_v1() -> None:
+    assert base_url("http://h:8000/v1/") == "http://h:8000"
+    assert base_url("http://h:8000") == "http://h:8000"
+
+
+def test_duplicate_endpoint_ids_and_unknown_engines_are_refused() -> None:
+    store = MemoryStore()
+    with pytest.raises(ValueError, match="listed twice"):
+        Scraper(store, [ScrapeTarget("a", "http://x", "vllm"), ScrapeTarget("a", "http://y", "vllm")])
+    with pytest.raises(KeyError, match="known kinds"):
+        Scraper(store, [ScrapeTarget("a", "http://x", "vlm")])
+
+
+# -- the estimator on its own (pure: the clock is an argument) -----------------------------------------------
+
+
+def load(prompt: float, hits: float = 0.0, ttft: float = 0.0, count: float = 0.0) -> EngineLoad:
+    return EngineLoad(prompt_tokens_total=prompt, prefix_cache_hits_total=hits, ttft_seconds_sum=ttft, ttft_count=count)
+
+
+def test_estimator_trickle_accumulates_until_enough_tokens() -> None:
+    est = RateEstimator(min_prefill_tokens=256)
+    est.observe(load(0), now=0.0)
+    est.observe(load(100, ttft=0.1, count=1), now=1.0)
+    assert est.prefill_tokens_per_s == 0.0  # 100 tokens: window stays open
+    est.observe(load(300, ttft=0.2, count=2), now=2.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1500.0)  # 300 tokens over 0.2 s
+
+
+def test_estimator_throughput_wins_when_queueing_inflates_ttft() -> None:
+    # Saturated engine: 20,000 tokens/s of throughput, but each TTFT is mostly queueing (per-request 2,000/s).
+    est = RateEstimator(throughput_window_s=10.0)
+    est.observe(load(0), now=0.0)
+    for second in range(1, 11):
+        est.observe(load(20_000 * second, ttft=10.0 * second, count=second), now=float(second))
+    assert est.per_request_prefill == pytest.approx(2000.0)
+    assert est.prefill_tokens_per_s == pytest.approx(20_000.0)
+
+
+def test_estimator_restart_never_takes_a_delta_across_a_counter_reset() -> None:
+    est = RateEstimator()
+    est.observe(load(1_000_000, ttft=100, count=10), now=0.0)
+    est.observe(load(1_001_000, ttft=100.5, count=11), now=1.0)
+    learned = est.prefill_tokens_per_s
+    assert learned == pytest.approx(2000.0)
+    est.observe(load(500, ttft=0.1, count=1), now=2.0)  # restarted engine: counters went down
+    assert est.prefill_tokens_per_s == learned
+    est.observe(load(1500, ttft=0.6, count=2), now=3.0)
+    assert est.prefill_tokens_per_s == pytest.approx(learned + 0.3 * (2000.0 - learned))
