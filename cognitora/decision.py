@@ -17,6 +17,10 @@ class CandidateScore:
     predicted_ttft_s: float
     excluded: str | None = None
     """Why the endpoint was filtered out (unhealthy, KV nearly full, ...); None when it was ranked."""
+    decode_penalty_s: float = 0.0
+    """The decode-load term included in ``predicted_ttft_s`` (seconds)."""
+    joules_per_token: float | None = None
+    """Marginal energy per prompt token (J) used by the power rule; None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Decision:
     """The store could not be read; placement used only what it had (load, own in-flight counts)."""
     rejection: Rejection | None = None
     exact_keys: bool = True
+    expected_decode_tokens: int = 0
+    """Decode tokens the request may produce (its ``max_tokens``), counted as in-flight work on dispatch."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
 
@@ -73,10 +79,15 @@ class Decision:
             lines.append(f"why: {self.reason}")
         if self.degraded:
             lines.append("degraded: the shared store was unreachable; placed on load and own in-flight counts only")
-        lines.append(f"{'endpoint':<24}{'cached':>10}{'queued':>10}{'rate tok/s':>12}{'TTFT ms':>10}  note")
+        lines.append(
+            f"{'endpoint':<24}{'cached':>10}{'queued':>10}{'rate tok/s':>12}{'decode ms':>10}{'TTFT ms':>10}"
+            f"{'J/tok':>8}  note"
+        )
         for c in self.candidates:
+            joules = "-" if c.joules_per_token is None else f"{c.joules_per_token:.3g}"
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
-                f"{c.prefill_tokens_per_s:>12.0f}{c.predicted_ttft_s * 1000:>10.1f}  {c.excluded or ''}"
+                f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"
+                f"{joules:>8}  {c.excluded or ''}"
             )
         return "\n".join(lines)

@@ -1,0 +1,496 @@
+"""``cognitora.yaml``: the typed configuration, and the loader that turns bad config into one clear message.
+
+Loading runs in phases, each with its own kind of error (style.md habit 6):
+
+1. parse: strict YAML (a duplicate key is an error, not a silent overwrite);
+2. defaults and types: pydantic models, ``extra="forbid"`` everywhere, so a typo is an error with a suggestion;
+3. references: unique model names, one URL per endpoint id, a ``default`` priority, files that exist.
+
+Every error becomes a ``ConfigError`` naming the file, the key path (``models[0].endpoints[1].url``) and what is
+expected; a pydantic stack dump never reaches the user.
+
+The LiteLLM adapter builds a config without a file: ``config_from_dict(data, source="litellm model_list")`` runs
+the same phases 2 and 3 with the same messages.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "CognitoraConfig",
+    "ConfigError",
+    "EndpointConfig",
+    "EngineKind",
+    "ModelConfig",
+    "PlacementConfig",
+    "PriorityClass",
+    "Role",
+    "ScrapeConfig",
+    "config_from_dict",
+    "load_config",
+]
+
+DEFAULT_PRIORITY = "default"
+"""The priority class a request gets when it names none; every config has it."""
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong. The message names the source, the key path and what is expected."""
+
+
+class EngineKind(StrEnum):
+    """What serves an endpoint: decides the metric names scraped and whether KV events exist."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+    MLX = "mlx"
+    TRTLLM = "trtllm"
+    OPENAI = "openai"
+
+
+class Role(StrEnum):
+    """An endpoint's part in serving: whole requests (``both``), or one side of prefill/decode disaggregation."""
+
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"expected an http(s) URL like http://127.0.0.1:8000, got {value!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise ValueError(f"bad port in URL {value!r}") from exc
+    return value.rstrip("/")
+
+
+def _check_zmq_address(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in {"tcp", "ipc", "inproc"}:
+        raise ValueError(f"expected a ZMQ address like tcp://127.0.0.1:5557, got {value!r}")
+    return value
+
+
+class EndpointConfig(_Strict):
+    """One inference engine serving the model."""
+
+    url: str
+    """Base URL of the engine's OpenAI-compatible server, e.g. ``http://127.0.0.1:8001``."""
+    id: str = ""
+    """Endpoint id used in the store and handed to the gateway; default ``host:port`` of ``url``."""
+    engine: EngineKind = EngineKind.VLLM
+    """Engine kind: vllm, sglang, llamacpp, mlx, trtllm or openai."""
+    kv_events: str | None = None
+    """ZMQ PUB address of the engine's KV-cache event stream (vLLM/SGLang); absent: text-approximate history only."""
+    kv_events_replay: str | None = None
+    """ZMQ ROUTER address that replays missed KV events by sequence number (vLLM)."""
+    role: Role = Role.BOTH
+    """``both`` serves whole requests; ``prefill``/``decode`` are the halves of a disaggregated pair."""
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0)
+    """Prior prefill throughput (tokens/s) until one is learned from the engine's metrics."""
+    joules_per_token: float | None = Field(default=None, gt=0)
+    """Prior marginal energy per prompt token (J), until the scraper learns one; absent: no power preference."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _check_http_url(value)
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq(cls, value: str | None) -> str | None:
+        return None if value is None else _check_zmq_address(value)
+
+    @model_validator(mode="after")
+    def _default_id(self) -> EndpointConfig:
+        if not self.id:
+            parts = urlsplit(self.url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            object.__setattr__(self, "id", f"{parts.hostname}:{port}")
+        return self
+
+
+class ModelConfig(_Strict):
+    """A model name clients send, and the engines that serve it."""
+
+    name: str = Field(min_length=1)
+    """The model name clients send (the ``model`` field of the request)."""
+    block_size: int = Field(default=16, gt=0)
+    """Tokens per KV block; must equal the engines' block size (vLLM 16, TRT-LLM 32, SGLang page size)."""
+    tokenizer: Path | None = None
+    """The model's ``tokenizer.json`` (relative to the config file): makes block keys token-exact."""
+    chat_template: Path | None = None
+    """The chat template (Jinja); default: ``chat_template.jinja`` or ``tokenizer_config.json`` beside the tokenizer."""
+    endpoints: list[EndpointConfig] = Field(min_length=1)
+    """The engines serving this model (at least one)."""
+
+
+class PriorityClass(_Strict):
+    """A request class with a time-to-first-token objective."""
+
+    ttft_slo_s: float = Field(gt=0)
+    """Predicted TTFT (seconds) the class must meet; endpoints predicted slower are not 'feasible' for it."""
+    sheddable: bool = False
+    """When no endpoint meets the SLO: true rejects with 429 and Retry-After; false takes the best endpoint."""
+
+
+def _default_priorities() -> dict[str, PriorityClass]:
+    return {
+        DEFAULT_PRIORITY: PriorityClass(ttft_slo_s=2.0, sheddable=False),
+        "batch": PriorityClass(ttft_slo_s=30.0, sheddable=True),
+    }
+
+
+class PlacementConfig(_Strict):
+    """The placement model's weights. Every term is in seconds or tokens; see docs/placement.md."""
+
+    default_prefill_tokens_per_s: float = Field(default=10000.0, gt=0)
+    """Prefill throughput (tokens/s) assumed for an endpoint with neither a learned rate nor a configured prior."""
+    kv_usage_limit: float = Field(default=0.97, gt=0, le=1)
+    """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
+    decode_penalty_s_per_running: float = Field(default=0.002, ge=0)
+    """Seconds added to predicted TTFT per request running on the endpoint (decode steps share the batch)."""
+    waiting_request_tokens: int = Field(default=512, ge=0)
+    """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted."""
+    speculative_ttl_s: float = Field(default=10.0, gt=0)
+    """How long a routed prompt's blocks count as cached on its endpoint before the engine's events confirm them."""
+    inflight_ttl_s: float = Field(default=900.0, gt=0)
+    """A dispatched request stops counting as in flight after this long, even if its end is never reported."""
+    snapshot_max_age_s: float = Field(default=10.0, gt=0)
+    """Scraped load older than this is ignored (router-counted in-flight work is still used)."""
+    power_ttft_slack_s: float = Field(default=0.05, ge=0)
+    """TTFTs within this many seconds of the best count as close: among those, lower energy per token wins."""
+    power_ttft_slack_ratio: float = Field(default=0.1, ge=0)
+    """...or within this fraction of the best TTFT, whichever is larger."""
+    store_timeout_s: float = Field(default=0.25, gt=0)
+    """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
+    priorities: dict[str, PriorityClass] = Field(default_factory=_default_priorities)
+    """Priority classes by name; requests name one (default ``default``)."""
+
+    @model_validator(mode="after")
+    def _has_default_priority(self) -> PlacementConfig:
+        if DEFAULT_PRIORITY not in self.priorities:
+            raise ValueError(f"priorities must define {DEFAULT_PRIORITY!r} (used when a request names no class)")
+        return self
+
+
+class ScrapeConfig(_Strict):
+    """How the collector polls engines' ``/metrics``."""
+
+    interval_s: float = Field(default=1.0, gt=0)
+    """Seconds between two scrapes of one endpoint."""
+    timeout_s: float = Field(default=0.5, gt=0)
+    """A scrape slower than this fails; repeated failures mark the endpoint unhealthy."""
+
+
+class CognitoraConfig(_Strict):
+    """The whole of ``cognitora.yaml``."""
+
+    redis_url: str | None = None
+    """Redis shared by gateway replicas and the collector; absent: an in-process store (one gateway process)."""
+    key_prefix: str = Field(default="cog", min_length=1)
+    """Prefix of every Redis key Cognitora writes."""
+    models: list[ModelConfig] = Field(min_length=1)
+    """The models served, each with its endpoints."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Placement weights, filters and priority classes."""
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    """Metrics polling."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(f"expected a Redis URL like redis://127.0.0.1:6379/0, got {value!r}")
+        return value
+
+    # -- lookups ------------------------------------------------------------------------------------------
+    def model(self, name: str) -> ModelConfig | None:
+        """The model clients call ``name``, or None."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def endpoint(self, endpoint_id: str) -> EndpointConfig | None:
+        """The endpoint with this id (in any model), or None."""
+        for m in self.models:
+            for e in m.endpoints:
+                if e.id == endpoint_id:
+                    return e
+        return None
+
+
+# -- loading ------------------------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            mark = key_node.start_mark
+            raise ConfigError(f"line {mark.line + 1}: duplicate key {key!r}")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_config(path: str | Path) -> CognitoraConfig:
+    """Read ``cognitora.yaml`` at ``path``; relative file paths inside it are relative to its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    if data is None:
+        data = {}
+    return config_from_dict(data, source=str(path), base_dir=path.parent)
+
+
+def config_from_dict(
+    data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None
+) -> CognitoraConfig:
+    """Build and validate a config from plain data (parsed YAML, or what an adapter assembled).
+
+    ``source`` names where the data came from in error messages. ``base_dir`` anchors relative file paths
+    (default: the current directory). ``data`` is not mutated.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
+    try:
+        config = CognitoraConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from None
+    config = _resolve_paths(config, base_dir or Path.cwd())
+    problems = _reference_problems(config)
+    if problems:
+        raise ConfigError(_join(source, problems))
+    return config
+
+
+def _resolve_paths(config: CognitoraConfig, base_dir: Path) -> CognitoraConfig:
+    models = []
+    for m in config.models:
+        update: dict[str, Path] = {}
+        for key in ("tokenizer", "chat_template"):
+            value: Path | None = getattr(m, key)
+            if value is not None and not value.is_absolute():
+                update[key] = (base_dir / value).resolve()
+        models.append(m.model_copy(update=update) if update else m)
+    return config.model_copy(update={"models": models})
+
+
+def _reference_problems(config: CognitoraConfig) -> list[str]:
+    problems: list[str] = []
+    seen_models: dict[str, int] = {}
+    urls_by_id: dict[str, tuple[str, str]] = {}
+    for i, m in enumerate(config.models):
+        if m.name in seen_models:
+            problems.append(f"models[{i}].name: duplicate model name {m.name!r} (also models[{seen_models[m.name]}])")
+        seen_models.setdefault(m.name, i)
+        for key in ("tokenizer", "chat_template"):
+            value: Path | None = getattr(m, key)
+            if value is not None and not value.is_file():
+                problems.append(f"models[{i}].{key}: file not found: {value}")
+        ids_here: set[str] = set()
+        for j, e in enumerate(m.endpoints):
+            where = f"models[{i}].endpoints[{j}]"
+            if e.id in ids_here:
+                problems.append(f"{where}.id: endpoint {e.id!r} listed twice for model {m.name!r}")
+            ids_here.add(e.id)
+            previous = urls_by_id.get(e.id)
+            if previous is not None and previous[0] != e.url:
+                problems.append(
+                    f"{where}.url: endpoint id {e.id!r} already names {previous[0]} at {previous[1]}; "
+                    "one id must mean one engine"
+                )
+            urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
+    return problems
+
+
+def _join(source: str, problems: Sequence[str]) -> str:
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return f"{source}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+# -- turning pydantic errors into sentences ------------------------------------------------------------------
+
+
+def _key_path(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The pydantic model class that holds the last key of ``loc`` (for 'did you mean' suggestions)."""
+    model: type[BaseModel] | None = CognitoraConfig
+    for part in loc[:-1]:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            # a dict key (e.g. a priority class name): the value type is the model we want
+            continue
+        model = _model_of_annotation(field.annotation)
+    return model
+
+
+def _model_of_annotation(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of_annotation(arg)
+        if found is not None:
+            return found
+    return None
+
+
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping of keys",
+    "model_attributes_type": "a mapping of keys",
+}
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else "?"
+        owner = _model_at(loc)
+        text = f"unknown key {key!r}"
+        if owner is not None:
+            names = list(owner.model_fields)
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            text += f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(names)}"
+        return f"{_key_path(loc[:-1]) if len(loc) > 1 else '(top level)'}: {text}"
+    path = _key_path(loc)
+    if kind == "missing":
+        return f"{path}: missing required key"
+    if kind in _EXPECTED:
+        return f"{path}: expected {_EXPECTED[kind]}, got {value!r}"
+    if kind == "enum":
+        expected = (err.get("ctx") or {}).get("expected", "")
+        return f"{path}: expected one of {expected}, got {value!r}"
+    message = str(err.get("msg", "invalid value"))
+    message = message.removeprefix("Value error, ")
+    if kind.startswith(("greater_than", "less_than", "too_short", "too_long")):
+        return f"{path}: {message[0].lower() + message[1:]} (got {value!r})"
+    return f"{path}: {message}"
+
+
+def _format_validation_error(source: str, exc: ValidationError) -> str:
+    return _join(source, [_describe(e) for e in exc.errors(include_url=False)])
+
+
+# -- configuration reference (docs/config.md is checked against this) ---------------------------------------
+
+
+def reference_markdown() -> str:
+    """The configuration reference as Markdown tables, generated from the models' field docstrings."""
+    sections: list[tuple[str, type[BaseModel]]] = [
+        ("top level", CognitoraConfig),
+        ("models[]", ModelConfig),
+        ("models[].endpoints[]", EndpointConfig),
+        ("placement", PlacementConfig),
+        ("placement.priorities.<name>", PriorityClass),
+        ("scrape", ScrapeConfig),
+    ]
+    out: list[str] = []
+    for title, model in sections:
+        out.append(f"### `{title}`\n")
+        out.append("| key | type | default | meaning |")
+        out.append("|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            default = "required" if field.is_required() else _show_default(field.get_default(call_default_factory=True))
+            kind = _show_type(field.annotation)
+            doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+            out.append(f"| `{name}` | {kind} | {default} | {doc} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _show_default(value: Any) -> str:
+    if isinstance(value, StrEnum):
+        return f"`{value.value}`"
+    if isinstance(value, BaseModel):
+        return "(see below)"
+    if isinstance(value, dict):
+        return ", ".join(f"`{k}`" for k in value) or "`{}`"
+    if value is None:
+        return "absent"
+    if value == "":
+        return "(derived)"
+    return f"`{value}`"
+
+
+def _show_type(annotation: Any) -> str:
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
+        return " \\| ".join(m.value for m in annotation)
+    text = str(annotation)
+    if text.startswith("<class '"):
+        text = text[len("<class '") : -2]
+    text = re.sub(r"\b[A-Za-z_]\w*\.(?=[A-Za-z_])", "", text)  # module prefixes: typing., pathlib., ...
+    return text.replace("|", "\\|")
+
+
+if __name__ == "__main__":
+    print(reference_markdown())

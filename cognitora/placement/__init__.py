@@ -1,0 +1,105 @@
+"""Placement: a request and the fleet's state in, a ``Decision`` out. Pure: no I/O, no clock, no side effects.
+
+The pipeline (style.md habit 4): filters (``filters``) -> predicted TTFT in seconds (``cost``) -> picker with the
+priority SLO and power rules (``picker``). docs/placement.md describes the model and every weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
+from cognitora.decision import Decision, Rejection
+from cognitora.placement.cost import excluded_score, rank_key, score_endpoint
+from cognitora.placement.filters import FilterContext, run_filters
+from cognitora.placement.picker import pick
+from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark
+from cognitora.request import RouteRequest
+from kvstate.prompt import PromptKeys
+
+__all__ = [
+    "SNAPSHOT_JOULES_PER_TOKEN",
+    "FleetState",
+    "HealthMark",
+    "place",
+    "reject",
+    "unknown_model",
+]
+
+NO_ENDPOINT_RETRY_AFTER_S = 5
+
+
+def reject(req: RouteRequest, status: int, message: str, retry_after_s: int | None = None) -> Decision:
+    """A Decision that refuses ``req``."""
+    return Decision(
+        request_id=req.request_id,
+        model=req.model,
+        endpoint=None,
+        url=None,
+        prompt_tokens=0,
+        reason=message,
+        rejection=Rejection(status=status, message=message, retry_after_s=retry_after_s),
+    )
+
+
+def unknown_model(req: RouteRequest, config: CognitoraConfig) -> Decision:
+    names = ", ".join(config.model_names())
+    return reject(req, 404, f"unknown model {req.model!r}; configured: {names}")
+
+
+def place(
+    req: RouteRequest,
+    prompt: PromptKeys,
+    config: CognitoraConfig,
+    state: FleetState,
+    *,
+    role: Role = Role.BOTH,
+) -> Decision:
+    """Where ``req`` (whose block keys are ``prompt``) should go, given ``state``, and why."""
+    model = config.model(req.model)
+    if model is None:
+        return unknown_model(req, config)
+    params = config.placement
+    priority = req.priority or DEFAULT_PRIORITY
+    pclass = params.priorities.get(priority)
+    if pclass is None:
+        known = ", ".join(params.priorities)
+        return reject(req, 400, f"unknown priority class {priority!r}; configured: {known}")
+
+    filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
+    by_id = {e.id: e for e in model.endpoints}
+    ranked = sorted(
+        (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params) for e in filtered.kept),
+        key=rank_key,
+    )
+    excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
+    base = Decision(
+        request_id=req.request_id,
+        model=req.model,
+        endpoint=None,
+        url=None,
+        prompt_tokens=prompt.prompt_tokens,
+        candidates=(*ranked, *excluded),
+        degraded=state.degraded,
+        exact_keys=prompt.exact,
+        keys=tuple(prompt.keys),
+        expected_decode_tokens=req.max_tokens or 0,
+    )
+    if not ranked:
+        why = "; ".join(f"{eid}: {reason}" for eid, reason in filtered.excluded.items())
+        message = f"no eligible endpoint for model {req.model!r} ({why})"
+        return replace(base, reason=message, rejection=Rejection(503, message, NO_ENDPOINT_RETRY_AFTER_S))
+
+    outcome = pick(ranked, priority, pclass, params)
+    if isinstance(outcome, Rejection):
+        return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0])
+    chosen = outcome.chosen
+    return replace(
+        base,
+        endpoint=chosen.endpoint,
+        url=by_id[chosen.endpoint].url,
+        predicted_cached_tokens=chosen.cached_tokens,
+        predicted_ttft_s=chosen.predicted_ttft_s,
+        runner_up=outcome.runner_up,
+        reason="; ".join([outcome.reason, *filtered.notes]),
+    )

@@ -1,0 +1,96 @@
+"""The cost stage: predicted time to first token, in seconds, per endpoint.
+
+    predicted_ttft(e) = (queued_prefill_tokens(e) + prompt_tokens - cached_tokens(e)) / prefill_rate(e)
+                        + decode_penalty_s_per_running * running(e)
+
+- ``cached_tokens(e)``: the tier-weighted longest held prefix (speculative entries included) x tokens per key,
+  at most the prompt.
+- ``queued_prefill_tokens(e)``: prefill tokens the routers dispatched to ``e`` and have not seen a first token for
+  (shared across gateway replicas through the store), or, when the engine reports more requests waiting than
+  that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router).
+- ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the default.
+- ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
+  the batch with prefill, so each one slows the first token a little.
+
+Scraped figures older than ``snapshot_max_age_s`` are ignored; router counts never are.
+"""
+
+from __future__ import annotations
+
+from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.decision import CandidateScore
+from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState
+from kvstate.store import EndpointSnapshot, InFlight
+
+
+def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig) -> EndpointSnapshot | None:
+    """The endpoint's snapshot if it is recent enough to trust its load figures."""
+    snap = state.snapshots.get(endpoint_id)
+    if snap is None or state.now - snap.last_seen > params.snapshot_max_age_s:
+        return None
+    return snap
+
+
+def prefill_rate(endpoint: EndpointConfig, snap: EndpointSnapshot | None, params: PlacementConfig) -> float:
+    if snap is not None and snap.prefill_tokens_per_s > 0:
+        return snap.prefill_tokens_per_s
+    if endpoint.prefill_tokens_per_s is not None:
+        return endpoint.prefill_tokens_per_s
+    return params.default_prefill_tokens_per_s
+
+
+def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
+    if snap is not None:
+        learned = snap.extra.get(SNAPSHOT_JOULES_PER_TOKEN, 0.0)
+        if learned > 0:
+            return learned
+    return endpoint.joules_per_token
+
+
+def score_endpoint(
+    endpoint: EndpointConfig,
+    prompt_tokens: int,
+    tokens_per_key: int,
+    state: FleetState,
+    params: PlacementConfig,
+) -> CandidateScore:
+    snap = fresh_snapshot(endpoint.id, state, params)
+    flight = state.inflight.get(endpoint.id, InFlight())
+    match = state.matches.get(endpoint.id)
+
+    cached = 0.0 if match is None else min(float(prompt_tokens), match.weighted_blocks * tokens_per_key)
+    queued = float(flight.prefill_tokens)
+    running = flight.requests
+    if snap is not None:
+        queued = max(queued, float(snap.waiting * params.waiting_request_tokens))
+        running = max(running, snap.running)
+    rate = prefill_rate(endpoint, snap, params)
+    decode_penalty = params.decode_penalty_s_per_running * running
+    ttft = (queued + prompt_tokens - cached) / rate + decode_penalty
+    return CandidateScore(
+        endpoint=endpoint.id,
+        cached_tokens=cached,
+        queued_prefill_tokens=queued,
+        prefill_tokens_per_s=rate,
+        predicted_ttft_s=ttft,
+        decode_penalty_s=decode_penalty,
+        joules_per_token=joules_per_token(endpoint, snap),
+    )
+
+
+def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, params: PlacementConfig) -> CandidateScore:
+    """A filtered-out endpoint, shown in the explanation with what was known about it."""
+    snap = fresh_snapshot(endpoint.id, state, params)
+    return CandidateScore(
+        endpoint=endpoint.id,
+        cached_tokens=0.0,
+        queued_prefill_tokens=float(state.inflight.get(endpoint.id, InFlight()).prefill_tokens),
+        prefill_tokens_per_s=prefill_rate(endpoint, snap, params),
+        predicted_ttft_s=float("inf"),
+        excluded=reason,
+    )
+
+
+def rank_key(score: CandidateScore) -> tuple[float, float, str]:
+    """Lowest predicted TTFT first; on a tie the faster hardware, then the id (deterministic)."""
+    return (score.predicted_ttft_s, -score.prefill_tokens_per_s, score.endpoint)

@@ -1,0 +1,94 @@
+"""The picker: from ranked candidates to one endpoint, honouring the priority class's SLO and the power rule.
+
+Rules, in order:
+
+1. **Feasible** candidates are those whose predicted TTFT meets the class's ``ttft_slo_s``.
+2. **Power**: among feasible candidates, the *close* ones are within ``max(power_ttft_slack_s,
+   power_ttft_slack_ratio x best)`` of the best TTFT. If the fastest endpoint's marginal energy per token is known
+   and a close one's is known and lower, the lowest-energy close one wins. Unknown energy never beats known,
+   and never loses to it either: a fleet without power data ranks by TTFT alone.
+3. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
+   predicted overshoot; any other class takes the fastest endpoint anyway.
+
+The runner-up is the best-ranked candidate other than the pick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cognitora.config import PlacementConfig, PriorityClass
+from cognitora.decision import CandidateScore, Rejection
+
+MAX_RETRY_AFTER_S = 60
+
+
+@dataclass(frozen=True)
+class Pick:
+    chosen: CandidateScore
+    runner_up: CandidateScore | None
+    reason: str
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def pick(
+    ranked: Sequence[CandidateScore], priority: str, pclass: PriorityClass, params: PlacementConfig
+) -> Pick | Rejection:
+    """``ranked`` is non-empty and sorted best first (``cost.rank_key``)."""
+    best = ranked[0]
+    feasible = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
+    if not feasible:
+        overshoot = best.predicted_ttft_s - pclass.ttft_slo_s
+        message = (
+            f"fleet saturated for priority {priority!r}: best predicted TTFT {best.predicted_ttft_s:.2f} s "
+            f"(on {best.endpoint}) exceeds its SLO of {pclass.ttft_slo_s:g} s"
+        )
+        if pclass.sheddable:
+            retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
+            return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
+        return Pick(best, _runner_up(ranked, best), message + "; not sheddable, so placed on the fastest endpoint")
+
+    chosen, reason = best, _ttft_reason(best, ranked)
+    if best.joules_per_token is not None:
+        slack = max(params.power_ttft_slack_s, params.power_ttft_slack_ratio * best.predicted_ttft_s)
+        greener = [
+            c
+            for c in feasible
+            if c.predicted_ttft_s <= best.predicted_ttft_s + slack
+            and c.joules_per_token is not None
+            and c.joules_per_token < best.joules_per_token
+        ]
+        if greener:
+            chosen = min(greener, key=lambda c: (c.joules_per_token, c.predicted_ttft_s, c.endpoint))
+            reason = (
+                f"lower energy: {chosen.joules_per_token:.3g} J/token vs {best.joules_per_token:.3g} on the fastest "
+                f"({best.endpoint}), predicted TTFT {_ms(chosen.predicted_ttft_s)} within {_ms(slack)} of its "
+                f"{_ms(best.predicted_ttft_s)}"
+            )
+    return Pick(chosen, _runner_up(ranked, chosen), reason)
+
+
+def _runner_up(ranked: Sequence[CandidateScore], chosen: CandidateScore) -> CandidateScore | None:
+    for c in ranked:
+        if c.endpoint != chosen.endpoint:
+            return c
+    return None
+
+
+def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
+    if len(ranked) == 1:
+        return "the only eligible endpoint"
+    second = ranked[1]
+    why = f"lowest predicted TTFT ({_ms(best.predicted_ttft_s)} vs {_ms(second.predicted_ttft_s)} on {second.endpoint})"
+    if best.cached_tokens > second.cached_tokens:
+        why += f": {best.cached_tokens:.0f} prompt tokens cached vs {second.cached_tokens:.0f}"
+    elif best.queued_prefill_tokens < second.queued_prefill_tokens:
+        why += f": less queued prefill ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens)"
+    elif best.prefill_tokens_per_s > second.prefill_tokens_per_s:
+        why += f": faster prefill ({best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
+    return why

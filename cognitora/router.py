@@ -1,0 +1,312 @@
+"""``Router``: the one seam both gateway adapters call.
+
+    decision = await router.place(request)        # no side effects
+    await router.dispatched(decision)             # the gateway sent it: count in-flight work, mark keys speculative
+    await router.first_token(decision)            # its prefill is done
+    await router.finished(decision, outcome)      # released; predicted vs achieved cache hit recorded
+
+The Router fetches the fleet's state from the store (prefix matches, in-flight counts, snapshots), hands it to the
+pure ``placement.place`` and keeps a little of its own: in-flight counts for what it dispatched, the last snapshots
+it read, the endpoints a gateway saw die, and recent decisions. When the store fails (``StoreUnavailable``, or
+slower than ``placement.store_timeout_s``), ``place`` still answers from that local state, with
+``Decision.degraded=True``; feedback calls log and carry on. Nothing here raises because Redis is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from cognitora.config import CognitoraConfig, ModelConfig
+from cognitora.decision import Decision
+from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
+from cognitora.request import Outcome, RouteRequest
+from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
+from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, Store, StoreUnavailable, open_store
+
+__all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
+
+log = logging.getLogger(__name__)
+
+RECENT_DECISIONS = 256
+"""How many recent decisions the router keeps for ``cognitora explain`` and metrics."""
+
+_T = TypeVar("_T")
+_STORE_ERRORS = (StoreUnavailable, TimeoutError, ConnectionError, OSError)
+
+
+@dataclass
+class RouterStats:
+    """Counters for telemetry. Cumulative since the router started."""
+
+    placed: int = 0
+    rejected: int = 0
+    degraded: int = 0
+    """Decisions made without the store."""
+    store_errors: int = 0
+    """Store calls that failed or timed out (reads and writes)."""
+    dispatched: int = 0
+    finished_ok: int = 0
+    finished_error: int = 0
+    marked_unhealthy: int = 0
+    hit_reports: int = 0
+    """Finished requests whose response reported ``cached_tokens``: the two sums below cover exactly these."""
+    predicted_cached_tokens: float = 0.0
+    achieved_cached_tokens: int = 0
+
+
+@dataclass
+class _LocalRequest:
+    endpoint: str
+    prefill_tokens: int
+    decode_tokens: int
+    expires: float
+    prefill_done: bool = False
+
+
+class _LocalInflight:
+    """What this router dispatched and has not seen finish: the in-flight floor when the store is behind or down."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, _LocalRequest] = {}
+
+    def add(self, request_id: str, entry: _LocalRequest, now: float) -> None:
+        self._prune(now)
+        self._requests[request_id] = entry
+
+    def prefill_done(self, request_id: str) -> None:
+        entry = self._requests.get(request_id)
+        if entry is not None:
+            entry.prefill_done = True
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def totals(self, endpoints: Sequence[str], now: float) -> dict[str, InFlight]:
+        self._prune(now)
+        acc = {e: [0, 0, 0] for e in endpoints}
+        for entry in self._requests.values():
+            row = acc.get(entry.endpoint)
+            if row is None:
+                continue
+            row[0] += 1
+            row[1] += 0 if entry.prefill_done else entry.prefill_tokens
+            row[2] += entry.decode_tokens
+        return {e: InFlight(*row) for e, row in acc.items()}
+
+    def _prune(self, now: float) -> None:
+        expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]
+        for rid in expired:
+            del self._requests[rid]
+
+
+def _at_least(store_view: InFlight | None, local: InFlight) -> InFlight:
+    """The store counts every gateway's work, ours included, unless a write of ours was lost: take the larger."""
+    if store_view is None:
+        return local
+    return InFlight(
+        max(store_view.requests, local.requests),
+        max(store_view.prefill_tokens, local.prefill_tokens),
+        max(store_view.decode_tokens, local.decode_tokens),
+    )
+
+
+class Router:
+    """Placement plus the request lifecycle, over one ``Store``. One per gateway process; safe for concurrent use."""
+
+    def __init__(self, config: CognitoraConfig, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self._clock = clock
+        self._keyers = {m.name: _keyer(m) for m in config.models}
+        self._local = _LocalInflight()
+        self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._health_marks: dict[str, HealthMark] = {}
+        self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self._store_ok = True
+        self.stats = RouterStats()
+
+    @classmethod
+    def from_config(cls, config: CognitoraConfig) -> Router:
+        """A router over the store the config names: Redis at ``redis_url``, else an in-process store."""
+        return cls(config, open_store(config.redis_url, config.key_prefix))
+
+    # -- deciding -------------------------------------------------------------------------------------------
+    async def place(self, req: RouteRequest) -> Decision:
+        """Where ``req`` should go, and why. Reads the store; writes nothing."""
+        model = self.config.model(req.model)
+        if model is None:
+            return self._record(unknown_model(req, self.config))
+        try:
+            prompt = self._prompt_keys(model, req)
+        except PromptError as exc:
+            return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
+        state = await self._fleet_state(model, prompt)
+        return self._record(place(req, prompt, self.config, state))
+
+    def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
+        keyer = self._keyers[model.name]
+        if req.messages is not None:
+            return keyer.keys_for_chat(req.messages)
+        if req.prompt is not None:
+            return keyer.keys_for_text(req.prompt)
+        raise PromptError("the request has neither 'messages' nor 'prompt'")
+
+    async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
+        ids = [e.id for e in model.endpoints]
+        now = self._clock()
+
+        async def no_match() -> dict[str, PrefixMatch]:
+            return {}
+
+        matches_call = self.store.match_prefix(model.name, prompt.keys, ids) if prompt.keys else no_match()
+        results = await self._guarded_all(
+            [matches_call, self.store.inflight(ids), self.store.snapshots(ids)], "read the fleet state"
+        )
+        local = self._local.totals(ids, now)
+        if results is None:
+            return FleetState(
+                now=now,
+                inflight=local,
+                snapshots={e: s for e, s in self._snapshots.items() if e in local},
+                health_marks=dict(self._health_marks),
+                degraded=True,
+            )
+        matches, inflight, snapshots = results
+        assert isinstance(matches, dict) and isinstance(inflight, dict) and isinstance(snapshots, dict)
+        self._snapshots.update(snapshots)
+        self._forget_healed(snapshots)
+        return FleetState(
+            now=now,
+            matches=matches,
+            inflight={e: _at_least(inflight.get(e), local[e]) for e in ids},
+            snapshots=snapshots,
+            health_marks=dict(self._health_marks),
+        )
+
+    def _forget_healed(self, snapshots: dict[str, EndpointSnapshot]) -> None:
+        for endpoint, mark in list(self._health_marks.items()):
+            snap = snapshots.get(endpoint)
+            if snap is not None and snap.healthy and snap.last_seen > mark.since:
+                del self._health_marks[endpoint]
+
+    def _record(self, decision: Decision) -> Decision:
+        self._recent.append(decision)
+        if decision.rejection is None:
+            self.stats.placed += 1
+        else:
+            self.stats.rejected += 1
+        if decision.degraded:
+            self.stats.degraded += 1
+        return decision
+
+    # -- the request's lifecycle ----------------------------------------------------------------------------
+    async def dispatched(self, decision: Decision) -> None:
+        """The gateway sent the request to ``decision.endpoint``: count its work and mark its prefix speculative."""
+        endpoint = decision.endpoint
+        if endpoint is None:
+            return
+        params = self.config.placement
+        prefill = max(0, decision.prompt_tokens - round(decision.predicted_cached_tokens))
+        decode = decision.expected_decode_tokens
+        entry = _LocalRequest(endpoint, prefill, decode, self._clock() + params.inflight_ttl_s)
+        self._local.add(decision.request_id, entry, self._clock())
+        self.stats.dispatched += 1
+        calls: list[Awaitable[object]] = [
+            self.store.inflight_add(endpoint, decision.request_id, prefill, decode, params.inflight_ttl_s)
+        ]
+        if decision.keys:
+            calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, params.speculative_ttl_s))
+        await self._guarded_all(calls, "record a dispatch")
+
+    async def first_token(self, decision: Decision) -> None:
+        """The first token came back: the request's prefill no longer queues ahead of others."""
+        if decision.endpoint is None:
+            return
+        self._local.prefill_done(decision.request_id)
+        await self._guarded_all(
+            [self.store.inflight_prefill_done(decision.endpoint, decision.request_id)], "record a first token"
+        )
+
+    async def finished(self, decision: Decision, outcome: Outcome) -> None:
+        """The request is over (success or failure): release its in-flight work; record the achieved cache hit."""
+        if decision.endpoint is None:
+            return
+        self._local.release(decision.request_id)
+        if outcome.ok:
+            self.stats.finished_ok += 1
+        else:
+            self.stats.finished_error += 1
+        if outcome.cached_tokens is not None:
+            self.stats.hit_reports += 1
+            self.stats.predicted_cached_tokens += decision.predicted_cached_tokens
+            self.stats.achieved_cached_tokens += outcome.cached_tokens
+        await self._guarded_all(
+            [self.store.inflight_release(decision.endpoint, decision.request_id)], "release in-flight work"
+        )
+
+    async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
+        """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy.
+
+        The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
+        so other gateway replicas stop picking it at their next decision.
+        """
+        now = self._clock()
+        self._health_marks[endpoint] = HealthMark(since=now, reason=reason)
+        self.stats.marked_unhealthy += 1
+        log.warning("endpoint %s marked unhealthy: %s", endpoint, reason)
+        last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
+        dead = replace(last, healthy=False, last_seen=now)
+        self._snapshots[endpoint] = dead
+        await self._guarded_all([self.store.put_snapshot(dead)], "share an unhealthy mark")
+
+    # -- lookups --------------------------------------------------------------------------------------------
+    def endpoint_url(self, endpoint_id: str) -> str | None:
+        """Base URL of a configured endpoint (``http://host:port``), or None for an unknown id."""
+        endpoint = self.config.endpoint(endpoint_id)
+        return None if endpoint is None else endpoint.url
+
+    def recent_decisions(self) -> list[Decision]:
+        """The last ``RECENT_DECISIONS`` decisions, oldest first."""
+        return list(self._recent)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # -- store access that degrades instead of failing ------------------------------------------------------
+    async def _guarded_all(self, calls: Sequence[Awaitable[_T]], what: str) -> list[_T] | None:
+        """Run store calls concurrently within the store timeout; None (logged, counted) if any fails."""
+        try:
+            async with asyncio.timeout(self.config.placement.store_timeout_s):
+                results = await asyncio.gather(*calls, return_exceptions=True)
+        except TimeoutError:
+            self._store_failed(what, f"no answer within {self.config.placement.store_timeout_s} s")
+            return None
+        for result in results:
+            if isinstance(result, _STORE_ERRORS):
+                self._store_failed(what, str(result) or type(result).__name__)
+                return None
+            if isinstance(result, BaseException):
+                raise result
+        if not self._store_ok:
+            log.warning("store reachable again")
+            self._store_ok = True
+        return results  # type: ignore[return-value]
+
+    def _store_failed(self, what: str, why: str) -> None:
+        self.stats.store_errors += 1
+        if self._store_ok:
+            log.warning("store unavailable (could not %s: %s); deciding on local state until it returns", what, why)
+            self._store_ok = False
+
+
+def _keyer(model: ModelConfig) -> PromptKeyer:
+    tokenizer = None
+    if model.tokenizer is not None:
+        tokenizer = ChatTokenizer(model.tokenizer, model.chat_template)
+    return PromptKeyer(model.name, model.block_size, tokenizer)

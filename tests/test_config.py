@@ -1,0 +1,192 @@
+"""cognitora.yaml: the example loads, defaults apply, and every kind of mistake gets one clear sentence."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cognitora.config import (
+    CognitoraConfig,
+    ConfigError,
+    EngineKind,
+    ModelConfig,
+    Role,
+    config_from_dict,
+    load_config,
+    reference_markdown,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cognitora.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cognitora.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert "pydantic" not in message and "Traceback" not in message and "errors.pydantic.dev" not in message
+    return message
+
+
+def test_example_loads(smollm2_dir: Path) -> None:
+    config = load_config(EXAMPLE)
+    model = config.model("smollm2")
+    assert model is not None
+    assert model.tokenizer == (smollm2_dir / "tokenizer.json").resolve()
+    assert [e.id for e in model.endpoints] == ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+    assert model.endpoints[2].engine is EngineKind.LLAMACPP
+    assert config.placement.priorities["batch"].sheddable
+    assert config.redis_url == "redis://127.0.0.1:6379/0"
+
+
+def test_minimal_config_gets_documented_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "models:\n  - name: m\n    endpoints:\n      - url: http://10.0.0.5:8000/\n"))
+    endpoint = config.models[0].endpoints[0]
+    assert endpoint.url == "http://10.0.0.5:8000" and endpoint.id == "10.0.0.5:8000"
+    assert endpoint.engine is EngineKind.VLLM and endpoint.role is Role.BOTH
+    assert config.redis_url is None and config.key_prefix == "cog"
+    assert config.models[0].block_size == 16
+    assert config.placement.kv_usage_limit == 0.97
+    assert set(config.placement.priorities) == {"default", "batch"}
+
+
+def test_default_port_of_url_without_one() -> None:
+    config = config_from_dict({"models": [{"name": "m", "endpoints": [{"url": "https://engine.local"}]}]})
+    assert config.models[0].endpoints[0].id == "engine.local:443"
+
+
+BAD = [
+    (
+        "unknown key with a suggestion",
+        "models:\n  - name: m\n    blocksize: 16\n    endpoints: [{url: 'http://h:1'}]\n",
+        "models[0]: unknown key 'blocksize'; did you mean 'block_size'?",
+    ),
+    (
+        "unknown nested key",
+        "models:\n  - name: m\n    endpoints: [{url: 'http://h:1', kv_event: 'tcp://h:2'}]\n",
+        "models[0].endpoints[0]: unknown key 'kv_event'; did you mean 'kv_events'?",
+    ),
+    (
+        "unknown key with no close match lists the keys",
+        "models: [{name: m, endpoints: [{url: 'http://h:1'}]}]\nscrape: {colour: red}\n",
+        "scrape: unknown key 'colour'; expected one of: interval_s, timeout_s",
+    ),
+    (
+        "wrong type",
+        "models: [{name: m, block_size: sixteen, endpoints: [{url: 'http://h:1'}]}]\n",
+        "models[0].block_size: expected an integer, got 'sixteen'",
+    ),
+    (
+        "missing url",
+        "models:\n  - name: m\n    endpoints:\n      - url: http://h:1\n      - engine: sglang\n",
+        "models[0].endpoints[1].url: missing required key",
+    ),
+    (
+        "bad url",
+        "models: [{name: m, endpoints: [{url: '127.0.0.1:8000'}]}]\n",
+        "models[0].endpoints[0].url: expected an http(s) URL like http://127.0.0.1:8000, got '127.0.0.1:8000'",
+    ),
+    (
+        "bad enum",
+        "models: [{name: m, endpoints: [{url: 'http://h:1', engine: vllm2}]}]\n",
+        "models[0].endpoints[0].engine: expected one of 'vllm', 'sglang', 'llamacpp', 'mlx', 'trtllm' or 'openai', "
+        "got 'vllm2'",
+    ),
+    (
+        "out of range",
+        "models: [{name: m, endpoints: [{url: 'http://h:1'}]}]\nplacement: {kv_usage_limit: 1.5}\n",
+        "placement.kv_usage_limit: input should be less than or equal to 1 (got 1.5)",
+    ),
+    (
+        "priority class typo",
+        "models: [{name: m, endpoints: [{url: 'http://h:1'}]}]\n"
+        "placement: {priorities: {default: {ttft_slo_s: 1}, batch: {ttft_slo: 3}}}\n",
+        "placement.priorities.batch: unknown key 'ttft_slo'; did you mean 'ttft_slo_s'?",
+    ),
+    (
+        "no default priority",
+        "models: [{name: m, endpoints: [{url: 'http://h:1'}]}]\nplacement: {priorities: {batch: {ttft_slo_s: 3}}}\n",
+        "placement: priorities must define 'default' (used when a request names no class)",
+    ),
+    ("no models", "redis_url: redis://127.0.0.1:6379/0\n", "models: missing required key"),
+    (
+        "not a redis url",
+        "redis_url: http://127.0.0.1:6379\nmodels: [{name: m, endpoints: [{url: 'http://h:1'}]}]\n",
+        "redis_url: expected a Redis URL like redis://127.0.0.1:6379/0, got 'http://127.0.0.1:6379'",
+    ),
+    (
+        "duplicate model",
+        "models: [{name: m, endpoints: [{url: 'http://h:1'}]}, {name: m, endpoints: [{url: 'http://h:2'}]}]\n",
+        "models[1].name: duplicate model name 'm' (also models[0])",
+    ),
+    (
+        "one id, two urls",
+        "models: [{name: m, endpoints: [{url: 'http://h:1', id: e1}, {url: 'http://h:2', id: e1}]}]\n",
+        "models[0].endpoints[1].id: endpoint 'e1' listed twice for model 'm'",
+    ),
+    (
+        "missing tokenizer file",
+        "models: [{name: m, tokenizer: nope/tokenizer.json, endpoints: [{url: 'http://h:1'}]}]\n",
+        "models[0].tokenizer: file not found: ",
+    ),
+    ("duplicate YAML key", "key_prefix: a\nkey_prefix: b\n", "line 2: duplicate key 'key_prefix'"),
+    ("not YAML", "models: [unclosed\n", "not valid YAML at line 2"),
+    ("top level not a mapping", "- a\n- b\n", "the top level must be a mapping of keys, got list"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [(t, e) for _, t, e in BAD], ids=[n for n, _, _ in BAD])
+def test_bad_config_gets_a_clear_message(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_several_problems_are_all_listed(tmp_path: Path) -> None:
+    text = "models: [{name: m, blocksize: 1, endpoints: [{engine: x}]}]\nscrape: {interval_s: 0}\n"
+    message = error_of(tmp_path, text)
+    assert "4 problems" in message
+    for part in ("models[0]: unknown key 'blocksize'", "models[0].endpoints[0].url: missing", "engine", "interval_s"):
+        assert part in message
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read the config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_programmatic_config_reports_its_source() -> None:
+    data: dict[str, Any] = {"models": [{"name": "m", "endpoints": [{"url": "nope"}]}]}
+    with pytest.raises(ConfigError, match=r"^litellm model_list: models\[0\]\.endpoints\[0\]\.url: expected"):
+        config_from_dict(data, source="litellm model_list")
+    assert data == {"models": [{"name": "m", "endpoints": [{"url": "nope"}]}]}  # the caller's data is untouched
+
+
+def test_programmatic_models_build_directly() -> None:
+    config = CognitoraConfig(models=[ModelConfig.model_validate({"name": "m", "endpoints": [{"url": "http://h:9"}]})])
+    assert config.endpoint("h:9") is not None and config.model_names() == ["m"]
+
+
+def test_config_is_immutable(tmp_path: Path) -> None:
+    config = config_from_dict({"models": [{"name": "m", "endpoints": [{"url": "http://h:1"}]}]})
+    with pytest.raises(ValueError, match="frozen"):
+        config.key_prefix = "other"
+
+
+def test_docs_reference_matches_the_models() -> None:
+    """docs/config.md carries the generated reference; regenerate it with `python -m cognitora.config`."""
+    doc = (ROOT / "docs" / "config.md").read_text()
+    match = re.search(r"<!-- reference:start -->\n(.*)<!-- reference:end -->", doc, re.S)
+    assert match, "docs/config.md lost its reference markers"
+    assert match.group(1).strip() == reference_markdown().strip(), (
+        "docs/config.md is out of date: run `.venv/bin/python -m cognitora.config > /tmp/ref.md` and paste it"
+    )

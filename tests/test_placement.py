@@ -1,0 +1,274 @@
+"""Placement as a pure function: a fleet state in, a Decision out. Table tests of each rule in docs/placement.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cognitora.config import CognitoraConfig, Role, config_from_dict
+from cognitora.placement import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark, place
+from cognitora.request import RouteRequest
+from kvstate.prompt import PromptKeys
+from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
+
+NOW = 1_000_000.0
+BLOCK = 16
+
+
+def fleet(*endpoints: dict[str, Any], placement: dict[str, Any] | None = None) -> CognitoraConfig:
+    data: dict[str, Any] = {"models": [{"name": "m", "block_size": BLOCK, "endpoints": list(endpoints)}]}
+    if placement:
+        data["placement"] = placement
+    return config_from_dict(data)
+
+
+def ep(port: int, **extra: Any) -> dict[str, Any]:
+    return {"url": f"http://127.0.0.1:{port}", **extra}
+
+
+A, B, C = "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"
+DEFAULT_FLEET = fleet(ep(8001), ep(8002))
+
+
+def prompt(tokens: int) -> PromptKeys:
+    blocks = tokens // BLOCK
+    return PromptKeys(keys=list(range(1, blocks + 1)), prompt_tokens=tokens, exact=True, tokens_per_key=BLOCK)
+
+
+def snap(endpoint: str, **fields: Any) -> EndpointSnapshot:
+    return EndpointSnapshot(endpoint=endpoint, last_seen=NOW - 0.5, **fields)
+
+
+def cached(tokens: int) -> PrefixMatch:
+    return PrefixMatch(blocks=tokens // BLOCK, weighted_blocks=tokens / BLOCK)
+
+
+@dataclass
+class Case:
+    name: str
+    state: FleetState
+    expect: str | None
+    config: CognitoraConfig = DEFAULT_FLEET
+    tokens: int = 4096
+    request: dict[str, Any] = field(default_factory=dict)
+    status: int | None = None
+    runner_up: str | None = "unchecked"
+    """The expected runner-up (None: there is none); "unchecked" skips the check."""
+
+
+CASES = [
+    Case(
+        "cached endpoint wins while it has headroom",
+        FleetState(NOW, matches={B: cached(4000)}, inflight={B: InFlight(2, 1000, 100)}),
+        expect=B,
+        runner_up=A,
+    ),
+    Case(
+        "busy cached endpoint loses when its queue costs more than the prefill saved",
+        # B saves 4000 tokens of prefill but has 20000 queued ahead: 20096/10000 s vs 4096/10000 s on idle A.
+        FleetState(NOW, matches={B: cached(4000)}, inflight={B: InFlight(10, 20000, 0)}),
+        expect=A,
+        runner_up=B,
+    ),
+    Case(
+        "scraped waiting queue counts when the routers did not see that traffic",
+        FleetState(NOW, matches={B: cached(2048)}, snapshots={B: snap(B, waiting=40)}),
+        expect=A,
+    ),
+    Case(
+        "slower hardware loses on equal work",
+        FleetState(NOW),
+        config=fleet(ep(8001, prefill_tokens_per_s=5000), ep(8002, prefill_tokens_per_s=20000)),
+        expect=B,
+        runner_up=A,
+    ),
+    Case(
+        "slower hardware loses an exact tie (both fully cached)",
+        FleetState(NOW, matches={A: cached(4096), B: cached(4096)}),
+        config=fleet(ep(8001, prefill_tokens_per_s=5000), ep(8002, prefill_tokens_per_s=20000)),
+        expect=B,
+    ),
+    Case(
+        "learned prefill rate beats the configured prior",
+        FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=40000)}),
+        config=fleet(ep(8001, prefill_tokens_per_s=5000), ep(8002, prefill_tokens_per_s=20000)),
+        expect=A,
+    ),
+    Case(
+        "unhealthy snapshot is filtered even when it holds the prefix",
+        FleetState(NOW, matches={A: cached(4096)}, snapshots={A: snap(A, healthy=False)}),
+        expect=B,
+        runner_up=None,
+    ),
+    Case(
+        "marked-dead endpoint is filtered until a newer healthy snapshot",
+        FleetState(NOW, matches={A: cached(4096)}, health_marks={A: HealthMark(NOW - 0.1, "connection refused")}),
+        expect=B,
+    ),
+    Case(
+        "a healthy snapshot newer than the mark brings it back",
+        FleetState(
+            NOW,
+            matches={A: cached(4096)},
+            snapshots={A: snap(A)},
+            health_marks={A: HealthMark(NOW - 5, "connection refused")},
+        ),
+        expect=A,
+    ),
+    Case(
+        "KV nearly full is filtered",
+        FleetState(NOW, matches={A: cached(4096)}, snapshots={A: snap(A, kv_usage=0.99)}),
+        expect=B,
+    ),
+    Case(
+        "KV nearly full everywhere: kept rather than refusing",
+        FleetState(NOW, matches={A: cached(4096)}, snapshots={A: snap(A, kv_usage=0.99), B: snap(B, kv_usage=0.99)}),
+        expect=A,
+    ),
+    Case(
+        "stale snapshot load is ignored",
+        FleetState(NOW, matches={A: cached(1024)}, snapshots={A: EndpointSnapshot(A, last_seen=NOW - 60, waiting=100)}),
+        expect=A,
+    ),
+    Case(
+        "decode load is a penalty in seconds",
+        FleetState(NOW, snapshots={A: snap(A, running=200)}),
+        expect=B,
+    ),
+    Case(
+        "gateway candidates restrict the choice",
+        FleetState(NOW, matches={A: cached(4096)}),
+        request={"candidates": [B]},
+        expect=B,
+    ),
+    Case(
+        "decode-only endpoints do not take whole requests",
+        FleetState(NOW, matches={A: cached(4096)}),
+        config=fleet(ep(8001, role="decode"), ep(8002)),
+        expect=B,
+    ),
+    Case(
+        "everything filtered: 503",
+        FleetState(NOW, snapshots={A: snap(A, healthy=False), B: snap(B, healthy=False)}),
+        expect=None,
+        status=503,
+    ),
+    Case(
+        "SLO miss for a sheddable class: 429",
+        FleetState(NOW, inflight={A: InFlight(50, 400_000, 0), B: InFlight(50, 400_000, 0)}),
+        request={"priority": "batch"},
+        expect=None,
+        status=429,
+    ),
+    Case(
+        "SLO miss for a non-sheddable class: the best local endpoint anyway",
+        FleetState(NOW, inflight={A: InFlight(50, 400_000, 0), B: InFlight(50, 300_000, 0)}),
+        expect=B,
+    ),
+    Case("unknown model: 404", FleetState(NOW), request={"model": "gpt-9"}, expect=None, status=404),
+    Case("unknown priority class: 400", FleetState(NOW), request={"priority": "vip"}, expect=None, status=400),
+    Case(
+        "power: close TTFTs, the lower energy per token wins",
+        FleetState(NOW, matches={A: cached(256)}),
+        config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1)),
+        expect=B,
+        runner_up=A,
+    ),
+    Case(
+        "power: never at the price of a TTFT outside the slack",
+        FleetState(NOW, matches={A: cached(4096)}),
+        config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1)),
+        expect=A,
+    ),
+    Case(
+        "power: learned energy from the scrape overrides the prior",
+        FleetState(NOW, matches={A: cached(256)}, snapshots={A: snap(A, extra={SNAPSHOT_JOULES_PER_TOKEN: 0.05})}),
+        config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1)),
+        expect=A,
+    ),
+    Case(
+        "power: unknown energy does not move the pick",
+        FleetState(NOW, matches={A: cached(256)}),
+        config=fleet(ep(8001), ep(8002, joules_per_token=0.1)),
+        expect=A,
+    ),
+    Case(
+        "runner-up is the second best of three",
+        FleetState(NOW, matches={C: cached(4096), B: cached(2048)}),
+        config=fleet(ep(8001), ep(8002), ep(8003)),
+        expect=C,
+        runner_up=B,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_placement_table(case: Case) -> None:
+    req = RouteRequest(**{"model": "m", "messages": [{"role": "user", "content": "x"}], **case.request})
+    decision = place(req, prompt(case.tokens), case.config, case.state)
+    if case.expect is None:
+        assert decision.endpoint is None and decision.rejection is not None, decision.explain()
+        assert decision.rejection.status == case.status, decision.explain()
+    else:
+        assert decision.endpoint == case.expect, decision.explain()
+        assert decision.rejection is None
+        assert decision.url == f"http://{case.expect}"
+    if case.runner_up != "unchecked":
+        assert (decision.runner_up.endpoint if decision.runner_up else None) == case.runner_up, decision.explain()
+
+
+def test_predicted_ttft_is_the_documented_formula() -> None:
+    config = fleet(ep(8001, prefill_tokens_per_s=8000), placement={"decode_penalty_s_per_running": 0.01})
+    state = FleetState(NOW, matches={A: cached(1024)}, inflight={A: InFlight(3, 2000, 300)})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, state)
+    expected = (2000 + 4096 - 1024) / 8000 + 0.01 * 3
+    assert decision.predicted_ttft_s == pytest.approx(expected)
+    assert decision.predicted_cached_tokens == 1024
+    [score] = decision.candidates
+    assert score.decode_penalty_s == pytest.approx(0.03)
+
+
+def test_tier_weighted_match_counts_less_than_gpu() -> None:
+    # A holds 256 blocks on CPU (weight 0.8 -> 204.8 blocks' worth); B holds 240 blocks on GPU.
+    state = FleetState(NOW, matches={A: PrefixMatch(256, 204.8), B: PrefixMatch(240, 240.0)})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), DEFAULT_FLEET, state)
+    assert decision.endpoint == B
+
+
+def test_unknown_model_message_lists_configured_models() -> None:
+    decision = place(RouteRequest(model="gpt-9", prompt="x"), prompt(16), DEFAULT_FLEET, FleetState(NOW))
+    assert decision.rejection is not None
+    assert decision.rejection.message == "unknown model 'gpt-9'; configured: m"
+
+
+def test_sheddable_rejection_carries_retry_after_and_reason() -> None:
+    state = FleetState(NOW, inflight={A: InFlight(50, 400_000, 0), B: InFlight(50, 400_000, 0)})
+    decision = place(RouteRequest(model="m", prompt="x", priority="batch"), prompt(4096), DEFAULT_FLEET, state)
+    assert decision.rejection is not None
+    # best TTFT is ~40.4 s against a 30 s SLO: retry after the ~11 s overshoot
+    assert decision.rejection.retry_after_s == 11
+    assert "saturated for priority 'batch'" in decision.rejection.message
+    assert decision.runner_up is not None  # the best it would have used, for the explanation
+
+
+def test_excluded_endpoints_are_listed_with_their_reason() -> None:
+    state = FleetState(NOW, snapshots={A: snap(A, healthy=False)})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(64), DEFAULT_FLEET, state)
+    reasons = {c.endpoint: c.excluded for c in decision.candidates}
+    assert reasons == {B: None, A: "unhealthy (metrics scrape failing)"}
+    text = decision.explain()
+    assert "unhealthy" in text and f"picked {B}" in text
+
+
+def test_decision_carries_keys_and_decode_tokens_for_dispatch() -> None:
+    decision = place(RouteRequest(model="m", prompt="x", max_tokens=77), prompt(64), DEFAULT_FLEET, FleetState(NOW))
+    assert decision.keys == (1, 2, 3, 4)
+    assert decision.expected_decode_tokens == 77
+
+
+def test_prefill_role_request_uses_prefill_endpoints() -> None:
+    config = fleet(ep(8001, role="prefill"), ep(8002, role="decode"))
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(64), config, FleetState(NOW), role=Role.PREFILL)
+    assert decision.endpoint == A

@@ -1,0 +1,191 @@
+"""The Router over both real stores: what a gateway sees across a request's lifecycle."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.decision import Decision
+from cognitora.process import free_port
+from cognitora.request import Outcome, RouteRequest
+from cognitora.router import Router
+from kvstate.memory_store import MemoryStore
+from kvstate.prompt import ChatTokenizer, PromptKeyer
+from kvstate.redis_store import RedisStore
+from kvstate.store import EndpointSnapshot, Store
+
+A, B = "127.0.0.1:8001", "127.0.0.1:8002"
+MODEL = "smollm2"
+SYSTEM = "You are a careful assistant for the Cognitora project. " * 40
+
+
+def make_config(smollm2_dir: Path, **top: Any) -> CognitoraConfig:
+    return config_from_dict(
+        {
+            **top,
+            "models": [
+                {
+                    "name": MODEL,
+                    "block_size": 16,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "endpoints": [{"url": f"http://{A}"}, {"url": f"http://{B}"}],
+                }
+            ],
+        }
+    )
+
+
+def chat(question: str = "What is a KV cache?", **extra: Any) -> RouteRequest:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    return RouteRequest(model=MODEL, messages=messages, **extra)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = request.getfixturevalue("redis_server_url")
+    redis_store = RedisStore.from_url(url, key_prefix=request.getfixturevalue("key_prefix"))
+    yield redis_store
+    await redis_store.delete_everything()
+    await redis_store.close()
+
+
+@pytest.fixture
+def config(smollm2_dir: Path) -> CognitoraConfig:
+    return make_config(smollm2_dir)
+
+
+async def test_dispatched_prompt_makes_the_same_prompt_prefer_that_endpoint(
+    config: CognitoraConfig, store: Store
+) -> None:
+    router = Router(config, store)
+    # Both endpoints idle and empty: with no history the tie goes to A (by id). Force the first request onto B.
+    first = await router.place(chat(candidates=[B]))
+    assert first.endpoint == B and first.exact_keys and len(first.keys) > 20
+    await router.dispatched(first)
+    await router.first_token(first)
+
+    again = await router.place(chat())
+    assert again.endpoint == B, again.explain()
+    assert again.predicted_cached_tokens == len(first.keys) * 16
+    assert again.runner_up is not None and again.runner_up.endpoint == A
+    assert again.degraded is False
+
+
+async def test_undispatched_decision_leaves_no_trace(config: CognitoraConfig, store: Store) -> None:
+    router = Router(config, store)
+    await router.place(chat(candidates=[B]))  # placed but never dispatched: place() has no side effects
+    again = await router.place(chat())
+    assert again.endpoint == A
+    assert all(c.cached_tokens == 0 and c.queued_prefill_tokens == 0 for c in again.candidates)
+
+
+async def test_finished_releases_in_flight_work(config: CognitoraConfig, store: Store) -> None:
+    router = Router(config, store)
+    decision = await router.place(chat(max_tokens=50))
+    await router.dispatched(decision)
+    assert (await store.inflight([A]))[A].requests == 1
+
+    # While A works on its prefill, a different prompt goes to idle B.
+    busy = await router.place(chat("Something unrelated entirely?"))
+    queued = {c.endpoint: c.queued_prefill_tokens for c in busy.candidates}
+    assert queued[A] == decision.prompt_tokens and queued[B] == 0
+    # A holds the shared system prompt (speculatively), but its queue costs more than that saves.
+    assert busy.endpoint == B, busy.explain()
+    assert {c.endpoint: c.cached_tokens for c in busy.candidates}[A] > 0
+
+    outcome = Outcome(decision.request_id, A, ok=True, prompt_tokens=decision.prompt_tokens, cached_tokens=0)
+    await router.finished(decision, outcome)
+    assert (await store.inflight([A]))[A].requests == 0
+    after = await router.place(chat("Something unrelated entirely?"))
+    assert {c.endpoint: c.queued_prefill_tokens for c in after.candidates} == {A: 0, B: 0}
+    assert router.stats.finished_ok == 1 and router.stats.hit_reports == 1
+    assert router.stats.achieved_cached_tokens == 0
+
+
+async def test_mark_unhealthy_takes_effect_at_once_until_a_newer_healthy_scrape(
+    config: CognitoraConfig, store: Store
+) -> None:
+    router = Router(config, store)
+    keys = (await router.place(chat())).keys
+    await store.add_blocks(MODEL, A, list(keys))
+    assert (await router.place(chat())).endpoint == A
+
+    await router.mark_unhealthy(A, "connection refused")
+    dead = await router.place(chat())
+    assert dead.endpoint == B
+    assert {c.endpoint: c.excluded for c in dead.candidates}[A] == "marked unhealthy: connection refused"
+
+    # Another gateway replica on the same store stops picking A too.
+    replica = Router(config, store)
+    assert (await replica.place(chat())).endpoint == B
+
+    await store.put_snapshot(EndpointSnapshot(A, healthy=True, last_seen=time.time() + 0.001))
+    assert (await router.place(chat())).endpoint == A
+    assert (await replica.place(chat())).endpoint == A
+
+
+async def test_redis_unreachable_still_places_degraded(smollm2_dir: Path) -> None:
+    config = make_config(smollm2_dir, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    router = Router.from_config(config)
+    try:
+        decision = await router.place(chat(candidates=[A]))
+        assert decision.endpoint == A and decision.degraded
+        assert "degraded" in decision.explain()
+        await router.dispatched(decision)  # logs, counts, does not raise
+
+        # Its own in-flight count still steers the next request away from the endpoint it just loaded.
+        other = await router.place(chat("A different question"))
+        assert other.degraded and other.endpoint == B, other.explain()
+
+        await router.mark_unhealthy(B, "HTTP 503")
+        assert (await router.place(chat("Third"))).endpoint == A
+        await router.finished(decision, Outcome(decision.request_id, A, ok=False, error="boom"))
+        assert router.stats.degraded == 3 and router.stats.store_errors >= 4
+    finally:
+        await router.close()
+
+
+async def test_unknown_model_and_bad_prompt_are_rejections(config: CognitoraConfig) -> None:
+    router = Router(config, MemoryStore())
+    unknown = await router.place(RouteRequest(model="gpt-9", prompt="hi"))
+    assert unknown.rejection is not None and unknown.rejection.status == 404
+    assert unknown.rejection.message == "unknown model 'gpt-9'; configured: smollm2"
+    empty = await router.place(RouteRequest(model=MODEL))
+    assert empty.rejection is not None and empty.rejection.status == 400
+    assert "neither 'messages' nor 'prompt'" in empty.rejection.message
+    bad = await router.place(RouteRequest(model=MODEL, messages=[{"role": "user", "content": 42}]))
+    assert bad.rejection is not None and bad.rejection.status == 400
+    await router.dispatched(unknown)  # a rejection is never dispatched: a no-op, not an error
+    assert [d.rejection.status for d in router.recent_decisions() if d.rejection] == [404, 400, 400]
+
+
+async def test_keys_are_token_exact_with_the_models_tokenizer(config: CognitoraConfig, smollm2_dir: Path) -> None:
+    router = Router(config, MemoryStore())
+    decision = await router.place(chat())
+    keyer = PromptKeyer(MODEL, 16, ChatTokenizer(smollm2_dir / "tokenizer.json"))
+    expected = keyer.keys_for_chat(chat().messages or [])
+    assert list(decision.keys) == expected.keys
+    assert decision.prompt_tokens == expected.prompt_tokens
+
+
+async def test_from_config_without_redis_is_in_process_and_urls_resolve(config: CognitoraConfig) -> None:
+    router = Router.from_config(config)
+    assert isinstance(router.store, MemoryStore)
+    assert router.endpoint_url(B) == f"http://{B}"
+    assert router.endpoint_url("10.9.9.9:1") is None
+    await router.close()
+
+
+def test_decision_is_a_value(config: CognitoraConfig) -> None:
+    # Adapters keep the Decision between phases (LiteLLM callbacks, ext-proc stream): it must be immutable.
+    decision = Decision("r", MODEL, A, f"http://{A}", 10)
+    with pytest.raises(AttributeError):
+        decision.endpoint = B  # type: ignore[misc]
