@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora import explain
+from cognitora.config import CognitoraConfig, config_from_dict, load_config
 from cognitora.decision import Decision
 from cognitora.process import free_port
 from cognitora.request import Outcome, RouteRequest
@@ -189,3 +192,58 @@ def test_decision_is_a_value(config: CognitoraConfig) -> None:
     decision = Decision("r", MODEL, A, f"http://{A}", 10)
     with pytest.raises(AttributeError):
         decision.endpoint = B  # type: ignore[misc]
+
+
+def test_explain_reads_the_live_store_and_prints_the_table(
+    smollm2_dir: Path, redis_server_url: str, key_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(
+        f"redis_url: {redis_server_url}\nkey_prefix: {key_prefix}\n"
+        f"models:\n  - name: {MODEL}\n    tokenizer: {smollm2_dir / 'tokenizer.json'}\n"
+        f"    endpoints: [{{url: 'http://{A}'}}, {{url: 'http://{B}'}}]\n"
+    )
+    messages = chat().messages
+    (tmp_path / "chat.json").write_text(json.dumps({"model": MODEL, "messages": messages}))
+    config = load_config(config_path)
+    keys = PromptKeyer(MODEL, 16, ChatTokenizer(smollm2_dir / "tokenizer.json")).keys_for_chat(messages or []).keys
+
+    async def seed() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        await store.add_blocks(MODEL, B, keys)
+        await store.close()
+
+    async def cleanup() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        await store.delete_everything()
+        await store.close()
+
+    asyncio.run(seed())
+    try:
+        args = ["--config", str(config_path), "--model", MODEL, "--prompt-file", str(tmp_path / "chat.json")]
+        assert explain.main([*args, "--messages-json"]) == 0
+    finally:
+        asyncio.run(cleanup())
+    out = capsys.readouterr().out
+    assert f"store: Redis {config.redis_url}" in out
+    assert f"picked {B} for model {MODEL}" in out
+    assert f"runner-up {A}" in out
+    assert f"{len(keys) * 16}/" in out  # B's whole held prefix counts as cached
+
+
+def test_explain_without_redis_says_the_store_is_empty(
+    smollm2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(f"models:\n  - name: {MODEL}\n    endpoints: [{{url: 'http://{A}'}}]\n")
+    (tmp_path / "p.txt").write_text("Tell me about prefix caches. " * 20)
+    assert explain.main(["--config", str(config_path), "--model", MODEL, "--prompt-file", str(tmp_path / "p.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "in-process and empty" in out and "text-approximate keys" in out and f"picked {A}" in out
+
+    assert explain.main(["--config", str(config_path), "--model", "nope", "--prompt-file", str(tmp_path / "p.txt")]) == 1
+    assert "unknown model 'nope'; configured: smollm2" in capsys.readouterr().out
+
+    (tmp_path / "bad.yaml").write_text("models: [{name: m, endpoints: [{url: x}]}]\n")
+    assert explain.main(["--config", str(tmp_path / "bad.yaml"), "--model", "m", "--prompt-file", "p"]) == 2
+    assert "models[0].endpoints[0].url: expected an http(s) URL" in capsys.readouterr().err

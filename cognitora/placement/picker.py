@@ -33,7 +33,7 @@ class Pick:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
+    return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
 
 
 def pick(

@@ -1,0 +1,109 @@
+"""``cognitora explain``: where would this prompt go right now, and why?
+
+Reads the live store the config names (Redis at ``redis_url``), places the prompt exactly as a gateway would, and
+prints the decision with every candidate's predicted TTFT. Nothing is dispatched or written. With no ``redis_url``
+the store is a fresh in-process one, so the answer shows configuration and priors only; the output says so.
+
+    cognitora explain --config cognitora.yaml --model smollm2 --prompt-file prompt.txt
+    cognitora explain --config cognitora.yaml --model smollm2 --prompt-file chat.json --messages-json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cognitora.config import DEFAULT_PRIORITY, ConfigError, load_config
+from cognitora.decision import Decision
+from cognitora.request import RouteRequest
+from cognitora.router import Router
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cognitora explain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, type=Path, help="cognitora.yaml")
+    parser.add_argument("--model", required=True, help="the model name a client would send")
+    parser.add_argument("--prompt-file", required=True, type=Path, help="the prompt text (or '-' for stdin)")
+    parser.add_argument(
+        "--messages-json",
+        action="store_true",
+        help="the prompt file is an OpenAI 'messages' list (or a request body with one), not plain text",
+    )
+    parser.add_argument("--priority", default=DEFAULT_PRIORITY, help="priority class (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="the request's max_tokens")
+    return parser
+
+
+class _InputError(ValueError):
+    pass
+
+
+def _read_prompt(path: Path) -> str:
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise _InputError(f"{path}: cannot read the prompt file ({exc.strerror or exc})") from None
+
+
+def _messages(text: str, path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if isinstance(data, dict) and "messages" in data:
+        data = data["messages"]
+    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+        raise _InputError(f"{path}: expected a JSON list of messages like [{{\"role\": \"user\", \"content\": \"hi\"}}]")
+    return data
+
+
+async def explain(router: Router, request: RouteRequest) -> Decision:
+    """Place ``request`` without dispatching it."""
+    return await router.place(request)
+
+
+def describe_store(router: Router) -> str:
+    url = router.config.redis_url
+    if url is None:
+        return "store: in-process and empty (no redis_url in the config): no cache or load state, priors only"
+    return f"store: Redis {url} (key prefix {router.config.key_prefix!r})"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        text = _read_prompt(args.prompt_file)
+        messages = _messages(text, args.prompt_file) if args.messages_json else None
+    except (ConfigError, _InputError) as exc:
+        print(f"cognitora explain: {exc}", file=sys.stderr)
+        return 2
+    request = RouteRequest(
+        model=args.model,
+        messages=messages,
+        prompt=None if messages is not None else text,
+        priority=args.priority,
+        max_tokens=args.max_tokens,
+    )
+    router = Router.from_config(config)
+    try:
+        decision = await explain(router, request)
+    finally:
+        await router.close()
+    print(describe_store(router))
+    if decision.keys:
+        kind = "token-exact" if decision.exact_keys else "text-approximate"
+        print(f"prompt: {decision.prompt_tokens} tokens, {len(decision.keys)} full blocks, {kind} keys")
+    print(decision.explain())
+    return 1 if decision.rejection is not None else 0
+
+
+def main(argv: list[str]) -> int:
+    """Exit status: 0 placed, 1 rejected (the reason is printed), 2 bad input."""
+    args = build_parser().parse_args(argv)
+    return asyncio.run(_run(args))
