@@ -59,7 +59,8 @@ def _messages(text: str, path: Path) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "messages" in data:
         data = data["messages"]
     if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise _InputError(f"{path}: expected a JSON list of messages like [{{\"role\": \"user\", \"content\": \"hi\"}}]")
+        example = '[{"role": "user", "content": "hi"}]'
+        raise _InputError(f"{path}: expected a JSON list of messages like {example}")
     return data
 
 

@@ -237,11 +237,12 @@ def test_explain_without_redis_says_the_store_is_empty(
     config_path = tmp_path / "cognitora.yaml"
     config_path.write_text(f"models:\n  - name: {MODEL}\n    endpoints: [{{url: 'http://{A}'}}]\n")
     (tmp_path / "p.txt").write_text("Tell me about prefix caches. " * 20)
-    assert explain.main(["--config", str(config_path), "--model", MODEL, "--prompt-file", str(tmp_path / "p.txt")]) == 0
+    args = ["--config", str(config_path), "--prompt-file", str(tmp_path / "p.txt")]
+    assert explain.main([*args, "--model", MODEL]) == 0
     out = capsys.readouterr().out
     assert "in-process and empty" in out and "text-approximate keys" in out and f"picked {A}" in out
 
-    assert explain.main(["--config", str(config_path), "--model", "nope", "--prompt-file", str(tmp_path / "p.txt")]) == 1
+    assert explain.main([*args, "--model", "nope"]) == 1
     assert "unknown model 'nope'; configured: smollm2" in capsys.readouterr().out
 
     (tmp_path / "bad.yaml").write_text("models: [{name: m, endpoints: [{url: x}]}]\n")
