@@ -1,0 +1,348 @@
+"""Transport: one engine's KV-event stream over ZMQ, with gap replay and purge-on-doubt.
+
+Wire (vLLM and SGLang alike; ``shared/reference/engines.md`` 1.2, 1.4):
+
+- live: a SUB socket (topic filter ``""``) connected to the engine's PUB; each message is 3 frames
+  ``[topic, seq (8 bytes, big-endian, unsigned), msgpack payload]``; ``seq`` counts batches from 0 per publisher.
+- replay: a DEALER connected to the engine's ROUTER sends ``[b"", start_seq (8 bytes BE)]`` and reads one
+  multipart message per buffered batch with ``seq >= start_seq``, oldest first, then an end marker whose seq is
+  ``END_SEQ`` (8 x 0xff). Frames after the DEALER's empty delimiter: ``[seq, payload]`` (SGLang, vLLM before
+  #45177) or ``[topic, seq, payload]`` (vLLM v0.26+); both are read.
+
+Sequence rules, per (endpoint, dp rank):
+
+- next expected seq: apply.
+- a gap: replay the missing range; if the replay cannot close it (no replay address, no answer within
+  ``replay_timeout_s``, or the replay starts later than asked because the engine's buffer moved on), the endpoint
+  is PURGED and the batches that did arrive, then the live one, are applied on a clean slate.
+- seq going backwards: the engine restarted. PURGE, then learn the new instance from seq 0 (replay if possible).
+- right after a full replay (start-up, reconnect), live batches the replay already delivered are dropped as
+  duplicates until the live stream passes the replay's last seq.
+- ``AllBlocksCleared`` purges too (inside ``EventIngestor.apply``).
+
+Start-up and reconnect (the SUB saw the engine go away and come back) both resync: purge the endpoint, replay
+from 0, apply everything the engine still buffers. A fresh process cannot translate evictions of blocks it never
+saw, so whatever the store held for the endpoint before is dropped rather than trusted.
+
+Nothing a peer sends kills the subscriber: undecodable messages are counted in ``stats.malformed`` and skipped;
+store outages are counted in ``stats.store_errors`` and followed by a resync once the store answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from kvstate.events import vllm
+from kvstate.events.ingest import EventIngestor
+from kvstate.events.model import EventBatch, EventDecodeError
+
+log = logging.getLogger(__name__)
+
+END_SEQ = b"\xff" * 8
+"""Sequence frame of the replay end marker: ``(-1).to_bytes(8, "big", signed=True)``."""
+
+SEQ_BYTES = 8
+SUB_RCVHWM = 100_000
+"""Live batches queued while a replay runs; vLLM's own PUB high-water mark."""
+
+Decoder = Callable[[bytes], EventBatch]
+
+
+@dataclass
+class SubscriberStats:
+    """Counters over the subscriber's life."""
+
+    received: int = 0
+    """Live messages received."""
+    applied: int = 0
+    """Batches applied to the store (live and replayed)."""
+    malformed: int = 0
+    """Messages (live or replayed) that could not be decoded; skipped."""
+    gaps: int = 0
+    """Sequence gaps seen on the live stream."""
+    replayed: int = 0
+    """Batches applied from a replay."""
+    purges: int = 0
+    """Times the endpoint was purged: unclosable gap, restart, reconnect, AllBlocksCleared, store outage."""
+    duplicates: int = 0
+    """Live batches dropped because a replay had already applied them."""
+    store_errors: int = 0
+    """Batches that could not be written because the store failed."""
+
+
+@dataclass
+class _Track:
+    """Sequence state of one (endpoint, dp rank)."""
+
+    last: int | None = None
+    """Last seq applied (or skipped as malformed); None = nothing yet, take whatever comes."""
+    replay_floor: int | None = None
+    """While set, live seqs in [replay_floor, last] were already applied by a replay."""
+
+
+class KVEventSubscriber:
+    """Follows one engine endpoint's KV events into an ``EventIngestor``. Run it as a task: ``start()``/``stop()``.
+
+    ``endpoint`` is the id the store knows the engine by (``host:port`` of its HTTP server); ``pub_address`` and
+    ``replay_address`` are its ZMQ addresses (``tcp://host:5557``, ``tcp://host:5558``); ``decode`` is
+    ``kvstate.events.vllm.decode_batch`` or ``kvstate.events.sglang.decode_batch``.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        pub_address: str,
+        ingestor: EventIngestor,
+        decode: Decoder = vllm.decode_batch,
+        replay_address: str | None = None,
+        replay_timeout_s: float = 2.0,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        if replay_timeout_s <= 0:
+            raise ValueError(f"replay_timeout_s must be positive, got {replay_timeout_s}")
+        self.endpoint = endpoint
+        self.pub_address = pub_address
+        self.replay_address = replay_address
+        self.replay_timeout_s = replay_timeout_s
+        self.ingestor = ingestor
+        self.decode = decode
+        self.stats = SubscriberStats()
+        self.ready = asyncio.Event()
+        """Set once the SUB socket is connecting and the start-up resync is done."""
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._tracks: dict[int | None, _Track] = {}
+        self._last_rank: int | None = None
+        self._resync_needed = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"kv-events {self.endpoint}")
+        return self._task
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run(self) -> None:
+        """Receive until cancelled."""
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, SUB_RCVHWM)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(self.pub_address)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        disconnected = False
+        try:
+            await self._resync(reason=None)
+            self.ready.set()
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                    if event == zmq.EVENT_DISCONNECTED:
+                        disconnected = True
+                        log.info("KV events of %s: publisher %s went away", self.endpoint, self.pub_address)
+                    elif event == zmq.EVENT_CONNECTED and disconnected:
+                        disconnected = False
+                        await self._resync(reason="publisher reconnected (engine restart or network loss)")
+                if sub in ready:
+                    await self._on_live(await sub.recv_multipart())
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    # -- live stream ---------------------------------------------------------------------------------------
+
+    async def _on_live(self, frames: list[bytes]) -> None:
+        self.stats.received += 1
+        if len(frames) != 3 or len(frames[1]) != SEQ_BYTES:
+            self.stats.malformed += 1
+            log.warning(
+                "KV events of %s: skipped a message of %d frames (want [topic, 8-byte seq, payload])",
+                self.endpoint,
+                len(frames),
+            )
+            return
+        if self._resync_needed:
+            await self._resync(reason="store came back after an outage")
+            if self._resync_needed:
+                return  # still down; the replay after it recovers will bring this batch back if buffered
+        seq = int.from_bytes(frames[1], "big")
+        batch = self._decode(frames[2], seq)
+        rank = batch.dp_rank if batch is not None else self._last_rank
+        track = self._tracks.setdefault(rank, _Track())
+
+        if track.last is None:
+            if seq > 0:
+                # Nothing known yet on this rank (start-up replay was empty or failed): learn what is buffered.
+                await self._fill(track, 0, seq, on_failure=None)
+        elif seq <= track.last:
+            if track.replay_floor is not None and seq >= track.replay_floor:
+                self.stats.duplicates += 1
+                return
+            await self._purge(f"sequence went back from {track.last} to {seq} (engine restarted)")
+            track.last = track.replay_floor = None
+            if seq > 0:
+                await self._fill(track, 0, seq, on_failure=None)
+        elif seq > track.last + 1:
+            self.stats.gaps += 1
+            await self._fill(track, track.last + 1, seq, on_failure="gap")
+        track.replay_floor = None
+        if batch is not None:
+            await self._apply(batch)
+        track.last = seq
+
+    def _decode(self, payload: bytes, seq: int) -> EventBatch | None:
+        try:
+            batch = self.decode(payload)
+        except EventDecodeError as exc:
+            self.stats.malformed += 1
+            log.warning("KV events of %s: skipped batch seq=%d: %s", self.endpoint, seq, exc)
+            return None
+        self._last_rank = batch.dp_rank
+        return batch
+
+    async def _apply(self, batch: EventBatch, replayed: bool = False) -> None:
+        if self._resync_needed:
+            return
+        try:
+            result = await self.ingestor.apply(self.endpoint, batch)
+        except Exception as exc:  # the store failed (StoreUnavailable or a driver error): never kill the loop
+            self.stats.store_errors += 1
+            self._resync_needed = True
+            log.error("KV events of %s: store write failed (%s); will resync when it answers", self.endpoint, exc)
+            return
+        self.stats.applied += 1
+        if replayed:
+            self.stats.replayed += 1
+        if result.cleared:
+            self.stats.purges += 1
+            log.info("KV events of %s: engine cleared its cache (AllBlocksCleared); endpoint purged", self.endpoint)
+
+    # -- gaps, replay, purge -------------------------------------------------------------------------------
+
+    async def _fill(self, track: _Track, start: int, stop: int, on_failure: str | None) -> None:
+        """Apply the replayed batches ``start <= seq < stop``. If they do not cover that range exactly and
+        ``on_failure`` is given, purge first (naming it in the log), then apply what did arrive."""
+        replies = await self._replay(start)
+        wanted = [(s, p) for s, p in (replies or []) if start <= s < stop]
+        closed = [s for s, _ in wanted] == list(range(start, stop))
+        if not closed and on_failure is not None:
+            why = (
+                "no replay address"
+                if self.replay_address is None
+                else "replay timed out"
+                if replies is None
+                else f"replay starts at {wanted[0][0] if wanted else 'nothing'}"
+            )
+            await self._purge(f"{on_failure} {start}..{stop - 1} not replayable ({why})")
+        for seq, payload in wanted:
+            batch = self._decode(payload, seq)
+            if batch is not None:
+                await self._apply(batch, replayed=True)
+            track.last = seq
+
+    async def _resync(self, reason: str | None) -> None:
+        """Purge the endpoint, then apply everything the engine's replay buffer still holds."""
+        self._tracks.clear()
+        try:
+            await self.ingestor.purge(self.endpoint)
+        except Exception as exc:
+            self.stats.store_errors += 1
+            self._resync_needed = True
+            log.error("KV events of %s: cannot purge (%s); will retry on the next message", self.endpoint, exc)
+            return
+        self._resync_needed = False
+        if reason is not None:
+            self.stats.purges += 1
+            log.warning("KV events of %s: purged, resyncing from replay: %s", self.endpoint, reason)
+        for seq, payload in await self._replay(0) or []:
+            batch = self._decode(payload, seq)
+            rank = batch.dp_rank if batch is not None else self._last_rank
+            track = self._tracks.setdefault(rank, _Track())
+            if batch is not None:
+                await self._apply(batch, replayed=True)
+            if track.replay_floor is None:
+                track.replay_floor = seq
+            track.last = seq
+
+    async def _purge(self, reason: str) -> None:
+        """Purge the endpoint's state. Sequence tracking goes on: the caller decides where it resumes."""
+        self.stats.purges += 1
+        log.warning("KV events of %s: purged: %s", self.endpoint, reason)
+        try:
+            await self.ingestor.purge(self.endpoint)
+        except Exception as exc:
+            self.stats.store_errors += 1
+            self._resync_needed = True
+            log.error("KV events of %s: cannot purge (%s); will resync when the store answers", self.endpoint, exc)
+
+    async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """The engine's buffered batches from ``start`` on, or None without a replay address or an answer."""
+        if self.replay_address is None:
+            return None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_address)
+        replies: list[tuple[int, bytes]] = []
+        timeout_ms = int(self.replay_timeout_s * 1000)
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
+            while True:
+                if not await dealer.poll(timeout_ms):
+                    log.warning(
+                        "KV events of %s: replay from seq %d at %s: no answer within %.1fs",
+                        self.endpoint,
+                        start,
+                        self.replay_address,
+                        self.replay_timeout_s,
+                    )
+                    return None
+                reply = parse_replay_frames(await dealer.recv_multipart())
+                if reply is None:
+                    self.stats.malformed += 1
+                    continue
+                seq_bytes, payload = reply
+                if seq_bytes == END_SEQ:
+                    return replies
+                replies.append((int.from_bytes(seq_bytes, "big"), payload))
+        finally:
+            dealer.close(linger=0)
+
+
+def parse_replay_frames(frames: list[bytes]) -> tuple[bytes, bytes] | None:
+    """(seq frame, payload) of one replay reply, in any of its layouts, or None when it is none of them.
+
+    As a DEALER sees them: ``[b"", seq, payload]`` or ``[b"", topic, seq, payload]`` (end markers carry
+    ``END_SEQ`` and an empty payload). Without the delimiter (a REQ-style reader) the same rules apply, since
+    ``[b"", seq, payload]`` reads as ``[topic="", seq, payload]``.
+    """
+    if len(frames) == 4 and frames[0] == b"":
+        frames = frames[1:]
+    if len(frames) == 3:
+        seq, payload = frames[1], frames[2]
+    elif len(frames) == 2:
+        seq, payload = frames[0], frames[1]
+    else:
+        return None
+    if len(seq) != SEQ_BYTES:
+        return None
+    return seq, payload
