@@ -1,0 +1,55 @@
+"""Every wire name at the Envoy boundary, in one place (header names, metadata keys, body fields).
+
+``examples/envoy.yaml`` and ``docs/envoy.md`` use the same names; change them here and there together.
+Header names are lowercase: Envoy hands ext_proc lowercase header keys (HTTP/2 rules, also for HTTP/1.1 clients).
+"""
+
+from __future__ import annotations
+
+# -- where the pick goes (the Gateway API Inference Extension convention) ----------------------------------------
+LB_METADATA_NAMESPACE = "envoy.lb"
+"""Dynamic-metadata namespace the pick is written to; the ext_proc filter must list it in
+``metadata_options.receiving_namespaces.untyped`` or Envoy drops it."""
+
+DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
+"""The picked endpoint, one ``IP:port``: a metadata key in ``envoy.lb`` AND a request header (OVERWRITE), so both
+ORIGINAL_DST variants (``metadata_key`` or ``use_http_header``) work."""
+
+DESTINATION_ENDPOINTS = "x-cognitora-destination-endpoints"
+"""The pick followed by the fallbacks, ``IP:port,IP:port,...`` (metadata key in ``envoy.lb``): read by the
+``override_host`` load-balancing policy, which moves to the next address on each retry."""
+
+# -- identity, set by the operator's auth filter (never trusted from the client: Envoy strips client copies) ----------
+DEFAULT_TEAM_HEADER = "x-cognitora-team"
+DEFAULT_KEY_HEADER = "x-cognitora-key-id"
+DEFAULT_PRIORITY_HEADER = "x-cognitora-priority"
+DEFAULT_USER_HEADER = "x-cognitora-user"
+
+# -- what Envoy adds to the response for us (route ``response_headers_to_add`` / ``include_attempt_count_in_response``)
+UPSTREAM_HOST = "x-cognitora-upstream-host"
+"""``%UPSTREAM_REMOTE_ADDRESS%``: the engine that actually answered (after retries)."""
+RESPONSE_FLAGS = "x-cognitora-response-flags"
+"""``%RESPONSE_FLAGS%``: ``UF`` upstream connect failure, ``URX`` retries exhausted, ``UH`` no healthy host."""
+ATTEMPT_COUNT = "x-envoy-attempt-count"
+"""How many upstream attempts Envoy made (virtual host ``include_attempt_count_in_response: true``)."""
+
+UPSTREAM_FAILURE_FLAGS = frozenset({"UF", "URX", "UH", "UO", "UMSDR", "NC"})
+"""Response flags that mean "the engine could not be reached", as opposed to an answer from the engine.
+(``UR``, a reset after connect, is not here: a slow or overloaded engine may reset one stream and be healthy.)"""
+
+# -- HTTP pseudo and ordinary headers we read or write ------------------------------------------------------------
+METHOD = ":method"
+PATH = ":path"
+STATUS = ":status"
+CONTENT_TYPE = "content-type"
+CONTENT_LENGTH = "content-length"
+RETRY_AFTER = "retry-after"
+REQUEST_ID = "x-request-id"
+
+SSE_CONTENT_TYPE = "text/event-stream"
+JSON_CONTENT_TYPE = "application/json"
+
+# -- the OpenAI request paths that are placed (everything else passes through untouched) -----------------------------
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+PLACED_PATHS = frozenset({CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH})

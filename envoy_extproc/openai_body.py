@@ -1,0 +1,119 @@
+"""OpenAI request bodies: parse and validate once, rewrite only when needed, with the exact new bytes.
+
+A malformed body is the client's mistake: ``BadRequest`` carries an OpenAI-style message that says what was wrong,
+and the ext_proc answers 400 itself (the request never reaches an engine).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from envoy_extproc import headers
+
+
+class BadRequest(ValueError):
+    """The request body cannot be placed. ``param`` names the offending field (OpenAI error shape)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ParsedBody:
+    """The fields placement needs, and the parsed object (kept so a rewrite does not parse again)."""
+
+    data: dict[str, Any]
+    model: str
+    messages: Sequence[Mapping[str, Any]] | None
+    prompt: str | None
+    stream: bool
+    max_tokens: int | None
+    client_wants_usage: bool
+    """The client asked for ``stream_options.include_usage`` itself (so its usage chunk must reach it)."""
+
+
+def parse_body(raw: bytes, path: str) -> ParsedBody:
+    """Parse an OpenAI chat/completions body. Raises ``BadRequest`` with a message meant for the client."""
+    if not raw.strip():
+        raise BadRequest("the request body is empty: send a JSON object with 'model' and 'messages'")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the request body must be a JSON object, got a JSON {type(data).__name__}")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest('missing \'model\': name the model to use, e.g. "model": "my-model"', param="model")
+
+    messages: Sequence[Mapping[str, Any]] | None = None
+    prompt: str | None = None
+    if path == headers.CHAT_COMPLETIONS_PATH:
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list of {role, content} objects", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
+    else:
+        prompt = _prompt_text(data.get("prompt"))
+
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false", param="stream")
+    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
+        raise BadRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
+    options = data.get("stream_options")
+    client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return ParsedBody(
+        data=data,
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        stream=stream,
+        max_tokens=max_tokens,
+        client_wants_usage=client_wants_usage,
+    )
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        # Several prompts in one request land on one engine; the first one decides where its prefix is cached.
+        return str(prompt[0])
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return " ".join(map(str, prompt))
+    raise BadRequest("'prompt' must be a string or a non-empty list of strings", param="prompt")
+
+
+_INCLUDE_USAGE_SPLICE = b',"stream_options":{"include_usage":true}}'
+
+
+def rewrite_body(parsed: ParsedBody, raw: bytes, *, model: str | None, include_usage: bool) -> bytes | None:
+    """The body to send upstream, or None when ``raw`` can go unchanged.
+
+    ``model``: a new model name (None keeps it). ``include_usage``: ask the engine for the final usage chunk.
+    Adding only ``stream_options`` to a body that has none is a byte splice, not a re-serialisation: long prompts
+    are not encoded again on the hot path.
+    """
+    new_model = model is not None and model != parsed.model
+    if not new_model and not include_usage:
+        return None
+    if not new_model and "stream_options" not in parsed.data:
+        body = raw.rstrip()
+        if body.endswith(b"}"):  # parse_body proved it is a non-empty object, so a member precedes the brace
+            return body[:-1] + _INCLUDE_USAGE_SPLICE
+    data = dict(parsed.data)
+    if new_model:
+        data["model"] = model
+    if include_usage:
+        options = data.get("stream_options")
+        data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()

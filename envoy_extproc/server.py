@@ -1,0 +1,173 @@
+"""``cognitora extproc``: the gRPC ext_proc service Envoy calls for every request (docs/envoy.md).
+
+This module is the stream loop and the process around it; the phases live in ``processor.Exchange``.
+Bindings: xds-protos (protoc ``_pb2`` + grpcio servicer, upb-backed). ``envoy-data-plane`` has no grpcio servicer
+and (de)serialises two orders of magnitude slower (docs/envoy.md, "Bindings").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from envoy_extproc import protocol
+from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
+from envoy_extproc.settings import ExtprocSettings, parse_settings
+
+log = logging.getLogger("cognitora.extproc")
+
+_PASS_THROUGH = {
+    "request_headers": protocol.CONTINUE_REQUEST_HEADERS,
+    "request_body": protocol.CONTINUE_REQUEST_BODY,
+    "request_trailers": protocol.CONTINUE_REQUEST_TRAILERS,
+    "response_headers": protocol.CONTINUE_RESPONSE_HEADERS,
+    "response_body": protocol.CONTINUE_RESPONSE_BODY,
+    "response_trailers": protocol.CONTINUE_RESPONSE_TRAILERS,
+}
+
+
+class ExtProcService(ep_grpc.ExternalProcessorServicer):
+    """One gRPC stream per HTTP request: read a message, answer it, then run the core calls it queued."""
+
+    def __init__(self, core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> None:
+        self._core = core
+        self._settings = settings
+        self._addresses = addresses
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def Process(  # the gRPC method's name
+        self, request_iterator: AsyncIterator[protocol.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        exchange = Exchange(self._core, self._settings, self._addresses)
+        try:
+            async for message in request_iterator:
+                await context.write(await self._answer(exchange, message))
+                await exchange.run_deferred()
+                if exchange.closed:
+                    return
+        finally:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Envoy reset the stream (client gone): report the outcome without blocking the cancellation.
+                closing = asyncio.ensure_future(exchange.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            else:
+                await exchange.close()
+
+    async def _answer(self, exchange: Exchange, message: protocol.ProcessingRequest) -> protocol.ProcessingResponse:
+        kind = message.WhichOneof("request")
+        try:
+            if kind == "request_headers":
+                return await exchange.on_request_headers(message.request_headers)
+            if kind == "request_body":
+                return await exchange.on_request_body(message.request_body)
+            if kind == "response_headers":
+                return await exchange.on_response_headers(message.response_headers)
+            if kind == "response_body":
+                return await exchange.on_response_body(message.response_body)
+        except Exception:
+            # One bad message must not fail the request or the service: let this phase pass through.
+            log.exception("ext_proc %s phase failed; passing the message through unchanged", kind)
+        return _PASS_THROUGH.get(kind or "", protocol.CONTINUE_REQUEST_HEADERS)
+
+
+def grpc_options(settings: ExtprocSettings) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.so_reuseport", 0),  # a second instance on the same port must fail, not silently share it
+    ]
+
+
+async def start_server(
+    core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook
+) -> tuple[grpc.aio.Server, int]:
+    """Start serving; returns the server and the bound port (``--listen 127.0.0.1:0`` picks a free one)."""
+    server = grpc.aio.server(options=grpc_options(settings))
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcService(core, settings, addresses), server)
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen}: address in use or invalid")
+    await server.start()
+    return server, port
+
+
+def address_book(endpoints: dict[str, str]) -> AddressBook:
+    """Endpoint id -> ``IP:port`` from each endpoint's URL, resolving host names once at start (Envoy's
+    ORIGINAL_DST and override_host take only literal addresses)."""
+    addresses: dict[str, str] = {}
+    for endpoint, url in endpoints.items():
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            ipaddress.ip_address(host)
+            ip = host
+        except ValueError:
+            ip = str(socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+            log.info("endpoint %s: %s resolved to %s (resolved once, at start)", endpoint, host, ip)
+        addresses[endpoint] = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    return AddressBook(addresses)
+
+
+async def _run(settings: ExtprocSettings) -> int:
+    from cognitora.config import ConfigError, load_config
+    from cognitora.router import Router
+
+    try:
+        config = load_config(settings.config_path)
+    except ConfigError as exc:
+        print(f"cognitora extproc: {exc}", file=sys.stderr)
+        return 2
+    addresses = address_book({e.id: e.url for m in config.models for e in m.endpoints})
+    router = Router.from_config(config)
+    collector = None
+    if settings.collector:
+        from cognitora.collector import Collector
+
+        collector = Collector(config, router.store)
+        await collector.start()
+    try:
+        server, port = await start_server(router, settings, addresses)
+    except OSError as exc:
+        print(f"cognitora extproc: {exc}", file=sys.stderr)
+        await router.close()
+        return 1
+    log.info("ext_proc listening on %s (port %d), %d endpoints", settings.listen, port, len(addresses.addresses))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: finishing open streams (5 s grace)")
+    await server.stop(grace=5)
+    if collector is not None:
+        await collector.stop()
+    await router.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    settings = parse_settings(argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    loop_factory = None
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_run(settings))

@@ -1,0 +1,126 @@
+"""``cognitora extproc`` settings: the command line, parsed once at the entry point into a frozen dataclass.
+
+The settings are flags, not a section of ``cognitora.yaml``: they describe how this Envoy deployment talks to the
+service (which headers its auth filter sets, where to listen), which differs per gateway, while ``cognitora.yaml``
+describes the fleet and is shared with the LiteLLM adapter and the collector.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from envoy_extproc import headers
+
+DEFAULT_LISTEN = "127.0.0.1:9002"
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+"""Above Envoy's buffer limit in ``examples/envoy.yaml`` (16 MiB), so Envoy's 413 is what a client sees, never a
+gRPC "message too large" turned into a 500 (grpcio's own default is 4 MiB)."""
+
+
+@dataclass(frozen=True)
+class TrustedHeaders:
+    """Request headers that carry identity. Only the operator's auth filter may set them; Envoy strips client copies.
+
+    An empty name turns that identity off (the request gets none).
+    """
+
+    team: str = headers.DEFAULT_TEAM_HEADER
+    key: str = headers.DEFAULT_KEY_HEADER
+    priority: str = headers.DEFAULT_PRIORITY_HEADER
+    user: str = headers.DEFAULT_USER_HEADER
+
+
+@dataclass(frozen=True)
+class ExtprocSettings:
+    config_path: Path
+    listen: str = DEFAULT_LISTEN
+    trusted: TrustedHeaders = TrustedHeaders()
+    usage: str = "all"
+    """Which responses have their body read: ``all`` (usage and achieved cache hits for every request), ``streamed``
+    (only SSE, where the end of the stream is otherwise unknown), ``none`` (headers only: cheapest)."""
+    fallbacks: int = 2
+    """Ranked runner-ups sent after the pick, for Envoy to retry on when the pick cannot be reached."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    collector: bool = False
+    """Run the collector (KV events and /metrics into the store) inside this process: one-gateway deployments."""
+    log_level: str = "info"
+
+
+USAGE_MODES = ("all", "streamed", "none")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cognitora extproc",
+        description="Envoy ext_proc service: places each OpenAI request on an engine of the fleet (docs/envoy.md).",
+    )
+    p.add_argument("--config", required=True, type=Path, help="cognitora.yaml (models, endpoints, Redis)")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"gRPC address to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument(
+        "--trusted-team-header",
+        default=headers.DEFAULT_TEAM_HEADER,
+        help=f"header your auth filter sets to the caller's team (default {headers.DEFAULT_TEAM_HEADER}; '' = off)",
+    )
+    p.add_argument(
+        "--trusted-key-header",
+        default=headers.DEFAULT_KEY_HEADER,
+        help=f"header carrying the authenticated API key id (default {headers.DEFAULT_KEY_HEADER}; '' = off)",
+    )
+    p.add_argument(
+        "--trusted-priority-header",
+        default=headers.DEFAULT_PRIORITY_HEADER,
+        help=f"header carrying the priority class (default {headers.DEFAULT_PRIORITY_HEADER}; '' = off)",
+    )
+    p.add_argument(
+        "--trusted-user-header",
+        default=headers.DEFAULT_USER_HEADER,
+        help=f"header carrying the end user id (default {headers.DEFAULT_USER_HEADER}; '' = off)",
+    )
+    p.add_argument(
+        "--usage",
+        choices=USAGE_MODES,
+        default="all",
+        help="which response bodies to read for token usage and cache hits (default all; see docs/envoy.md)",
+    )
+    p.add_argument(
+        "--fallbacks",
+        type=int,
+        default=2,
+        help="runner-up endpoints handed to Envoy for retries when the pick is unreachable (default 2)",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="largest gRPC message accepted; keep it above Envoy's buffer limit (default 64 MiB)",
+    )
+    p.add_argument(
+        "--collector",
+        action="store_true",
+        help="also run the collector in this process (one gateway; otherwise run `cognitora collector` once)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def parse_settings(argv: list[str]) -> ExtprocSettings:
+    args = build_parser().parse_args(argv)
+    if args.fallbacks < 0:
+        raise SystemExit("cognitora extproc: --fallbacks must be 0 or more")
+    return ExtprocSettings(
+        config_path=args.config,
+        listen=args.listen,
+        trusted=TrustedHeaders(
+            team=args.trusted_team_header.lower(),
+            key=args.trusted_key_header.lower(),
+            priority=args.trusted_priority_header.lower(),
+            user=args.trusted_user_header.lower(),
+        ),
+        usage=args.usage,
+        fallbacks=args.fallbacks,
+        max_message_bytes=args.max_message_bytes,
+        collector=args.collector,
+        log_level=args.log_level,
+    )

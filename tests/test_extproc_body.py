@@ -1,0 +1,78 @@
+"""OpenAI request bodies at the Envoy boundary: clear 400 messages, exact rewrites."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envoy_extproc.openai_body import BadRequest, parse_body, rewrite_body
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(**extra: object) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+def test_chat_body_fields() -> None:
+    p = parse_body(chat(stream=True, max_tokens=5), CHAT)
+    assert (p.model, p.stream, p.max_tokens, p.client_wants_usage) == ("m", True, 5, False)
+    assert p.messages == [{"role": "user", "content": "hi"}]
+    assert parse_body(chat(stream_options={"include_usage": True}), CHAT).client_wants_usage
+
+
+def test_completions_prompt() -> None:
+    assert parse_body(b'{"model":"m","prompt":"once upon"}', COMPLETIONS).prompt == "once upon"
+    assert parse_body(b'{"model":"m","prompt":["a","b"]}', COMPLETIONS).prompt == "a"
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "says", "param"),
+    [
+        (b"", CHAT, "empty", None),
+        (b"{bad", CHAT, "not valid JSON", None),
+        (b"[1]", CHAT, "must be a JSON object", None),
+        (b'{"messages":[{"role":"user","content":"x"}]}', CHAT, "missing 'model'", "model"),
+        (b'{"model":"","messages":[]}', CHAT, "missing 'model'", "model"),
+        (b'{"model":"m"}', CHAT, "'messages'", "messages"),
+        (b'{"model":"m","messages":["hi"]}', CHAT, "messages[0]", "messages[0]"),
+        (chat(stream="yes"), CHAT, "'stream'", "stream"),
+        (chat(max_tokens=-1), CHAT, "'max_tokens'", "max_tokens"),
+        (b'{"model":"m","prompt":{}}', COMPLETIONS, "'prompt'", "prompt"),
+    ],
+)
+def test_bad_bodies_name_the_problem(body: bytes, path: str, says: str, param: str | None) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_body(body, path)
+    assert says in err.value.message
+    assert err.value.param == param
+
+
+def test_no_rewrite_when_nothing_changes() -> None:
+    raw = chat()
+    assert rewrite_body(parse_body(raw, CHAT), raw, model="m", include_usage=False) is None
+    assert rewrite_body(parse_body(raw, CHAT), raw, model=None, include_usage=False) is None
+
+
+def test_include_usage_splice_is_valid_json_and_keeps_everything() -> None:
+    raw = chat(stream=True, temperature=0.5) + b"\n  "
+    new = rewrite_body(parse_body(raw, CHAT), raw, model=None, include_usage=True)
+    assert new is not None
+    assert json.loads(new) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+
+
+def test_include_usage_merges_existing_stream_options() -> None:
+    raw = chat(stream=True, stream_options={"continuous_usage_stats": True})
+    new = rewrite_body(parse_body(raw, CHAT), raw, model=None, include_usage=True)
+    assert new is not None
+    assert json.loads(new)["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+
+
+def test_model_rewrite_keeps_unicode() -> None:
+    raw = json.dumps({"model": "alias", "messages": [{"role": "user", "content": "héllo ☃"}]}).encode()
+    new = rewrite_body(parse_body(raw, CHAT), raw, model="real/model", include_usage=False)
+    assert new is not None
+    assert json.loads(new)["model"] == "real/model"
+    assert json.loads(new)["messages"][0]["content"] == "héllo ☃"
