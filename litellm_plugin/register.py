@@ -1,0 +1,130 @@
+"""Make ``routing_strategy: cognitora`` a name LiteLLM accepts, and install the strategy when a Router uses it.
+
+LiteLLM 1.108.7 has no registry for named routing strategies: the name is checked against a hard-coded tuple
+(``litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES``) and only its own ``lar1`` gets installed through
+the public ``Router.set_custom_routing_strategy``. ``register()`` does the two things LiteLLM does for ``lar1``:
+
+1. adds ``"cognitora"`` to that tuple (a module global, read at call time);
+2. wraps ``Router.__init__`` and ``Router.update_settings`` so a Router whose ``routing_strategy`` ends up
+   ``"cognitora"`` gets a ``CognitoraRoutingStrategy`` through ``set_custom_routing_strategy``.
+
+The ``__init__`` wrapper keeps the original signature: the proxy decides which ``router_settings`` keys to pass
+from ``inspect.getfullargspec(Router.__init__)``, which ignores ``__wrapped__``; a plain ``*args, **kwargs``
+wrapper makes it drop every router setting silently.
+
+Everything here is idempotent, and every LiteLLM internal it touches is pinned by tests/test_litellm_contract.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+STRATEGY_NAME = "cognitora"
+"""The value of ``router_settings.routing_strategy`` that selects Cognitora."""
+
+_PATCH_MARK = "_cognitora_patched"
+_ROUTING_GROUPS_MODULES = (
+    "litellm.router_utils.routing_groups",  # 1.108.x
+    "litellm.litellm_core_utils.routing_groups",  # 1.110.x moved it here
+)
+
+log = logging.getLogger("cognitora.litellm")
+
+
+class LiteLLMIncompatible(RuntimeError):
+    """An internal of LiteLLM that the plugin relies on has moved; the message says which and where to look."""
+
+
+def routing_groups_module() -> ModuleType:
+    """The LiteLLM module that holds ``VALID_ROUTING_STRATEGIES``."""
+    for name in _ROUTING_GROUPS_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "VALID_ROUTING_STRATEGIES"):
+            return module
+    raise LiteLLMIncompatible(
+        "cannot find VALID_ROUTING_STRATEGIES in " + " or ".join(_ROUTING_GROUPS_MODULES) + ": this LiteLLM "
+        "version validates strategy names elsewhere. Pin litellm[proxy]==1.108.7 or see docs/litellm.md "
+        "('What breaks on upgrade')."
+    )
+
+
+def register() -> None:
+    """Teach LiteLLM the ``cognitora`` strategy name. Safe to call any number of times."""
+    import litellm
+
+    groups = routing_groups_module()
+    valid: tuple[str, ...] = tuple(getattr(groups, "VALID_ROUTING_STRATEGIES"))  # noqa: B009
+    if STRATEGY_NAME not in valid:
+        setattr(groups, "VALID_ROUTING_STRATEGIES", (*valid, STRATEGY_NAME))  # noqa: B010
+
+    router_cls = litellm.Router
+    if getattr(router_cls.__init__, _PATCH_MARK, False):
+        return
+    if not hasattr(router_cls, "set_custom_routing_strategy"):
+        raise LiteLLMIncompatible(
+            "litellm.Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110 uses Router.register_plugin); "
+            "pin litellm[proxy]==1.108.7 or see docs/litellm.md ('What breaks on upgrade')."
+        )
+    setattr(router_cls, "__init__", _wrap_init(router_cls.__init__))  # noqa: B010
+    setattr(router_cls, "update_settings", _wrap_update_settings(router_cls.update_settings))  # noqa: B010
+
+
+def bootstrap() -> None:
+    """Entry for ``LITELLM_WORKER_STARTUP_HOOKS=litellm_plugin.register:bootstrap`` (an alternative trigger)."""
+    register()
+
+
+def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "routing_strategy", None) == STRATEGY_NAME:
+            install(self, getattr(self, "routing_strategy_args", None) or {})
+
+    # The proxy reads Router.__init__'s argument names with getfullargspec, which does not follow __wrapped__.
+    __init__.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    setattr(__init__, _PATCH_MARK, True)
+    return __init__
+
+
+def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def update_settings(self: Any, **kwargs: Any) -> None:
+        before = (getattr(self, "routing_strategy", None), getattr(self, "routing_strategy_args", None))
+        original(self, **kwargs)
+        after = (getattr(self, "routing_strategy", None), getattr(self, "routing_strategy_args", None))
+        if after[0] != STRATEGY_NAME:
+            uninstall(self)
+        elif before != after or "get_available_deployment" not in vars(self):
+            # A strategy switch resets LiteLLM's custom strategy; new args mean a new fleet config.
+            install(self, after[1] or {})
+
+    setattr(update_settings, _PATCH_MARK, True)
+    return update_settings
+
+
+def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
+    """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
+    from litellm_plugin.strategy import CognitoraRoutingStrategy
+
+    uninstall(router)
+    strategy = CognitoraRoutingStrategy.for_router(router, routing_strategy_args)
+    router.set_custom_routing_strategy(strategy)
+    router._cognitora_strategy = strategy
+    log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))
+
+
+def uninstall(router: Any) -> None:
+    """Stop the Router's previous Cognitora strategy (its embedded store and collector), if any."""
+    previous = vars(router).pop("_cognitora_strategy", None)
+    if previous is not None:
+        previous.close()

@@ -1,0 +1,233 @@
+"""LiteLLM's request kwargs, responses and errors <-> the core's ``RouteRequest``, ``Outcome`` and ``Rejection``.
+
+Pure functions, no LiteLLM state: each one reads what LiteLLM hands the strategy or a callback and returns the
+core's type (or the reverse, for rejections). Identity comes only from the ``user_api_key_*`` metadata the proxy
+writes after authentication (it strips those keys from the client's own ``metadata`` first); the client's body
+metadata is never read.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import litellm
+
+from cognitora.config import DEFAULT_PRIORITY
+from cognitora.decision import Decision, Rejection
+from cognitora.request import Outcome, RouteRequest, new_request_id
+
+PLACEMENT_KEY = "cognitora_request_id"
+"""Metadata key the strategy writes on each attempt, so the callbacks find that attempt's decision."""
+
+PRIORITY_KEY = "cognitora_priority"
+"""Key (or team) ``metadata`` entry naming the request's priority class: set by an admin, never by the client."""
+
+CONNECTION_ERROR_TEXT = "Connection error"
+"""What the OpenAI client says when it cannot reach a server (refused, reset); LiteLLM keeps it in the message."""
+
+_METADATA_VARIABLES = ("litellm_metadata", "metadata")
+
+
+def metadata_of(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata dict LiteLLM carries for this call (``litellm_metadata`` on some routes, else ``metadata``)."""
+    for name in _METADATA_VARIABLES:
+        value = kwargs.get(name)
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def writable_metadata(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The metadata dict to annotate, created if missing, under the same name LiteLLM's retry logging uses."""
+    name = "litellm_metadata" if "litellm_metadata" in kwargs else "metadata"
+    value = kwargs.get(name)
+    if not isinstance(value, dict):
+        value = {}
+        kwargs[name] = value
+    return value
+
+
+def callback_metadata(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata as a logging callback sees it (``kwargs['litellm_params']['metadata']``, or the call's own)."""
+    params = kwargs.get("litellm_params")
+    if isinstance(params, Mapping):
+        found = metadata_of(params)
+        if found:
+            return found
+    return metadata_of(kwargs)
+
+
+def placement_id(kwargs: Mapping[str, Any]) -> str | None:
+    """The attempt's placement id, from a strategy's request kwargs or a callback's kwargs."""
+    for meta in (callback_metadata(kwargs), metadata_of(kwargs)):
+        value = meta.get(PLACEMENT_KEY)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def trace_id(kwargs: Mapping[str, Any]) -> str | None:
+    """LiteLLM's id for one logical request: the same on every retry and fallback of it."""
+    value = kwargs.get("litellm_trace_id")
+    return value if isinstance(value, str) else None
+
+
+def _first_str(meta: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = meta.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _priority(meta: Mapping[str, Any]) -> str:
+    for key in ("user_api_key_metadata", "user_api_key_team_metadata"):
+        admin_set = meta.get(key)
+        if isinstance(admin_set, Mapping):
+            value = admin_set.get(PRIORITY_KEY)
+            if isinstance(value, str) and value:
+                return value
+    return DEFAULT_PRIORITY
+
+
+def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = kwargs.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def route_request(
+    model: str,
+    messages: Sequence[Mapping[str, Any]] | None,
+    input: str | list[Any] | None,
+    request_kwargs: Mapping[str, Any],
+    candidates: Sequence[str],
+) -> RouteRequest:
+    """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids."""
+    meta = metadata_of(request_kwargs)
+    prompt: str | None = None
+    if messages is None and input is not None:
+        prompt = input if isinstance(input, str) else "\n".join(str(part) for part in input)
+    return RouteRequest(
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        request_id=new_request_id(),
+        team=_first_str(meta, "user_api_key_team_id"),
+        api_key_id=_first_str(meta, "user_api_key_hash", "user_api_key"),
+        user=_first_str(meta, "user_api_key_user_id", "user_api_key_end_user_id"),
+        priority=_priority(meta),
+        max_tokens=_max_tokens(request_kwargs),
+        stream=bool(request_kwargs.get("stream")),
+        candidates=tuple(candidates),
+    )
+
+
+# -- responses -> Outcome ------------------------------------------------------------------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    return None
+
+
+def _ttft_s(kwargs: Mapping[str, Any]) -> float | None:
+    start = kwargs.get("api_call_start_time")
+    first = kwargs.get("completion_start_time")
+    if isinstance(start, datetime.datetime) and isinstance(first, datetime.datetime):
+        seconds = (first - start).total_seconds()
+        return seconds if seconds >= 0 else None
+    return None
+
+
+def success_outcome(decision: Decision, kwargs: Mapping[str, Any], response: Any) -> Outcome:
+    """A finished request: usage from the response (streamed: the assembled one), achieved cache hit included."""
+    usage = _get(response, "usage")
+    logged = kwargs.get("standard_logging_object")
+    prompt_tokens = _int_or_none(_get(usage, "prompt_tokens"))
+    completion_tokens = _int_or_none(_get(usage, "completion_tokens"))
+    if prompt_tokens is None and isinstance(logged, Mapping):
+        prompt_tokens = _int_or_none(logged.get("prompt_tokens"))
+        completion_tokens = _int_or_none(logged.get("completion_tokens"))
+    details = _get(usage, "prompt_tokens_details")
+    cached = _int_or_none(_get(details, "cached_tokens")) if details is not None else None
+    return Outcome(
+        request_id=decision.request_id,
+        endpoint=decision.endpoint or "",
+        ok=True,
+        prompt_tokens=prompt_tokens or 0,
+        completion_tokens=completion_tokens or 0,
+        cached_tokens=cached,
+        ttft_s=_ttft_s(kwargs),
+    )
+
+
+def failure_outcome(decision: Decision, error: BaseException | str) -> Outcome:
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return Outcome(request_id=decision.request_id, endpoint=decision.endpoint or "", ok=False, error=text[:500])
+
+
+def unreachable_reason(error: BaseException | None) -> str | None:
+    """Why ``error`` means the engine itself is gone (connection refused or reset, 502/503), or None.
+
+    A timeout is not one: a slow engine is alive, and placement already prices its queue.
+    """
+    if error is None:
+        return None
+    if isinstance(error, litellm.Timeout):
+        return None
+    if isinstance(error, litellm.APIConnectionError | litellm.ServiceUnavailableError | litellm.BadGatewayError):
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    # LiteLLM 1.108 wraps the OpenAI client's APIConnectionError (refused, reset, DNS) for OpenAI-compatible
+    # engines as InternalServerError; the client's own message is the only mark left of it.
+    if isinstance(error, litellm.InternalServerError) and CONNECTION_ERROR_TEXT in str(error):
+        return f"connection failed: {str(error)[:200]}"
+    return None
+
+
+# -- Rejection -> LiteLLM's error ------------------------------------------------------------------------------
+
+
+def rejection_error(rejection: Rejection, model: str) -> Exception:
+    """The LiteLLM exception whose HTTP status is the rejection's, so the proxy answers with that status.
+
+    ``num_retries=0``: a refusal is the core's answer for this request, not a flaky deployment to retry.
+    """
+    message = f"cognitora: {rejection.message}"
+    status = rejection.status
+    error: Exception
+    if status == 429:
+        headers = {"retry-after": str(rejection.retry_after_s)} if rejection.retry_after_s is not None else None
+        error = litellm.RateLimitError(
+            message=message,
+            llm_provider="cognitora",
+            model=model,
+            num_retries=0,
+            category="litellm_rate_limit",
+            headers=headers,
+        )
+    elif status == 404:
+        error = litellm.NotFoundError(message=message, model=model, llm_provider="cognitora")
+    elif status == 400:
+        error = litellm.BadRequestError(message=message, model=model, llm_provider="cognitora")
+    elif status == 503:
+        error = litellm.ServiceUnavailableError(message=message, model=model, llm_provider="cognitora")
+    else:
+        error = litellm.APIError(status_code=status, message=message, llm_provider="cognitora", model=model)
+    error.num_retries = 0
+    return error

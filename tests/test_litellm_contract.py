@@ -1,0 +1,318 @@
+"""Contract tests: the LiteLLM internals litellm_plugin relies on, each failing with WHAT moved and where to look.
+
+They pin LiteLLM 1.108.7 (the newest whose [proxy] extra installs from PyPI alone). When one fails after an
+upgrade, read docs/litellm.md, section "What breaks on upgrade", before touching the plugin.
+No engines and no network: deployments answer with LiteLLM's own ``mock_response``, or a refused port.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: skip the cost-map download retries
+
+import asyncio
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any
+
+import litellm
+import pytest
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.types.router import CustomRoutingStrategyBase
+
+import litellm_plugin
+from cognitora.process import free_port
+from litellm_plugin.translate import unreachable_reason
+
+SEE = "see docs/litellm.md ('What breaks on upgrade')"
+
+
+def _params(fn: Any) -> list[str]:
+    return [p for p in inspect.signature(fn).parameters if p != "self"]
+
+
+def _requires(condition: bool, what_moved: str) -> None:
+    if not condition:
+        pytest.fail(f"{what_moved}; {SEE}", pytrace=False)
+
+
+def test_pinned_version() -> None:
+    from importlib.metadata import version
+
+    _requires(
+        version("litellm") == "1.108.7",
+        f"litellm {version('litellm')} is installed, the plugin is pinned to 1.108.7 (pyproject extra 'litellm')",
+    )
+
+
+def test_strategy_names_are_a_module_global_read_at_call_time() -> None:
+    try:
+        from litellm.router_utils import routing_groups
+    except ImportError:
+        pytest.fail(
+            "litellm.router_utils.routing_groups is gone: LiteLLM >= 1.110 moved it to "
+            f"litellm.litellm_core_utils.routing_groups and added Router.register_plugin; {SEE}",
+            pytrace=False,
+        )
+    _requires(
+        hasattr(routing_groups, "VALID_ROUTING_STRATEGIES"),
+        "litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES is gone: LiteLLM >= 1.110 moved strategies "
+        "to Router.register_plugin",
+    )
+    litellm_plugin.register()
+    _requires(
+        "cognitora" in routing_groups.VALID_ROUTING_STRATEGIES,
+        "register() could not add 'cognitora' to VALID_ROUTING_STRATEGIES",
+    )
+    try:
+        routing_groups.validate_routing_strategy("cognitora")
+    except ValueError:
+        pytest.fail(
+            "validate_routing_strategy no longer reads VALID_ROUTING_STRATEGIES at call time "
+            f"(litellm/router_utils/routing_groups.py); {SEE}",
+            pytrace=False,
+        )
+
+
+def test_register_keeps_the_router_argument_list_the_proxy_reads() -> None:
+    # The proxy passes only router_settings keys found by getfullargspec(Router.__init__): a wrapper that hides
+    # the signature makes it drop every router setting silently (routing_strategy included).
+    litellm_plugin.register()
+    valid = litellm.Router.get_valid_args()
+    for key in ("model_list", "routing_strategy", "routing_strategy_args", "num_retries", "fallbacks"):
+        _requires(
+            key in valid,
+            f"Router.get_valid_args() lacks {key!r} after register(): the __init__ wrapper hid the signature, or "
+            "LiteLLM renamed the argument (litellm/router.py Router.__init__)",
+        )
+    argspec = inspect.getfullargspec(litellm.Router.__init__)
+    _requires(len(argspec.args) + len(argspec.kwonlyargs) > 20, "Router.__init__ argspec collapsed to *args/**kwargs")
+
+
+def test_custom_strategy_seam() -> None:
+    _requires(
+        hasattr(litellm.Router, "set_custom_routing_strategy"),
+        "Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110: Router.register_plugin)",
+    )
+    expected = ["model", "messages", "input", "specific_deployment", "request_kwargs"]
+    for name in ("async_get_available_deployment", "get_available_deployment"):
+        _requires(
+            _params(getattr(CustomRoutingStrategyBase, name)) == expected,
+            f"litellm.types.router.CustomRoutingStrategyBase.{name} no longer takes {expected}",
+        )
+    _requires(
+        _params(litellm.Router.async_get_healthy_deployments)[:5]
+        == ["model", "request_kwargs", "messages", "input", "specific_deployment"],
+        "Router.async_get_healthy_deployments changed its parameters (LiteLLM >= 1.110: Router.select(kind='healthy'))",
+    )
+    from litellm.router_strategy import simple_shuffle
+
+    _requires(
+        _params(simple_shuffle.simple_shuffle)
+        == ["resolve_model_alias", "healthy_deployments", "model", "request_kwargs"],
+        "litellm.router_strategy.simple_shuffle.simple_shuffle changed its parameters (used for model groups "
+        "without engines)",
+    )
+
+
+def test_callback_hooks_exist_with_the_parameters_used() -> None:
+    hooks = {
+        "async_post_call_failure_deployment_hook": ["request_data", "exception", "call_type", "fallback_depth"],
+        "async_post_call_streaming_deployment_hook": ["request_data", "response_chunk", "call_type"],
+        "async_log_success_event": ["kwargs", "response_obj", "start_time", "end_time"],
+        "async_log_failure_event": ["kwargs", "response_obj", "start_time", "end_time"],
+        "log_success_event": ["kwargs", "response_obj", "start_time", "end_time"],
+        "log_failure_event": ["kwargs", "response_obj", "start_time", "end_time"],
+    }
+    for name, params in hooks.items():
+        _requires(
+            hasattr(CustomLogger, name) and _params(getattr(CustomLogger, name)) == params,
+            f"CustomLogger.{name}{tuple(params)} moved or changed (litellm/integrations/custom_logger.py)",
+        )
+    _requires(
+        hasattr(litellm, "logging_callback_manager")
+        and hasattr(litellm.logging_callback_manager, "add_litellm_callback"),
+        "litellm.logging_callback_manager.add_litellm_callback is gone",
+    )
+
+
+def test_rate_limit_error_carries_headers_and_no_retry() -> None:
+    params = _params(litellm.RateLimitError.__init__)
+    for p in ("headers", "num_retries", "category"):
+        _requires(p in params, f"litellm.RateLimitError.__init__ lost {p!r} (litellm/exceptions.py)")
+    err = litellm.RateLimitError("x", "cognitora", "m", headers={"retry-after": "3"}, num_retries=0)
+    _requires(err.headers == {"retry-after": "3"} and err.status_code == 429, "RateLimitError drops its headers")
+
+
+def _proxy_source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"{module} is not installed"
+    return Path(spec.origin).read_text()
+
+
+def test_proxy_loads_callbacks_before_it_builds_the_router() -> None:
+    # Read, not imported: importing the proxy costs ~10 s. The e2e test runs the real proxy.
+    source = _proxy_source("litellm.proxy.proxy_server")
+    callbacks_at = source.find('key == "callbacks"')
+    router_at = source.find("router = litellm.Router(\n            **router_params")
+    _requires(
+        callbacks_at != -1 and router_at != -1 and callbacks_at < router_at,
+        "litellm/proxy/proxy_server.py no longer imports litellm_settings.callbacks before building the Router "
+        "(load_config): the callback line cannot register the strategy name in time; use "
+        "LITELLM_WORKER_STARTUP_HOOKS=litellm_plugin.register:bootstrap",
+    )
+
+
+def test_proxy_strips_client_supplied_identity() -> None:
+    # Team and key identity are read from user_api_key_* metadata: only safe because the proxy strips those keys
+    # from the client's metadata before writing the authenticated ones.
+    source = _proxy_source("litellm.proxy.litellm_pre_call_utils")
+    _requires(
+        'k.startswith("user_api_key_")' in source and "user_api_key_team_id=user_api_key_dict.team_id" in source,
+        "litellm/proxy/litellm_pre_call_utils.py no longer strips client-sent user_api_key_* metadata or no "
+        "longer writes user_api_key_team_id from the authenticated key: identity could be forged",
+    )
+
+
+# -- behaviour of the router around a custom strategy ------------------------------------------------------------
+
+
+class _Recorder(CustomLogger):
+    def __init__(self, events: list[tuple[str, ...]]) -> None:
+        super().__init__()
+        self.events = events
+
+    async def async_post_call_failure_deployment_hook(
+        self, request_data: Any, exception: Exception, call_type: Any, fallback_depth: int | None = None
+    ) -> None:
+        self.events.append(("failed", str(request_data.get("metadata", {}).get("attempt")), type(exception).__name__))
+        self.last_error = exception
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        meta = kwargs["litellm_params"]["metadata"]
+        self.events.append(("ok", str(meta.get("attempt")), str(response_obj.usage.prompt_tokens)))
+
+
+class _FirstRefusedThenFine(CustomRoutingStrategyBase):
+    """Picks the refused deployment first, then the working one, writing an attempt id into the metadata."""
+
+    def __init__(self, router: litellm.Router, events: list[tuple[str, ...]]) -> None:
+        self.router = router
+        self.events = events
+        self.n = 0
+
+    async def async_get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: Any = None,
+        input: Any = None,
+        specific_deployment: Any = False,
+        request_kwargs: Any = None,
+    ) -> Any:
+        healthy = await self.router.async_get_healthy_deployments(
+            model=model, request_kwargs=request_kwargs, messages=messages, input=input
+        )
+        self.n += 1
+        request_kwargs["metadata"]["attempt"] = str(self.n)
+        team = request_kwargs["metadata"].get("user_api_key_team_id")
+        self.events.append(("pick", str(self.n), str(team), str(request_kwargs.get("litellm_trace_id") is not None)))
+        by_id = {d["model_info"]["id"]: d for d in healthy}
+        return by_id["refused"] if self.n == 1 else by_id["fine"]
+
+
+def _model_list() -> list[dict[str, Any]]:
+    return [
+        {
+            "model_name": "m",
+            "litellm_params": {"model": "openai/x", "api_base": f"http://127.0.0.1:{free_port()}/v1", "api_key": "k"},
+            "model_info": {"id": "refused"},
+        },
+        {
+            "model_name": "m",
+            "litellm_params": {
+                "model": "openai/x",
+                "api_base": "http://127.0.0.1:9/v1",
+                "api_key": "k",
+                "mock_response": "hello",
+            },
+            "model_info": {"id": "fine", "cognitora_engine": "vllm"},
+        },
+    ]
+
+
+async def test_failure_hook_runs_before_the_retry_reenters_the_strategy() -> None:
+    events: list[tuple[str, ...]] = []
+    recorder = _Recorder(events)
+    litellm.logging_callback_manager.add_litellm_callback(recorder)
+    try:
+        router = litellm.Router(model_list=_model_list(), num_retries=2)
+        _requires(
+            router.get_deployment("fine") is not None
+            and router.get_deployment("fine").model_info.get("cognitora_engine") == "vllm",  # type: ignore[union-attr]
+            "model_info cognitora_* keys no longer survive Router deployment validation (types/router.py ModelInfo)",
+        )
+        router.set_custom_routing_strategy(_FirstRefusedThenFine(router, events))
+        response = await router.acompletion(
+            model="m", messages=[{"role": "user", "content": "hi"}], metadata={"user_api_key_team_id": "t1"}
+        )
+        assert response.choices[0].message.content == "hello"
+        await _wait_for(lambda: any(e[0] == "ok" for e in events))
+    finally:
+        litellm.callbacks.remove(recorder)
+    kinds = [e[:2] for e in events]
+    _requires(
+        kinds == [("pick", "1"), ("failed", "1"), ("pick", "2"), ("ok", "2")],
+        f"attempt order is {kinds}: async_post_call_failure_deployment_hook must be awaited before LiteLLM's retry "
+        "calls the strategy again (litellm/utils.py wrapper_async), with the strategy's metadata visible to it",
+    )
+    _requires(events[0][2] == "t1", "request_kwargs['metadata'] no longer carries the caller's metadata")
+    _requires(events[0][3] == "True", "request_kwargs no longer carries litellm_trace_id (Router)")
+    reason = unreachable_reason(recorder.last_error)
+    _requires(
+        reason is not None,
+        f"a refused connection now surfaces as {type(recorder.last_error).__name__}: {recorder.last_error}; "
+        "update litellm_plugin.translate.unreachable_reason",
+    )
+
+
+class _Refuses(CustomRoutingStrategyBase):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def async_get_available_deployment(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.calls += 1
+        raise litellm.RateLimitError("full", "cognitora", "m", num_retries=0, headers={"retry-after": "2"})
+
+
+async def test_a_refusal_with_num_retries_zero_is_not_retried() -> None:
+    router = litellm.Router(model_list=_model_list(), num_retries=3)
+    strategy = _Refuses()
+    router.set_custom_routing_strategy(strategy)
+    with pytest.raises(litellm.RateLimitError):
+        await router.acompletion(model="m", messages=[{"role": "user", "content": "hi"}])
+    _requires(
+        strategy.calls == 1,
+        f"the strategy was called {strategy.calls} times: Router.async_function_with_retries no longer honours "
+        "the exception's num_retries (litellm/router.py)",
+    )
+
+
+def test_update_settings_resets_a_custom_strategy() -> None:
+    router = litellm.Router(model_list=_model_list())
+    router.set_custom_routing_strategy(_Refuses())
+    _requires("async_get_available_deployment" in vars(router), "set_custom_routing_strategy sets no attribute")
+    router.update_settings(routing_strategy="least-busy")
+    _requires(
+        "async_get_available_deployment" not in vars(router),
+        "update_settings(routing_strategy=...) no longer resets a custom strategy (_reset_custom_routing_strategy)",
+    )
+
+
+async def _wait_for(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.02)
