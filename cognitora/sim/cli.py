@@ -1,0 +1,139 @@
+"""``cognitora sim fleet|engine``: run simulated vLLM engines (see docs/sim.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import prometheus_client
+
+from cognitora.sim.engine import EngineConfig
+from cognitora.sim.fleet import Fleet, serve
+from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
+from cognitora.sim.tokenizer import load_tokenizer
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="served model name (requests naming another get 404)")
+    p.add_argument(
+        "--profile",
+        default="h100",
+        help=f"hardware profile, or a comma list cycled over engines; one of {', '.join(PROFILES)}",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="engine time runs X times faster than wall time (10 = ten times faster than real)",
+    )
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens per engine (default: the profile's)",
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="HuggingFace tokenizer.json (chat template read from beside it); default: built-in",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated text")
+    p.add_argument(
+        "--events-base-port",
+        type=int,
+        default=None,
+        help="engine i publishes KV events on Q+2i and serves replay on Q+2i+1 (default: no events)",
+    )
+    p.add_argument(
+        "--legacy-events",
+        action="store_true",
+        help="encode events as tagged arrays (vLLM before #42892) instead of maps",
+    )
+    p.add_argument(
+        "--stream-chunk-tokens",
+        type=int,
+        default=1,
+        help="tokens per SSE chunk (higher = cheaper simulation, coarser streaming)",
+    )
+    p.add_argument(
+        "--default-max-tokens", type=int, default=128, help="completion length when a request gives no max_tokens"
+    )
+    p.add_argument("--accept-any-model", action="store_true", help="serve any requested model name")
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="fleet admin listener for faults (POST /sim/fault {engine, kind}) and GET /sim/state",
+    )
+    p.add_argument("--log-level", default="WARNING")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cognitora sim", description="simulated vLLM engines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fleet = sub.add_parser("fleet", help="N engines in one process on ports P..P+N-1")
+    fleet.add_argument("--engines", type=int, required=True)
+    fleet.add_argument("--base-port", type=int, required=True)
+    _add_common(fleet)
+    engine = sub.add_parser("engine", help="one engine")
+    engine.add_argument("--port", type=int, required=True)
+    _add_common(engine)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    prometheus_client.disable_created_metrics()  # vLLM exposes no *_created series
+    n = args.engines if args.command == "fleet" else 1
+    base_port = args.base_port if args.command == "fleet" else args.port
+    if n < 1:
+        parser.error("--engines must be at least 1")
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
+    if args.block_size < 1:
+        parser.error("--block-size must be at least 1")
+    if args.stream_chunk_tokens < 1:
+        parser.error("--stream-chunk-tokens must be at least 1")
+    if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < args.block_size:
+        parser.error("--kv-capacity-tokens must hold at least one block")
+    try:
+        profiles = profiles_for_fleet(args.profile, n)
+        tokenizer = load_tokenizer(args.tokenizer)
+    except (UnknownProfileError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    configs = [
+        EngineConfig(
+            index=i,
+            port=base_port + i,
+            model=args.model,
+            profile=profiles[i],
+            block_size=args.block_size,
+            kv_capacity_tokens=args.kv_capacity_tokens,
+            events_port=None if args.events_base_port is None else args.events_base_port + 2 * i,
+            replay_port=None if args.events_base_port is None else args.events_base_port + 2 * i + 1,
+            legacy_events=args.legacy_events,
+            stream_chunk_tokens=args.stream_chunk_tokens,
+            seed=args.seed,
+            default_max_tokens=args.default_max_tokens,
+        )
+        for i in range(n)
+    ]
+    fleet = Fleet(
+        configs, tokenizer, args.time_scale, accept_any_model=args.accept_any_model, admin_port=args.admin_port
+    )
+    try:
+        import uvloop  # optional: a cheaper event loop when installed
+    except ImportError:
+        return asyncio.run(serve(fleet))
+    return uvloop.run(serve(fleet))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+"""One engine's ``/metrics``: vLLM's names and labels (engines.md 4.1) plus DCGM power (7.2).
+
+vLLM declares counters without ``_total`` and prometheus_client appends it, so the exposed names are e.g.
+``vllm:prompt_tokens_total``. Labels are ``model_name`` and ``engine`` (the DP rank, "0"). Every duration is in
+engine time (time-scale independent). DCGM series carry one ``gpu`` label per accelerator; the energy counter keeps
+DCGM's name, without ``_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_M = TypeVar("_M", Gauge, Counter, Histogram)
+
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class _DcgmPower:
+    """DCGM exporter's power series, written as text: its counter has no ``_total`` suffix, which
+    prometheus_client's own counters would add."""
+
+    def __init__(self, gpus: int, gpu_name: str, power_w: Callable[[], float], energy_j: Callable[[], float]) -> None:
+        self.gpus = gpus
+        self.gpu_name = gpu_name.replace('"', "")
+        self.power_w = power_w
+        self.energy_j = energy_j
+
+    def exposition(self) -> bytes:
+        w, mj = self.power_w() / self.gpus, self.energy_j() * 1000.0 / self.gpus
+        lines = [
+            "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
+            "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
+        ]
+        lines += [f'DCGM_FI_DEV_POWER_USAGE{{gpu="{g}",modelName="{self.gpu_name}"}} {w:.3f}' for g in range(self.gpus)]
+        lines += [
+            "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).",
+            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+        ]
+        lines += [
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="{g}",modelName="{self.gpu_name}"}} {int(mj)}'
+            for g in range(self.gpus)
+        ]
+        return ("\n".join(lines) + "\n").encode()
+
+
+class EngineMetrics:
+    def __init__(self, model: str, engine_index: int = 0) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        names = ["model_name", "engine"]
+        self._labels = (model, str(engine_index))
+        lab = self._labels
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=r)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=r)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of tokens.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"], registry=r
+        )
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS
+        )
+        self.queue_time = hist(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS
+        )
+        self.prefill_time = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_BUCKETS,
+        )
+        self.decode_time = hist(
+            "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS
+        )
+        self.inference_time = hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_BUCKETS,
+        )
+        self.request_prompt_tokens = hist(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = hist(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS
+        )
+        self.iteration_tokens = hist(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", TOKEN_BUCKETS
+        )
+        for m in (self.running, self.waiting, self.kv_usage):
+            m.labels(*lab)
+        for c in (self.prefix_queries, self.prefix_hits, self.prompt_tokens, self.generation_tokens, self.preemptions):
+            c.labels(*lab)
+
+    def child(self, metric: _M) -> _M:
+        """The series of this engine (its model_name and engine labels)."""
+        return metric.labels(*self._labels)
+
+    def set_cache_config(self, block_size: int, num_gpu_blocks: int, extra: dict[str, str]) -> None:
+        labels = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks), **extra}
+        info = Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels), registry=self.registry
+        )
+        info.labels(**labels).set(1)
+
+    def add_power(self, gpus: int, gpu_name: str, power_w: Callable[[], float], energy_j: Callable[[], float]) -> None:
+        self._dcgm = _DcgmPower(gpus, gpu_name, power_w, energy_j)
+
+    _dcgm: _DcgmPower | None = None
+
+    def exposition(self) -> bytes:
+        text = generate_latest(self.registry)
+        return text + self._dcgm.exposition() if self._dcgm is not None else text

@@ -1,0 +1,137 @@
+"""What the simulated engine counts and caches as tokens.
+
+``HFSimTokenizer`` wraps ``kvstate.prompt.ChatTokenizer``: the model's own ``tokenizer.json`` and chat template,
+rendered and tokenized the way vLLM's OpenAI server does, so the router and the engine agree token for token.
+
+``BuiltinTokenizer`` needs no files. It is deterministic and documented so a router can reproduce it:
+
+- text is cut into pieces by the regex ``\\s?[^\\s]{1,4}|\\s+`` (an optional leading space, then at most four
+  non-space characters; runs of whitespace are their own piece), so English averages about one token per
+  3.5 characters;
+- a piece's id is ``256 + (first 4 bytes of blake2b(piece, digest 8) as big-endian int) % 50000``;
+- chats render as ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then
+  ``<|im_start|>assistant\\n``; the two markers are the special ids 1 and 2;
+- completions prompts tokenize with the same rule, without a template.
+
+Both produce output text from a fixed word list whose words are single tokens, so a client that sends a reply back
+in the next turn re-tokenizes it to the same ids the engine generated (multi-turn prefix reuse works).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvstate.prompt import ChatTokenizer, Message, normalize_messages
+
+_PIECE = re.compile(r"\s?[^\s]{1,4}|\s+")
+_SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
+_SPECIAL_SPLIT = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
+_WORD_LIST = """
+the of and to in is it you that he was for on are as with his they at be
+this have from or one had by but not what all were we when your can said there use an
+each which she do how their if will up other about out many then them these so some her would
+make like him into time has look two more go see way who its now find long down day did
+get come made may part over new sound take only little work know place year live me back give most
+very after thing our just name good man think say great where help much line turn same tell boy set
+"""
+_WORDS = _WORD_LIST.split()
+
+
+class SimTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def output_vocabulary(self) -> list[tuple[int, str]]:
+        """(token id, text) pairs the engine generates from; each text tokenizes back to exactly that id."""
+        ...
+
+
+class BuiltinTokenizer:
+    """See the module docstring for the exact rule."""
+
+    def __init__(self, vocab_size: int = 50000) -> None:
+        self.vocab_size = vocab_size
+        self._cache: dict[str, int] = {}
+
+    def _piece_id(self, piece: str) -> int:
+        hit = self._cache.get(piece)
+        if hit is None:
+            digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
+            hit = 256 + int.from_bytes(digest[:4], "big") % self.vocab_size
+            if len(self._cache) < 200_000:
+                self._cache[piece] = hit
+        return hit
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for part in _SPECIAL_SPLIT.split(text):
+            if not part:
+                continue
+            special = _SPECIAL.get(part)
+            if special is not None:
+                ids.append(special)
+            else:
+                ids.extend(self._piece_id(p) for p in _PIECE.findall(part))
+        return ids
+
+    @staticmethod
+    def render(messages: Sequence[Message]) -> str:
+        body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in normalize_messages(messages))
+        return body + "<|im_start|>assistant\n"
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        return self.encode(self.render(messages))
+
+    def output_vocabulary(self) -> list[tuple[int, str]]:
+        return [(self._piece_id(" " + w), " " + w) for w in _WORDS if len(w) <= 4]
+
+
+class HFSimTokenizer:
+    """A model's ``tokenizer.json`` plus chat template (``chat_template.jinja`` beside it)."""
+
+    def __init__(self, tokenizer_path: Path) -> None:
+        self.chat = ChatTokenizer(tokenizer_path)
+        self._vocab: list[tuple[int, str]] | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return self.chat.encode(text)
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        return self.chat.encode_chat(messages)
+
+    def output_vocabulary(self) -> list[tuple[int, str]]:
+        if self._vocab is None:
+            vocab: list[tuple[int, str]] = []
+            for w in _WORDS:
+                ids = self.chat.tokenizer.encode(" " + w, add_special_tokens=False).ids
+                if len(ids) == 1:
+                    vocab.append((ids[0], " " + w))
+            self._vocab = vocab or [(self.chat.tokenizer.encode(" a", add_special_tokens=False).ids[0], " a")]
+        return self._vocab
+
+
+def load_tokenizer(path: Path | None) -> SimTokenizer:
+    if path is None:
+        return BuiltinTokenizer()
+    if not path.exists():
+        raise FileNotFoundError(f"--tokenizer {path}: no such file (give a HuggingFace tokenizer.json)")
+    return HFSimTokenizer(path)
+
+
+def prompt_token_ids(tokenizer: SimTokenizer, prompt: Any) -> list[int]:
+    """A completions ``prompt``: a string, a list of token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise ValueError(
+        "prompt must be a string, a list of token ids, or a list holding one of those (batches of "
+        "several prompts are not supported by the simulator: send one request per prompt)"
+    )
