@@ -1,0 +1,258 @@
+"""``cognitora collector``: feeds the store from every engine's KV events and /metrics.
+
+One collector per fleet (or one in-process ``Collector`` in embedded mode: a single gateway with a
+``MemoryStore``), never one per gateway replica: gateways only read the store. It runs:
+
+- for each endpoint with ``kv_events``: a ``KVEventSubscriber`` (ZMQ SUB + replay) applying, through the model's
+  ``EventIngestor``, what the engine caches and evicts (our block keys, see ``kvstate.events``);
+- one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``).
+
+Logs are JSON lines (``cognitora.jsonlog``); every ``--stats-interval-s`` one ``collector stats`` line carries the
+counters. SIGTERM or SIGINT stops it cleanly with exit code 0. docs/collector.md has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import asdict
+from types import TracebackType
+from typing import Any
+
+from cognitora import jsonlog
+from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
+from kvstate.engines import ENGINES
+from kvstate.events import sglang as sglang_events
+from kvstate.events import vllm as vllm_events
+from kvstate.events.ingest import EventIngestor
+from kvstate.events.subscriber import Decoder, KVEventSubscriber
+from kvstate.scrape import Scraper, ScrapeTarget
+from kvstate.store import Store, open_store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATS_INTERVAL_S = 30.0
+
+
+def event_decoder(engine: EngineKind) -> Decoder:
+    """SGLang has its own payload layout; vLLM's is also what TensorRT-LLM's ZMQ publisher sends."""
+    return sglang_events.decode_batch if engine == EngineKind.SGLANG else vllm_events.decode_batch
+
+
+def scrape_targets(config: CognitoraConfig) -> list[ScrapeTarget]:
+    """One target per endpoint id (an engine serving several models is scraped once)."""
+    targets: dict[str, ScrapeTarget] = {}
+    for model in config.models:
+        for endpoint in model.endpoints:
+            targets.setdefault(endpoint.id, ScrapeTarget(endpoint.id, endpoint.url, endpoint.engine.value))
+    return list(targets.values())
+
+
+class Collector:
+    """Subscribers and scraper for every configured endpoint, writing to ``store``. ``start()``/``stop()``, or
+    ``async with Collector(config, store):`` in embedded mode. The caller owns ``store`` (it is not closed here)."""
+
+    def __init__(self, config: CognitoraConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.ingestors: dict[str, EventIngestor] = {}
+        """Per model name."""
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+        """Per endpoint id."""
+        for model in config.models:
+            ingestor = EventIngestor(store, model.name, model.block_size)
+            self.ingestors[model.name] = ingestor
+            for endpoint in model.endpoints:
+                if endpoint.kv_events is not None:
+                    self._add_subscriber(model.name, endpoint, ingestor)
+        self.scraper = Scraper(
+            store,
+            scrape_targets(config),
+            interval_s=config.scrape.interval_s,
+            timeout_s=min(config.scrape.timeout_s, config.scrape.interval_s),
+        )
+        self._started = False
+
+    def _add_subscriber(self, model: str, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
+        assert endpoint.kv_events is not None
+        if endpoint.id in self.subscribers:
+            # One event stream describes one engine; applying it to two models' key spaces would make each
+            # model's purge wipe the other's blocks. The first model listing the endpoint gets the stream.
+            log.warning(
+                "endpoint listed with kv_events under several models; its events are applied to the first only",
+                extra={
+                    "endpoint": endpoint.id,
+                    "model": model,
+                    "applied_to": self.subscribers[endpoint.id].ingestor.model,
+                },
+            )
+            return
+        if not ENGINES.get(endpoint.engine.value).publishes_kv_events:
+            log.warning(
+                "engine kind is not known to publish KV events; decoding its stream as vLLM's",
+                extra={"endpoint": endpoint.id, "engine": endpoint.engine.value},
+            )
+        self.subscribers[endpoint.id] = KVEventSubscriber(
+            endpoint=endpoint.id,
+            pub_address=endpoint.kv_events,
+            ingestor=ingestor,
+            decode=event_decoder(endpoint.engine),
+            replay_address=endpoint.kv_events_replay,
+        )
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for subscriber in self.subscribers.values():
+            subscriber.start()
+        await self.scraper.start()
+        log.info(
+            "collector started",
+            extra={
+                "endpoints": self.scraper.endpoint_ids(),
+                "kv_event_streams": sorted(self.subscribers),
+                "scrape_interval_s": self.scraper.interval_s,
+            },
+        )
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await asyncio.gather(self.scraper.stop(), *(s.stop() for s in self.subscribers.values()))
+        log.info("collector stopped", extra=self.stats())
+
+    async def __aenter__(self) -> Collector:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters summed over endpoints and models: what the periodic stats line reports."""
+        events: dict[str, int] = {}
+        for subscriber in self.subscribers.values():
+            for name, value in asdict(subscriber.stats).items():
+                events[name] = events.get(name, 0) + value
+        blocks: dict[str, int] = {}
+        for ingestor in self.ingestors.values():
+            for name, value in asdict(ingestor.stats).items():
+                blocks[name] = blocks.get(name, 0) + value
+        scrape = asdict(self.scraper.stats)
+        healthy = [e for e in self.scraper.endpoint_ids() if (s := self.scraper.snapshot(e)) is not None and s.healthy]
+        return {
+            "events_applied": events.get("applied", 0),
+            "events_malformed": events.get("malformed", 0),
+            "event_gaps": events.get("gaps", 0),
+            "events_replayed": events.get("replayed", 0),
+            "purges": events.get("purges", 0),
+            "event_store_errors": events.get("store_errors", 0),
+            "blocks_stored": blocks.get("blocks_stored", 0),
+            "blocks_removed": blocks.get("blocks_removed", 0),
+            "blocks_skipped": blocks.get("unknown_parent", 0)
+            + blocks.get("block_size_mismatch", 0)
+            + blocks.get("inconsistent", 0),
+            "scrape_rounds": scrape["rounds"],
+            "scrape_failures": scrape["failures"],
+            "scrape_metrics_failures": scrape["metrics_failures"],
+            "scrape_garbage": scrape["garbage"],
+            "scrape_store_failures": scrape["store_failures"],
+            "healthy_endpoints": len(healthy),
+            "endpoints": len(self.scraper.endpoint_ids()),
+        }
+
+
+# -- the ``cognitora collector`` command ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cognitora collector", description="Feed the store from engine KV events and /metrics."
+    )
+    parser.add_argument("--config", required=True, help="cognitora.yaml (needs redis_url)")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default: info"
+    )
+    parser.add_argument(
+        "--stats-interval-s",
+        type=float,
+        default=DEFAULT_STATS_INTERVAL_S,
+        help=f"seconds between two 'collector stats' log lines (default {DEFAULT_STATS_INTERVAL_S:g})",
+    )
+    return parser
+
+
+async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) -> None:
+    """Run a collector until SIGTERM or SIGINT, logging its stats every ``stats_interval_s``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    collector = Collector(config, store)
+    try:
+        if not await _ping(store):
+            log.warning("store not reachable at start; collecting anyway, writes resume when it answers")
+        await collector.start()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=stats_interval_s)
+            if not stop.is_set():
+                log.info("collector stats", extra=collector.stats())
+        log.info("signal received; stopping")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await collector.stop()
+
+
+async def _ping(store: Store) -> bool:
+    try:
+        return await asyncio.wait_for(store.ping(), timeout=2.0)
+    except Exception:  # any failure to answer means "not reachable" here; the components report details
+        return False
+
+
+async def _run(config: CognitoraConfig, stats_interval_s: float) -> None:
+    store = open_store(config.redis_url, config.key_prefix)
+    try:
+        await serve(config, store, stats_interval_s)
+    finally:
+        with contextlib.suppress(Exception):
+            await store.close()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    jsonlog.configure(args.log_level)
+    if args.stats_interval_s <= 0:
+        log.error("--stats-interval-s must be positive", extra={"got": args.stats_interval_s})
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log.error(str(exc))
+        return 2
+    if config.redis_url is None:
+        log.error(
+            "the collector needs redis_url in its config: it runs as its own process, so only a shared store "
+            "reaches the gateways (embedded mode runs Collector inside the gateway instead)",
+            extra={"config": args.config},
+        )
+        return 2
+    log.info(
+        "collector starting",
+        extra={
+            "config": args.config,
+            "redis_url": jsonlog.mask_secrets(config.redis_url),
+            "key_prefix": config.key_prefix,
+        },
+    )
+    asyncio.run(_run(config, args.stats_interval_s))
+    return 0
