@@ -25,6 +25,7 @@ from typing import TypeVar
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
+from cognitora.placement.energy import EnergyEstimator
 from cognitora.request import Outcome, RouteRequest
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, Store, StoreUnavailable, open_store
@@ -128,6 +129,7 @@ class Router:
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
         self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self._energy = EnergyEstimator()
         self._store_ok = True
         self.stats = RouterStats()
 
@@ -175,11 +177,14 @@ class Router:
                 inflight=local,
                 snapshots={e: s for e, s in self._snapshots.items() if e in local},
                 health_marks=dict(self._health_marks),
+                learned_joules_per_token=self._energy.joules_per_token(),
                 degraded=True,
             )
         matches, inflight, snapshots = results
         assert isinstance(matches, dict) and isinstance(inflight, dict) and isinstance(snapshots, dict)
         self._snapshots.update(snapshots)
+        for snap in snapshots.values():
+            self._energy.observe(snap)
         self._forget_healed(snapshots)
         return FleetState(
             now=now,
@@ -187,6 +192,7 @@ class Router:
             inflight={e: _at_least(inflight.get(e), local[e]) for e in ids},
             snapshots=snapshots,
             health_marks=dict(self._health_marks),
+            learned_joules_per_token=self._energy.joules_per_token(),
         )
 
     def _forget_healed(self, snapshots: dict[str, EndpointSnapshot]) -> None:

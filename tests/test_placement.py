@@ -9,6 +9,7 @@ import pytest
 
 from cognitora.config import CognitoraConfig, Role, config_from_dict
 from cognitora.placement import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark, place
+from cognitora.placement.energy import EnergyEstimator
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
@@ -272,3 +273,29 @@ def test_prefill_role_request_uses_prefill_endpoints() -> None:
     config = fleet(ep(8001, role="prefill"), ep(8002, role="decode"))
     decision = place(RouteRequest(model="m", prompt="x"), prompt(64), config, FleetState(NOW), role=Role.PREFILL)
     assert decision.endpoint == A
+
+
+def energy_snap(t: float, joules: float, tokens: float, watts: float, running: int = 1) -> EndpointSnapshot:
+    extra = {"prompt_tokens_total": tokens * 0.75, "generation_tokens_total": tokens * 0.25}
+    return EndpointSnapshot(A, last_seen=t, running=running, power_watts=watts, energy_joules=joules, extra=extra)
+
+
+def test_energy_estimator_learns_marginal_joules_per_token() -> None:
+    est = EnergyEstimator(min_tokens=256, smoothing=1.0)
+    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=100.0, running=0))  # idle: 100 W
+    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=100.0, running=0))  # the same snapshot read twice
+    # 10 s later: 20,000 tokens more, 1,000 J of idle draw plus 0.05 J/token of work
+    est.observe(energy_snap(10.0, 5000.0 + 1000.0 + 1000.0, 21000.0, watts=300.0))
+    assert est.joules_per_token() == {A: pytest.approx(0.05)}
+    est.observe(energy_snap(11.0, 7050.0, 21100.0, watts=300.0))  # under min_tokens: wait for a longer window
+    assert est.joules_per_token() == {A: pytest.approx(0.05)}
+    est.observe(energy_snap(20.0, 10.0, 50.0, watts=300.0))  # counters went backwards: engine restarted
+    assert est.joules_per_token() == {A: pytest.approx(0.05)}
+
+
+def test_learned_energy_feeds_the_power_rule() -> None:
+    config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
+    learned = FleetState(NOW, matches={A: cached(256)}, learned_joules_per_token={A: 0.02})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, learned)
+    assert decision.endpoint == A
+    assert {c.endpoint: c.joules_per_token for c in decision.candidates} == {A: 0.02, B: 0.1}

@@ -39,11 +39,15 @@ def prefill_rate(endpoint: EndpointConfig, snap: EndpointSnapshot | None, params
     return params.default_prefill_tokens_per_s
 
 
-def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
+def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None, state: FleetState) -> float | None:
+    """Scraped, else learned by the router from the power meter, else the configured prior, else unknown."""
     if snap is not None:
-        learned = snap.extra.get(SNAPSHOT_JOULES_PER_TOKEN, 0.0)
-        if learned > 0:
-            return learned
+        scraped = snap.extra.get(SNAPSHOT_JOULES_PER_TOKEN, 0.0)
+        if scraped > 0:
+            return scraped
+    learned = state.learned_joules_per_token.get(endpoint.id)
+    if learned is not None and learned > 0:
+        return learned
     return endpoint.joules_per_token
 
 
@@ -74,7 +78,7 @@ def score_endpoint(
         prefill_tokens_per_s=rate,
         predicted_ttft_s=ttft,
         decode_penalty_s=decode_penalty,
-        joules_per_token=joules_per_token(endpoint, snap),
+        joules_per_token=joules_per_token(endpoint, snap, state),
     )
 
 

@@ -37,5 +37,7 @@ class FleetState:
     """Latest scraped view per endpoint; absent: never scraped."""
     health_marks: Mapping[str, HealthMark] = field(default_factory=dict)
     """Endpoints a gateway marked dead, and when."""
+    learned_joules_per_token: Mapping[str, float] = field(default_factory=dict)
+    """Marginal energy per token learned from the endpoints' power meters (``placement.energy``)."""
     degraded: bool = False
     """The store could not be read; ``matches``/``inflight``/``snapshots`` are what the router had locally."""
