@@ -1,0 +1,328 @@
+"""The ext_proc service behind a real Envoy running ``examples/envoy.yaml``, with throwaway aiohttp engines.
+
+The placement core is a recording stand-in here (the adapter is under test: what reaches the core, what Envoy does
+with the pick); tests/test_envoy_e2e.py runs the real Router, Redis and a simulated fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from aiohttp import web
+
+from cognitora.decision import CandidateScore, Decision, Rejection
+from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.request import Outcome, RouteRequest
+from envoy_extproc.launch import render_config, start_envoy
+from envoy_extproc.processor import AddressBook
+from envoy_extproc.server import start_server
+from envoy_extproc.settings import ExtprocSettings
+
+T = TypeVar("T")
+USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
+DEMO_JWT_SECRET = b"cognitora-demo-secret-do-not-use"  # the example's inline JWKS key
+
+
+class BackgroundLoop:
+    """An event loop in a thread: the engines and the ext_proc server live there; tests talk HTTP to Envoy."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+async def start_engine(name: str, port: int) -> web.AppRunner:
+    """A fake OpenAI engine that reports what it received (model, content-length, stream_options, headers)."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw)
+        seen = {
+            "served": name,
+            "model": body["model"],
+            "content_length": request.headers.get("content-length"),
+            "body_length": len(raw),
+            "stream_options": body.get("stream_options"),
+            "destination_header": request.headers.get("x-gateway-destination-endpoint"),
+        }
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"message": {"content": "ok"}}], "usage": USAGE, "seen": seen})
+        response = web.StreamResponse(headers={"content-type": "text/event-stream", "x-seen": json.dumps(seen)})
+        await response.prepare(request)
+        for word in ("Hel", "lo"):
+            await response.write(f'data: {{"choices":[{{"delta":{{"content":"{word}"}}}}]}}\n\n'.encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await response.write(f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}], "served": name})
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+@dataclass
+class RecordingCore:
+    """Stands in for the Router: picks what the test says, records every call the adapter makes."""
+
+    pick: str = ""
+    runner_up: str | None = None
+    model: str | None = None
+    rejection: Rejection | None = None
+    fail: bool = False
+    placed: list[RouteRequest] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    unhealthy: list[tuple[str, str]] = field(default_factory=list)
+
+    async def place(self, request: RouteRequest) -> Decision:
+        self.placed.append(request)
+        if self.fail:
+            raise RuntimeError("placement bug")
+        candidates = () if self.runner_up is None else (CandidateScore(self.runner_up, 0, 0, 1e4, 0.5),)
+        return Decision(
+            request_id=request.request_id,
+            model=self.model or request.model,
+            endpoint=None if self.rejection else self.pick,
+            url=None,
+            prompt_tokens=10,
+            candidates=candidates,
+            rejection=self.rejection,
+        )
+
+    async def dispatched(self, decision: Decision) -> None:
+        self.events.append(("dispatched", decision.request_id))
+
+    async def first_token(self, decision: Decision) -> None:
+        self.events.append(("first_token", decision.request_id))
+
+    async def finished(self, decision: Decision, outcome: Outcome) -> None:
+        self.events.append(("finished", decision.request_id))
+        self.outcomes.append(outcome)
+
+    async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
+        self.unhealthy.append((endpoint, reason))
+
+    def reset(self, pick: str) -> None:
+        """Forget everything recorded; pick ``pick`` (the object itself stays: the server holds it)."""
+        self.__dict__.update(RecordingCore(pick=pick).__dict__)
+
+
+@dataclass
+class Stack:
+    url: str
+    core: RecordingCore
+    engines: dict[str, str]
+    """name -> IP:port; "dead" is listed in Envoy's cluster but nothing listens there."""
+
+    def wait_outcomes(self, count: int) -> list[Outcome]:
+        wait_until(lambda: len(self.core.outcomes) >= count, 10.0, f"{count} outcome(s) reported")
+        return self.core.outcomes
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    bg = BackgroundLoop()
+    ports = {"a": free_port(), "b": free_port(), "dead": free_port()}
+    engines = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    runners = [bg.run(start_engine(name, ports[name])) for name in ("a", "b")]
+    core = RecordingCore(pick=engines["a"])
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server, extproc_port = bg.run(start_server(core, settings, AddressBook({})))
+    listen, admin = free_port(), free_port()
+    config = render_config(
+        listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=list(engines.values())
+    )
+    envoy = start_envoy(config, tmp_path_factory.mktemp("envoy"), admin)
+    try:
+        yield Stack(url=f"http://127.0.0.1:{listen}", core=core, engines=engines)
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        for runner in runners:
+            bg.run(runner.cleanup())
+        bg.close()
+
+
+def chat_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+def post(stack: Stack, body: Any = None, *, content: bytes | None = None, **kw: Any) -> httpx.Response:
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, content=content, timeout=30, **kw)
+
+
+def test_each_request_goes_to_the_pick_and_its_usage_comes_back(stack: Stack) -> None:
+    for name in ("a", "b", "a"):
+        stack.core.reset(stack.engines[name])
+        r = post(stack, chat_body())
+        assert r.status_code == 200, r.text
+        assert r.json()["seen"]["served"] == name
+        assert r.json()["seen"]["destination_header"] == stack.engines[name]  # the ORIGINAL_DST carrier
+        assert r.headers["x-cognitora-upstream-host"] == stack.engines[name]
+        assert "x-cognitora-response-flags" not in r.headers
+        (outcome,) = stack.wait_outcomes(1)
+        assert outcome.ok and outcome.endpoint == stack.engines[name]
+        assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens) == (12, 3, 8)
+        assert [e for e, _ in stack.core.events] == ["dispatched", "first_token", "finished"]
+
+
+def test_model_rewrite_arrives_with_a_matching_content_length(stack: Stack) -> None:
+    stack.core.reset(stack.engines["b"])
+    stack.core.model = "org/real-model-name-that-is-longer"
+    seen = post(stack, chat_body(model="alias")).json()["seen"]
+    assert seen["model"] == "org/real-model-name-that-is-longer"
+    assert int(seen["content_length"]) == seen["body_length"]
+
+
+def read_stream(stack: Stack, body: dict[str, Any]) -> tuple[httpx.Response, list[str]]:
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30) as r:
+        text = r.read().decode()
+    return r, [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def test_stream_usage_is_read_without_handing_the_client_a_chunk_it_did_not_ask_for(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    r, events = read_stream(stack, chat_body(stream=True))
+    assert json.loads(r.headers["x-seen"])["stream_options"] == {"include_usage": True}  # asked of the engine
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["Hel", "lo"]  # no usage-only chunk
+    (outcome,) = stack.wait_outcomes(1)
+    assert outcome.ok and outcome.cached_tokens == 8 and outcome.completion_tokens == 3
+    assert outcome.ttft_s is not None and outcome.ttft_s >= 0
+    assert [e for e, _ in stack.core.events] == ["dispatched", "first_token", "finished"]
+
+
+def test_stream_usage_chunk_reaches_a_client_that_asked_for_it(stack: Stack) -> None:
+    stack.core.reset(stack.engines["b"])
+    _, events = read_stream(stack, chat_body(stream=True, stream_options={"include_usage": True}))
+    usage_chunks = [json.loads(e) for e in events[:-1] if json.loads(e)["choices"] == []]
+    assert usage_chunks == [{"choices": [], "usage": USAGE}]
+    assert stack.wait_outcomes(1)[0].cached_tokens == 8
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(b"{not json", "not valid JSON"), (b'{"messages":[{"role":"user","content":"x"}]}', "missing 'model'")],
+)
+def test_bad_body_gets_an_openai_400_and_reaches_no_engine(stack: Stack, content: bytes, says: str) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = post(stack, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert says in error["message"] and error["type"] == "invalid_request_error"
+    assert stack.core.placed == []
+
+
+def test_oversized_body_gets_a_json_413_from_envoy(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    big = json.dumps(chat_body(messages=[{"role": "user", "content": "x" * (17 << 20)}])).encode()
+    r = post(stack, content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert stack.core.placed == []
+
+
+def test_rejection_is_answered_by_envoy_with_retry_after(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    stack.core.rejection = Rejection(429, "fleet saturated for priority 'batch': retry later", retry_after_s=3)
+    r = post(stack, chat_body())
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "3"
+    assert r.json()["error"]["message"].startswith("fleet saturated")
+    assert r.json()["error"]["type"] == "rate_limit_exceeded"
+
+
+def demo_jwt(claims: dict[str, Any], secret: bytes = DEMO_JWT_SECRET) -> str:
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
+    body = b64(json.dumps({"iss": "cognitora-example", "exp": int(time.time()) + 600, **claims}).encode())
+    signature = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(signature)}"
+
+
+def test_identity_comes_from_auth_never_from_client_headers(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    spoof = {"x-cognitora-team": "someone-else", "x-cognitora-priority": "critical", "x-cognitora-key-id": "k0"}
+    assert post(stack, chat_body(), headers=spoof).status_code == 200
+    token = demo_jwt({"team": "search", "sub": "key-17", "priority": "batch"})
+    assert post(stack, chat_body(), headers={**spoof, "authorization": f"Bearer {token}"}).status_code == 200
+    anonymous, authenticated = stack.core.placed
+    assert (anonymous.team, anonymous.api_key_id, anonymous.priority) == (None, None, "default")
+    assert (authenticated.team, authenticated.api_key_id, authenticated.priority) == ("search", "key-17", "batch")
+    forged = demo_jwt({"team": "search"}, secret=b"not-the-key")
+    assert post(stack, chat_body(), headers={"authorization": f"Bearer {forged}"}).status_code == 401
+    assert len(stack.core.placed) == 2
+
+
+def test_unreachable_pick_is_retried_on_the_runner_up_and_marked_unhealthy(stack: Stack) -> None:
+    stack.core.reset(stack.engines["dead"])
+    stack.core.runner_up = stack.engines["b"]
+    r = post(stack, chat_body())
+    assert r.status_code == 200, r.text
+    assert r.json()["seen"]["served"] == "b"
+    assert r.headers["x-envoy-attempt-count"] == "2"
+    (outcome,) = stack.wait_outcomes(1)
+    assert outcome.ok and outcome.endpoint == stack.engines["b"]
+    wait_until(lambda: bool(stack.core.unhealthy), 5.0, "mark_unhealthy")
+    assert stack.core.unhealthy[0][0] == stack.engines["dead"]
+
+
+def test_placement_failure_still_serves_the_request(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    stack.core.fail = True
+    r = post(stack, chat_body())
+    assert r.status_code == 200
+    assert r.json()["seen"]["served"] in {"a", "b"}
+
+
+def test_other_paths_pass_through_unplaced(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = httpx.get(f"{stack.url}/v1/models", timeout=10)
+    assert r.status_code == 200 and r.json()["data"] == [{"id": "m"}]
+    assert stack.core.placed == [] and stack.core.events == []
+
+
+def test_extproc_down_fails_closed_with_a_json_error(tmp_path: Path) -> None:
+    listen, admin, nothing_there = free_port(), free_port(), free_port()
+    config = render_config(listen_port=listen, admin_port=admin, extproc_port=nothing_there, engines=["127.0.0.1:9"])
+    envoy: ManagedProcess = start_envoy(config, tmp_path, admin)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
+    finally:
+        envoy.stop()
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "server_error"
