@@ -30,6 +30,8 @@ SYSTEM = "You are a careful assistant for the Cognitora project. " * 40
 def make_config(smollm2_dir: Path, **top: Any) -> CognitoraConfig:
     return config_from_dict(
         {
+            # generous: the shared 2-core test machine must not turn a slow answer into a degraded decision
+            "placement": {"store_timeout_s": 5.0},
             **top,
             "models": [
                 {
@@ -248,3 +250,20 @@ def test_explain_without_redis_says_the_store_is_empty(
     (tmp_path / "bad.yaml").write_text("models: [{name: m, endpoints: [{url: x}]}]\n")
     assert explain.main(["--config", str(tmp_path / "bad.yaml"), "--model", "m", "--prompt-file", "p"]) == 2
     assert "models[0].endpoints[0].url: expected an http(s) URL" in capsys.readouterr().err
+
+
+class SlowStore(MemoryStore):
+    """A store whose prefix lookups hang (a Redis stuck behind a slow command)."""
+
+    async def match_prefix(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(30)
+        return await super().match_prefix(*args, **kwargs)
+
+
+async def test_a_slow_store_gives_a_degraded_decision_in_time(smollm2_dir: Path) -> None:
+    config = make_config(smollm2_dir, placement={"store_timeout_s": 0.2})
+    router = Router(config, SlowStore())
+    started = time.monotonic()
+    decision = await router.place(chat())
+    assert decision.degraded and decision.endpoint == A
+    assert time.monotonic() - started < 5  # bounded by store_timeout_s, not by the store
