@@ -95,9 +95,12 @@ class RateEstimator:
       denominator are counted at the same moment (the first token). Its window closes once it holds
       ``min_prefill_tokens``, so a trickle of tiny requests (all fixed overhead) becomes one meaningful sample.
     - throughput ``dT / d(wall time)`` over windows of at least ``throughput_window_s``: also <= C over a long
-      window, and close to C whenever the engine was saturated, which is exactly when the per-request rate is
-      pessimistic (queueing inflates TTFT). Short windows are not used: counters jump when a long prompt
-      finishes, so a one-interval window can show more than C.
+      window, and close to C whenever the engine was saturated, which is exactly when a TTFT-based per-request
+      rate is pessimistic (queueing inflates TTFT). Used ONLY for engines that expose no queue-free busy time
+      (neither a prefill-time nor a queue-time histogram: SGLang, old vLLM), because it is measured on the wall
+      clock while the histograms are on the engine's clock, and the two differ for a time-scaled simulator.
+      Short windows are not used: counters jump when a long prompt finishes, so a one-interval window can
+      show more than C.
 
     Each is smoothed by an EWMA (``alpha``); the estimate is the larger of the two (the tighter lower bound).
 
@@ -137,7 +140,9 @@ class RateEstimator:
             self.restart_windows()
         if self._request_base is None or self._per_request_sample(self._request_base, load):
             self._request_base = load
-        if self._throughput_base is None or self._throughput_sample(self._throughput_base, load, now):
+        if not has_queue_free_busy_time(load) and (
+            self._throughput_base is None or self._throughput_sample(self._throughput_base, load, now)
+        ):
             self._throughput_base = (load, now)
         if self._decode_base is None or self._decode_sample(self._decode_base, load):
             self._decode_base = load
@@ -176,6 +181,11 @@ class RateEstimator:
         if count > 0 and seconds > 0:
             self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
         return True
+
+
+def has_queue_free_busy_time(load: EngineLoad) -> bool:
+    """The engine measures prefill time without queueing (directly, or as TTFT minus a queue-time histogram)."""
+    return load.prefill_seconds_sum is not None or load.queue_seconds_sum is not None
 
 
 def uncached_prompt_tokens(old: EngineLoad, new: EngineLoad) -> float | None:

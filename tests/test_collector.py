@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
 import zmq
@@ -20,8 +21,10 @@ import zmq.asyncio
 from cognitora.collector import Collector
 from cognitora.config import config_from_dict
 from cognitora.process import ManagedProcess, free_port
+from cognitora.sim.launch import start_fleet
 from kvstate.keys import chain_block_keys, root_key
 from kvstate.memory_store import MemoryStore
+from kvstate.prompt import ChatTokenizer, PromptKeyer
 from kvstate.redis_store import RedisStore
 from kvstate.store import Store
 from tests.conftest import ROOT
@@ -270,3 +273,73 @@ async def test_embedded_collector_with_a_memory_store(engine: FakeEngine, publis
 
         await eventually(healthy, 10, "a healthy snapshot")
         assert collector.stats()["events_applied"] == 1
+
+
+@pytest.mark.e2e
+async def test_collector_with_the_simulated_fleet(
+    tmp_path: Path, redis_server_url: str, key_prefix: str, smollm2_dir: Path
+) -> None:
+    tokenizer = smollm2_dir / "tokenizer.json"
+    fleet = start_fleet(2, model="smollm2", time_scale=20, tokenizer=tokenizer, log_dir=tmp_path)
+    endpoints = [
+        {"url": url, "id": eid, "engine": "vllm", "kv_events": pub, "kv_events_replay": replay}
+        for url, eid, pub, replay in zip(
+            fleet.urls, fleet.endpoint_ids, fleet.events_addresses, fleet.replay_addresses, strict=True
+        )
+    ]
+    data = {
+        "redis_url": redis_server_url,
+        "key_prefix": key_prefix,
+        "models": [{"name": "smollm2", "block_size": BLOCK, "tokenizer": str(tokenizer), "endpoints": endpoints}],
+        "scrape": {"interval_s": 0.2, "timeout_s": 0.2},
+    }
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    proc = start_collector(tmp_path, data, "--stats-interval-s", "0.5")
+    first, second = fleet.endpoint_ids
+    try:
+
+        async def both_healthy() -> bool:
+            snaps = await store.snapshots(fleet.endpoint_ids)
+            return all(e in snaps and snaps[e].healthy for e in fleet.endpoint_ids)
+
+        await eventually(both_healthy, 30, "healthy snapshots of both simulated engines")
+
+        messages = [
+            {"role": "system", "content": "You are a careful assistant. " * 40},
+            {"role": "user", "content": "Name three prime numbers."},
+        ]
+        keys = PromptKeyer("smollm2", BLOCK, ChatTokenizer(tokenizer)).keys_for_chat(messages).keys
+        assert len(keys) >= 10
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(
+                f"{fleet.urls[0]}/v1/chat/completions",
+                json={"model": "smollm2", "messages": messages, "max_tokens": 4},
+            )
+        assert response.status_code == 200, response.text
+
+        async def prompt_cached_on_first_only() -> bool:
+            match = await store.match_prefix("smollm2", keys)
+            return first in match and match[first].blocks == len(keys) and second not in match
+
+        await eventually(prompt_cached_on_first_only, 15, "the prompt's blocks on the engine that served it")
+
+        async def tokens_counted() -> bool:
+            snap = (await store.snapshots([first]))[first]
+            return snap.extra.get("prompt_tokens_total", 0) >= len(keys) * BLOCK and snap.energy_joules > 0
+
+        await eventually(tokens_counted, 10, "the served prompt in the scraped counters")
+
+        fleet.fault(1, "crash")
+
+        async def second_unhealthy() -> bool:
+            return not (await store.snapshots([second]))[second].healthy
+
+        await eventually(second_unhealthy, 5, "the crashed engine marked unhealthy")
+        proc.signal(signal.SIGTERM)
+        returncode = proc.proc.wait(timeout=5)
+    finally:
+        proc.stop()
+        fleet.stop()
+        await store.close()
+    assert returncode == 0, proc.log_tail()
+    json_lines(tmp_path / "collector.log")

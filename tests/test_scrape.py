@@ -349,3 +349,13 @@ def test_estimator_restart_never_takes_a_delta_across_a_counter_reset() -> None:
     assert est.prefill_tokens_per_s == learned
     est.observe(load(1500, ttft=0.6, count=2), now=3.0)
     assert est.prefill_tokens_per_s == pytest.approx(learned + 0.3 * (2000.0 - learned))
+
+
+def test_estimator_uses_only_the_engine_clock_when_prefill_time_is_exposed() -> None:
+    # vLLM exposes request_prefill_time_seconds: the wall-clock throughput (which a time-scaled simulator
+    # inflates) must not override it.
+    est = RateEstimator(throughput_window_s=1.0)
+    for second in range(0, 12):
+        est.observe(EngineLoad(prompt_tokens_total=50_000.0 * second, prefill_seconds_sum=10.0 * second), float(second))
+    assert est.throughput_prefill == 0.0
+    assert est.prefill_tokens_per_s == pytest.approx(5000.0)
