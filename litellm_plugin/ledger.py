@@ -1,0 +1,79 @@
+"""``PlacementLedger``: the attempts the strategy placed and dispatched, until LiteLLM reports how each ended.
+
+LiteLLM tells us an attempt's end through several callbacks (a deployment failure hook, success and failure
+events, in sync and async flavours, some of which can fire twice for one attempt). The ledger makes the core hear
+about each attempt exactly once: whoever ``take``s an entry first reports it. Entries are keyed by the placement id
+the strategy writes into the request's metadata, and grouped by LiteLLM's trace id so a retry can settle earlier
+attempts of the same request that ended without any callback.
+
+Thread-safe: LiteLLM runs sync logging callbacks on worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cognitora.decision import Decision
+
+if TYPE_CHECKING:
+    from litellm_plugin.runtime import CoreHost
+
+
+@dataclass
+class Placement:
+    """One attempt: its decision, the core that made it, and the request it belongs to."""
+
+    decision: Decision
+    host: CoreHost
+    trace_id: str | None
+    opened_at: float = field(default_factory=time.monotonic)
+    first_token_seen: bool = False
+
+
+class PlacementLedger:
+    def __init__(self, max_age_s: float = 900.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._open: dict[str, Placement] = {}
+        self._lock = threading.Lock()
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._next_prune = 0.0
+
+    def open(self, placement: Placement) -> None:
+        now = self._clock()
+        with self._lock:
+            self._open[placement.decision.request_id] = placement
+            if now >= self._next_prune:
+                self._prune(now)
+
+    def get(self, request_id: str) -> Placement | None:
+        with self._lock:
+            return self._open.get(request_id)
+
+    def take(self, request_id: str) -> Placement | None:
+        """Remove and return the attempt; None if it was already reported (or never opened)."""
+        with self._lock:
+            return self._open.pop(request_id, None)
+
+    def take_trace(self, trace_id: str | None, keep: str | None = None) -> list[Placement]:
+        """Remove and return every open attempt of one request (except ``keep``)."""
+        if trace_id is None:
+            return []
+        with self._lock:
+            ids = [rid for rid, p in self._open.items() if p.trace_id == trace_id and rid != keep]
+            return [self._open.pop(rid) for rid in ids]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def _prune(self, now: float) -> None:
+        # An attempt whose end LiteLLM never reported (a client that vanished mid-stream): the store's in-flight
+        # lease expires on its own after the same age, so forgetting it here loses nothing.
+        stale = [rid for rid, p in self._open.items() if now - p.opened_at > self._max_age_s]
+        for rid in stale:
+            del self._open[rid]
+        self._next_prune = now + min(60.0, self._max_age_s)

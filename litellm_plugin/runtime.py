@@ -1,0 +1,198 @@
+"""``CoreHost``: the decision core (``cognitora.router.Router``) and what feeds it, living on ONE event loop.
+
+The core's store and collector hold sockets bound to the loop that opened them (redis.asyncio, zmq.asyncio), so
+every call into the core runs on that loop, whoever makes it:
+
+- a Router built inside a running loop (the LiteLLM proxy builds its Router in its startup coroutine) puts the core
+  on that loop: in-process calls cost nothing extra;
+- a Router built with no loop running (the usual SDK script) gets a private daemon thread running a loop of its own,
+  started on first use; LiteLLM's sync ``Router.completion`` and ``acompletion`` from any loop reach the core there.
+
+Embedded mode (no ``redis_url``): an in-process ``MemoryStore`` and an in-process collector (KV-event subscribers
+and the /metrics scraper) start with the core, lazily, on the first request. Redis mode: the core reads the shared
+store and ``cognitora collector`` runs beside the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from cognitora.config import CognitoraConfig
+from cognitora.router import Router
+
+log = logging.getLogger("cognitora.litellm")
+
+T = TypeVar("T")
+
+SYNC_CALL_TIMEOUT_S = 60.0
+"""A sync call waits this long for the core's loop before giving up with an error that says why."""
+
+
+class _Core:
+    """What runs on the host's loop: the Router, and in embedded mode the collector feeding its store."""
+
+    def __init__(self, router: Router, collector: Any | None) -> None:
+        self.router = router
+        self.collector = collector
+
+    @classmethod
+    async def start(cls, config: CognitoraConfig) -> _Core:
+        if config.redis_url is not None:
+            return cls(Router.from_config(config), None)
+        from cognitora.collector import Collector
+
+        from kvstate.store import open_store
+
+        store = open_store(None, config.key_prefix)
+        collector = Collector(config, store)
+        await _maybe_await(collector.start())
+        return cls(Router(config, store), collector)
+
+    async def stop(self) -> None:
+        if self.collector is not None:
+            await _maybe_await(self.collector.stop())
+        await self.router.close()
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class CoreHost:
+    """Runs coroutines against the core on the core's own loop; see the module docstring for which loop."""
+
+    def __init__(self, config: CognitoraConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.config = config
+        self._loop = loop
+        self._private = loop is None
+        self._thread: threading.Thread | None = None
+        self._core: _Core | None = None
+        self._starting: asyncio.Future[_Core] | None = None
+        self._guard = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def for_current_context(cls, config: CognitoraConfig) -> CoreHost:
+        """On the running loop if there is one (the proxy), else on a private loop thread (an SDK script)."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return cls(config, loop)
+
+    @property
+    def mode(self) -> str:
+        """``embedded`` (in-process store and collector) or ``redis`` (shared store, external collector)."""
+        return "embedded" if self.config.redis_url is None else "redis"
+
+    @property
+    def started(self) -> bool:
+        return self._core is not None
+
+    # -- calling the core -------------------------------------------------------------------------------------
+    async def call(self, fn: Callable[[Router], Awaitable[T]]) -> T:
+        """Await ``fn(router)`` on the core's loop, from any loop."""
+        loop = self._ensure_loop()
+        if _running_loop() is loop:
+            return await fn((await self._ensure_core()).router)
+        future = asyncio.run_coroutine_threadsafe(self._on_loop(fn), loop)
+        return await asyncio.wrap_future(future)
+
+    def call_sync(self, fn: Callable[[Router], Awaitable[T]]) -> T:
+        """Run ``fn(router)`` on the core's loop and wait for it, from a thread that is not running that loop."""
+        loop = self._ensure_loop()
+        if _running_loop() is loop:
+            raise RuntimeError(
+                "a synchronous LiteLLM call was made on the event loop Cognitora runs on; it would wait for itself. "
+                "Use the async API there (acompletion), or build the litellm.Router outside any event loop."
+            )
+        future = asyncio.run_coroutine_threadsafe(self._on_loop(fn), loop)
+        try:
+            return future.result(timeout=SYNC_CALL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"Cognitora's event loop did not answer within {SYNC_CALL_TIMEOUT_S:.0f} s: is a synchronous "
+                "Router.completion() blocking the loop the Router was built in? Use acompletion() there."
+            ) from None
+
+    def call_from_sync_callback(self, fn: Callable[[Router], Awaitable[Any]]) -> None:
+        """From a sync LiteLLM callback: wait for ``fn`` if that is safe, else (on the core's own loop) schedule it."""
+        loop = self._ensure_loop()
+        if _running_loop() is loop:
+            loop.create_task(self._on_loop(fn))
+        else:
+            self.call_sync(fn)
+
+    async def _on_loop(self, fn: Callable[[Router], Awaitable[T]]) -> T:
+        return await fn((await self._ensure_core()).router)
+
+    async def _ensure_core(self) -> _Core:
+        if self._core is not None:
+            return self._core
+        if self._closed:
+            raise RuntimeError("this Cognitora strategy was closed (the Router's routing strategy changed)")
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(_Core.start(self.config))
+        try:
+            core = await asyncio.shield(self._starting)
+        except BaseException:
+            if self._starting.done():
+                self._starting = None  # let the next request try again, with the same clear error if it persists
+            raise
+        self._core = core
+        log.info("cognitora core started (%s mode)", self.mode)
+        return core
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._guard:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, name="cognitora-core", daemon=True)
+                self._thread.start()
+            loop = self._loop
+        if loop.is_closed():
+            raise RuntimeError(
+                "the event loop this litellm.Router was built in has closed, and Cognitora's store lives on it. "
+                "Build the Router outside any event loop (Cognitora then runs on its own thread), or in the loop "
+                "that serves the requests."
+            )
+        return loop
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the collector and close the store. Never blocks the core's own loop."""
+        self._closed = True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        core, self._core = self._core, None
+        if _running_loop() is loop:
+            if core is not None:
+                loop.create_task(core.stop())
+            return
+        if core is not None and loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(core.stop(), loop)
+            try:
+                future.result(timeout=10)
+            except Exception as exc:  # closing is best effort: log, never raise into LiteLLM's settings path
+                log.warning("cognitora core did not stop cleanly: %s", exc)
+        if self._private and self._thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(timeout=10)
+            loop.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -1,0 +1,179 @@
+"""``CognitoraRoutingStrategy``: LiteLLM's custom-strategy seam, translated to ``Router.place``.
+
+Per attempt (LiteLLM calls the strategy again for each retry of a request):
+
+1. LiteLLM's own ``async_get_healthy_deployments`` narrows the group (cooldowns, tags, ``order``, context window,
+   team-only models); we keep all of that.
+2. The healthy deployments with an ``api_base`` become the request's candidate endpoints; the core places the
+   request among them (``Router.place``) and counts it as dispatched (``Router.dispatched``).
+3. The strategy returns the deployment whose endpoint is the Decision's, or raises the LiteLLM error that matches
+   a Rejection's status. The attempt's placement id goes into the request metadata for the callbacks
+   (``litellm_plugin.callbacks``), which report its end.
+
+A model group with no engine of the fleet (only hosted providers) is not Cognitora's to place: LiteLLM's default
+(``simple-shuffle``) picks there, as it would without the plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import litellm
+from litellm.router_strategy.simple_shuffle import simple_shuffle
+from litellm.types.router import CustomRoutingStrategyBase
+
+from cognitora.decision import Decision
+from cognitora.request import RouteRequest
+from cognitora.router import Router
+from litellm_plugin.callbacks import cognitora as callbacks
+from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
+from litellm_plugin.ledger import Placement
+from litellm_plugin.runtime import CoreHost
+from litellm_plugin.translate import (
+    PLACEMENT_KEY,
+    failure_outcome,
+    rejection_error,
+    route_request,
+    trace_id,
+    writable_metadata,
+)
+
+log = logging.getLogger("cognitora.litellm")
+
+
+async def _place_and_dispatch(router: Router, req: RouteRequest) -> Decision:
+    """One trip to the core's loop: decide, and count the work at once so the next decision sees it."""
+    decision = await router.place(req)
+    if decision.rejection is None and decision.endpoint is not None:
+        await router.dispatched(decision)
+    return decision
+
+
+class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
+    """Installed on a ``litellm.Router`` by ``litellm_plugin.register`` when ``routing_strategy == "cognitora"``."""
+
+    def __init__(self, router: Any, fleet: Fleet, host: CoreHost) -> None:
+        self.router = router
+        self.fleet = fleet
+        self.host = host
+        self._managed_models = set(fleet.config.model_names())
+
+    @classmethod
+    def for_router(cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None) -> Any:
+        fleet = build_fleet(router.model_list or [], routing_strategy_args, base_dir)
+        host = CoreHost.for_current_context(fleet.config)
+        # Deduplicated by LiteLLM: one instance serves every Router in the process.
+        litellm.logging_callback_manager.add_litellm_callback(callbacks)
+        return cls(router, fleet, host)
+
+    def close(self) -> None:
+        self.host.close()
+
+    # -- LiteLLM's seam ----------------------------------------------------------------------------------------
+    async def async_get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        if request_kwargs is None:
+            request_kwargs = {}
+        healthy = await self.router.async_get_healthy_deployments(
+            model=model,
+            request_kwargs=request_kwargs,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+        )
+        if isinstance(healthy, dict):
+            return healthy  # the caller named one deployment: nothing to place
+        return await self._choose(model, healthy, messages, input, request_kwargs)
+
+    def get_available_deployment(  # type: ignore[override]
+        self,
+        model: str,
+        messages: list[dict[str, str]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        # LiteLLM's sync Router.completion: the same async path, run on the core's loop (a private thread when
+        # the Router was built outside any loop), so sync and async share one core and one store connection.
+        async def pick(_: Router) -> dict[str, Any]:
+            return await self.async_get_available_deployment(
+                model, messages, input, specific_deployment, request_kwargs
+            )
+
+        return self.host.call_sync(pick)
+
+    # -- translation --------------------------------------------------------------------------------------------
+    async def _choose(
+        self,
+        model: str,
+        healthy: Sequence[dict[str, Any]],
+        messages: list[dict[str, str]] | None,
+        input: str | list[Any] | None,
+        request_kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        trace = trace_id(request_kwargs)
+        await self._settle_earlier_attempts(trace)
+
+        group = str(healthy[0].get("model_name", model)) if healthy else model
+        by_endpoint: dict[str, dict[str, Any]] = {}
+        for deployment in healthy:
+            ep = self._endpoint_of(deployment)
+            if ep is not None:
+                by_endpoint.setdefault(ep, deployment)
+        if group not in self._managed_models or not by_endpoint:
+            return self._litellm_default(model, healthy, request_kwargs)
+
+        req = route_request(group, messages, input, request_kwargs, list(by_endpoint))
+        decision = await self.host.call(lambda router: _place_and_dispatch(router, req))
+        if decision.rejection is not None:
+            raise rejection_error(decision.rejection, model)
+        chosen = by_endpoint.get(decision.endpoint or "")
+        if chosen is None:
+            await self.host.call(lambda router: router.finished(decision, failure_outcome(decision, "not a candidate")))
+            raise RuntimeError(
+                f"cognitora placed {req.request_id} on {decision.endpoint!r}, which is not among LiteLLM's healthy "
+                f"deployments {sorted(by_endpoint)}: a core bug, please report it with this message"
+            )
+        callbacks.ledger.open(Placement(decision=decision, host=self.host, trace_id=trace))
+        writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
+        return chosen
+
+    def _endpoint_of(self, deployment: Mapping[str, Any]) -> str | None:
+        known = self.fleet.endpoint_by_deployment.get(deployment_id(deployment))
+        if known is not None:
+            return known
+        api_base = (deployment.get("litellm_params") or {}).get("api_base")
+        # A deployment added after the strategy was built: usable only if its engine is one the core knows.
+        if api_base:
+            ep = endpoint_id(str(api_base))
+            if self.fleet.config.endpoint(ep) is not None:
+                return ep
+        return None
+
+    def _litellm_default(
+        self, model: str, healthy: Sequence[dict[str, Any]], request_kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        chosen: dict[str, Any] = simple_shuffle(
+            resolve_model_alias=self.router.get_model_from_alias,
+            healthy_deployments=healthy,
+            model=model,
+            request_kwargs=request_kwargs,
+        )
+        return chosen
+
+    async def _settle_earlier_attempts(self, trace: str | None) -> None:
+        # LiteLLM re-enters the strategy only after an attempt of this request failed. Attempts still open here
+        # ended without any callback (e.g. a pre-call check refused them): release their in-flight work now.
+        for earlier in callbacks.ledger.take_trace(trace):
+            outcome = failure_outcome(earlier.decision, "attempt ended without a result; LiteLLM retried")
+            decision = earlier.decision
+            await earlier.host.call(lambda router, d=decision, o=outcome: router.finished(d, o))  # type: ignore[misc]
