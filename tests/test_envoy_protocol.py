@@ -326,3 +326,43 @@ def test_extproc_down_fails_closed_with_a_json_error(tmp_path: Path) -> None:
     assert r.status_code == 500
     assert r.headers["content-type"] == "application/json"
     assert r.json()["error"]["type"] == "server_error"
+
+
+def test_redis_down_placement_degrades_and_requests_still_flow(tmp_path: Path) -> None:
+    """The real Router over a Redis that does not answer: decisions are made degraded, every request is served."""
+    from cognitora.config import config_from_dict
+    from cognitora.router import Router
+
+    bg = BackgroundLoop()
+    ports = [free_port(), free_port()]
+    runners = [bg.run(start_engine(f"e{i}", port)) for i, port in enumerate(ports)]
+    config = config_from_dict(
+        {
+            "redis_url": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+            "models": [{"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{p}"} for p in ports]}],
+        }
+    )
+    router = Router.from_config(config)
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server, extproc_port = bg.run(start_server(router, settings, AddressBook({})))
+    listen, admin = free_port(), free_port()
+    engines = [f"127.0.0.1:{p}" for p in ports]
+    envoy = start_envoy(
+        render_config(listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=engines),
+        tmp_path,
+        admin,
+    )
+    try:
+        served = [
+            httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10) for _ in range(4)
+        ]
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        bg.run(router.close())
+        for runner in runners:
+            bg.run(runner.cleanup())
+        bg.close()
+    assert [r.status_code for r in served] == [200] * 4
+    assert {r.headers["x-cognitora-upstream-host"] for r in served} <= set(engines)
+    assert router.stats.placed == 4 and router.stats.degraded == 4
