@@ -173,6 +173,9 @@ class PlacementConfig(_Strict):
     """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted."""
     speculative_ttl_s: float = Field(default=10.0, gt=0)
     """How long a routed prompt's blocks count as cached on its endpoint before the engine's events confirm them."""
+    routing_history_ttl_s: float = Field(default=300.0, gt=0)
+    """For endpoints without ``kv_events`` (llama.cpp, MLX, ...), how long a routed prompt counts as cached there:
+    the router's own routing history is their only prefix index."""
     inflight_ttl_s: float = Field(default=900.0, gt=0)
     """A dispatched request stops counting as in flight after this long, even if its end is never reported."""
     snapshot_max_age_s: float = Field(default=10.0, gt=0)

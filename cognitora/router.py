@@ -125,6 +125,13 @@ class Router:
         self.store = store
         self._clock = clock
         self._keyers = {m.name: _keyer(m) for m in config.models}
+        for m in config.models:
+            if m.tokenizer is None and any(e.kv_events for e in m.endpoints):
+                log.warning(
+                    "model %r has endpoints publishing KV events but no tokenizer: events carry token ids, so "
+                    "the router's text-approximate keys cannot match them; set models[].tokenizer",
+                    m.name,
+                )
         self._local = _LocalInflight()
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
@@ -227,8 +234,17 @@ class Router:
             self.store.inflight_add(endpoint, decision.request_id, prefill, decode, params.inflight_ttl_s)
         ]
         if decision.keys:
-            calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, params.speculative_ttl_s))
+            ttl = self._history_ttl(endpoint)
+            calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, ttl))
         await self._guarded_all(calls, "record a dispatch")
+
+    def _history_ttl(self, endpoint_id: str) -> float:
+        """Events confirm what an engine caches within moments; without events, routing history is all we have."""
+        endpoint = self.config.endpoint(endpoint_id)
+        params = self.config.placement
+        if endpoint is not None and endpoint.kv_events is None:
+            return params.routing_history_ttl_s
+        return params.speculative_ttl_s
 
     async def first_token(self, decision: Decision) -> None:
         """The first token came back: the request's prefill no longer queues ahead of others."""

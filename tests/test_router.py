@@ -267,3 +267,34 @@ async def test_a_slow_store_gives_a_degraded_decision_in_time(smollm2_dir: Path)
     decision = await router.place(chat())
     assert decision.degraded and decision.endpoint == A
     assert time.monotonic() - started < 5  # bounded by store_timeout_s, not by the store
+
+
+async def test_routing_history_outlives_speculation_only_where_no_events_come(smollm2_dir: Path) -> None:
+    # A publishes KV events (its speculative entries are confirmed within moments, so they expire fast); B does not
+    # (routing history is its only prefix index, so it lasts routing_history_ttl_s).
+    config = config_from_dict(
+        {
+            "models": [
+                {
+                    "name": MODEL,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "endpoints": [
+                        {"url": f"http://{A}", "kv_events": "tcp://127.0.0.1:5557"},
+                        {"url": f"http://{B}"},
+                    ],
+                }
+            ],
+            "placement": {"speculative_ttl_s": 10, "routing_history_ttl_s": 300},
+        }
+    )
+    clock = [1_700_000_000.0]
+    store = MemoryStore(clock=lambda: clock[0])
+    router = Router(config, store, clock=lambda: clock[0])
+    for endpoint in (A, B):
+        decision = await router.place(chat(candidates=[endpoint]))
+        await router.dispatched(decision)
+        await router.finished(decision, Outcome(decision.request_id, endpoint, ok=True))
+    keys = decision.keys
+    clock[0] += 60
+    held = await store.match_prefix(MODEL, list(keys), [A, B])
+    assert set(held) == {B} and held[B].blocks == len(keys)
