@@ -179,10 +179,29 @@ class EngineMetrics:
         self.iteration_tokens = hist(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", TOKEN_BUCKETS
         )
-        for m in (self.running, self.waiting, self.kv_usage):
-            m.labels(*lab)
-        for c in (self.prefix_queries, self.prefix_hits, self.prompt_tokens, self.generation_tokens, self.preemptions):
-            c.labels(*lab)
+        # every series exists from the start, as in vLLM, so a scraper sees zeros rather than nothing
+        for metric in (
+            self.running,
+            self.waiting,
+            self.kv_usage,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.preemptions,
+            self.ttft,
+            self.itl,
+            self.tpot,
+            self.e2e,
+            self.queue_time,
+            self.prefill_time,
+            self.decode_time,
+            self.inference_time,
+            self.request_prompt_tokens,
+            self.request_generation_tokens,
+            self.iteration_tokens,
+        ):
+            metric.labels(*lab)
 
     def child(self, metric: _M) -> _M:
         """The series of this engine (its model_name and engine labels)."""
