@@ -174,8 +174,8 @@ class Router:
             return {}
 
         matches_call = self.store.match_prefix(model.name, prompt.keys, ids) if prompt.keys else no_match()
-        results = await self._guarded_all(
-            [matches_call, self.store.inflight(ids), self.store.snapshots(ids)], "read the fleet state"
+        results = await self._guarded(
+            asyncio.gather(matches_call, self.store.inflight(ids), self.store.snapshots(ids)), "read the fleet state"
         )
         local = self._local.totals(ids, now)
         if results is None:
@@ -188,7 +188,6 @@ class Router:
                 degraded=True,
             )
         matches, inflight, snapshots = results
-        assert isinstance(matches, dict) and isinstance(inflight, dict) and isinstance(snapshots, dict)
         self._snapshots.update(snapshots)
         for snap in snapshots.values():
             self._energy.observe(snap)
@@ -236,7 +235,7 @@ class Router:
         if decision.keys:
             ttl = self._history_ttl(endpoint)
             calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, ttl))
-        await self._guarded_all(calls, "record a dispatch")
+        await self._guarded(asyncio.gather(*calls), "record a dispatch")
 
     def _history_ttl(self, endpoint_id: str) -> float:
         """Events confirm what an engine caches within moments; without events, routing history is all we have."""
@@ -251,8 +250,8 @@ class Router:
         if decision.endpoint is None:
             return
         self._local.prefill_done(decision.request_id)
-        await self._guarded_all(
-            [self.store.inflight_prefill_done(decision.endpoint, decision.request_id)], "record a first token"
+        await self._guarded(
+            self.store.inflight_prefill_done(decision.endpoint, decision.request_id), "record a first token"
         )
 
     async def finished(self, decision: Decision, outcome: Outcome) -> None:
@@ -268,8 +267,8 @@ class Router:
             self.stats.hit_reports += 1
             self.stats.predicted_cached_tokens += decision.predicted_cached_tokens
             self.stats.achieved_cached_tokens += outcome.cached_tokens
-        await self._guarded_all(
-            [self.store.inflight_release(decision.endpoint, decision.request_id)], "release in-flight work"
+        await self._guarded(
+            self.store.inflight_release(decision.endpoint, decision.request_id), "release in-flight work"
         )
 
     async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
@@ -285,7 +284,7 @@ class Router:
         last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
         dead = replace(last, healthy=False, last_seen=now)
         self._snapshots[endpoint] = dead
-        await self._guarded_all([self.store.put_snapshot(dead)], "share an unhealthy mark")
+        await self._guarded(self.store.put_snapshot(dead), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
     def endpoint_url(self, endpoint_id: str) -> str | None:
@@ -301,24 +300,22 @@ class Router:
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------
-    async def _guarded_all(self, calls: Sequence[Awaitable[_T]], what: str) -> list[_T] | None:
-        """Run store calls concurrently within the store timeout; None (logged, counted) if any fails."""
+    async def _guarded(self, call: Awaitable[_T], what: str) -> _T | None:
+        """Await a store call within the store timeout; None (logged, counted) if it fails or is too slow."""
+        timeout_s = self.config.placement.store_timeout_s
         try:
-            async with asyncio.timeout(self.config.placement.store_timeout_s):
-                results = await asyncio.gather(*calls, return_exceptions=True)
+            async with asyncio.timeout(timeout_s):
+                result = await call
         except TimeoutError:
-            self._store_failed(what, f"no answer within {self.config.placement.store_timeout_s} s")
+            self._store_failed(what, f"no answer within {timeout_s} s")
             return None
-        for result in results:
-            if isinstance(result, _STORE_ERRORS):
-                self._store_failed(what, str(result) or type(result).__name__)
-                return None
-            if isinstance(result, BaseException):
-                raise result
+        except _STORE_ERRORS as exc:
+            self._store_failed(what, str(exc) or type(exc).__name__)
+            return None
         if not self._store_ok:
             log.warning("store reachable again")
             self._store_ok = True
-        return results  # type: ignore[return-value]
+        return result
 
     def _store_failed(self, what: str, why: str) -> None:
         self.stats.store_errors += 1
