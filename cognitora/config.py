@@ -178,6 +178,9 @@ class PlacementConfig(_Strict):
     the router's own routing history is their only prefix index."""
     inflight_ttl_s: float = Field(default=900.0, gt=0)
     """A dispatched request stops counting as in flight after this long, even if its end is never reported."""
+    unhealthy_mark_ttl_s: float = Field(default=30.0, gt=0)
+    """A gateway's "this endpoint failed" mark lasts this long (or until a newer healthy scrape): then the endpoint
+    is tried again, so it comes back even where no scraper runs. The scraper's own health verdict still applies."""
     snapshot_max_age_s: float = Field(default=10.0, gt=0)
     """Scraped load older than this is ignored (router-counted in-flight work is still used)."""
     power_ttft_slack_s: float = Field(default=0.05, ge=0)

@@ -26,6 +26,7 @@ from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.placement.energy import EnergyEstimator
+from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import Outcome, RouteRequest
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, Store, StoreUnavailable, open_store
@@ -191,7 +192,7 @@ class Router:
         self._snapshots.update(snapshots)
         for snap in snapshots.values():
             self._energy.observe(snap)
-        self._forget_healed(snapshots)
+        self._forget_healed(snapshots, now)
         return FleetState(
             now=now,
             matches=matches,
@@ -201,10 +202,11 @@ class Router:
             learned_joules_per_token=self._energy.joules_per_token(),
         )
 
-    def _forget_healed(self, snapshots: dict[str, EndpointSnapshot]) -> None:
+    def _forget_healed(self, snapshots: dict[str, EndpointSnapshot], now: float) -> None:
         for endpoint, mark in list(self._health_marks.items()):
             snap = snapshots.get(endpoint)
-            if snap is not None and snap.healthy and snap.last_seen > mark.since:
+            healed = snap is not None and snap.healthy and snap.last_seen > mark.since
+            if healed or now - mark.since >= self.config.placement.unhealthy_mark_ttl_s:
                 del self._health_marks[endpoint]
 
     def _record(self, decision: Decision) -> Decision:
@@ -272,7 +274,8 @@ class Router:
         )
 
     async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
-        """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy.
+        """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy
+        or ``unhealthy_mark_ttl_s`` passes (then it is tried again; a new failure marks it again).
 
         The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
         so other gateway replicas stop picking it at their next decision.
@@ -282,7 +285,7 @@ class Router:
         self.stats.marked_unhealthy += 1
         log.warning("endpoint %s marked unhealthy: %s", endpoint, reason)
         last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
-        dead = replace(last, healthy=False, last_seen=now)
+        dead = replace(last, healthy=False, last_seen=now, extra={**last.extra, SNAPSHOT_MARKED_UNHEALTHY_AT: now})
         self._snapshots[endpoint] = dead
         await self._guarded(self.store.put_snapshot(dead), "share an unhealthy mark")
 

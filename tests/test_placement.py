@@ -10,6 +10,7 @@ import pytest
 from cognitora.config import CognitoraConfig, Role, config_from_dict
 from cognitora.placement import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark, place
 from cognitora.placement.energy import EnergyEstimator
+from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
@@ -117,6 +118,40 @@ CASES = [
             health_marks={A: HealthMark(NOW - 5, "connection refused")},
         ),
         expect=A,
+    ),
+    Case(
+        "a mark expires after unhealthy_mark_ttl_s, so the endpoint is tried again",
+        FleetState(NOW, matches={A: cached(4096)}, health_marks={A: HealthMark(NOW - 31, "connection refused")}),
+        expect=A,
+    ),
+    Case(
+        "another gateway's mark (an unhealthy snapshot it wrote) is honoured",
+        FleetState(
+            NOW,
+            matches={A: cached(4096)},
+            snapshots={A: snap(A, healthy=False, extra={SNAPSHOT_MARKED_UNHEALTHY_AT: NOW - 1})},
+        ),
+        expect=B,
+    ),
+    Case(
+        "... and expires like a local mark",
+        FleetState(
+            NOW,
+            matches={A: cached(4096)},
+            snapshots={
+                A: EndpointSnapshot(
+                    A, healthy=False, last_seen=NOW - 31, extra={SNAPSHOT_MARKED_UNHEALTHY_AT: NOW - 31}
+                )
+            },
+        ),
+        expect=A,
+    ),
+    Case(
+        "the scraper's unhealthy verdict does not expire",
+        FleetState(
+            NOW, matches={A: cached(4096)}, snapshots={A: EndpointSnapshot(A, healthy=False, last_seen=NOW - 300)}
+        ),
+        expect=B,
     ),
     Case(
         "KV nearly full is filtered",

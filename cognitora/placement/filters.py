@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cognitora.config import EndpointConfig, PlacementConfig, Role
-from cognitora.placement.state import FleetState
+from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT, FleetState
 from cognitora.request import RouteRequest
 
 
@@ -53,10 +53,19 @@ def _role(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
 def _healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
     snap = ctx.state.snapshots.get(endpoint.id)
     mark = ctx.state.health_marks.get(endpoint.id)
-    if mark is not None and not (snap is not None and snap.healthy and snap.last_seen > mark.since):
+    now, ttl = ctx.state.now, ctx.params.unhealthy_mark_ttl_s
+    if (
+        mark is not None
+        and now - mark.since < ttl
+        and not (snap is not None and snap.healthy and snap.last_seen > mark.since)
+    ):
         return f"marked unhealthy: {mark.reason}"
     if snap is not None and not snap.healthy:
-        return "unhealthy (metrics scrape failing)"
+        marked_at = snap.extra.get(SNAPSHOT_MARKED_UNHEALTHY_AT)
+        if marked_at is None:
+            return "unhealthy (metrics scrape failing)"
+        if now - marked_at < ttl:
+            return "marked unhealthy by a gateway"
     return None
 
 

@@ -13,6 +13,10 @@ from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
 SNAPSHOT_JOULES_PER_TOKEN = "joules_per_token"
 """Key in ``EndpointSnapshot.extra`` where the scraper puts a learned marginal energy per prompt token (J)."""
 
+SNAPSHOT_MARKED_UNHEALTHY_AT = "marked_unhealthy_at"
+"""Key in ``EndpointSnapshot.extra``: set on the unhealthy snapshot a gateway writes in ``Router.mark_unhealthy`` (Unix
+time), so that mark expires like a local one even where no scraper ever overwrites it."""
+
 
 @dataclass(frozen=True)
 class HealthMark:
