@@ -1,9 +1,14 @@
 """``MemoryStore``: the ``Store`` in one process (a single gateway, embedded collector, tests, the simulator).
 
-Layout: per (model, endpoint) one ``OrderedDict`` block key -> tier bitmask, kept in LRU order (storing or matching a
-block moves it to the young end), so the cap per endpoint forgets the least recently stored/matched blocks in O(1).
-A prefix match walks each candidate endpoint's dict along the key chain and stops at its first hole, so its cost is
-the sum of the matched lengths, not the index size.
+Layout, per model:
+
+- each endpoint gets a small integer id, and each block key maps to a Python ``int`` used as a bitset of the
+  endpoints holding it. A prefix match is then one dict lookup and one ``&`` per block, however many endpoints
+  match: a walk touches ``len(keys)`` entries, not ``len(keys) * endpoints``, and stops when no endpoint is left;
+- per endpoint, an ``OrderedDict`` block key -> tier bitmask in LRU order (the truth the bitsets are derived from).
+  Storing or matching a block makes it the youngest; past the cap the oldest are forgotten in O(1) each;
+- entries whose weight differs from a GPU block (other tiers) and speculative entries are flagged by two more
+  bitsets, so the common case (GPU blocks only) never looks further.
 
 Every method is synchronous underneath (no awaits), hence atomic on the event loop.
 """
@@ -25,6 +30,12 @@ from kvstate.store import (
     Tier,
 )
 
+GPU_MASK = 1
+"""Tier bitmask of a block held in GPU memory only: the common case, weighted without a lookup."""
+
+_MAX_PENDING_TOUCHES = 1024
+"""Distinct matched prefixes whose LRU refresh waits for the next write."""
+
 
 def tier_bit(tier: Tier) -> int:
     return 1 << int(tier)
@@ -39,12 +50,89 @@ def mask_weights(tier_weights: dict[Tier, float] | None) -> list[float]:
     return out
 
 
+def _bits(bitset: int) -> list[int]:
+    """Positions of the set bits."""
+    out = []
+    while bitset:
+        low = bitset & -bitset
+        out.append(low.bit_length() - 1)
+        bitset ^= low
+    return out
+
+
 @dataclass
 class _EndpointBlocks:
+    endpoint: str
+    bit: int
     held: OrderedDict[BlockKey, int] = field(default_factory=OrderedDict)
     """block key -> tier bitmask, oldest first."""
     speculative: dict[BlockKey, float] = field(default_factory=dict)
-    """block key -> expiry (clock seconds)."""
+    """block key -> expiry (clock seconds), oldest first."""
+
+
+class _ModelIndex:
+    """The blocks of one model on every endpoint."""
+
+    def __init__(self) -> None:
+        self.endpoints: dict[str, _EndpointBlocks] = {}
+        self.by_id: dict[int, _EndpointBlocks] = {}
+        self._free_ids: list[int] = []
+        self.holders: dict[BlockKey, int] = {}
+        """block key -> bitset of endpoint ids holding it confirmed, in any tier."""
+        self.odd_tier: dict[BlockKey, int] = {}
+        """block key -> bitset of endpoint ids whose tier mask is not ``GPU_MASK``."""
+        self.spec_holders: dict[BlockKey, int] = {}
+        """block key -> bitset of endpoint ids with a speculative entry (perhaps expired: check its expiry)."""
+
+    def endpoint(self, name: str) -> _EndpointBlocks:
+        blocks = self.endpoints.get(name)
+        if blocks is None:
+            eid = self._free_ids.pop() if self._free_ids else len(self.by_id)
+            blocks = self.endpoints[name] = self.by_id[eid] = _EndpointBlocks(name, eid)
+        return blocks
+
+    def drop_endpoint(self, name: str) -> None:
+        """Forget everything ``name`` holds: O(its blocks)."""
+        blocks = self.endpoints.pop(name, None)
+        if blocks is None:
+            return
+        clear = ~(1 << blocks.bit)
+        for key in blocks.held:
+            _and(self.holders, key, clear)
+            _and(self.odd_tier, key, clear)
+        for key in blocks.speculative:
+            _and(self.spec_holders, key, clear)
+        del self.by_id[blocks.bit]
+        self._free_ids.append(blocks.bit)
+
+    def set_mask(self, blocks: _EndpointBlocks, key: BlockKey, mask: int) -> None:
+        """Record ``key`` on ``blocks`` with tier ``mask`` (0: forget it), keeping the bitsets in step."""
+        b = 1 << blocks.bit
+        if mask:
+            blocks.held[key] = mask
+            self.holders[key] = self.holders.get(key, 0) | b
+            if mask != GPU_MASK:
+                self.odd_tier[key] = self.odd_tier.get(key, 0) | b
+            elif key in self.odd_tier:
+                _and(self.odd_tier, key, ~b)
+        else:
+            blocks.held.pop(key, None)
+            _and(self.holders, key, ~b)
+            _and(self.odd_tier, key, ~b)
+
+    def drop_speculative(self, blocks: _EndpointBlocks, key: BlockKey) -> None:
+        if blocks.speculative.pop(key, None) is not None:
+            _and(self.spec_holders, key, ~(1 << blocks.bit))
+
+
+def _and(bitsets: dict[BlockKey, int], key: BlockKey, mask: int) -> None:
+    value = bitsets.get(key)
+    if value is not None:
+        value &= mask
+        if value:
+            bitsets[key] = value
+        else:
+            del bitsets[key]
 
 
 @dataclass
@@ -56,7 +144,7 @@ class _Request:
 
 class MemoryStore:
     """In-process ``Store``. Bounded: at most ``max_blocks_per_endpoint`` confirmed and as many speculative blocks
-    per (model, endpoint)."""
+    per (model, endpoint), least recently stored/matched forgotten first."""
 
     def __init__(
         self,
@@ -69,105 +157,153 @@ class MemoryStore:
         self._mask_weight = mask_weights(tier_weights)
         self._cap = max_blocks_per_endpoint
         self._clock = clock
-        self._blocks: dict[str, dict[str, _EndpointBlocks]] = {}
-        """model -> endpoint -> its blocks."""
+        self._models: dict[str, _ModelIndex] = {}
         self._inflight: dict[str, dict[str, _Request]] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._pending_touches: OrderedDict[tuple[int, int, BlockKey], tuple[_EndpointBlocks, Sequence[BlockKey]]]
+        self._pending_touches = OrderedDict()
 
-    def _endpoint_blocks(self, model: str, endpoint: str) -> _EndpointBlocks:
-        per_model = self._blocks.setdefault(model, {})
-        blocks = per_model.get(endpoint)
-        if blocks is None:
-            blocks = per_model[endpoint] = _EndpointBlocks()
-        return blocks
+    def _index(self, model: str) -> _ModelIndex:
+        index = self._models.get(model)
+        if index is None:
+            index = self._models[model] = _ModelIndex()
+        return index
 
     # -- KV block index -------------------------------------------------------------------------------------
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
             return
-        blocks = self._endpoint_blocks(model, endpoint)
+        if self._pending_touches:
+            self._apply_touches()
+        index = self._index(model)
+        blocks = index.endpoint(endpoint)
         held, spec = blocks.held, blocks.speculative
         bit = tier_bit(tier)
         # Stored in reverse so a chain's head is the youngest: like the engines, we forget tails first.
         for key in reversed(keys):
-            held[key] = held.pop(key, 0) | bit
+            index.set_mask(blocks, key, held.pop(key, 0) | bit)
             if spec:
-                spec.pop(key, None)
-        overflow = len(held) - self._cap
-        for _ in range(overflow):
-            held.popitem(last=False)
+                index.drop_speculative(blocks, key)
+        for _ in range(len(held) - self._cap):
+            oldest = next(iter(held))
+            index.set_mask(blocks, oldest, 0)
 
     async def remove_blocks(
         self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
     ) -> None:
-        blocks = self._blocks.get(model, {}).get(endpoint)
-        if blocks is None:
+        index = self._models.get(model)
+        blocks = index.endpoints.get(endpoint) if index else None
+        if index is None or blocks is None:
             return
-        held, spec = blocks.held, blocks.speculative
         keep = 0 if tier is None else ~tier_bit(tier)
         for key in keys:
-            mask = held.get(key)
+            mask = blocks.held.get(key)
             if mask is None:
                 continue
-            mask &= keep
-            if mask:
-                held[key] = mask
-            else:
-                del held[key]
-                spec.pop(key, None)
+            index.set_mask(blocks, key, mask & keep)
+            if not mask & keep:
+                # the engine told us about this block: our guess that it would be there is superseded
+                index.drop_speculative(blocks, key)
 
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
-        models = [model] if model is not None else list(self._blocks)
-        for m in models:
-            per_model = self._blocks.get(m)
-            if per_model is not None:
-                per_model.pop(endpoint, None)
-                if not per_model:
-                    del self._blocks[m]
+        for m in [model] if model is not None else list(self._models):
+            index = self._models.get(m)
+            if index is not None:
+                index.drop_endpoint(endpoint)
+                if not index.endpoints:
+                    del self._models[m]
 
     async def match_prefix(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
     ) -> dict[str, PrefixMatch]:
-        per_model = self._blocks.get(model)
-        if not keys or not per_model:
+        index = self._models.get(model)
+        if not keys or index is None:
             return {}
-        candidates = per_model.items() if endpoints is None else [(e, per_model.get(e)) for e in endpoints]
+        wanted = 0
+        if endpoints is None:
+            for eid in index.by_id:
+                wanted |= 1 << eid
+        else:
+            for e in endpoints:
+                blocks = index.endpoints.get(e)
+                if blocks is not None:
+                    wanted |= 1 << blocks.bit
         now = self._clock()
-        weight = self._mask_weight
+        lengths, weights = self._walk(index, keys, wanted, now)
         out: dict[str, PrefixMatch] = {}
-        for endpoint, blocks in candidates:
-            if blocks is None:
-                continue
-            held, spec = blocks.held, blocks.speculative
-            n = 0
-            weighted = 0.0
-            if spec:
-                for key in keys:
-                    mask = held.get(key)
-                    if mask is not None:
-                        weighted += weight[mask]
-                    elif spec.get(key, 0.0) > now:
-                        weighted += SPECULATIVE_WEIGHT
-                    else:
-                        break
-                    n += 1
-            else:
-                for key in keys:
-                    mask = held.get(key)
-                    if mask is None:
-                        break
-                    weighted += weight[mask]
-                    n += 1
-            if n:
-                out[endpoint] = PrefixMatch(n, weighted)
-                self._touch(held, keys, n)
+        for eid, n in lengths.items():
+            blocks = index.by_id[eid]
+            out[blocks.endpoint] = PrefixMatch(n, weights[eid])
+            self._defer_touch(blocks, keys, n)
         return out
 
+    def _walk(
+        self, index: _ModelIndex, keys: Sequence[BlockKey], wanted: int, now: float
+    ) -> tuple[dict[int, int], dict[int, float]]:
+        """Per endpoint id: held prefix length and its weight. One lookup and one ``&`` per block."""
+        holders_get = index.holders.get
+        spec_get = index.spec_holders.get if index.spec_holders else None
+        odd_get = index.odd_tier.get if index.odd_tier else None
+        by_id = index.by_id
+        mask_weight = self._mask_weight
+        gpu_weight = mask_weight[GPU_MASK]
+        adjust: dict[int, float] = {}  # weight minus ``gpu_weight`` per matched block, summed, where they differ
+        lengths: dict[int, int] = {}
+        alive = wanted
+        for i, key in enumerate(keys):
+            bits = holders_get(key, 0)
+            lost = alive & ~bits
+            if lost:
+                if spec_get is not None:
+                    for eid in _bits(spec_get(key, 0) & lost):
+                        if by_id[eid].speculative.get(key, 0.0) > now:
+                            lost &= ~(1 << eid)
+                            adjust[eid] = adjust.get(eid, 0.0) + SPECULATIVE_WEIGHT - gpu_weight
+                if lost:
+                    if i:
+                        for eid in _bits(lost):
+                            lengths[eid] = i
+                    alive &= ~lost
+                    if not alive:
+                        break
+            if odd_get is not None:
+                odd = odd_get(key, 0) & alive & bits
+                if odd:
+                    for eid in _bits(odd):
+                        w = mask_weight[by_id[eid].held[key]] - gpu_weight
+                        adjust[eid] = adjust.get(eid, 0.0) + w
+        else:
+            for eid in _bits(alive):
+                lengths[eid] = len(keys)
+        weights = {eid: n * gpu_weight + adjust.get(eid, 0.0) for eid, n in lengths.items()}
+        return lengths, weights
+
+    def _defer_touch(self, blocks: _EndpointBlocks, keys: Sequence[BlockKey], n: int) -> None:
+        """A matched prefix is about to be reused: it becomes the youngest at the next write (``_touch``).
+
+        The cap is only enforced on writes, so touching then evicts exactly as touching now would, and a prefix
+        matched again before that write is touched once. Past ``_MAX_PENDING_TOUCHES`` distinct prefixes the oldest
+        are applied now, which bounds both memory and the work left for the write.
+        """
+        ident = (id(blocks), n, keys[n - 1])  # chained keys: the last key of a prefix names the whole prefix
+        pending = self._pending_touches
+        pending.pop(ident, None)
+        pending[ident] = (blocks, keys[:n])
+        while len(pending) > _MAX_PENDING_TOUCHES:
+            _, (b, k) = pending.popitem(last=False)
+            self._touch(b, k)
+
+    def _apply_touches(self) -> None:
+        pending, self._pending_touches = self._pending_touches, OrderedDict()
+        for blocks, keys in pending.values():
+            self._touch(blocks, keys)
+
     @staticmethod
-    def _touch(held: OrderedDict[BlockKey, int], keys: Sequence[BlockKey], n: int) -> None:
-        """A matched prefix is about to be reused: make it the youngest, head last (tails go first)."""
+    def _touch(blocks: _EndpointBlocks, keys: Sequence[BlockKey]) -> None:
+        """Make ``keys`` the youngest, the head last: the cap forgets tails first, as the engines do."""
+        held = blocks.held
         move = held.move_to_end
-        for i in range(n - 1, -1, -1):
+        for i in range(len(keys) - 1, -1, -1):
             key = keys[i]
             if key in held:
                 move(key)
@@ -175,20 +311,22 @@ class MemoryStore:
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         if not keys:
             return
-        blocks = self._endpoint_blocks(model, endpoint)
+        index = self._index(model)
+        blocks = index.endpoint(endpoint)
         now = self._clock()
         spec = blocks.speculative
         # Forget expired guesses first, so speculative memory is bounded by what is live.
-        expired = [k for k, exp in spec.items() if exp <= now]
-        for k in expired:
-            del spec[k]
+        for key in [k for k, exp in spec.items() if exp <= now]:
+            index.drop_speculative(blocks, key)
         expires = now + ttl_s
+        b = 1 << blocks.bit
+        spec_holders = index.spec_holders
         for key in keys:
-            if key not in blocks.held:
-                spec.pop(key, None)
-                spec[key] = expires
+            spec.pop(key, None)
+            spec[key] = expires
+            spec_holders[key] = spec_holders.get(key, 0) | b
         while len(spec) > self._cap:
-            del spec[next(iter(spec))]
+            index.drop_speculative(blocks, next(iter(spec)))
 
     # -- in-flight work -------------------------------------------------------------------------------------
     async def inflight_add(

@@ -6,12 +6,13 @@ Redis Cluster slot and can run as one server-side script. Endpoint-level keys ar
 
 | key | type | content |
 |---|---|---|
-| ``{p}:{m}:b:<16 hex digits>`` | HASH | ``<endpoint>`` = tier bitmask (1 GPU, 2 CPU, 4 DISK), ``~<endpoint>`` = |
-| | | speculative entry's expiry (ms, server clock) |
+| ``{p}:{m}:b:<16 hex digits>`` | STRING | one block: byte ``i`` describes endpoint id ``i``: bits 0-2 its tiers |
+| | | (GPU, CPU, DISK), bit 3 a speculative entry. A lookup is one GET, whatever the fleet size |
 | ``{p}:{m}:e:<endpoint>`` | ZSET | block keys (hex) ``endpoint`` holds, scored by store time (us): the |
 | | | per-endpoint key set for purge and for the cap |
 | ``{p}:{m}:s:<endpoint>`` | ZSET | speculative block keys (hex) on ``endpoint``, scored by expiry (ms) |
-| ``{p}:{m}:endpoints`` | SET | endpoints that hold blocks of model ``m`` |
+| ``{p}:{m}:ids`` / ``names`` | HASH | endpoint -> small integer id / id -> endpoint |
+| ``{p}:{m}:free_ids`` | ZSET | ids of purged endpoints, reused smallest first (block strings stay short) |
 | ``{p}:models`` | SET | models with any block |
 | ``{p}:ep:{e}:models`` | SET | models endpoint ``e`` holds blocks of |
 | ``{p}:ep:{e}:inflight`` | ZSET | in-flight request ids, scored by expiry (ms, server clock) |
@@ -29,8 +30,8 @@ from kvstate.keys import BlockKey
 BLOCK_HEX_DIGITS = 16
 """Block keys appear in key names as exactly this many lowercase hex digits (the scripts slice on it)."""
 
-SPECULATIVE_FIELD_MARK = "~"
-"""A block hash field ``~<endpoint>`` is a speculative entry; a bare ``<endpoint>`` field is a confirmed one."""
+SPECULATIVE_BIT = 3
+"""Bit of an endpoint's byte in a block string that marks a speculative entry (bits 0-2 are ``Tier`` values)."""
 
 
 def _tag(name: str) -> str:
@@ -66,8 +67,14 @@ class RedisKeys:
     def endpoint_speculative(self, model: str, endpoint: str) -> str:
         return f"{self.model_base(model)}:s:{endpoint}"
 
-    def model_endpoints(self, model: str) -> str:
-        return f"{self.model_base(model)}:endpoints"
+    def endpoint_ids(self, model: str) -> str:
+        return f"{self.model_base(model)}:ids"
+
+    def endpoint_names(self, model: str) -> str:
+        return f"{self.model_base(model)}:names"
+
+    def free_ids(self, model: str) -> str:
+        return f"{self.model_base(model)}:free_ids"
 
     def models(self) -> str:
         return f"{self.prefix}:models"

@@ -31,8 +31,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kvstate import redis_scripts as scripts
 from kvstate.keys import BlockKey
-from kvstate.memory_store import mask_weights, tier_bit
+from kvstate.memory_store import mask_weights
 from kvstate.redis_keys import RedisKeys
 from kvstate.store import SPECULATIVE_WEIGHT, EndpointSnapshot, InFlight, PrefixMatch, StoreUnavailable, Tier
 
@@ -41,232 +42,6 @@ DEFAULT_SOCKET_TIMEOUT_S = 0.25
 
 CHUNK = 2000
 """Blocks per script call in bulk writes and purges, so no single script blocks Redis for long."""
-
-_NOW_MS = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-"""
-
-# KEYS: first block hash (routes the call to the model's slot). ARGV: block base, hex chain, weight of tier masks
-# 1..7, speculative weight, then the endpoints to consider (none: those holding the first block).
-_MATCH = (
-    "#!lua flags=no-writes\n"
-    + _NOW_MS
-    + """
-local base, blob = ARGV[1], ARGV[2]
-local n = #blob / 16
-local mw = {}
-for m = 1, 7 do mw[m] = tonumber(ARGV[2 + m]) end
-local sw = tonumber(ARGV[10])
-local now = now_ms()
-local alive = {}
-if #ARGV > 10 then
-  for i = 11, #ARGV do alive[#alive + 1] = ARGV[i] end
-else
-  local seen = {}
-  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(f, 1, 1) == '~' then f = string.sub(f, 2) end
-    if not seen[f] then seen[f] = true; alive[#alive + 1] = f end
-  end
-end
-local blocks, weighted = {}, {}
-for _, ep in ipairs(alive) do blocks[ep] = 0; weighted[ep] = 0 end
-local fields, stale = {}, true
-local i = 1
-while i <= n and #alive > 0 do
-  if stale then
-    fields = {}
-    for j, ep in ipairs(alive) do fields[2 * j - 1] = ep; fields[2 * j] = '~' .. ep end
-    stale = false
-  end
-  local vals = redis.call('HMGET', base .. string.sub(blob, 16 * i - 15, 16 * i), unpack(fields))
-  local next_alive = {}
-  for j, ep in ipairs(alive) do
-    local m, w = vals[2 * j - 1], nil
-    if m then
-      w = mw[tonumber(m)]
-    else
-      local s = vals[2 * j]
-      if s and tonumber(s) > now then w = sw end
-    end
-    if w then
-      blocks[ep] = i; weighted[ep] = weighted[ep] + w; next_alive[#next_alive + 1] = ep
-    else
-      stale = true
-    end
-  end
-  alive = next_alive
-  i = i + 1
-end
-local out = {}
-for ep, b in pairs(blocks) do
-  if b > 0 then out[#out + 1] = ep; out[#out + 1] = b; out[#out + 1] = tostring(weighted[ep]) end
-end
-return out
-"""
-)
-
-# KEYS: endpoint block zset, endpoint speculative zset, model endpoints set.
-# ARGV: block base, endpoint, tier bit, cap, hex chain.
-_ADD = """
-local base, ep, tbit, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local n = #blob / 16
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local has_spec = redis.call('EXISTS', KEYS[2]) == 1
-local spec_field = '~' .. ep
-local z = {}
-for i = 1, n do
-  local hex = string.sub(blob, 16 * i - 15, 16 * i)
-  local k = base .. hex
-  local m = redis.call('HGET', k, ep)
-  if m then m = bit.bor(tonumber(m), tbit) else m = tbit end
-  redis.call('HSET', k, ep, m)
-  if has_spec then redis.call('HDEL', k, spec_field) end
-  -- the chain's head gets the newest score: trimming forgets tails first, as the engines do
-  z[#z + 1] = string.format('%.0f', now_us + (n - i))
-  z[#z + 1] = hex
-  if #z >= 2000 then redis.call('ZADD', KEYS[1], unpack(z)); z = {} end
-end
-if #z > 0 then redis.call('ZADD', KEYS[1], unpack(z)) end
-redis.call('SADD', KEYS[3], ep)
-local over = redis.call('ZCARD', KEYS[1]) - cap
-while over > 0 do
-  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
-  for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], ep) end
-  over = over - #popped / 2
-end
-return n
-"""
-
-# KEYS: endpoint speculative zset, model endpoints set. ARGV: block base, endpoint, ttl ms, cap, hex chain.
-_ADD_SPECULATIVE = (
-    _NOW_MS
-    + """
-local base, ep, ttl, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local n = #blob / 16
-local now = now_ms()
-local f = '~' .. ep
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-for j = 1, #expired do redis.call('HDEL', base .. expired[j], f) end
-if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
-local exp = string.format('%.0f', now + ttl)
-local z = {}
-for i = 1, n do
-  local hex = string.sub(blob, 16 * i - 15, 16 * i)
-  redis.call('HSET', base .. hex, f, exp)
-  z[#z + 1] = exp
-  z[#z + 1] = hex
-  if #z >= 2000 then redis.call('ZADD', KEYS[1], unpack(z)); z = {} end
-end
-if #z > 0 then redis.call('ZADD', KEYS[1], unpack(z)) end
-redis.call('SADD', KEYS[2], ep)
-local over = redis.call('ZCARD', KEYS[1]) - cap
-while over > 0 do
-  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
-  for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], f) end
-  over = over - #popped / 2
-end
-return n
-"""
-)
-
-# KEYS: endpoint block zset. ARGV: block base, endpoint, tier bit (0: every tier), hex chain.
-_REMOVE = """
-local base, ep, tbit, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local n = #blob / 16
-local f = '~' .. ep
-local gone = {}
-for i = 1, n do
-  local hex = string.sub(blob, 16 * i - 15, 16 * i)
-  local k = base .. hex
-  local m = redis.call('HGET', k, ep)
-  if m then
-    m = tonumber(m)
-    if tbit ~= 0 then m = bit.band(m, bit.bnot(tbit)) else m = 0 end
-    if m == 0 then
-      redis.call('HDEL', k, ep, f)
-      gone[#gone + 1] = hex
-      if #gone >= 2000 then redis.call('ZREM', KEYS[1], unpack(gone)); gone = {} end
-    else
-      redis.call('HSET', k, ep, m)
-    end
-  end
-end
-if #gone > 0 then redis.call('ZREM', KEYS[1], unpack(gone)) end
-return n
-"""
-
-# KEYS: endpoint block zset, endpoint speculative zset, model endpoints set. ARGV: block base, endpoint, chunk.
-# Purges up to ``chunk`` entries of each zset; returns how many remain (the caller loops until 0).
-_CLEAR_CHUNK = """
-local base, ep, chunk = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local popped = redis.call('ZPOPMIN', KEYS[1], chunk)
-for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], ep) end
-local f = '~' .. ep
-popped = redis.call('ZPOPMIN', KEYS[2], chunk)
-for j = 1, #popped, 2 do redis.call('HDEL', base .. popped[j], f) end
-local left = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-if left == 0 then redis.call('SREM', KEYS[3], ep) end
-return left
-"""
-
-_INFLIGHT_SWEEP = (
-    _NOW_MS
-    + """
-local function sweep(z, h, now)
-  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
-  for j = 1, #expired, 1000 do
-    redis.call('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
-  end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', z, '-inf', now) end
-end
-"""
-)
-
-# KEYS: inflight zset, inflight tokens hash. ARGV: request id, prefill tokens, decode tokens, ttl ms.
-_INFLIGHT_ADD = (
-    _INFLIGHT_SWEEP
-    + """
-local now = now_ms()
-sweep(KEYS[1], KEYS[2], now)
-local ttl = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
--- the keys outlive their longest member, so an abandoned endpoint leaves nothing behind
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
-end
-return 1
-"""
-)
-
-# KEYS: inflight zset, inflight tokens hash. ARGV: request id.
-_INFLIGHT_PREFILL_DONE = """
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if not v then return 0 end
-local decode = string.match(v, ' (%d+)$') or '0'
-redis.call('HSET', KEYS[2], ARGV[1], '0 ' .. decode)
-return 1
-"""
-
-# KEYS: inflight zset, inflight tokens hash. Returns {requests, prefill tokens, decode tokens}.
-_INFLIGHT_READ = (
-    _INFLIGHT_SWEEP
-    + """
-sweep(KEYS[1], KEYS[2], now_ms())
-local vals = redis.call('HVALS', KEYS[2])
-local p, d = 0, 0
-for _, v in ipairs(vals) do
-  local a, b = string.match(v, '^(%d+) (%d+)$')
-  p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
-end
-return {#vals, p, d}
-"""
-)
 
 
 class _Script:
@@ -358,14 +133,14 @@ class RedisStore:
         self._cap = max_blocks_per_endpoint
         self._url = _describe(client)
         self._match_weights = [repr(w) for w in mask_weights(tier_weights)[1:]] + [repr(SPECULATIVE_WEIGHT)]
-        self._match = _Script(_MATCH)
-        self._add = _Script(_ADD)
-        self._add_speculative = _Script(_ADD_SPECULATIVE)
-        self._remove = _Script(_REMOVE)
-        self._clear_chunk = _Script(_CLEAR_CHUNK)
-        self._inflight_add = _Script(_INFLIGHT_ADD)
-        self._inflight_prefill_done = _Script(_INFLIGHT_PREFILL_DONE)
-        self._inflight_read = _Script(_INFLIGHT_READ)
+        self._match = _Script(scripts.MATCH)
+        self._add = _Script(scripts.ADD)
+        self._add_speculative = _Script(scripts.ADD_SPECULATIVE)
+        self._remove = _Script(scripts.REMOVE)
+        self._clear_chunk = _Script(scripts.CLEAR_CHUNK)
+        self._inflight_add = _Script(scripts.INFLIGHT_ADD)
+        self._inflight_prefill_done = _Script(scripts.INFLIGHT_PREFILL_DONE)
+        self._inflight_read = _Script(scripts.INFLIGHT_READ)
 
     @classmethod
     def from_url(
@@ -429,30 +204,43 @@ class RedisStore:
         raise AssertionError("unreachable")
 
     # -- KV block index -------------------------------------------------------------------------------------
+    def _index_keys(self, model: str, endpoint: str) -> list[str]:
+        """KEYS of the block-index write scripts (all in the model's slot)."""
+        k = self.keys
+        return [
+            k.endpoint_blocks(model, endpoint),
+            k.endpoint_speculative(model, endpoint),
+            k.endpoint_ids(model),
+            k.endpoint_names(model),
+            k.free_ids(model),
+        ]
+
+    def _registry(self, model: str, endpoint: str) -> list[tuple[str, ...]]:
+        """Which models an endpoint holds, and which models exist: for purges that are not told the model."""
+        return [("SADD", self.keys.endpoint_models(endpoint), model), ("SADD", self.keys.models(), model)]
+
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
             return
-        k = self.keys
-        zkeys = [k.endpoint_blocks(model, endpoint), k.endpoint_speculative(model, endpoint), k.model_endpoints(model)]
-        base = k.block_base(model)
-        bit = tier_bit(tier)
+        zkeys = self._index_keys(model, endpoint)
+        base = self.keys.block_base(model)
         calls = [
-            (self._add, zkeys, [base, endpoint, bit, self._cap, _hex_chain(keys[i : i + CHUNK])])
+            (self._add, zkeys, [base, endpoint, int(tier), self._cap, _hex_chain(keys[i : i + CHUNK])])
             for i in range(0, len(keys), CHUNK)
         ]
         with self._unavailable("add_blocks"):
-            await self._run_many(calls, [("SADD", k.endpoint_models(endpoint), model), ("SADD", k.models(), model)])
+            await self._run_many(calls, self._registry(model, endpoint))
 
     async def remove_blocks(
         self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
     ) -> None:
         if not keys:
             return
-        k = self.keys
-        bit = 0 if tier is None else tier_bit(tier)
-        zkeys = [k.endpoint_blocks(model, endpoint)]
+        zkeys = self._index_keys(model, endpoint)[:3]
+        base = self.keys.block_base(model)
+        which = -1 if tier is None else int(tier)
         calls = [
-            (self._remove, zkeys, [k.block_base(model), endpoint, bit, _hex_chain(keys[i : i + CHUNK])])
+            (self._remove, zkeys, [base, endpoint, which, _hex_chain(keys[i : i + CHUNK])])
             for i in range(0, len(keys), CHUNK)
         ]
         with self._unavailable("remove_blocks"):
@@ -466,7 +254,7 @@ class RedisStore:
             else:
                 models = sorted(_text(m) for m in await self._client.smembers(k.endpoint_models(endpoint)))
             for m in models:
-                zkeys = [k.endpoint_blocks(m, endpoint), k.endpoint_speculative(m, endpoint), k.model_endpoints(m)]
+                zkeys = self._index_keys(m, endpoint)
                 while await self._run(self._clear_chunk, zkeys, [k.block_base(m), endpoint, CHUNK]):
                     pass
                 await self._client.srem(k.endpoint_models(endpoint), m)
@@ -477,11 +265,12 @@ class RedisStore:
         if not keys or (endpoints is not None and not endpoints):
             return {}
         k = self.keys
-        args: list[str] = [k.block_base(model), _hex_chain(keys), *self._match_weights]
+        zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
+        args = [k.block_base(model), _hex_chain(keys), k.endpoint_speculative(model, ""), *self._match_weights]
         if endpoints is not None:
             args.extend(endpoints)
         with self._unavailable("match_prefix"):
-            flat = await self._run(self._match, [k.block(model, keys[0])], args)
+            flat = await self._run(self._match, zkeys, args)
         return {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
         }
@@ -489,19 +278,16 @@ class RedisStore:
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         if not keys:
             return
-        k = self.keys
         ttl_ms = max(1, round(ttl_s * 1000))
-        zkeys = [k.endpoint_speculative(model, endpoint), k.model_endpoints(model)]
+        blocks_zset, spec_zset, *registry = self._index_keys(model, endpoint)
+        zkeys = [spec_zset, blocks_zset, *registry]
+        base = self.keys.block_base(model)
         calls = [
-            (
-                self._add_speculative,
-                zkeys,
-                [k.block_base(model), endpoint, ttl_ms, self._cap, _hex_chain(keys[i : i + CHUNK])],
-            )
+            (self._add_speculative, zkeys, [base, endpoint, ttl_ms, self._cap, _hex_chain(keys[i : i + CHUNK])])
             for i in range(0, len(keys), CHUNK)
         ]
         with self._unavailable("add_speculative"):
-            await self._run_many(calls, [("SADD", k.endpoint_models(endpoint), model), ("SADD", k.models(), model)])
+            await self._run_many(calls, self._registry(model, endpoint))
 
     # -- in-flight work -------------------------------------------------------------------------------------
     def _inflight_keys(self, endpoint: str) -> list[str]:
@@ -575,11 +361,11 @@ class RedisStore:
         with self._unavailable("delete_everything"):
             models = [_text(m) for m in await self._client.smembers(k.models())]
             for model in models:
-                endpoints = [_text(e) for e in await self._client.smembers(k.model_endpoints(model))]
+                endpoints = [_text(e) for e in await self._client.hkeys(k.endpoint_ids(model))]
                 for endpoint in endpoints:
                     await self.clear_endpoint(endpoint)
                     await self._client.delete(k.endpoint_models(endpoint), *self._inflight_keys(endpoint))
-                await self._client.delete(k.model_endpoints(model))
+                await self._client.delete(k.endpoint_ids(model), k.endpoint_names(model), k.free_ids(model))
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))

@@ -193,6 +193,27 @@ async def test_clear_endpoint_for_every_model(store: Store) -> None:
     assert only(await store.match_prefix(M, CHAIN), A).blocks == 1
 
 
+async def test_a_purged_endpoints_place_is_reused_cleanly(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_speculative(M, A, [0x7777], ttl_s=60)
+    await store.add_blocks(M, B, CHAIN)
+    await store.clear_endpoint(A)
+    await store.add_blocks(M, C, CHAIN[:3])  # may take over A's internal slot: it must not inherit A's blocks
+    assert await store.match_prefix(M, CHAIN) == {B: PrefixMatch(12, 12.0), C: PrefixMatch(3, 3.0)}
+    assert await store.match_prefix(M, [0x7777]) == {}
+
+
+async def test_many_endpoints(store: Store) -> None:
+    fleet = [f"10.1.0.{i}:8000" for i in range(20)]
+    for i, endpoint in enumerate(fleet):
+        await store.add_blocks(M, endpoint, CHAIN[: 1 + i % 12], Tier.CPU if i % 2 else Tier.GPU)
+    result = await store.match_prefix(M, CHAIN)
+    assert {e: m.blocks for e, m in result.items()} == {e: 1 + i % 12 for i, e in enumerate(fleet)}
+    assert result[fleet[3]].weighted_blocks == pytest.approx(4 * 0.8)
+    picked = await store.match_prefix(M, CHAIN, endpoints=[fleet[19], fleet[4], "10.9.9.9:1"])
+    assert picked == {fleet[19]: PrefixMatch(8, pytest.approx(6.4)), fleet[4]: PrefixMatch(5, 5.0)}  # type: ignore[arg-type]
+
+
 async def test_speculative_entries_count_then_expire(backend: Backend) -> None:
     store = backend.make()
     await store.add_blocks(M, A, CHAIN[:3])
@@ -205,6 +226,12 @@ async def test_speculative_entries_count_then_expire(backend: Backend) -> None:
         return await store.match_prefix(M, CHAIN) == {A: PrefixMatch(3, 3.0)}
 
     await backend.eventually(expired, "speculative entries to expire")
+
+
+async def test_a_speculative_entry_fills_a_hole(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN[:3] + CHAIN[4:8], Tier.CPU)
+    await store.add_speculative(M, A, CHAIN[3:4], ttl_s=60)
+    assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(8, pytest.approx(7 * 0.8 + SPECULATIVE_WEIGHT))}  # type: ignore[arg-type]
 
 
 async def test_confirmed_speculative_entry_takes_its_tier(backend: Backend) -> None:

@@ -1,0 +1,352 @@
+"""The Lua scripts behind ``RedisStore``: every multi-key update is one script, hence atomic.
+
+Block strings (``kvstate.redis_keys``): byte ``id`` of ``{p}:{m}:b:<hex>`` describes endpoint ``id``; its low nibble,
+read with ``BITFIELD GET u4 <id*8+4>``, is ``spec*8 + disk*4 + cpu*2 + gpu*1``. ``SETBIT`` addresses bits from the
+most significant end, so tier ``t`` of endpoint ``id`` is bit ``id*8 + 7 - t`` and the speculative flag ``id*8 + 4``.
+
+Invariants the scripts keep: an endpoint's tier bits are set on a block iff the block is a member of the endpoint's
+block ZSET; its speculative bit is set iff the block is a member of its speculative ZSET; a block string with no bit
+set is deleted. So purging an endpoint walks its two ZSETs and nothing else, and afterwards its id is free.
+
+Chains arrive as one argument of 16-hex-digit keys (``redis_keys.BLOCK_HEX_DIGITS``), sliced here: shorter to send
+than one argument per key. Time is the server's (``TIME``), so gateways with skewed clocks agree on expiry. Lua
+numbers format with 14 significant digits, so scores and expiries are formatted with ``%.0f`` before use.
+"""
+
+from __future__ import annotations
+
+_COMMON = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function hex_at(blob, i) return string.sub(blob, 16 * i - 15, 16 * i) end
+-- the low nibble of endpoint ``id``'s byte: spec*8 + disk*4 + cpu*2 + gpu
+local function nibble(k, id) return redis.call('BITFIELD', k, 'GET', 'u4', id * 8 + 4)[1] end
+local function delete_if_empty(k) if redis.call('BITCOUNT', k) == 0 then redis.call('DEL', k) end end
+-- batched ZADD / ZREM: one call per 1000 members rather than one per member
+local function flush(cmd, key, args) if #args > 0 then redis.call(cmd, key, unpack(args)) end return {} end
+"""
+
+_ENDPOINT_ID = """
+-- KEYS[3..5]: ids hash, names hash, free ids zset
+local function endpoint_id(ep)
+  local id = redis.call('HGET', KEYS[3], ep)
+  if id then return tonumber(id) end
+  local free = redis.call('ZPOPMIN', KEYS[5])
+  if #free > 0 then id = tonumber(free[1]) else id = redis.call('HLEN', KEYS[3]) end
+  redis.call('HSET', KEYS[3], ep, id)
+  redis.call('HSET', KEYS[4], id, ep)
+  return id
+end
+"""
+
+MATCH = (
+    "#!lua flags=no-writes\n"
+    + _COMMON
+    + """
+-- KEYS: first block string (routes to the model's slot), ids hash, names hash.
+-- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, endpoints...
+-- Returns a flat list: endpoint, matched blocks, weighted blocks (as a string: Lua replies truncate numbers).
+local base, blob, sbase = ARGV[1], ARGV[2], ARGV[3]
+local n = #blob / 16
+local mw = {}
+for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
+local sw = tonumber(ARGV[11])
+local alive = {}
+if #ARGV > 11 then
+  local wanted = {}
+  for i = 12, #ARGV do wanted[#wanted + 1] = ARGV[i] end
+  local ids = redis.call('HMGET', KEYS[2], unpack(wanted))
+  for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
+else
+  local s = redis.call('GET', KEYS[1])
+  if s then
+    for j = 1, #s do if string.byte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
+  end
+end
+if #alive == 0 then return {} end
+local names = redis.call('HMGET', KEYS[3], unpack(alive))
+local name, lengths, weighted = {}, {}, {}
+local named = {}
+for j, id in ipairs(alive) do
+  if names[j] then name[id] = names[j]; weighted[id] = 0; named[#named + 1] = id end
+end
+alive = named
+local now = nil
+-- Consecutive blocks usually have byte-identical strings (the same endpoints hold the whole run). Lua strings are
+-- interned, so ``s == prev`` is a pointer compare: such a block repeats the previous step's outcome and is only
+-- counted; the per-endpoint loop runs where the holders change (or a speculative entry needs its expiry checked).
+local prev, simple, run = nil, false, 0
+local step_weight = {}
+local count = #alive
+local function flush_run()
+  if run > 0 then
+    for j = 1, count do
+      local id = alive[j]
+      lengths[id] = lengths[id] + run
+      weighted[id] = weighted[id] + step_weight[id] * run
+    end
+    run = 0
+  end
+end
+for j = 1, count do lengths[alive[j]] = 0 end
+for i = 1, n do
+  local s = redis.call('GET', base .. hex_at(blob, i)) or ''
+  if simple and s == prev then
+    run = run + 1
+  else
+    flush_run()
+    prev, simple = s, true
+    local kept = 0
+    for j = 1, count do
+      local id = alive[j]
+      local v = (string.byte(s, id + 1) or 0) % 16
+      local w = nil
+      if v % 8 > 0 then
+        w = mw[v % 8]
+      elseif v >= 8 then
+        simple = false
+        now = now or now_ms()
+        local expiry = redis.call('ZSCORE', sbase .. name[id], hex_at(blob, i))
+        if expiry and tonumber(expiry) > now then w = sw end
+      end
+      if w then
+        step_weight[id] = w
+        weighted[id] = weighted[id] + w
+        lengths[id] = i
+        kept = kept + 1
+        alive[kept] = id
+      end
+    end
+    for j = kept + 1, count do alive[j] = nil end
+    count = kept
+    if count == 0 then break end
+  end
+end
+flush_run()
+local out = {}
+for id, len in pairs(lengths) do
+  if len > 0 then out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id]) end
+end
+return out
+"""
+)
+ADD = (
+    _COMMON
+    + _ENDPOINT_ID
+    + """
+-- KEYS: endpoint block zset, endpoint speculative zset, ids, names, free ids.
+-- ARGV: block base, endpoint, tier (0 GPU, 1 CPU, 2 DISK), cap, hex chain.
+local base, ep, tier, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local n = #blob / 16
+local id = endpoint_id(ep)
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local has_spec = redis.call('EXISTS', KEYS[2]) == 1
+local z, confirmed = {}, {}
+for i = 1, n do
+  local hex = hex_at(blob, i)
+  local k = base .. hex
+  redis.call('SETBIT', k, id * 8 + 7 - tier, 1)
+  if has_spec and redis.call('SETBIT', k, id * 8 + 4, 0) == 1 then
+    confirmed[#confirmed + 1] = hex
+    if #confirmed >= 1000 then confirmed = flush('ZREM', KEYS[2], confirmed) end
+  end
+  -- the chain's head gets the newest score: the cap forgets tails first, as the engines do
+  z[#z + 1] = string.format('%.0f', now_us + (n - i))
+  z[#z + 1] = hex
+  if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
+end
+flush('ZADD', KEYS[1], z)
+flush('ZREM', KEYS[2], confirmed)
+local over = redis.call('ZCARD', KEYS[1]) - cap
+while over > 0 do
+  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  for j = 1, #popped, 2 do
+    local k = base .. popped[j]
+    if nibble(k, id) % 8 > 0 then
+      redis.call('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
+      delete_if_empty(k)
+    end
+  end
+  over = over - #popped / 2
+end
+return n
+"""
+)
+
+ADD_SPECULATIVE = (
+    _COMMON
+    + _ENDPOINT_ID
+    + """
+-- KEYS: endpoint speculative zset, (unused), ids, names, free ids. ARGV: block base, endpoint, ttl ms, cap, hex chain.
+local base, ep, ttl, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local n = #blob / 16
+local id = endpoint_id(ep)
+local now = now_ms()
+local function unmark(hex)
+  local k = base .. hex
+  if redis.call('EXISTS', k) == 1 then
+    redis.call('SETBIT', k, id * 8 + 4, 0)
+    delete_if_empty(k)
+  end
+end
+-- sweep this endpoint's expired guesses first, so speculative memory is bounded by what is live
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for j = 1, #expired do unmark(expired[j]) end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
+local expiry = string.format('%.0f', now + ttl)
+local z = {}
+for i = 1, n do
+  local hex = hex_at(blob, i)
+  redis.call('SETBIT', base .. hex, id * 8 + 4, 1)
+  z[#z + 1] = expiry
+  z[#z + 1] = hex
+  if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
+end
+flush('ZADD', KEYS[1], z)
+local over = redis.call('ZCARD', KEYS[1]) - cap
+while over > 0 do
+  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  for j = 1, #popped, 2 do unmark(popped[j]) end
+  over = over - #popped / 2
+end
+return n
+"""
+)
+
+REMOVE = (
+    _COMMON
+    + """
+-- KEYS: endpoint block zset, endpoint speculative zset, ids. ARGV: block base, endpoint, tier (-1: all), hex chain.
+local base, ep, tier, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local id = redis.call('HGET', KEYS[3], ep)
+if not id then return 0 end
+id = tonumber(id)
+local n = #blob / 16
+local gone, guesses = {}, {}
+for i = 1, n do
+  local hex = hex_at(blob, i)
+  local k = base .. hex
+  local v = nibble(k, id)
+  if v % 8 > 0 then
+    local nv = v
+    if tier < 0 then
+      nv = 0
+    elseif math.floor(v / 2 ^ tier) % 2 == 1 then
+      nv = v - 2 ^ tier
+    end
+    if nv % 8 == 0 then
+      -- no tier left: our guess that the block would be there is superseded too
+      if nv >= 8 then guesses[#guesses + 1] = hex end
+      nv = 0
+      gone[#gone + 1] = hex
+    end
+    if nv ~= v then
+      redis.call('BITFIELD', k, 'SET', 'u4', id * 8 + 4, nv)
+      if nv == 0 then delete_if_empty(k) end
+    end
+    if #gone >= 1000 then gone = flush('ZREM', KEYS[1], gone) end
+    if #guesses >= 1000 then guesses = flush('ZREM', KEYS[2], guesses) end
+  end
+end
+flush('ZREM', KEYS[1], gone)
+flush('ZREM', KEYS[2], guesses)
+return n
+"""
+)
+
+CLEAR_CHUNK = (
+    _COMMON
+    + """
+-- KEYS: endpoint block zset, endpoint speculative zset, ids, names, free ids. ARGV: block base, endpoint, chunk.
+-- Purges up to ``chunk`` entries of each zset and returns how many remain (the caller loops until 0, so no single
+-- call blocks Redis for long). When none remain, the endpoint's id is freed for reuse: all its bits are clear.
+local base, ep, chunk = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local id = redis.call('HGET', KEYS[3], ep)
+if not id then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 0
+end
+id = tonumber(id)
+local popped = redis.call('ZPOPMIN', KEYS[1], chunk)
+for j = 1, #popped, 2 do
+  local k = base .. popped[j]
+  if nibble(k, id) % 8 > 0 then
+    redis.call('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
+    delete_if_empty(k)
+  end
+end
+popped = redis.call('ZPOPMIN', KEYS[2], chunk)
+for j = 1, #popped, 2 do
+  local k = base .. popped[j]
+  if nibble(k, id) >= 8 then
+    redis.call('SETBIT', k, id * 8 + 4, 0)
+    delete_if_empty(k)
+  end
+end
+local left = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+if left == 0 then
+  redis.call('HDEL', KEYS[3], ep)
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('ZADD', KEYS[5], id, id)
+end
+return left
+"""
+)
+
+_INFLIGHT_SWEEP = (
+    _COMMON
+    + """
+local function sweep(z, h, now)
+  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  for j = 1, #expired, 1000 do
+    redis.call('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
+  end
+  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', z, '-inf', now) end
+end
+"""
+)
+
+INFLIGHT_ADD = (
+    _INFLIGHT_SWEEP
+    + """
+-- KEYS: inflight zset, inflight tokens hash. ARGV: request id, prefill tokens, decode tokens, ttl ms.
+local now = now_ms()
+sweep(KEYS[1], KEYS[2], now)
+local ttl = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
+-- the keys outlive their longest-lived member, so an abandoned endpoint leaves nothing behind
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+end
+return 1
+"""
+)
+
+INFLIGHT_PREFILL_DONE = """
+-- KEYS: inflight zset, inflight tokens hash. ARGV: request id.
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if not v then return 0 end
+local decode = string.match(v, ' (%d+)$') or '0'
+redis.call('HSET', KEYS[2], ARGV[1], '0 ' .. decode)
+return 1
+"""
+
+INFLIGHT_READ = (
+    _INFLIGHT_SWEEP
+    + """
+-- KEYS: inflight zset, inflight tokens hash. Returns {requests, prefill tokens, decode tokens}; drops expired ones.
+sweep(KEYS[1], KEYS[2], now_ms())
+local vals = redis.call('HVALS', KEYS[2])
+local p, d = 0, 0
+for _, v in ipairs(vals) do
+  local a, b = string.match(v, '^(%d+) (%d+)$')
+  p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
+end
+return {#vals, p, d}
+"""
+)
