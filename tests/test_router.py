@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cognitora import explain
+from cognitora.collector import Collector
 from cognitora.config import CognitoraConfig, config_from_dict, load_config
 from cognitora.decision import Decision
 from cognitora.process import free_port
 from cognitora.request import Outcome, RouteRequest
 from cognitora.router import Router
+from cognitora.sim.launch import start_fleet
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
 from kvstate.redis_store import RedisStore
@@ -298,3 +301,80 @@ async def test_routing_history_outlives_speculation_only_where_no_events_come(sm
     clock[0] += 60
     held = await store.match_prefix(MODEL, list(keys), [A, B])
     assert set(held) == {B} and held[B].blocks == len(keys)
+
+
+@pytest.mark.e2e
+async def test_closed_loop_with_the_simulated_fleet_predicts_the_achieved_hit(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
+    """Router + embedded collector + two simulated vLLM engines: placement follows the engines' real caches, and
+    the predicted cached tokens equal what the engine reports in ``usage.prompt_tokens_details.cached_tokens``."""
+    tokenizer = smollm2_dir / "tokenizer.json"
+    fleet = start_fleet(2, model=MODEL, time_scale=20, tokenizer=tokenizer, log_dir=tmp_path)
+    endpoints = [
+        {"url": url, "id": eid, "kv_events": pub, "kv_events_replay": replay}
+        for url, eid, pub, replay in zip(
+            fleet.urls, fleet.endpoint_ids, fleet.events_addresses, fleet.replay_addresses, strict=True
+        )
+    ]
+    config = config_from_dict(
+        {
+            "models": [{"name": MODEL, "tokenizer": str(tokenizer), "endpoints": endpoints}],
+            "scrape": {"interval_s": 0.2, "timeout_s": 0.2},
+            "placement": {"store_timeout_s": 5.0},
+        }
+    )
+    store = MemoryStore()
+    router = Router(config, store)
+    first, second = fleet.endpoint_ids
+
+    async def serve(req: RouteRequest) -> tuple[Decision, int]:
+        decision = await router.place(req)
+        assert decision.url is not None, decision.explain()
+        await router.dispatched(decision)
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": MODEL, "messages": list(req.messages or []), "max_tokens": 4}
+            response = await client.post(f"{decision.url}/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        outcome = Outcome(decision.request_id, decision.endpoint or "", ok=True, cached_tokens=cached)
+        await router.finished(decision, outcome)
+        return decision, cached
+
+    try:
+        async with Collector(config, store):
+
+            async def both_healthy() -> bool:
+                snaps = await store.snapshots(fleet.endpoint_ids)
+                return all(e in snaps and snaps[e].healthy for e in fleet.endpoint_ids)
+
+            await eventually(both_healthy, 30, "healthy snapshots of both engines")
+
+            # Cold: the engine that serves it really caches the prompt (confirmed by its KV events).
+            one, _ = await serve(chat(candidates=[second]))
+            assert one.endpoint == second
+
+            async def confirmed() -> bool:
+                held = await store.match_prefix(MODEL, list(one.keys), [first, second])
+                return second in held and held[second].blocks == len(one.keys) and first not in held
+
+            await eventually(confirmed, 15, "the prompt's blocks confirmed by the engine's events")
+
+            # Warm: a follow-up sharing the system prompt goes to that engine, and the hit is what we predicted.
+            two, achieved = await serve(chat("And what about eviction?"))
+            assert two.endpoint == second, two.explain()
+            assert two.predicted_cached_tokens > 0.9 * two.prompt_tokens  # the shared system prompt is most of it
+            assert achieved == two.predicted_cached_tokens, two.explain()
+            assert router.stats.achieved_cached_tokens == achieved
+    finally:
+        fleet.stop()
+        await router.close()
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.05)
