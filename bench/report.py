@@ -1,0 +1,323 @@
+"""Benchmark report: per target and stage, latency percentiles, goodput, cache hits against the reuse bound, energy.
+
+Definitions (engine seconds throughout; see bench/loadgen.py for the time scale):
+
+- TTFT, E2E: percentiles over the stage's successful requests. ITL: each request's mean time between output tokens
+  ((last token - first token) / (completion tokens - 1)); the table shows its median over requests.
+- Output tokens/s: completion tokens of the stage's successful requests / (last finish - first send) of the stage.
+- Goodput: requests of the stage that succeeded with TTFT <= slo_ttft_s and ITL <= slo_itl_s, per second of the
+  stage's scheduled duration (so it can never exceed the offered rate).
+- Hit rate: sum(cached_tokens) / sum(prompt_tokens) from the engines' own usage, next to the workload's reuse bound
+  (bench/workloads.py). Prompt tokens include the chat template's few tokens; the bound counts content tokens only.
+- Energy per output token: the fleet's DCGM energy counters (before/after the whole run of a target, warm-up
+  included) / completion tokens of the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import HarnessHealth, RequestResult
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 2.0
+    itl_s: float = 0.100
+
+
+@dataclass
+class StageSummary:
+    stage: str
+    offered_rps: float
+    duration_s: float
+    requests: int
+    ok: int
+    failed: int
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    itl_p50: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+    output_tps: float
+    goodput_rps: float
+    hit_rate: float
+    reuse_bound: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class EngineStats:
+    """One engine over a target's run: from its own /metrics (deltas) and sampled gauges."""
+
+    url: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generation_tokens: int = 0
+    energy_j: float = 0.0
+    max_waiting: float = 0.0
+    max_running: float = 0.0
+    max_kv_usage: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class TargetRun:
+    target: str
+    settings: str
+    stages: list[StageSummary] = field(default_factory=list)
+    engines: list[EngineStats] = field(default_factory=list)
+    health: HarnessHealth | None = None
+    energy_j: float | None = None
+    energy_per_output_token_j: float | None = None
+    total_requests: int = 0
+    total_ok: int = 0
+    not_sent: int = 0
+    skipped: str = ""
+
+
+@dataclass
+class Report:
+    command: str
+    workload: str
+    description: str
+    started_at: str
+    time_scale: float
+    slo: Slo
+    fleet: dict[str, Any]
+    stages: list[dict[str, Any]]
+    reuse_bound: dict[str, float]
+    runs: list[TargetRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize_stage(
+    stage: str, offered_rps: float, duration_s: float, results: list[RequestResult], reuse_bound: float, slo: Slo
+) -> StageSummary:
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    itl = [r.itl_s for r in ok if r.itl_s is not None]
+    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    good = [
+        r for r in ok if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and (r.itl_s is None or r.itl_s <= slo.itl_s)
+    ]
+    completion = sum(r.completion_tokens for r in ok)
+    span = 0.0
+    if ok:
+        span = max(r.arrival_s + (r.e2e_s or 0.0) for r in ok) - min(r.arrival_s for r in results)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            key = f"{r.status}: {r.error[:80]}"
+            errors[key] = errors.get(key, 0) + 1
+    return StageSummary(
+        stage=stage,
+        offered_rps=offered_rps,
+        duration_s=duration_s,
+        requests=len(results),
+        ok=len(ok),
+        failed=len(results) - len(ok),
+        ttft_p50=percentile(ttft, 50),
+        ttft_p90=percentile(ttft, 90),
+        ttft_p99=percentile(ttft, 99),
+        itl_p50=percentile(itl, 50),
+        e2e_p50=percentile(e2e, 50),
+        e2e_p99=percentile(e2e, 99),
+        output_tps=completion / span if span > 0 else 0.0,
+        goodput_rps=len(good) / duration_s if duration_s > 0 else 0.0,
+        hit_rate=cached / prompt if prompt else 0.0,
+        reuse_bound=reuse_bound,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        errors=errors,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.1f}x"
+
+
+def render_markdown(report: Report) -> str:
+    lines = [
+        f"# Side-by-side benchmark: {report.workload}",
+        "",
+        "Command:",
+        "",
+        "```bash",
+        report.command,
+        "```",
+        "",
+        f"Started {report.started_at}. {report.description}.",
+        "",
+        f"Fleet: {json.dumps(report.fleet)}. Time scale {report.time_scale:g} (engine time runs "
+        f"{1 / report.time_scale:g}x slower than wall time; all durations below are engine seconds). "
+        f"SLO for goodput: TTFT <= {report.slo.ttft_s:g} s and ITL <= {report.slo.itl_s * 1000:g} ms.",
+        "",
+    ]
+    lines += [f"- {n}" for n in report.notes]
+    if report.notes:
+        lines.append("")
+    lines += ["## Targets", "", "| target | settings | requests ok / sent | harness CPU | machine busy | valid |"]
+    lines.append("|---|---|---|---|---|---|")
+    for run in report.runs:
+        if run.skipped:
+            lines.append(f"| {run.target} | {run.settings} | skipped: {run.skipped} | | | |")
+            continue
+        h = run.health
+        valid = "yes" if h and not h.saturated else f"**no**: {h.reason if h else 'no data'}"
+        cpu = f"{h.cpu_share:.0%} of a core" if h else "-"
+        busy = f"{h.machine_busy_share:.0%}" if h else "-"
+        lines.append(
+            f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {cpu} | {busy} | {valid} |"
+        )
+    lines.append("")
+
+    measured = [s["label"] for s in report.stages if s.get("measured", True)]
+    lines += ["## Results per stage", ""]
+    header = (
+        "| stage | target | ok/req | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms | E2E p50 | E2E p99 | out tok/s "
+        "| goodput rps | hit rate | reuse bound |"
+    )
+    lines += [header, "|" + "---|" * 13]
+    for label in measured:
+        for run in report.runs:
+            for s in run.stages:
+                if s.stage != label:
+                    continue
+                lines.append(
+                    f"| {label} | {run.target} | {s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
+                    f"{_f(s.ttft_p99)} | {_f(None if s.itl_p50 is None else s.itl_p50 * 1000, 1)} | "
+                    f"{_f(s.e2e_p50, 2)} | {_f(s.e2e_p99, 2)} | {s.output_tps:.0f} | {s.goodput_rps:.2f} | "
+                    f"{s.hit_rate:.3f} | {s.reuse_bound:.3f} |"
+                )
+    lines.append("")
+
+    lines += ["## Energy", "", "| target | fleet energy (kJ) | J per output token |", "|---|---|---|"]
+    for run in report.runs:
+        if not run.skipped:
+            kj = None if run.energy_j is None else run.energy_j / 1000
+            lines.append(f"| {run.target} | {_f(kj, 1)} | {_f(run.energy_per_output_token_j, 3)} |")
+    lines.append("")
+
+    cog = [r for r in report.runs if r.target.startswith("cognitora") and not r.skipped]
+    if cog and measured:
+        top = measured[-1]
+        lines += [f"## Cognitora against each peer at the top stage ({top})", ""]
+        lines += ["| cognitora | peer | TTFT p50 ratio (peer/cog) | TTFT p90 ratio | goodput ratio (cog/peer) |"]
+        lines.append("|---|---|---|---|---|")
+        for c in cog:
+            cs = next((s for s in c.stages if s.stage == top), None)
+            for peer in report.runs:
+                if peer.target.startswith("cognitora") or peer.skipped:
+                    continue
+                ps = next((s for s in peer.stages if s.stage == top), None)
+                if cs is None or ps is None:
+                    continue
+                lines.append(
+                    f"| {c.target} | {peer.target} | {_ratio(ps.ttft_p50, cs.ttft_p50)} | "
+                    f"{_ratio(ps.ttft_p90, cs.ttft_p90)} | {_ratio(cs.goodput_rps, ps.goodput_rps)} |"
+                )
+        lines.append("")
+
+    lines += ["## Per-engine evidence (whole run of each target)", ""]
+    for run in report.runs:
+        if run.skipped or not run.engines:
+            continue
+        lines += [f"**{run.target}**", ""]
+        lines += ["| engine | requests | prompt tok | hit rate | max waiting | max running | max KV use |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for e in run.engines:
+            lines.append(
+                f"| {e.url} | {e.requests} | {e.prompt_tokens} | {e.hit_rate:.3f} | {e.max_waiting:.0f} | "
+                f"{e.max_running:.0f} | {e.max_kv_usage:.2f} |"
+            )
+        lines.append("")
+    errors = [(run.target, s.stage, s.errors) for run in report.runs for s in run.stages if s.errors]
+    if errors:
+        lines += ["## Errors", ""]
+        for target, stage, errs in errors:
+            for msg, n in errs.items():
+                lines.append(f"- {target} / {stage}: {n} x `{msg}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    return asdict(report)
+
+
+def plot(report: Report, path: Path) -> None:
+    """TTFT p90 and goodput against offered load, one line per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for run in report.runs:
+        stages = [s for s in run.stages if s.ttft_p90 is not None]
+        if run.skipped or not stages:
+            continue
+        x = [s.offered_rps for s in stages]
+        style = "-o" if run.target.startswith("cognitora") else "--."
+        ax1.plot(x, [s.ttft_p90 for s in stages], style, label=run.target)
+        ax2.plot(x, [s.goodput_rps for s in run.stages], style, label=run.target)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("offered load (requests / engine s)")
+    ax1.set_ylabel("TTFT p90 (engine s, log)")
+    ax1.set_title("TTFT p90")
+    ax2.set_xlabel("offered load (requests / engine s)")
+    ax2.set_ylabel(f"goodput (req/s, TTFT<={report.slo.ttft_s:g}s, ITL<={report.slo.itl_s * 1000:g}ms)")
+    ax2.set_title("Goodput")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"{report.workload}: {report.description}"[:150], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(report: Report, out_prefix: Path) -> list[Path]:
+    """``<prefix>.md``, ``<prefix>.json``, ``<prefix>.png``."""
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    md, js, png = (out_prefix.with_suffix(s) for s in (".md", ".json", ".png"))
+    md.write_text(render_markdown(report))
+    js.write_text(json.dumps(report_json(report), indent=1))
+    plot(report, png)
+    return [md, js, png]

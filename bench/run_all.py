@@ -1,0 +1,403 @@
+"""Side-by-side benchmark runner: every target, each in front of an identical fresh simulated fleet, same workload.
+
+    python -m bench.run_all --workload b2b-saas --rates 10,30,60 --targets envoy-rr,cognitora-litellm
+    python -m bench.run_all --trace shared/traces/synthetic_trace.jsonl --speed 1 --duration 300
+
+Per target: start a fresh fleet, start the target, read the engines' counters, send the schedule open-loop (while
+sampling each engine's queue and KV gauges), read the counters again, stop both. Results go to
+``bench/results/side_by_side_<workload>.{md,json,png}`` with the exact command at the top.
+
+Time scale: the schedule is in engine seconds. ``--time-scale auto`` picks the largest X <= 1 such that the
+heaviest stage offers at most ``--max-wall-rps`` requests per wall second, so this machine keeps up by running the
+simulated clock slower, never by shrinking the workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import workloads as wl
+from bench.loadgen import LoadResult, RequestResult, run_load
+from bench.report import EngineStats, Report, Slo, TargetRun, summarize_stage, write_report
+from bench.targets import PEER_TARGETS, FleetLike, Target, TargetUnavailable, all_targets, make_target
+from cognitora.process import ManagedProcess, free_port_block
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl"
+# The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
+DEFAULT_RATES = {"b2b-saas": "3,10,20,30,45,60", "shared-prefix-32x32": "5,10,20,40", "multi-turn-chat": "2,5,10"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fleet
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    engines: int
+    profile: str
+    model: str
+    time_scale: float
+    stream_chunk_tokens: int
+    tokenizer: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class BenchFleet:
+    """A fresh simulated fleet for one target: ``cognitora sim fleet`` in its own process (its CPU is not ours)."""
+
+    def __init__(self, spec: FleetSpec, workdir: Path | None = None) -> None:
+        self.spec = spec
+        base = free_port_block(spec.engines)
+        argv = [
+            sys.executable,
+            "-m",
+            "cognitora.cli",
+            "sim",
+            "fleet",
+            "--engines",
+            str(spec.engines),
+            "--base-port",
+            str(base),
+            "--profile",
+            spec.profile,
+            "--model",
+            spec.model,
+            "--time-scale",
+            f"{spec.time_scale:g}",
+            "--stream-chunk-tokens",
+            str(spec.stream_chunk_tokens),
+        ]
+        if spec.tokenizer != "builtin":
+            argv += ["--tokenizer", spec.tokenizer]
+        logdir = workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+        self._proc = ManagedProcess(argv, logdir / "fleet.log")
+        self._urls = [f"http://127.0.0.1:{base + i}" for i in range(spec.engines)]
+        try:
+            for url in self._urls:
+                self._proc.wait_http(f"{url}/health", timeout_s=60)
+        except BaseException:
+            self._proc.stop()
+            raise
+
+    @property
+    def urls(self) -> Sequence[str]:
+        return self._urls
+
+    def stop(self) -> None:
+        self._proc.stop()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Engine counters
+
+_COUNTERS = {
+    "vllm:request_success": "requests",
+    "vllm:prefix_cache_queries": "prompt_tokens",
+    "vllm:prefix_cache_hits": "cached_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+}
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Counters and gauges of one engine's /metrics, summed over label sets; energy in joules."""
+    text = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5).text
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name.removesuffix("_total")
+            if name in _COUNTERS and not s.name.endswith("_created"):
+                out[_COUNTERS[name]] = out.get(_COUNTERS[name], 0.0) + s.value
+            elif name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
+                out["energy_j"] = out.get("energy_j", 0.0) + s.value / 1000.0
+            elif name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+                out[name] = s.value
+    return out
+
+
+class EngineSampler:
+    """Counters before/after, and the peak of each engine's queue and KV gauges sampled during the run."""
+
+    def __init__(self, urls: Sequence[str], interval_wall_s: float = 2.0) -> None:
+        self.urls = list(urls)
+        self.interval = interval_wall_s
+        self.before = [self._safe(u) for u in self.urls]
+        self.stats = [EngineStats(url=u) for u in self.urls]
+
+    @staticmethod
+    def _safe(url: str) -> dict[str, float]:
+        try:
+            return _scrape(url)
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    async def sample_forever(self) -> None:
+        async with httpx.AsyncClient(timeout=5) as client:
+            while True:
+                for url, st in zip(self.urls, self.stats, strict=True):
+                    try:
+                        text = (await client.get(f"{url}/metrics")).text
+                    except httpx.HTTPError:
+                        continue
+                    for line in text.splitlines():
+                        if line.startswith("vllm:num_requests_waiting"):
+                            st.max_waiting = max(st.max_waiting, float(line.rsplit(" ", 1)[1]))
+                        elif line.startswith("vllm:num_requests_running"):
+                            st.max_running = max(st.max_running, float(line.rsplit(" ", 1)[1]))
+                        elif line.startswith("vllm:kv_cache_usage_perc"):
+                            st.max_kv_usage = max(st.max_kv_usage, float(line.rsplit(" ", 1)[1]))
+                await asyncio.sleep(self.interval)
+
+    def finish(self) -> list[EngineStats]:
+        for url, st, before in zip(self.urls, self.stats, self.before, strict=True):
+            after = self._safe(url)
+
+            def delta(key: str, after: dict[str, float] = after, before: dict[str, float] = before) -> float:
+                return after.get(key, 0.0) - before.get(key, 0.0)
+
+            st.requests = int(delta("requests"))
+            st.prompt_tokens = int(delta("prompt_tokens"))
+            st.cached_tokens = int(delta("cached_tokens"))
+            st.generation_tokens = int(delta("generation_tokens"))
+            st.energy_j = delta("energy_j")
+        return self.stats
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One target
+
+
+class Progress:
+    """A one-line progress bar on a terminal; a line per 10% otherwise (logs stay readable). No dependency."""
+
+    def __init__(self, label: str, width: int = 30) -> None:
+        self.label = label
+        self.width = width
+        self._tty = sys.stderr.isatty()
+        self._last = 0.0
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._tty:
+            decile = 10 * done // max(1, total)
+            if decile != self._last_decile:
+                self._last_decile = decile
+                sys.stderr.write(f"  {self.label}: {done}/{total} requests done\n")
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < 0.2:
+            return
+        self._last = now
+        filled = int(self.width * done / max(1, total))
+        sys.stderr.write(f"\r  {self.label:<22} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+async def _drive(
+    target: Target, base_url: str, fleet: FleetLike, schedule: wl.Schedule, spec: FleetSpec, args: argparse.Namespace
+) -> tuple[LoadResult, list[EngineStats]]:
+    sampler = EngineSampler(fleet.urls)
+    sampling = asyncio.create_task(sampler.sample_forever())
+    try:
+        result = await run_load(
+            base_url,
+            schedule,
+            spec.model,
+            time_scale=spec.time_scale,
+            headers=target.headers,
+            max_wall_s=args.duration,
+            max_requests=args.max_requests,
+            request_timeout_s=args.request_timeout,
+            progress=Progress(target.name) if args.progress else None,
+        )
+    finally:
+        sampling.cancel()
+    return result, sampler.finish()
+
+
+def run_target(
+    name: str,
+    schedule: wl.Schedule,
+    spec: FleetSpec,
+    args: argparse.Namespace,
+    slo: Slo,
+    fleet_factory: Callable[[FleetSpec], Any] = BenchFleet,
+) -> TargetRun:
+    target = make_target(name, spec.model)
+    run = TargetRun(target=name, settings=target.settings)
+    fleet = fleet_factory(spec)
+    try:
+        try:
+            base_url = target.start(fleet)
+        except TargetUnavailable as exc:
+            run.skipped = str(exc)
+            return run
+        result, engines = asyncio.run(_drive(target, base_url, fleet, schedule, spec, args))
+    finally:
+        target.stop()
+        fleet.stop()
+    run.engines = engines
+    run.health = result.health
+    run.not_sent = result.not_sent
+    run.total_requests = len(result.results)
+    run.total_ok = sum(1 for r in result.results if r.ok)
+    by_stage: dict[str, list[RequestResult]] = {}
+    for r in result.results:
+        by_stage.setdefault(r.stage, []).append(r)
+    for stage in schedule.stages:
+        results = by_stage.get(stage.label, [])
+        if not stage.measured or not results:
+            continue
+        run.stages.append(
+            summarize_stage(stage.label, stage.rate, stage.duration_s, results, schedule.reuse_bound(stage.label), slo)
+        )
+    energy = sum(e.energy_j for e in engines)
+    tokens = sum(r.completion_tokens for r in result.results if r.ok)
+    run.energy_j = energy if energy > 0 else None
+    run.energy_per_output_token_j = energy / tokens if energy > 0 and tokens else None
+    return run
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_schedule(args: argparse.Namespace) -> wl.Schedule:
+    if args.trace is not None or args.workload == "mooncake":
+        trace = Path(args.trace) if args.trace is not None else DEFAULT_TRACE
+        return wl.mooncake_schedule(trace, speed=args.speed, max_requests=args.max_requests)
+    rates = [float(x) for x in (args.rates or DEFAULT_RATES[args.workload]).split(",") if x.strip()]
+    warmup_rate, warmup_s = (float(x) for x in args.warmup.split(":")) if args.warmup else (0.0, 0.0)
+    stages = wl.ladder(rates, args.stage_duration, warmup_rate, warmup_s)
+    if args.workload == "multi-turn-chat":
+        return wl.multi_turn_schedule(wl.MultiTurnProfile(), stages, seed=args.seed)
+    profile = wl.PROFILES[args.workload].scaled_to(args.engines, args.kv_tokens_per_engine)
+    return wl.shared_prefix_schedule(profile, stages, seed=args.seed)
+
+
+def pick_time_scale(schedule: wl.Schedule, requested: str, max_wall_rps: float) -> float:
+    if requested != "auto":
+        return float(requested)
+    peak = max((s.rate for s in schedule.stages), default=1.0)
+    if schedule.stages and schedule.stages[0].label == "trace":
+        peak = _peak_rate(schedule.requests)
+    scale = min(1.0, max_wall_rps / peak) if peak > 0 else 1.0
+    # Round down to 2 significant digits so the command line shows a readable number.
+    digits = -math.floor(math.log10(scale)) + 1
+    return math.floor(scale * 10**digits) / 10**digits
+
+
+def _peak_rate(requests: Sequence[wl.BenchRequest], window_s: float = 10.0) -> float:
+    """Highest arrival rate over any window (for traces, whose rate varies)."""
+    times = [r.arrival_s for r in requests]
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - window_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best / window_s
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="b2b-saas", choices=[*wl.PROFILES, "multi-turn-chat", "mooncake"])
+    p.add_argument("--rates", help="ladder of offered loads, requests per engine second (default per workload)")
+    p.add_argument("--stage-duration", type=float, default=20.0, help="engine seconds per ladder stage")
+    p.add_argument("--warmup", default="15:20", help="RATE:SECONDS unmeasured warm-up ('' for none)")
+    p.add_argument("--targets", default="all", help="comma list, 'all' or 'peers'; known: " + ", ".join(all_targets()))
+    p.add_argument("--duration", type=float, help="stop sending after this many wall seconds per target")
+    p.add_argument("--max-requests", type=int, help="send at most this many requests per target")
+    p.add_argument("--time-scale", default="auto", help="sim time scale X (engine time = X * wall time) or 'auto'")
+    p.add_argument("--max-wall-rps", type=float, default=4.0, help="with --time-scale auto: wall req/s ceiling")
+    p.add_argument("--trace", help="Mooncake-format JSONL trace to replay (implies --workload mooncake)")
+    p.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor (timestamps / speed)")
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--profile", default="h100x2", help="sim hardware profile (cognitora/sim/profiles.py)")
+    p.add_argument("--kv-tokens-per-engine", type=int, default=300_000, help="used to scale shared-prefix groups")
+    p.add_argument("--model", default="Qwen/Qwen3-32B")
+    p.add_argument("--tokenizer", default="builtin", help="sim tokenizer: builtin, or a tokenizer.json path")
+    p.add_argument("--stream-chunk-tokens", type=int, default=16)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="engine seconds")
+    p.add_argument("--slo-ttft", type=float, default=2.0)
+    p.add_argument("--slo-itl", type=float, default=0.100)
+    p.add_argument("--seed", type=int, default=20251130)
+    p.add_argument("--out", help="output prefix (default bench/results/side_by_side_<workload>)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p.parse_args(list(argv))
+
+
+def resolve_targets(spec: str) -> list[str]:
+    if spec == "all":
+        return list(all_targets())
+    if spec == "peers":
+        return list(PEER_TARGETS)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in all_targets()]
+    if unknown:
+        raise SystemExit(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(all_targets())}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    schedule = build_schedule(args)
+    time_scale = pick_time_scale(schedule, args.time_scale, args.max_wall_rps)
+    spec = FleetSpec(args.engines, args.profile, args.model, time_scale, args.stream_chunk_tokens, args.tokenizer)
+    slo = Slo(args.slo_ttft, args.slo_itl)
+    names = resolve_targets(args.targets)
+    workload = "mooncake" if schedule.workload.startswith("mooncake") else schedule.workload
+    out = Path(args.out) if args.out else RESULTS / f"side_by_side_{workload}"
+    command = shlex.join(["python", "-m", "bench.run_all", *argv])
+    report = Report(
+        command=command,
+        workload=schedule.workload,
+        description=schedule.description,
+        started_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        time_scale=time_scale,
+        slo=slo,
+        fleet=spec.as_dict(),
+        stages=[
+            {"label": s.label, "rate": s.rate, "duration_s": s.duration_s, "measured": s.measured}
+            for s in schedule.stages
+        ],
+        reuse_bound={label: schedule.reuse_bound(label) for label in schedule.stage_labels()},
+    )
+    if time_scale < 1:
+        report.notes.append(
+            f"The sim ran at time scale {time_scale:g}: wall-clock router overhead is scaled by the same factor."
+        )
+    print(f"{schedule.description}: {len(schedule.requests)} requests, time scale {time_scale:g}", file=sys.stderr)
+    for name in names:
+        print(f"== {name}", file=sys.stderr)
+        run = run_target(name, schedule, spec, args, slo)
+        report.runs.append(run)
+        if run.skipped:
+            print(f"  skipped: {run.skipped}", file=sys.stderr)
+        write_report(report, out)  # after every target, so a long run leaves partial results
+    paths = write_report(report, out)
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
