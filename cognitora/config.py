@@ -108,7 +108,7 @@ class EndpointConfig(_Strict):
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     """Prior prefill throughput (tokens/s) until one is learned from the engine's metrics."""
     joules_per_token: float | None = Field(default=None, gt=0)
-    """Prior marginal energy per prompt token (J), until the scraper learns one; absent: no power preference."""
+    """Prior marginal energy per token (J), until one is learned from the power meter; absent: no power preference."""
 
     @field_validator("url")
     @classmethod
@@ -483,6 +483,8 @@ def _show_default(value: Any) -> str:
         return ", ".join(f"`{k}`" for k in value) or "`{}`"
     if value is None:
         return "absent"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
     if value == "":
         return "(derived)"
     return f"`{value}`"
