@@ -7,7 +7,7 @@ Every timestamp a metric sees is engine time, so histograms and rates do not dep
 
 Cheapness. An idle engine awaits a future (no polling). While only decoding happens and nothing can change (no one
 finishes, no one can be admitted, the blocks are free), the engine sleeps once for a run of up to ``chunk`` decode
-steps (``--stream-chunk-tokens``; 256 when no request streams). An arrival interrupts the run: the step in progress
+steps (``--stream-chunk-tokens``; 16 when no request streams). An arrival interrupts the run: the step in progress
 completes, the steps not yet started are dropped and the new request joins the next step, exactly when it would
 have joined in a step-by-step simulation.
 """
@@ -38,7 +38,7 @@ from cognitora.sim.tokenizer import SimTokenizer
 
 log = logging.getLogger(__name__)
 
-NO_STREAM_RUN = 256
+NO_STREAM_RUN = 16
 MAX_LAG_WALL_S = 0.05
 
 
