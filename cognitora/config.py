@@ -167,7 +167,7 @@ class PlacementConfig(_Strict):
     """Prefill throughput (tokens/s) assumed for an endpoint with neither a learned rate nor a configured prior."""
     kv_usage_limit: float = Field(default=0.97, gt=0, le=1)
     """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
-    decode_penalty_s_per_running: float = Field(default=0.002, ge=0)
+    decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)
     """Seconds added to predicted TTFT per request running on the endpoint (decode steps share the batch)."""
     waiting_request_tokens: int = Field(default=512, ge=0)
     """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted."""
