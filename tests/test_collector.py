@@ -48,6 +48,18 @@ async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float,
         await asyncio.sleep(0.05)
 
 
+async def exited(proc: ManagedProcess, timeout_s: float) -> int:
+    """The process's exit code, awaited without blocking the event loop (the test's own HTTP engine lives on it)."""
+    await eventually(lambda: _true(not proc.alive()), timeout_s, f"{proc.argv[2:5]} to exit")
+    code = proc.proc.returncode
+    assert code is not None
+    return code
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 class EventPublisher:
     """The engine side of vLLM's KV-event stream: 3-frame ``[topic, seq, msgpack]`` messages on a PUB socket.
 
@@ -181,7 +193,7 @@ async def test_collector_process_feeds_redis_and_stops_on_sigterm(
         await eventually(lambda: _stats_logged(tmp_path / "collector.log"), 10, "a stats line with events applied")
         proc.signal(signal.SIGTERM)
         stopped_at = time.monotonic()
-        returncode = proc.proc.wait(timeout=5)
+        returncode = await exited(proc, timeout_s=5)
         took = time.monotonic() - stopped_at
     finally:
         proc.stop()
@@ -218,13 +230,14 @@ async def test_redis_down_at_start_password_never_logged_and_sigint_exits_zero(
     log_path = tmp_path / "collector.log"
     try:
 
-        async def store_outage_logged() -> bool:
-            return "store unavailable" in log_path.read_text() and "collector stats" in log_path.read_text()
+        async def scraping_through_the_outage() -> bool:
+            stats = [json.loads(line) for line in log_path.read_text().splitlines() if '"collector stats"' in line]
+            return any(r["scrape_store_failures"] >= 3 for r in stats)
 
-        await eventually(store_outage_logged, 30, "the store outage and a stats line in the log")
+        await eventually(scraping_through_the_outage, 30, "several failed snapshot writes in a stats line")
         assert proc.alive(), proc.log_tail()
         proc.signal(signal.SIGINT)
-        returncode = proc.proc.wait(timeout=5)
+        returncode = await exited(proc, timeout_s=5)
     finally:
         proc.stop()
     assert returncode == 0, proc.log_tail()
@@ -232,10 +245,8 @@ async def test_redis_down_at_start_password_never_logged_and_sigint_exits_zero(
     assert secret not in text
     records = json_lines(log_path)
     outages = [r for r in records if r["msg"] == "store unavailable; still scraping"]
-    assert len(outages) == 1  # logged once per outage, however many scrapes failed
+    assert len(outages) == 1  # logged once per outage, however many snapshot writes failed
     assert any("****" in json.dumps(r) for r in records)
-    stats = [r for r in records if r["msg"] == "collector stats"][-1]
-    assert stats["scrape_store_failures"] >= 1 and stats["scrape_failures"] == 0
 
 
 def test_config_without_redis_is_refused_with_a_clear_message(tmp_path: Path, key_prefix: str) -> None:
@@ -336,7 +347,7 @@ async def test_collector_with_the_simulated_fleet(
 
         await eventually(second_unhealthy, 5, "the crashed engine marked unhealthy")
         proc.signal(signal.SIGTERM)
-        returncode = proc.proc.wait(timeout=5)
+        returncode = await exited(proc, timeout_s=5)
     finally:
         proc.stop()
         fleet.stop()

@@ -7,11 +7,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 
 from cognitora.process import free_port
+from cognitora.sim.launch import start_fleet
 from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
@@ -359,3 +362,24 @@ def test_estimator_uses_only_the_engine_clock_when_prefill_time_is_exposed() -> 
         est.observe(EngineLoad(prompt_tokens_total=50_000.0 * second, prefill_seconds_sum=10.0 * second), float(second))
     assert est.throughput_prefill == 0.0
     assert est.prefill_tokens_per_s == pytest.approx(5000.0)
+
+
+@pytest.mark.e2e
+async def test_mixed_hardware_rates_learned_from_the_simulated_fleet(tmp_path: Path) -> None:
+    """Mixed hardware falls out of the metrics: an H100 profile learns a far higher prefill rate than a Mac."""
+    with start_fleet(2, profile="h100,mac", time_scale=20, log_dir=tmp_path) as fleet:
+        store = MemoryStore()
+        targets = [ScrapeTarget(e, u, "vllm") for e, u in zip(fleet.endpoint_ids, fleet.urls, strict=True)]
+        scraper = Scraper(store, targets, interval_s=0.2)
+        await scraper.scrape_all()
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(3):
+                prompt = " ".join(f"w{i}x{j}" for j in range(800))  # distinct prompts: no cache hits
+                for url in fleet.urls:
+                    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 80}
+                    (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
+                await scraper.scrape_all()
+        await scraper.stop()
+    h100, mac = (await store.snapshots())[fleet.endpoint_ids[0]], (await store.snapshots())[fleet.endpoint_ids[1]]
+    assert h100.prefill_tokens_per_s > 10 * mac.prefill_tokens_per_s > 0
+    assert h100.decode_tokens_per_s > mac.decode_tokens_per_s > 0
