@@ -74,7 +74,7 @@ async def test_dispatched_prompt_makes_the_same_prompt_prefer_that_endpoint(
     config: CognitoraConfig, store: Store
 ) -> None:
     router = Router(config, store)
-    # Both endpoints idle and empty: with no history the tie goes to A (by id). Force the first request onto B.
+    # Both endpoints idle and empty: force the first request onto B.
     first = await router.place(chat(candidates=[B]))
     assert first.endpoint == B and first.exact_keys and len(first.keys) > 20
     await router.dispatched(first)
@@ -91,13 +91,12 @@ async def test_undispatched_decision_leaves_no_trace(config: CognitoraConfig, st
     router = Router(config, store)
     await router.place(chat(candidates=[B]))  # placed but never dispatched: place() has no side effects
     again = await router.place(chat())
-    assert again.endpoint == A
     assert all(c.cached_tokens == 0 and c.queued_prefill_tokens == 0 for c in again.candidates)
 
 
 async def test_finished_releases_in_flight_work(config: CognitoraConfig, store: Store) -> None:
     router = Router(config, store)
-    decision = await router.place(chat(max_tokens=50))
+    decision = await router.place(chat(max_tokens=50, candidates=[A]))
     await router.dispatched(decision)
     assert (await store.inflight([A]))[A].requests == 1
 
@@ -268,7 +267,7 @@ async def test_a_slow_store_gives_a_degraded_decision_in_time(smollm2_dir: Path)
     router = Router(config, SlowStore())
     started = time.monotonic()
     decision = await router.place(chat())
-    assert decision.degraded and decision.endpoint == A
+    assert decision.degraded and decision.endpoint in {A, B}
     assert time.monotonic() - started < 5  # bounded by store_timeout_s, not by the store
 
 

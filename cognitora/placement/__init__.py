@@ -70,7 +70,7 @@ def place(
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
         (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params) for e in filtered.kept),
-        key=rank_key,
+        key=rank_key(req.request_id),
     )
     excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
     base = Decision(
