@@ -163,6 +163,7 @@ class Collector:
             "scrape_failures": scrape["failures"],
             "scrape_metrics_failures": scrape["metrics_failures"],
             "scrape_garbage": scrape["garbage"],
+            "scrape_unrecognized": scrape["unrecognized"],
             "scrape_store_failures": scrape["store_failures"],
             "healthy_endpoints": len(healthy),
             "endpoints": len(self.scraper.endpoint_ids()),
