@@ -151,22 +151,36 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
 
 @pytest.fixture
 def small_fleet(tmp_path: Path) -> Iterator[SimFleet]:
-    """Two engines whose KV cache holds 64 blocks of 16 tokens."""
-    with start_fleet(2, time_scale=50, kv_capacity_tokens=1024, log_dir=tmp_path) as f:
+    """Two engines whose KV cache holds 64 blocks of 16 tokens; checks the fleet exits 0 on SIGTERM."""
+    f = start_fleet(2, time_scale=50, kv_capacity_tokens=1024, log_dir=tmp_path)
+    try:
         yield f
+    finally:
+        assert f.stop() == 0, f.process.log_tail()
 
 
 # ---- tests ------------------------------------------------------------------------------------------------------
 def test_repeated_prompt_reports_cached_tokens_and_a_far_shorter_ttft(fleet: SimFleet) -> None:
+    """TTFT in engine time (the engine's own histogram) and as the client sees it (wall time, noisier: the
+    machine is shared, so only a factor of two is asserted there)."""
     url = fleet.urls[0]
-    prompt = words(1500, "ttft")  # about 4,000 tokens: seconds of prefill on the Mac profile
-    first_ttft, first = stream_chat(url, prompt, stream_options={"include_usage": True})
-    second_ttft, second = stream_chat(url, prompt, stream_options={"include_usage": True})
+    prompt = words(1500, "ttft")  # about 9,000 tokens: seconds of prefill on the Mac profile
+
+    def engine_ttft_sum() -> float:
+        return metrics(url)["vllm:time_to_first_token_seconds_sum"]
+
+    t0 = engine_ttft_sum()
+    first_wall, first = stream_chat(url, prompt, stream_options={"include_usage": True})
+    t1 = engine_ttft_sum()
+    second_wall, second = stream_chat(url, prompt, stream_options={"include_usage": True})
+    t2 = engine_ttft_sum()
     assert first[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     cached = second[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
     prompt_tokens = second[-1]["usage"]["prompt_tokens"]
     assert prompt_tokens > 3000 and cached == (prompt_tokens - 1) // 16 * 16
-    assert second_ttft < first_ttft / 5, (first_ttft, second_ttft)
+    first_engine, second_engine = t1 - t0, t2 - t1
+    assert first_engine > 3.0 and second_engine < first_engine / 50, (first_engine, second_engine)
+    assert second_wall < first_wall / 2, (first_wall, second_wall)
 
 
 def test_streamed_usage_only_when_include_usage_is_set(fleet: SimFleet) -> None:

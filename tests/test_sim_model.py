@@ -200,3 +200,30 @@ def test_hf_tokenizer_output_words_round_trip(smollm2_dir) -> None:  # type: ign
     assert len(vocab) > 50
     for token_id, text in vocab[:20]:
         assert tok.encode(text) == [token_id]
+
+
+def test_legacy_and_map_event_encodings_follow_engines_md() -> None:
+    import msgpack
+
+    from cognitora.sim.kv_events import encode_batch
+
+    events = [BlockStored([11], None, list(range(16)), 16), BlockRemoved([11]), AllBlocksCleared()]
+    new = msgpack.unpackb(encode_batch(1.5, events, 0, legacy=False), raw=False)
+    assert new[0] == 1.5 and new[2] == 0
+    assert new[1][0] == {
+        "type": "BlockStored",
+        "block_hashes": [11],
+        "parent_block_hash": None,
+        "token_ids": list(range(16)),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+    assert new[1][1:] == [{"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}, {"type": "AllBlocksCleared"}]
+    old = msgpack.unpackb(encode_batch(1.5, events, 0, legacy=True), raw=False)
+    assert old[1] == [
+        ["BlockStored", [11], None, list(range(16)), 16, None, "GPU", None],
+        ["BlockRemoved", [11], "GPU"],
+        ["AllBlocksCleared"],
+    ]
