@@ -13,9 +13,10 @@ What each LiteLLM hook becomes:
 - ``async_post_call_failure_deployment_hook`` (once per failed attempt, awaited before LiteLLM retries):
   ``Router.mark_unhealthy`` when the engine is unreachable, then ``Router.finished`` with a failed Outcome; the
   retry re-enters the strategy, which no longer picks that engine;
-- ``async_post_call_streaming_deployment_hook`` (each streamed chunk): ``Router.first_token`` on the first one;
-- ``async_log_success_event`` (once, after the response; for a stream, at its end with the full usage):
-  ``Router.finished`` with usage and ``cached_tokens``;
+- ``async_post_call_streaming_deployment_hook`` (each streamed chunk, proxy): ``Router.first_token`` on the first;
+- ``async_post_call_success_deployment_hook`` (awaited before a whole response is returned) and, for streams,
+  ``async_log_success_event`` (at the stream's end, with the full usage): ``Router.finished`` with usage and
+  ``cached_tokens``;
 - ``async_log_failure_event`` and the sync ``log_*`` twins: settle whatever attempt is still open.
 
 The ledger makes sure each attempt is reported once whichever of these fire.
@@ -33,6 +34,7 @@ from cognitora.request import Outcome
 from cognitora.router import Router
 from litellm_plugin.ledger import Placement, PlacementLedger
 from litellm_plugin.register import register
+from litellm_plugin.runtime import HostClosed
 from litellm_plugin.translate import failure_outcome, placement_id, success_outcome, unreachable_reason
 
 # Importing this module is what the proxy's `litellm_settings.callbacks` line does, before it builds its Router.
@@ -76,6 +78,20 @@ class CognitoraCallbacks(CustomLogger):
             await self._guarded(placement.host.call(lambda router: router.first_token(decision)))
         return None
 
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict[str, Any], response: Any, call_type: Any
+    ) -> Any:
+        # Awaited before LiteLLM returns a whole (non-streamed) response: the release is reported before the
+        # caller can send its next request. Streams end later; async_log_success_event reports those.
+        if getattr(response, "usage", None) is None or request_data.get("stream"):
+            return None
+        placement = self._take(request_data)
+        if placement is not None:
+            timing = getattr(request_data.get("litellm_logging_obj"), "model_call_details", None)
+            outcome = success_outcome(placement.decision, timing if isinstance(timing, dict) else {}, response)
+            await self._guarded(placement.host.call(lambda router: _settle(router, placement, outcome, None)))
+        return None
+
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         placement = self._take(kwargs)
         if placement is not None:
@@ -116,6 +132,8 @@ class CognitoraCallbacks(CustomLogger):
     def _from_sync(self, placement: Placement, fn: Any) -> None:
         try:
             placement.host.call_from_sync_callback(fn)
+        except HostClosed:
+            pass  # the strategy was uninstalled; its store is gone with it
         except Exception as exc:  # a logging callback must never fail the request it reports on
             log.warning("cognitora: could not report an attempt's end: %s", exc)
 
@@ -125,6 +143,8 @@ class CognitoraCallbacks(CustomLogger):
             await call
         except asyncio.CancelledError:
             raise
+        except HostClosed:
+            pass  # the strategy was uninstalled; its store is gone with it
         except Exception as exc:  # a logging callback must never fail the request it reports on
             log.warning("cognitora: could not report to the core: %s", exc)
 

@@ -34,6 +34,10 @@ SYNC_CALL_TIMEOUT_S = 60.0
 """A sync call waits this long for the core's loop before giving up with an error that says why."""
 
 
+class HostClosed(RuntimeError):
+    """The strategy was uninstalled; late callbacks about its attempts have nothing left to report to."""
+
+
 class _Core:
     """What runs on the host's loop: the Router, and in embedded mode the collector feeding its store."""
 
@@ -46,7 +50,6 @@ class _Core:
         if config.redis_url is not None:
             return cls(Router.from_config(config), None)
         from cognitora.collector import Collector
-
         from kvstate.store import open_store
 
         store = open_store(None, config.key_prefix)
@@ -139,7 +142,7 @@ class CoreHost:
         if self._core is not None:
             return self._core
         if self._closed:
-            raise RuntimeError("this Cognitora strategy was closed (the Router's routing strategy changed)")
+            raise HostClosed("this Cognitora strategy was closed (the Router's routing strategy changed)")
         if self._starting is None:
             self._starting = asyncio.ensure_future(_Core.start(self.config))
         try:
@@ -153,6 +156,8 @@ class CoreHost:
         return core
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._closed:
+            raise HostClosed("this Cognitora strategy was closed (the Router's routing strategy changed)")
         with self._guard:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()

@@ -1,0 +1,195 @@
+"""``import litellm_plugin`` then ``litellm.Router(routing_strategy="cognitora")``, against a real simulated fleet.
+
+Sync, async, streamed and not; embedded mode (in-process store + collector) and Redis mode (shared store, the
+collector running beside the gateway). What a user of the Router sees: answers, where they were served, the
+achieved prefix-cache hit, the errors for refusals and unknown models, and a dead engine costing no request.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import litellm
+import pytest
+
+import litellm_plugin  # noqa: F401  (registers the 'cognitora' strategy name)
+from cognitora.collector import Collector
+from cognitora.process import free_port
+from cognitora.sim.launch import SimFleet, start_fleet
+from kvstate.store import open_store
+from litellm_plugin.callbacks import cognitora as callbacks
+
+SYSTEM = "You are the support assistant of the Acme Rocket Company. " * 60  # ~700 tokens shared by every request
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[SimFleet]:
+    with start_fleet(
+        2, time_scale=20, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path_factory.mktemp("sim")
+    ) as f:
+        yield f
+
+
+def _model_list(fleet: SimFleet, dead_port: int | None = None) -> list[dict[str, Any]]:
+    out = [
+        {
+            "model_name": "chat",
+            "litellm_params": {"model": "openai/smollm2", "api_base": f"{url}/v1", "api_key": "none"},
+            "model_info": {"id": f"engine-{i}", "cognitora_kv_events": ev, "cognitora_kv_events_replay": rp},
+        }
+        for i, (url, ev, rp) in enumerate(zip(fleet.urls, fleet.events_addresses, fleet.replay_addresses, strict=True))
+    ]
+    if dead_port is not None:
+        out.append(
+            {
+                "model_name": "chat",
+                "litellm_params": {
+                    "model": "openai/smollm2",
+                    "api_base": f"http://127.0.0.1:{dead_port}/v1",
+                    "api_key": "none",
+                },
+                "model_info": {"id": "dead"},
+            }
+        )
+    return out
+
+
+def _args(smollm2_dir: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "models": [{"name": "chat", "tokenizer": str(smollm2_dir / "tokenizer.json")}],
+        "scrape": {"interval_s": 0.2},
+        **extra,
+    }
+
+
+def _messages(question: str, system: str = SYSTEM) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def _served_by(response: Any) -> str:
+    return str(response._hidden_params.get("api_base", ""))
+
+
+def _cached(response: Any) -> int:
+    details = response.usage.prompt_tokens_details
+    return int(details.cached_tokens or 0) if details is not None else 0
+
+
+def _core_stats(router: litellm.Router) -> Any:
+    host = router._cognitora_strategy.host  # type: ignore[attr-defined]
+
+    async def stats(core: Any) -> Any:
+        return core.stats
+
+    return host.call_sync(stats)
+
+
+def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFleet, smollm2_dir: Path) -> None:
+    # Built outside any event loop: the core runs on Cognitora's own thread; sync and async calls share it.
+    router = litellm.Router(
+        model_list=_model_list(fleet), routing_strategy="cognitora", routing_strategy_args=_args(smollm2_dir)
+    )
+    try:
+        assert router.routing_strategy == "cognitora"
+        first = router.completion(model="chat", messages=_messages("How fast is the X1?"), max_tokens=4)
+        assert first.choices[0].message.content
+        later = [router.completion(model="chat", messages=_messages(f"Question {i}?"), max_tokens=4) for i in range(4)]
+        # Later requests share the ~700-token system prompt with an engine that already holds it. (The first
+        # may go to the idle engine: the previous request's release is reported just after its response.)
+        assert sum(_cached(r) >= 600 for r in later) >= 3, [_cached(r) for r in later]
+
+        async def streamed() -> tuple[str, int]:
+            stream = await router.acompletion(model="chat", messages=_messages("Stream it."), max_tokens=8, stream=True)
+            text = ""
+            async for chunk in stream:
+                text += chunk.choices[0].delta.content or ""
+            again = await router.acompletion(model="chat", messages=_messages("And async?"), max_tokens=4)
+            async with asyncio.timeout(10):  # the stream's end is reported by a logging task on this loop
+                while len(callbacks.ledger):
+                    await asyncio.sleep(0.02)
+            return text, _cached(again)
+
+        text, cached = asyncio.run(streamed())
+        assert text and cached >= 600
+        stats = _core_stats(router)
+        assert stats.dispatched == 7
+        _wait(lambda: _core_stats(router).finished_ok == 7, f"every attempt reported finished: {_core_stats(router)}")
+        assert stats.achieved_cached_tokens >= 6 * 600
+        assert len(callbacks.ledger) == 0
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")  # uninstalls: stops the core's thread
+    assert "async_get_available_deployment" not in vars(router)
+
+
+async def test_async_router_in_redis_mode_with_a_dead_engine_and_refusals(
+    fleet: SimFleet, smollm2_dir: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    args = _args(
+        smollm2_dir,
+        redis_url=redis_server_url,
+        key_prefix=key_prefix,
+        placement={
+            "priorities": {
+                "default": {"ttft_slo_s": 5.0},
+                "batch": {"ttft_slo_s": 1e-9, "sheddable": True},  # never met: always shed
+            }
+        },
+    )
+    dead_port = free_port()
+    model_list = _model_list(fleet, dead_port=dead_port)
+    # Redis mode: the gateway only reads the store; the collector runs beside it (here, in this process).
+    from litellm_plugin.fleet import build_fleet
+
+    collector_store = open_store(redis_server_url, key_prefix)
+    collector = Collector(build_fleet(model_list, args).config, collector_store)
+    await collector.start()
+    router = litellm.Router(
+        model_list=model_list, routing_strategy="cognitora", routing_strategy_args=args, num_retries=2
+    )
+    try:
+        served: list[str] = []
+        for i in range(6):
+            response = await router.acompletion(model="chat", messages=_messages(f"Q{i}"), max_tokens=4)
+            served.append(_served_by(response))
+        # The dead engine was tried at most once: its connection failure marked it unhealthy, LiteLLM's retry
+        # re-entered the strategy, and every request was answered by a live engine.
+        assert all(str(dead_port) not in s for s in served)
+        stats = _core_stats_async(router)
+        assert (await stats).marked_unhealthy <= 1
+
+        with pytest.raises(litellm.RateLimitError) as refused:
+            await router.acompletion(
+                model="chat",
+                messages=_messages("bulk job"),
+                max_tokens=4,
+                metadata={"user_api_key_metadata": {"cognitora_priority": "batch"}},
+            )
+        assert refused.value.status_code == 429 and (refused.value.headers or {}).get("retry-after")
+
+        with pytest.raises(litellm.BadRequestError):
+            await router.acompletion(model="no-such-model", messages=_messages("hi"), max_tokens=4)
+        assert len(callbacks.ledger) == 0
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
+        await collector.stop()
+        await collector_store.close()
+
+
+async def _core_stats_async(router: litellm.Router) -> Any:
+    async def stats(core: Any) -> Any:
+        return core.stats
+
+    return await router._cognitora_strategy.host.call(stats)  # type: ignore[attr-defined]
+
+
+def _wait(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    from cognitora.process import wait_until
+
+    wait_until(condition, timeout_s, what)
