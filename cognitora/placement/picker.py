@@ -80,15 +80,37 @@ def _runner_up(ranked: Sequence[CandidateScore], chosen: CandidateScore) -> Cand
     return None
 
 
+def _terms(c: CandidateScore) -> dict[str, float]:
+    """A candidate's predicted TTFT split into its terms (seconds)."""
+    queue = c.queued_prefill_tokens / c.prefill_tokens_per_s
+    return {
+        "queue wait": queue,
+        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s,
+        "decode load": c.decode_penalty_s,
+    }
+
+
 def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
     if len(ranked) == 1:
         return "the only eligible endpoint"
     second = ranked[1]
     why = f"lowest predicted TTFT ({_ms(best.predicted_ttft_s)} vs {_ms(second.predicted_ttft_s)} on {second.endpoint})"
-    if best.cached_tokens > second.cached_tokens:
-        why += f": {best.cached_tokens:.0f} prompt tokens cached vs {second.cached_tokens:.0f}"
-    elif best.queued_prefill_tokens < second.queued_prefill_tokens:
-        why += f": less queued prefill ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens)"
-    elif best.prefill_tokens_per_s > second.prefill_tokens_per_s:
-        why += f": faster prefill ({best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
+    mine, theirs = _terms(best), _terms(second)
+    gains = sorted(((theirs[k] - mine[k], k) for k in mine), reverse=True)
+    parts = []
+    for gain, term in gains:
+        if gain < 0.0005:
+            break
+        detail = ""
+        if term == "prefill" and best.cached_tokens > second.cached_tokens:
+            detail = f" ({best.cached_tokens:.0f} prompt tokens cached vs {second.cached_tokens:.0f})"
+        elif term == "prefill" and best.prefill_tokens_per_s > second.prefill_tokens_per_s:
+            detail = f" (faster: {best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
+        elif term == "queue wait":
+            detail = f" ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens queued)"
+        parts.append(f"{_ms(gain)} less {term}{detail}")
+    if parts:
+        why += ": " + ", ".join(parts)
+    elif best.predicted_ttft_s == second.predicted_ttft_s:
+        why += ": a tie, broken by prefill rate, then per request"
     return why
