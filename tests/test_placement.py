@@ -350,3 +350,12 @@ def test_learned_energy_feeds_the_power_rule() -> None:
     decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, learned)
     assert decision.endpoint == A
     assert {c.endpoint: c.joules_per_token for c in decision.candidates} == {A: 0.02, B: 0.1}
+
+
+def test_reason_names_the_winning_terms() -> None:
+    busy = FleetState(NOW, matches={B: cached(4000)}, inflight={B: InFlight(10, 20000, 0)})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), DEFAULT_FLEET, busy)
+    assert decision.reason.startswith(f"lowest predicted TTFT (410 ms vs 2012 ms on {B}): 2000 ms less queue wait")
+    config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
+    green = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, FleetState(NOW, matches={A: cached(256)}))
+    assert green.reason.startswith(f"lower energy: 0.1 J/token vs 0.5 on the fastest ({A})")
