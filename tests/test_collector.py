@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import zmq.asyncio
 
 from cognitora.collector import Collector
 from cognitora.config import config_from_dict
+from cognitora.jsonlog import JsonFormatter, mask_secrets
 from cognitora.process import ManagedProcess, free_port
 from cognitora.sim.launch import start_fleet
 from kvstate.keys import chain_block_keys, root_key
@@ -354,3 +357,32 @@ async def test_collector_with_the_simulated_fleet(
         await store.close()
     assert returncode == 0, proc.log_tail()
     json_lines(tmp_path / "collector.log")
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("redis://:hunter2@10.0.0.1:6379/0", "redis://:****@10.0.0.1:6379/0"),
+        ("connecting to rediss://app:p%40ss@host/1 now", "connecting to rediss://app:****@host/1 now"),
+        ("redis://10.0.0.1:6379/0", "redis://10.0.0.1:6379/0"),
+        ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:8000/metrics"),
+    ],
+)
+def test_passwords_in_urls_are_masked(text: str, masked: str) -> None:
+    assert mask_secrets(text) == masked
+
+
+def test_log_fields_with_secrets_and_non_finite_numbers_stay_valid_json() -> None:
+    stream = io.StringIO()
+    logger = logging.getLogger("cognitora.test_jsonlog")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    try:
+        logger.warning("store at %s", "redis://:pw@h:1/0", extra={"url": "redis://u:pw@h/0", "rate": float("nan")})
+    finally:
+        logger.removeHandler(handler)
+    record = json.loads(stream.getvalue())
+    assert record["msg"] == "store at redis://:****@h:1/0"
+    assert record["url"] == "redis://u:****@h/0" and record["rate"] == "nan"
+    assert record["level"] == "WARNING" and record["logger"] == "cognitora.test_jsonlog"

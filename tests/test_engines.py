@@ -212,3 +212,12 @@ def test_recognizes_only_its_own_metric_names() -> None:
 def test_non_finite_values_are_ignored() -> None:
     load = load_of("vllm", "vllm:kv_cache_usage_perc NaN\nvllm:num_requests_running +Inf\n")
     assert load.kv_usage is None and load.running is None
+
+
+def test_skipping_buckets_and_comments_reads_the_same_load() -> None:
+    page = vllm_page_from_prometheus_client()
+    spec = ENGINES.get("vllm")
+    fast = spec.load_from(parse_prometheus_text(page))
+    full = spec.load_from(parse_prometheus_text(page, keep_buckets=True))
+    assert fast == full
+    assert "vllm:time_to_first_token_seconds_bucket" not in parse_prometheus_text(page).names()
