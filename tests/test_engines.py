@@ -221,3 +221,9 @@ def test_skipping_buckets_and_comments_reads_the_same_load() -> None:
     full = spec.load_from(parse_prometheus_text(page, keep_buckets=True))
     assert fast == full
     assert "vllm:time_to_first_token_seconds_bucket" not in parse_prometheus_text(page).names()
+
+
+def test_every_configurable_engine_kind_has_a_module() -> None:
+    from cognitora.config import EngineKind
+
+    assert {kind.value for kind in EngineKind} == set(ENGINES.kinds())
