@@ -24,7 +24,10 @@ from cognitora.router import Router
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cognitora explain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="cognitora explain",
+        description="Where would this prompt go right now, and why? Reads the live store; writes nothing.",
+    )
     parser.add_argument("--config", required=True, type=Path, help="cognitora.yaml")
     parser.add_argument("--model", required=True, help="the model name a client would send")
     parser.add_argument("--prompt-file", required=True, type=Path, help="the prompt text (or '-' for stdin)")
