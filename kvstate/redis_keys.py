@@ -13,8 +13,7 @@ Redis Cluster slot and can run as one server-side script. Endpoint-level keys ar
 | ``{p}:{m}:s:<endpoint>`` | ZSET | speculative block keys (hex) on ``endpoint``, scored by expiry (ms) |
 | ``{p}:{m}:ids`` / ``names`` | HASH | endpoint -> small integer id / id -> endpoint |
 | ``{p}:{m}:free_ids`` | ZSET | ids of purged endpoints, reused smallest first (block strings stay short) |
-| ``{p}:models`` | SET | models with any block |
-| ``{p}:ep:{e}:models`` | SET | models endpoint ``e`` holds blocks of |
+| ``{p}:models`` | SET | models with any block (``clear_endpoint`` without a model walks them) |
 | ``{p}:ep:{e}:inflight`` | ZSET | in-flight request ids, scored by expiry (ms, server clock) |
 | ``{p}:ep:{e}:inflight:tokens`` | HASH | request id -> ``"<prefill> <decode>"`` |
 | ``{p}:ep:{e}:snapshot`` | HASH | ``EndpointSnapshot`` fields |
@@ -82,9 +81,6 @@ class RedisKeys:
     # -- endpoint level (hash-tagged by endpoint) ---------------------------------------------------------
     def endpoint_base(self, endpoint: str) -> str:
         return f"{self.prefix}:ep:{{{_tag(endpoint)}}}"
-
-    def endpoint_models(self, endpoint: str) -> str:
-        return f"{self.endpoint_base(endpoint)}:models"
 
     def inflight(self, endpoint: str) -> str:
         return f"{self.endpoint_base(endpoint)}:inflight"

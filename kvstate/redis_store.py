@@ -132,6 +132,7 @@ class RedisStore:
         self.keys = RedisKeys(key_prefix)
         self._cap = max_blocks_per_endpoint
         self._url = _describe(client)
+        self._known_models: set[str] = set()
         self._match_weights = [repr(w) for w in mask_weights(tier_weights)[1:]] + [repr(SPECULATIVE_WEIGHT)]
         self._match = _Script(scripts.MATCH)
         self._add = _Script(scripts.ADD)
@@ -215,9 +216,24 @@ class RedisStore:
             k.free_ids(model),
         ]
 
-    def _registry(self, model: str, endpoint: str) -> list[tuple[str, ...]]:
-        """Which models an endpoint holds, and which models exist: for purges that are not told the model."""
-        return [("SADD", self.keys.endpoint_models(endpoint), model), ("SADD", self.keys.models(), model)]
+    def _registry(self, model: str) -> list[tuple[str, ...]]:
+        """Record that ``model`` exists (once per process): ``clear_endpoint`` without a model walks every model.
+
+        The set only grows (but for ``delete_everything``), so remembering what this process added is safe, and
+        keeps the hot write path at one command.
+        """
+        if model in self._known_models:
+            return []
+        self._known_models.add(model)
+        return [("SADD", self.keys.models(), model)]
+
+    async def _write(self, calls: Sequence[_Call], model: str) -> None:
+        then = self._registry(model)
+        if len(calls) == 1 and not then:
+            script, keys, args = calls[0]
+            await self._run(script, keys, args)  # no pipeline object: the common case of one event batch
+        else:
+            await self._run_many(calls, then)
 
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
@@ -229,7 +245,7 @@ class RedisStore:
             for i in range(0, len(keys), CHUNK)
         ]
         with self._unavailable("add_blocks"):
-            await self._run_many(calls, self._registry(model, endpoint))
+            await self._write(calls, model)
 
     async def remove_blocks(
         self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
@@ -249,15 +265,12 @@ class RedisStore:
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
         k = self.keys
         with self._unavailable("clear_endpoint"):
-            if model is not None:
-                models = [model]
-            else:
-                models = sorted(_text(m) for m in await self._client.smembers(k.endpoint_models(endpoint)))
+            models = [model] if model is not None else [_text(m) for m in await self._client.smembers(k.models())]
             for m in models:
+                # a model the endpoint holds nothing of costs one call that finds no id for it
                 zkeys = self._index_keys(m, endpoint)
                 while await self._run(self._clear_chunk, zkeys, [k.block_base(m), endpoint, CHUNK]):
                     pass
-                await self._client.srem(k.endpoint_models(endpoint), m)
 
     async def match_prefix(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
@@ -287,7 +300,7 @@ class RedisStore:
             for i in range(0, len(keys), CHUNK)
         ]
         with self._unavailable("add_speculative"):
-            await self._run_many(calls, self._registry(model, endpoint))
+            await self._write(calls, model)
 
     # -- in-flight work -------------------------------------------------------------------------------------
     def _inflight_keys(self, endpoint: str) -> list[str]:
@@ -364,9 +377,10 @@ class RedisStore:
                 endpoints = [_text(e) for e in await self._client.hkeys(k.endpoint_ids(model))]
                 for endpoint in endpoints:
                     await self.clear_endpoint(endpoint)
-                    await self._client.delete(k.endpoint_models(endpoint), *self._inflight_keys(endpoint))
+                    await self._client.delete(*self._inflight_keys(endpoint))
                 await self._client.delete(k.endpoint_ids(model), k.endpoint_names(model), k.free_ids(model))
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
             await self._client.delete(k.models(), k.snapshot_endpoints())
+            self._known_models.clear()
