@@ -56,6 +56,9 @@ class Decision:
     exact_keys: bool = True
     expected_decode_tokens: int = 0
     """Decode tokens the request may produce (its ``max_tokens``), counted as in-flight work on dispatch."""
+    saturated: bool = False
+    """No local endpoint met the request's priority SLO: it was shed (429), or placed on the fastest endpoint anyway
+    (the case where bursting to a cloud target helps)."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
 

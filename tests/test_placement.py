@@ -359,3 +359,13 @@ def test_reason_names_the_winning_terms() -> None:
     config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
     green = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, FleetState(NOW, matches={A: cached(256)}))
     assert green.reason.startswith(f"lower energy: 0.1 J/token vs 0.5 on the fastest ({A})")
+
+
+def test_saturation_is_flagged_for_burst_decisions() -> None:
+    saturated = FleetState(NOW, inflight={A: InFlight(50, 400_000, 0), B: InFlight(50, 300_000, 0)})
+    kept = place(RouteRequest(model="m", prompt="x"), prompt(4096), DEFAULT_FLEET, saturated)
+    assert kept.endpoint == B and kept.saturated and "not sheddable" in kept.reason
+    shed = place(RouteRequest(model="m", prompt="x", priority="batch"), prompt(4096), DEFAULT_FLEET, saturated)
+    assert shed.rejection is not None and shed.saturated
+    calm = place(RouteRequest(model="m", prompt="x"), prompt(4096), DEFAULT_FLEET, FleetState(NOW))
+    assert not calm.saturated

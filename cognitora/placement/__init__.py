@@ -92,7 +92,7 @@ def place(
 
     outcome = pick(ranked, priority, pclass, params)
     if isinstance(outcome, Rejection):
-        return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0])
+        return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0], saturated=True)
     chosen = outcome.chosen
     return replace(
         base,
@@ -102,4 +102,5 @@ def place(
         predicted_ttft_s=chosen.predicted_ttft_s,
         runner_up=outcome.runner_up,
         reason="; ".join([outcome.reason, *filtered.notes]),
+        saturated=outcome.saturated,
     )

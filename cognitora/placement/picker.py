@@ -30,6 +30,8 @@ class Pick:
     chosen: CandidateScore
     runner_up: CandidateScore | None
     reason: str
+    saturated: bool = False
+    """No candidate met the class's SLO; ``chosen`` is the fastest anyway."""
 
 
 def _ms(seconds: float) -> str:
@@ -51,7 +53,8 @@ def pick(
         if pclass.sheddable:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
             return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
-        return Pick(best, _runner_up(ranked, best), message + "; not sheddable, so placed on the fastest endpoint")
+        reason = message + "; not sheddable, so placed on the fastest endpoint"
+        return Pick(best, _runner_up(ranked, best), reason, saturated=True)
 
     chosen, reason = best, _ttft_reason(best, ranked)
     if best.joules_per_token is not None:
