@@ -121,7 +121,8 @@ def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFle
         stats = _core_stats(router)
         assert stats.dispatched == 7
         _wait(lambda: _core_stats(router).finished_ok == 7, f"every attempt reported finished: {_core_stats(router)}")
-        assert stats.achieved_cached_tokens >= 6 * 600
+        # The core heard the achieved hits: at least the >= 3 later ones plus the last async one.
+        assert _core_stats(router).achieved_cached_tokens >= 4 * 600
         assert len(callbacks.ledger) == 0
     finally:
         router.update_settings(routing_strategy="simple-shuffle")  # uninstalls: stops the core's thread
