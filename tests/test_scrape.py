@@ -82,6 +82,9 @@ class FakeEngine:
         self.counters = Counters()
         self.health_status = 200
         self.garbage = False
+        self.hung = asyncio.Event()
+        """While set, /health accepts requests and answers none until cleared (a hung engine)."""
+        self._answer = asyncio.Event()
         self._runner: web.AppRunner | None = None
 
     @property
@@ -89,6 +92,8 @@ class FakeEngine:
         return f"http://127.0.0.1:{self.port}"
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.hung.is_set():
+            await self._answer.wait()
         return web.json_response({"status": "ok"}, status=self.health_status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -104,7 +109,13 @@ class FakeEngine:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
 
+    def unhang(self) -> None:
+        self.hung.clear()
+        self._answer.set()
+        self._answer = asyncio.Event()
+
     async def stop(self) -> None:
+        self.unhang()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -218,6 +229,23 @@ async def test_one_failed_scrape_is_a_blip_two_mark_unhealthy_one_good_heals(vll
     assert await healthy()
     await scraper.stop()
     assert scraper.stats.failures == 2
+
+
+async def test_a_hung_engine_fails_its_rounds_by_timeout(vllm_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e1", vllm_engine.url, "vllm")], interval_s=0.3, timeout_s=0.2)
+    await scraper.scrape_all()
+    vllm_engine.hung.set()  # accepts the connection, never answers
+    started = time.monotonic()
+    await scraper.scrape_all()
+    await scraper.scrape_all()
+    took = time.monotonic() - started
+    assert not (await store.snapshots())["e1"].healthy
+    assert took < 2.0  # two rounds bounded by the 0.2 s timeout, not by the engine
+    vllm_engine.unhang()
+    await scraper.scrape_all()
+    await scraper.stop()
+    assert (await store.snapshots())["e1"].healthy
 
 
 async def test_stopped_server_unhealthy_within_three_intervals_and_healthy_again_on_restart(
