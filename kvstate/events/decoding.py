@@ -155,7 +155,11 @@ def _stored(fields: Mapping[str, Any], layout: WireLayout, index: int) -> BlockS
 def _hashes(raw: Any, layout: WireLayout, index: int) -> tuple[EngineHash, ...]:
     if not isinstance(raw, tuple):
         raise EventDecodeError(f"{layout.engine} event #{index} block_hashes must be an array, got {_show(raw)}")
-    return tuple(_hash(h, layout, index) for h in raw)
+    try:
+        array("Q", raw)  # the usual case, checked in C: all unsigned 64-bit ints, nothing to normalise
+    except (TypeError, OverflowError):
+        return tuple(_hash(h, layout, index) for h in raw)
+    return raw
 
 
 def _hash(raw: Any, layout: WireLayout, index: int) -> EngineHash:

@@ -21,8 +21,11 @@ removed from the store, so the store never holds a block whose removal we could 
 Distinct engine hashes may map to one key (same tokens, different ``extra_keys`` such as a cache salt): a key
 leaves a tier only when no engine hash holding it there remains.
 
-Writes are batched: per ``apply`` one ``clear_endpoint`` (if the batch cleared), then one ``add_blocks`` and one
-``remove_blocks`` per tier, with the net effect of the batch (the last event on a (key, tier) wins).
+Writes are batched. ``stage`` applies a batch to the maps and accumulates its store writes; ``flush`` writes what
+an endpoint has staged: one ``clear_endpoint`` (if a staged batch cleared), then one ``add_blocks`` and one
+``remove_blocks`` per tier, with the net effect of the staged batches (the last event on a (key, tier) wins).
+``apply`` is both. A subscriber stages the batches already queued on its socket and flushes once, so a busy
+engine's stream costs one store round trip per burst, not per batch.
 """
 
 from __future__ import annotations
@@ -85,10 +88,11 @@ class _EndpointMap:
 
 
 class _PendingWrites:
-    """The net store effect of one batch."""
+    """The net store effect of the batches staged since the last flush."""
 
     def __init__(self) -> None:
         self.clear = False
+        self.batches = 0
         self.adds: dict[Tier, dict[BlockKey, None]] = {}
         self.removes: dict[Tier, dict[BlockKey, None]] = {}
 
@@ -134,21 +138,37 @@ class EventIngestor:
         self._maps: dict[tuple[str, int | None], _EndpointMap] = {}
         self._roots: dict[str | None, BlockKey] = {}
         self._size_warned: set[str] = set()
+        self._pending: dict[str, _PendingWrites] = {}
 
     def tracked_blocks(self, endpoint: str) -> int:
         """Engine hashes currently mapped for ``endpoint`` (all dp ranks)."""
         return sum(len(m.blocks) for (ep, _), m in self._maps.items() if ep == endpoint)
 
+    def staged(self, endpoint: str) -> int:
+        """Batches staged for ``endpoint`` and not flushed yet."""
+        pending = self._pending.get(endpoint)
+        return pending.batches if pending is not None else 0
+
     async def purge(self, endpoint: str) -> None:
-        """Forget everything about ``endpoint``: its store entries (every model) and its engine-hash maps."""
+        """Forget everything about ``endpoint``: its store entries (every model), its engine-hash maps, and any
+        staged writes."""
         self._drop_maps(endpoint)
+        self._pending.pop(endpoint, None)
         await self.store.clear_endpoint(endpoint)
 
     async def apply(self, endpoint: str, batch: EventBatch) -> ApplyResult:
-        """Apply one batch from ``endpoint``. Raises ``StoreUnavailable`` if the store cannot be written (the maps
-        are then ahead of the store: the caller must ``purge`` before trusting this endpoint again)."""
-        pending = _PendingWrites()
+        """``stage`` then ``flush``: apply one batch from ``endpoint`` to the store now."""
+        result = self.stage(endpoint, batch)
+        await self.flush(endpoint)
+        return result
+
+    def stage(self, endpoint: str, batch: EventBatch) -> ApplyResult:
+        """Apply one batch to the engine-hash maps and stage its store writes (``flush`` writes them)."""
+        pending = self._pending.get(endpoint)
+        if pending is None:
+            pending = self._pending[endpoint] = _PendingWrites()
         stored = removed = skipped = 0
+        cleared = False
         emap = self._map(endpoint, batch.dp_rank)
         for event in batch.events:
             if isinstance(event, BlockStored):
@@ -162,15 +182,37 @@ class EventIngestor:
                 removed += n
                 skipped += unknown
             elif isinstance(event, AllBlocksCleared):
+                cleared = True
                 self.stats.clears += 1
                 self._drop_maps(endpoint)
                 emap = self._map(endpoint, batch.dp_rank)
                 pending.reset()
+        pending.batches += 1
         self.stats.batches += 1
         self.stats.blocks_stored += stored
         self.stats.blocks_removed += removed
-        await self._flush(endpoint, pending)
-        return ApplyResult(cleared=pending.clear, stored=stored, removed=removed, skipped=skipped)
+        return ApplyResult(cleared=cleared, stored=stored, removed=removed, skipped=skipped)
+
+    async def flush(self, endpoint: str) -> int:
+        """Write what ``endpoint`` has staged; returns how many batches that was.
+
+        Raises ``StoreUnavailable`` (or the driver's error) if the store cannot be written: the staged writes are
+        then lost and the maps are ahead of the store, so the caller must ``purge`` before trusting this endpoint
+        again.
+        """
+        pending = self._pending.pop(endpoint, None)
+        if pending is None:
+            return 0
+        if pending.clear:
+            # The store's entries for this endpoint under every model: a cleared engine holds nothing anywhere.
+            await self.store.clear_endpoint(endpoint)
+        for tier, keys in pending.adds.items():
+            if keys:
+                await self.store.add_blocks(self.model, endpoint, list(keys), tier)
+        for tier, keys in pending.removes.items():
+            if keys:
+                await self.store.remove_blocks(self.model, endpoint, list(keys), tier)
+        return pending.batches
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -205,8 +247,23 @@ class EventIngestor:
                 return -1
             parent = parent_entry[0]
         keys = chain_block_keys(parent, event.token_ids, self.block_size)
+        # The hot path, inlined: a hash never seen on this endpoint (every block of a busy engine's stream).
+        blocks, refs, t = emap.blocks, emap.refs, int(tier)
+        bit = 1 << t
+        adds = pending.adds.setdefault(tier, {})
+        removes = pending.removes.get(tier)
         for engine_hash, key in zip(hashes, keys, strict=True):
-            self._hold(emap, engine_hash, key, tier, pending)
+            if engine_hash in blocks:
+                self._hold(emap, engine_hash, key, tier, pending)
+                removes = pending.removes.get(tier)  # the slow path may have started one
+                continue
+            blocks[engine_hash] = [key, bit]
+            ref = key * 4 + t
+            refs[ref] = refs.get(ref, 0) + 1
+            if removes:
+                removes.pop(key, None)
+            adds[key] = None
+        self._trim(emap, pending)
         return len(keys)
 
     def _tier_copy(
@@ -230,10 +287,7 @@ class EventIngestor:
         entry = blocks.get(engine_hash)
         if entry is None:
             blocks[engine_hash] = [key, bit]
-            if len(blocks) > self.max_blocks_per_endpoint:
-                _, oldest = blocks.popitem(last=False)
-                self.stats.map_overflow += 1
-                self._release_all(emap, oldest, pending)
+            self._trim(emap, pending)
         else:
             blocks.move_to_end(engine_hash)
             if entry[0] != key:  # the engine reused a hash for other tokens: the old mapping is void
@@ -247,6 +301,13 @@ class EventIngestor:
         ref = key * 4 + tier
         emap.refs[ref] = emap.refs.get(ref, 0) + 1
         pending.add(key, tier)
+
+    def _trim(self, emap: _EndpointMap, pending: _PendingWrites) -> None:
+        blocks = emap.blocks
+        while len(blocks) > self.max_blocks_per_endpoint:
+            _, oldest = blocks.popitem(last=False)
+            self.stats.map_overflow += 1
+            self._release_all(emap, oldest, pending)
 
     def _removed(self, emap: _EndpointMap, event: BlockRemoved, pending: _PendingWrites) -> tuple[int, int]:
         tier = event.tier
@@ -298,14 +359,3 @@ class EventIngestor:
     def _drop_maps(self, endpoint: str) -> None:
         for map_key in [k for k in self._maps if k[0] == endpoint]:
             del self._maps[map_key]
-
-    async def _flush(self, endpoint: str, pending: _PendingWrites) -> None:
-        if pending.clear:
-            # The store's entries for this endpoint under every model: a cleared engine holds nothing anywhere.
-            await self.store.clear_endpoint(endpoint)
-        for tier, keys in pending.adds.items():
-            if keys:
-                await self.store.add_blocks(self.model, endpoint, list(keys), tier)
-        for tier, keys in pending.removes.items():
-            if keys:
-                await self.store.remove_blocks(self.model, endpoint, list(keys), tier)

@@ -53,6 +53,9 @@ SEQ_BYTES = 8
 SUB_RCVHWM = 100_000
 """Live batches queued while a replay runs; vLLM's own PUB high-water mark."""
 
+MAX_STAGED_BATCHES = 64
+"""At most this many batches are staged before their store writes go out (about 3,000 blocks at vLLM's pace)."""
+
 Decoder = Callable[[bytes], EventBatch]
 
 
@@ -63,7 +66,7 @@ class SubscriberStats:
     received: int = 0
     """Live messages received."""
     applied: int = 0
-    """Batches applied to the store (live and replayed)."""
+    """Batches written to the store (live and replayed)."""
     malformed: int = 0
     """Messages (live or replayed) that could not be decoded; skipped."""
     gaps: int = 0
@@ -75,7 +78,9 @@ class SubscriberStats:
     duplicates: int = 0
     """Live batches dropped because a replay had already applied them."""
     store_errors: int = 0
-    """Batches that could not be written because the store failed."""
+    """Store writes that failed (each followed by a resync)."""
+    writes: int = 0
+    """Store flushes: ``applied / writes`` is how many batches each store round trip carried."""
 
 
 @dataclass
@@ -121,6 +126,8 @@ class KVEventSubscriber:
         self._tracks: dict[int | None, _Track] = {}
         self._last_rank: int | None = None
         self._resync_needed = False
+        self._unflushed = 0
+        self._unflushed_replayed = 0
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -163,7 +170,12 @@ class KVEventSubscriber:
                         disconnected = False
                         await self._resync(reason="publisher reconnected (engine restart or network loss)")
                 if sub in ready:
+                    # Batches already queued are staged and written together: one store round trip per burst.
+                    # Order is kept: the staged writes are the net effect of the batches, in stream order.
                     await self._on_live(await sub.recv_multipart())
+                    while self._unflushed < MAX_STAGED_BATCHES and _readable(sub):
+                        await self._on_live(await sub.recv_multipart())
+                    await self._flush()
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
@@ -207,7 +219,7 @@ class KVEventSubscriber:
             await self._fill(track, track.last + 1, seq, on_failure="gap")
         track.replay_floor = None
         if batch is not None:
-            await self._apply(batch)
+            self._stage(batch)
         track.last = seq
 
     def _decode(self, payload: bytes, seq: int) -> EventBatch | None:
@@ -220,22 +232,43 @@ class KVEventSubscriber:
         self._last_rank = batch.dp_rank
         return batch
 
-    async def _apply(self, batch: EventBatch, replayed: bool = False) -> None:
+    def _stage(self, batch: EventBatch, replayed: bool = False) -> None:
+        """Hand a batch to the ingestor; its store writes go out at the next ``_flush``."""
         if self._resync_needed:
             return
         try:
-            result = await self.ingestor.apply(self.endpoint, batch)
+            result = self.ingestor.stage(self.endpoint, batch)
+        except Exception:  # a bug, not a peer's fault; the maps may be half-updated, so start over
+            log.exception("KV events of %s: could not apply a batch; resyncing", self.endpoint)
+            self._resync_needed = True
+            return
+        self._unflushed += 1
+        self._unflushed_replayed += replayed
+        if result.cleared:
+            self.stats.purges += 1
+            log.info("KV events of %s: engine cleared its cache (AllBlocksCleared); endpoint purged", self.endpoint)
+
+    async def _flush(self) -> None:
+        """Write the staged batches in one go."""
+        if self._resync_needed:
+            return
+        try:
+            await self.ingestor.flush(self.endpoint)
         except Exception as exc:  # the store failed (StoreUnavailable or a driver error): never kill the loop
             self.stats.store_errors += 1
             self._resync_needed = True
             log.error("KV events of %s: store write failed (%s); will resync when it answers", self.endpoint, exc)
             return
-        self.stats.applied += 1
-        if replayed:
-            self.stats.replayed += 1
-        if result.cleared:
-            self.stats.purges += 1
-            log.info("KV events of %s: engine cleared its cache (AllBlocksCleared); endpoint purged", self.endpoint)
+        finally:
+            applied, replayed = self._unflushed, self._unflushed_replayed
+            self._unflushed = self._unflushed_replayed = 0
+        self.stats.applied += applied
+        self.stats.replayed += replayed
+        self.stats.writes += applied > 0
+
+    async def _flush_if_full(self) -> None:
+        if self._unflushed >= MAX_STAGED_BATCHES:
+            await self._flush()
 
     # -- gaps, replay, purge -------------------------------------------------------------------------------
 
@@ -257,12 +290,14 @@ class KVEventSubscriber:
         for seq, payload in wanted:
             batch = self._decode(payload, seq)
             if batch is not None:
-                await self._apply(batch, replayed=True)
+                self._stage(batch, replayed=True)
+                await self._flush_if_full()
             track.last = seq
 
     async def _resync(self, reason: str | None) -> None:
         """Purge the endpoint, then apply everything the engine's replay buffer still holds."""
         self._tracks.clear()
+        self._unflushed = self._unflushed_replayed = 0  # the purge drops them
         try:
             await self.ingestor.purge(self.endpoint)
         except Exception as exc:
@@ -279,14 +314,17 @@ class KVEventSubscriber:
             rank = batch.dp_rank if batch is not None else self._last_rank
             track = self._tracks.setdefault(rank, _Track())
             if batch is not None:
-                await self._apply(batch, replayed=True)
+                self._stage(batch, replayed=True)
+                await self._flush_if_full()
             if track.replay_floor is None:
                 track.replay_floor = seq
             track.last = seq
+        await self._flush()
 
     async def _purge(self, reason: str) -> None:
         """Purge the endpoint's state. Sequence tracking goes on: the caller decides where it resumes."""
         self.stats.purges += 1
+        self._unflushed = self._unflushed_replayed = 0  # the purge drops them
         log.warning("KV events of %s: purged: %s", self.endpoint, reason)
         try:
             await self.ingestor.purge(self.endpoint)
@@ -326,6 +364,12 @@ class KVEventSubscriber:
                 replies.append((int.from_bytes(seq_bytes, "big"), payload))
         finally:
             dealer.close(linger=0)
+
+
+def _readable(socket: zmq.asyncio.Socket) -> bool:
+    """A message is already queued (no wait)."""
+    events: int = socket.get(zmq.EVENTS)  # type: ignore[assignment]
+    return bool(events & zmq.POLLIN)
 
 
 def parse_replay_frames(frames: list[bytes]) -> tuple[bytes, bytes] | None:
