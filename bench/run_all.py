@@ -39,6 +39,7 @@ from cognitora.process import ManagedProcess, free_port_block
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl"
+SMOLLM2_TOKENIZER = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
 # The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
 DEFAULT_RATES = {"b2b-saas": "3,10,20,30,45,60", "shared-prefix-32x32": "5,10,20,40", "multi-turn-chat": "2,5,10"}
 
@@ -55,51 +56,50 @@ class FleetSpec:
     time_scale: float
     stream_chunk_tokens: int
     tokenizer: str
+    """``builtin`` or a tokenizer.json path (Cognitora's config then names the same file)."""
+    block_size: int = 16
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["tokenizer"] = Path(self.tokenizer).parent.name if self.tokenizer != "builtin" else "builtin"
+        return d
 
 
 class BenchFleet:
-    """A fresh simulated fleet for one target: ``cognitora sim fleet`` in its own process (its CPU is not ours)."""
+    """A fresh simulated fleet for one target: ``cognitora sim fleet`` in its own process (its CPU is not ours).
+
+    Every fleet publishes vLLM KV events (peers ignore them), so all targets face identical engines.
+    """
 
     def __init__(self, spec: FleetSpec, workdir: Path | None = None) -> None:
         self.spec = spec
         base = free_port_block(spec.engines)
+        events = free_port_block(2 * spec.engines, start=base + spec.engines + 100)
         argv = [
-            sys.executable,
-            "-m",
-            "cognitora.cli",
-            "sim",
-            "fleet",
-            "--engines",
-            str(spec.engines),
-            "--base-port",
-            str(base),
-            "--profile",
-            spec.profile,
-            "--model",
-            spec.model,
-            "--time-scale",
-            f"{spec.time_scale:g}",
-            "--stream-chunk-tokens",
-            str(spec.stream_chunk_tokens),
-        ]
+            sys.executable, "-m", "cognitora.cli", "sim", "fleet",
+            "--engines", str(spec.engines),
+            "--base-port", str(base),
+            "--events-base-port", str(events),
+            "--profile", spec.profile,
+            "--model", spec.model,
+            "--block-size", str(spec.block_size),
+            "--time-scale", f"{spec.time_scale:g}",
+            "--stream-chunk-tokens", str(spec.stream_chunk_tokens),
+        ]  # fmt: skip
         if spec.tokenizer != "builtin":
             argv += ["--tokenizer", spec.tokenizer]
         logdir = workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
         self._proc = ManagedProcess(argv, logdir / "fleet.log")
-        self._urls = [f"http://127.0.0.1:{base + i}" for i in range(spec.engines)]
+        self.urls: list[str] = [f"http://127.0.0.1:{base + i}" for i in range(spec.engines)]
+        self.endpoint_ids = [f"127.0.0.1:{base + i}" for i in range(spec.engines)]
+        self.events_addresses = [f"tcp://127.0.0.1:{events + 2 * i}" for i in range(spec.engines)]
+        self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
         try:
-            for url in self._urls:
+            for url in self.urls:
                 self._proc.wait_http(f"{url}/health", timeout_s=60)
         except BaseException:
             self._proc.stop()
             raise
-
-    @property
-    def urls(self) -> Sequence[str]:
-        return self._urls
 
     def stop(self) -> None:
         self._proc.stop()
@@ -333,8 +333,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--profile", default="h100x2", help="sim hardware profile (cognitora/sim/profiles.py)")
     p.add_argument("--kv-tokens-per-engine", type=int, default=300_000, help="used to scale shared-prefix groups")
-    p.add_argument("--model", default="Qwen/Qwen3-32B")
-    p.add_argument("--tokenizer", default="builtin", help="sim tokenizer: builtin, or a tokenizer.json path")
+    p.add_argument("--model", default="sim-qwen3-32b", help="served model name")
+    p.add_argument(
+        "--tokenizer",
+        default=str(SMOLLM2_TOKENIZER),
+        help="tokenizer.json shared by the sim and Cognitora (default SmolLM2's), or 'builtin'",
+    )
     p.add_argument("--stream-chunk-tokens", type=int, default=16)
     p.add_argument("--request-timeout", type=float, default=600.0, help="engine seconds")
     p.add_argument("--slo-ttft", type=float, default=2.0)

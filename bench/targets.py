@@ -387,12 +387,15 @@ class VllmRouterTarget(Target):
 
 
 def _require(module: str, what: str) -> None:
-    import importlib
+    """Fail with TargetUnavailable when ``module`` is missing (found without importing: no litellm in the harness)."""
+    import importlib.util
 
     try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise TargetUnavailable(f"{what} is not available yet ({module}: {exc})") from exc
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
+        raise TargetUnavailable(f"{what} is not available yet (no module {module})")
 
 
 class CognitoraLiteLLMTarget(LiteLLMTarget):

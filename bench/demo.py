@@ -1,0 +1,134 @@
+"""``make demo``: round-robin against Cognitora on the same simulated fleet and workload, in a few minutes.
+
+What it does, in order:
+
+1. builds a short B2B-SaaS shared-prefix workload (llm-d's 150 x 5, 6,000 / 1,200 / 1,000 tokens), scaled to a
+   4-engine fleet (groups and rates in proportion to the published 8-engine setup);
+2. for each of two targets, starts a fresh simulated fleet (4 engines of Qwen3-32B on 2 x H100, vLLM-like), the
+   router, and sends the same open-loop Poisson schedule:
+   - round-robin: Envoy ``ROUND_ROBIN`` (what a Kubernetes Service does);
+   - Cognitora: the LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store;
+3. prints TTFT, goodput and prefix-cache hit rate side by side, and writes bench/results/side_by_side_demo.{md,json,png}.
+
+The full side-by-side benchmark with every peer is ``make bench`` (bench/run_all.py; bench/README.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from bench import run_all
+from bench import workloads as wl
+from bench.report import Report, Slo, StageSummary, TargetRun, write_report
+
+ENGINES = 4
+PROFILE = "h100x2"
+KV_TOKENS = 300_000
+# The published ladder is for 8 engines; the demo's 4 engines get half of its 15-QPS warm-up and 20-QPS stage.
+WARMUP = (7.5, 12.0)
+STAGE_RATE = 10.0
+STAGE_S = 24.0
+MAX_WALL_RPS = 10.0
+TARGETS = ("envoy-rr", "cognitora-litellm")
+LABELS = {"envoy-rr": "round-robin (Envoy)", "cognitora-litellm": "Cognitora (LiteLLM)"}
+
+
+def _row(label: str, s: StageSummary | None, note: str = "") -> list[str]:
+    if s is None:
+        return [label, note or "-", "", "", "", "", ""]
+
+    def f(v: float | None, d: int = 2) -> str:
+        return "-" if v is None else f"{v:.{d}f}"
+
+    return [
+        label,
+        f"{s.ok}/{s.requests}",
+        f(s.ttft_p50),
+        f(s.ttft_p90),
+        f"{s.goodput_rps:.2f}",
+        f"{s.hit_rate:.0%}",
+        f"{s.reuse_bound:.0%}",
+    ]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    header = ["target", "ok/sent", "TTFT p50 s", "TTFT p90 s", "goodput req/s", "cache hit", "reuse bound"]
+    cols = [header, *rows]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out = [line, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |", line]
+    for r in rows:
+        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
+    out.append(line)
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    t0 = time.monotonic()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = run_all.parse_args(
+        [
+            "--engines", str(ENGINES), "--profile", PROFILE, "--kv-tokens-per-engine", str(KV_TOKENS),
+            "--max-wall-rps", str(MAX_WALL_RPS), *argv,
+        ]
+    )  # fmt: skip
+    profile = wl.B2B_SAAS.scaled_to(ENGINES, KV_TOKENS)
+    stages = wl.ladder([STAGE_RATE], STAGE_S, *WARMUP)
+    schedule = wl.shared_prefix_schedule(profile, stages, seed=args.seed)
+    time_scale = run_all.pick_time_scale(schedule, args.time_scale, args.max_wall_rps)
+    spec = run_all.FleetSpec(ENGINES, PROFILE, args.model, time_scale, args.stream_chunk_tokens, args.tokenizer)
+    slo = Slo(args.slo_ttft, args.slo_itl)
+    print(
+        f"Cognitora demo: {ENGINES} simulated engines ({PROFILE}: Qwen3-32B on 2 x H100), workload "
+        f"{schedule.description}\n  {len(schedule.requests)} requests: warm-up {WARMUP[0]:g} req/s x {WARMUP[1]:g} s, "
+        f"then {STAGE_RATE:g} req/s x {STAGE_S:g} s (engine time; the sim runs at time scale {time_scale:g})\n",
+        flush=True,
+    )
+    report = Report(
+        command="make demo  # python -m bench.demo " + " ".join(argv),
+        workload=schedule.workload,
+        description=schedule.description,
+        started_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        time_scale=time_scale,
+        slo=slo,
+        fleet=spec.as_dict(),
+        stages=[{"label": s.label, "rate": s.rate, "duration_s": s.duration_s, "measured": s.measured} for s in stages],
+        reuse_bound={label: schedule.reuse_bound(label) for label in schedule.stage_labels()},
+    )
+    rows: list[list[str]] = []
+    measured = stages[-1].label
+    for name in TARGETS:
+        print(f"== {LABELS[name]}: starting a fresh fleet and the router", flush=True)
+        run: TargetRun = run_all.run_target(name, schedule, spec, args, slo)
+        report.runs.append(run)
+        stage = next((s for s in run.stages if s.stage == measured), None)
+        if run.skipped:
+            print(f"   PLACEHOLDER: {run.skipped}", flush=True)
+            rows.append(_row(LABELS[name], None, "pending: " + run.skipped[:60]))
+        else:
+            rows.append(_row(LABELS[name], stage))
+            if run.health is not None and run.health.saturated:
+                print(f"   WARNING: this machine could not keep up ({run.health.reason})", flush=True)
+    paths = write_report(report, run_all.RESULTS / "side_by_side_demo")
+    print(
+        f"\nMeasured stage ({measured}), engine seconds; goodput = requests with TTFT <= {slo.ttft_s:g} s and "
+        f"ITL <= {slo.itl_s * 1000:g} ms per second:"
+    )
+    print(_table(rows))
+    done = [r for r in report.runs if not r.skipped]
+    if len(done) == 2:
+        rr, cog = (next((s for s in r.stages if s.stage == measured), None) for r in done)
+        if rr and cog and rr.ttft_p50 and cog.ttft_p50:
+            print(
+                f"\nCognitora: TTFT p50 {rr.ttft_p50 / cog.ttft_p50:.1f}x lower, goodput "
+                f"{cog.goodput_rps / rr.goodput_rps if rr.goodput_rps else float('inf'):.1f}x, cache hits "
+                f"{cog.hit_rate:.0%} vs {rr.hit_rate:.0%} (reuse bound {cog.reuse_bound:.0%})."
+            )
+    print(f"\nReport: {paths[0]}  ({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
