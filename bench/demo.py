@@ -8,7 +8,8 @@ What it does, in order:
    router, and sends the same open-loop Poisson schedule:
    - round-robin: Envoy ``ROUND_ROBIN`` (what a Kubernetes Service does);
    - Cognitora: the LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store;
-3. prints TTFT, goodput and prefix-cache hit rate side by side, and writes bench/results/side_by_side_demo.{md,json,png}.
+3. prints TTFT, goodput and prefix-cache hit rate side by side, and writes
+   bench/results/side_by_side_demo.{md,json,png}.
 
 The full side-by-side benchmark with every peer is ``make bench`` (bench/run_all.py; bench/README.md).
 """
