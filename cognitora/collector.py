@@ -255,5 +255,9 @@ def main(argv: list[str]) -> int:
             "key_prefix": config.key_prefix,
         },
     )
-    asyncio.run(_run(config, args.stats_interval_s))
+    try:
+        asyncio.run(_run(config, args.stats_interval_s))
+    except Exception:  # even a crash leaves a JSON line (with the traceback), not a bare stderr dump
+        log.exception("collector crashed")
+        return 1
     return 0

@@ -72,5 +72,6 @@ def configure(level: str | int = "INFO", stream: TextIO | None = None) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    logging.captureWarnings(True)  # Python warnings become log records, hence JSON lines too
     for name in CHATTY_LIBRARIES:
         logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
