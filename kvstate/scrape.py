@@ -313,7 +313,12 @@ class Scraper:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             # trust_env=False: engines sit on the cluster network; a desktop HTTP(S)_PROXY must not reroute them.
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, follow_redirects=True)
+            # No pool cap: a round waiting for a pooled connection would time out and count against health.
+            # Keep-alive for up to 3 connections per endpoint (health, metrics, power exporter).
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(20, 3 * len(self._endpoints)))
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout_s, trust_env=False, follow_redirects=True, limits=limits
+            )
         return self._client
 
     async def start(self) -> None:
