@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import msgpack
 import pytest
 import zmq.asyncio
 
 from kvstate.events.subscriber import END_SEQ, parse_replay_frames
-from kvstate.store import Store
+from kvstate.keys import BlockKey
+from kvstate.memory_store import MemoryStore
+from kvstate.store import Store, StoreUnavailable, Tier
 from tests.events_fake_engine import (
     FakeEngine,
     ReplayLayout,
@@ -283,3 +285,43 @@ async def test_block_removed_removes(store: Store, ctx: zmq.asyncio.Context) -> 
 )
 def test_replay_frames_in_every_layout(frames: list[bytes], expected: tuple[bytes, bytes] | None) -> None:
     assert parse_replay_frames(frames) == expected
+
+
+class FlakyStore(MemoryStore):
+    """A real MemoryStore whose writes fail with ``StoreUnavailable`` while ``down`` (a Redis outage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("store down (test)")
+
+    async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
+        self._check()
+        await super().add_blocks(model, endpoint, keys, tier)
+
+    async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
+        self._check()
+        await super().clear_endpoint(endpoint, model)
+
+
+async def test_a_store_outage_is_survived_and_followed_by_a_resync(ctx: zmq.asyncio.Context) -> None:
+    store = FlakyStore()
+    engine = FakeEngine(ctx, replay="topic")
+    try:
+        async with running(store, engine) as h:
+            await engine.publish(block_batch(0))
+            await h.until_held(A, 1)
+            store.down = True
+            await engine.publish(block_batch(1))  # cannot be written
+            await h.until_stat("store_errors", 1)
+            await engine.publish(block_batch(2))  # the store is still down: dropped, replay will bring it back
+            await h.until_stat("received", 3)
+            store.down = False
+            await engine.publish(block_batch(3))  # store back: purge, replay 0..3, go on
+            await h.until_held(A, 4)
+            assert h.subscriber.stats.purges == 1
+    finally:
+        await engine.close()
