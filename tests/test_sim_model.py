@@ -219,6 +219,9 @@ def test_legacy_and_map_event_encodings_follow_engines_md() -> None:
         "lora_id": None,
         "medium": "GPU",
         "lora_name": None,
+        "extra_keys": [None],
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
     }
     assert new[1][1:] == [{"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}, {"type": "AllBlocksCleared"}]
     old = msgpack.unpackb(encode_batch(1.5, events, 0, legacy=True), raw=False)

@@ -30,7 +30,7 @@ import zmq.asyncio
 from cognitora.sim.block_hash import BlockHasher
 from cognitora.sim.kv_cache import PrefixCache
 from cognitora.sim.kv_events import KvEventPublisher, topic_for
-from cognitora.sim.metrics import EngineMetrics
+from cognitora.sim.metrics import EngineMetrics, observe_many
 from cognitora.sim.power import EnergyMeter
 from cognitora.sim.profiles import HardwareProfile
 from cognitora.sim.scheduler import ScheduledStep, Scheduler, SimRequest
@@ -124,6 +124,10 @@ class SimEngine:
         self._interrupt: asyncio.Future[bool] | None = None
         self._epoch = 0
         self._interrupted_at = 0.0
+        # scheduler totals already added to the (monotonic) Prometheus counters
+        self._seen_queries = 0
+        self._seen_hits = 0
+        self._seen_preemptions = 0
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
 
@@ -357,7 +361,7 @@ class SimEngine:
     async def _one_round(self, start: float) -> float:
         sched = self.scheduler
         step = sched.schedule()
-        self._publish(start)  # evictions made room for this step before it ran
+        self._publish()  # evictions made room for this step before it ran
         for r in step.admitted:
             if r.first_scheduled is None:
                 r.first_scheduled = start
@@ -403,16 +407,21 @@ class SimEngine:
         batched = step.batched_tokens
         result = self.scheduler.commit(step, end)
         self.meter.add_step(start, end, self.profile.step_power(batched, (end - start) / self.slow_factor))
-        self._publish(end)
+        self._publish()
         lab(m.iteration_tokens).observe(batched)
         lab(m.generation_tokens).inc(len(result.sampled))
+        itl_counts: dict[float, int] = {}
         for req, prev in result.sampled:
             if prev is None:
                 lab(m.prompt_tokens).inc(req.prompt_len)
                 lab(m.ttft).observe(end - req.arrival)
             else:
-                lab(m.itl).observe(end - prev)
+                itl = end - prev
+                itl_counts[itl] = itl_counts.get(itl, 0) + 1
             req.wakeup.set()
+        itl_hist = lab(m.itl)
+        for itl, count in itl_counts.items():
+            observe_many(itl_hist, itl, count)
         for req in result.finished:
             self._observe_finished(req)
         lab(m.prefix_queries).inc(self.scheduler.prefix_queries - self._seen_queries)
@@ -421,10 +430,6 @@ class SimEngine:
         self._seen_queries = self.scheduler.prefix_queries
         self._seen_hits = self.scheduler.prefix_hits
         self._seen_preemptions = self.scheduler.preemptions
-
-    _seen_queries = 0
-    _seen_hits = 0
-    _seen_preemptions = 0
 
     def _observe_finished(self, req: SimRequest) -> None:
         m = self.metrics
@@ -443,7 +448,7 @@ class SimEngine:
         lab(m.request_generation_tokens).observe(req.output_len)
         m.success.labels(self.config.model, "0", "length").inc()
 
-    def _publish(self, engine_t: float | None = None) -> None:
+    def _publish(self) -> None:
         events = self.cache.drain()
         if events and self.publisher is not None:
             self.publisher.publish(events)

@@ -5,9 +5,10 @@ Wire format (engines.md section 1):
 - live stream, three frames: ``[topic, seq (8 bytes, unsigned big-endian, from 0), msgpack(EventBatch)]``;
 - ``EventBatch = [ts (float, time.time()), [event, ...], data_parallel_rank]``;
 - event (vLLM >= 0.26, map encoding): ``{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids",
-  "block_size", "lora_id", "medium", "lora_name"}`` (fields without a declared default are always written;
-  ``extra_keys``/``group_idx``/``kv_cache_spec_kind`` are written only when not None: vLLM's omit_defaults);
-  ``{"type": "BlockRemoved", "block_hashes", "medium"}``; ``{"type": "AllBlocksCleared"}``;
+  "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}`` (vLLM writes
+  fields without a declared default always and the others when they differ from it; a v0.26 capture, kthena#1535,
+  shows ``extra_keys`` with one None per block, ``group_idx`` 0 and ``kv_cache_spec_kind`` "full_attention"),
+  ``{"type": "BlockRemoved", "block_hashes", "medium"}``, ``{"type": "AllBlocksCleared"}``;
 - legacy encoding (``legacy=True``, before vllm#42892): tagged positional arrays
   ``["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name]``,
   ``["BlockRemoved", hashes, medium]``, ``["AllBlocksCleared"]``;
@@ -64,6 +65,10 @@ def encode_event(event: CacheEvent, legacy: bool) -> Any:
             "lora_id": None,
             "medium": MEDIUM_GPU,
             "lora_name": None,
+            # as captured from vLLM v0.26.0 (kthena#1535): one extra_keys entry per block, group 0, full attention
+            "extra_keys": [None] * len(event.block_hashes),
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
         }
     if isinstance(event, BlockRemoved):
         if legacy:

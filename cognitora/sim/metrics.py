@@ -8,8 +8,9 @@ DCGM's name, without ``_total``.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -117,6 +118,7 @@ class _DcgmPower:
 class EngineMetrics:
     def __init__(self, model: str, engine_index: int = 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children = {}
         r = self.registry
         names = ["model_name", "engine"]
         self._labels = (model, str(engine_index))
@@ -204,8 +206,14 @@ class EngineMetrics:
             metric.labels(*lab)
 
     def child(self, metric: _M) -> _M:
-        """The series of this engine (its model_name and engine labels)."""
-        return metric.labels(*self._labels)
+        """The series of this engine (its model_name and engine labels), looked up once."""
+        key = id(metric)
+        hit = self._children.get(key)
+        if hit is None:
+            hit = self._children[key] = metric.labels(*self._labels)
+        return hit
+
+    _children: dict[int, Any]
 
     def set_cache_config(self, block_size: int, num_gpu_blocks: int, extra: dict[str, str]) -> None:
         labels = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks), **extra}
@@ -222,3 +230,18 @@ class EngineMetrics:
     def exposition(self) -> bytes:
         text = generate_latest(self.registry)
         return text + self._dcgm.exposition() if self._dcgm is not None else text
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """``count`` observations of the same ``value`` at the cost of one (a decode step gives every sequence of the
+    batch the same inter-token latency). Uses prometheus_client's histogram internals, with a plain loop as the
+    fallback should they change."""
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    total = getattr(histogram, "_sum", None)
+    if buckets is None or bounds is None or total is None or count <= 1:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    buckets[bisect.bisect_left(bounds, value)].inc(count)

@@ -46,6 +46,8 @@ class SimRequest:
     output_text: list[str] = field(default_factory=list)
     preemptions: int = 0
     aborted: bool = False
+    planned: list[tuple[int, str]] = field(default_factory=list)
+    """The reply, drawn from the vocabulary when the first token is sampled."""
     """Cut off (client gone, engine crashed or restarted): the engine forgets it, its client gets no answer."""
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     """Set whenever new tokens were sampled or the request ended, so its HTTP handler writes them out."""
@@ -257,7 +259,11 @@ class Scheduler:
                 )
                 req.committed_blocks = full
             if req.num_computed == len(req.tokens):
-                token_id, text = self.vocabulary[req.rng.randrange(len(self.vocabulary))]
+                if not req.planned:
+                    # the whole reply at once: one RNG call per request rather than per token
+                    vocab = self.vocabulary
+                    req.planned = req.rng.choices(vocab, k=req.max_tokens)
+                token_id, text = req.planned[req.output_len]
                 req.tokens.append(token_id)
                 req.output_text.append(text)
                 if req.first_token_at is None:
