@@ -94,6 +94,7 @@ class BenchFleet:
         self.endpoint_ids = [f"127.0.0.1:{base + i}" for i in range(spec.engines)]
         self.events_addresses = [f"tcp://127.0.0.1:{events + 2 * i}" for i in range(spec.engines)]
         self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
+        self.tokenizer_path = None if spec.tokenizer == "builtin" else spec.tokenizer
         try:
             for url in self.urls:
                 self._proc.wait_http(f"{url}/health", timeout_s=60)
@@ -244,12 +245,20 @@ def run_target(
 ) -> TargetRun:
     target = make_target(name, spec.model)
     run = TargetRun(target=name, settings=target.settings)
-    fleet = fleet_factory(spec)
+    try:
+        fleet = fleet_factory(spec)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        run.skipped = f"the simulated fleet did not start: {str(exc)[-300:]}"
+        return run
     try:
         try:
             base_url = target.start(fleet)
         except TargetUnavailable as exc:
             run.skipped = str(exc)
+            return run
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            # One broken target must not lose the others' results: report it and go on.
+            run.skipped = f"failed to start: {str(exc)[-300:]}"
             return run
         result, engines = asyncio.run(_drive(target, base_url, fleet, schedule, spec, args))
     finally:

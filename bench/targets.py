@@ -398,30 +398,122 @@ def _require(module: str, what: str) -> None:
         raise TargetUnavailable(f"{what} is not available yet (no module {module})")
 
 
+class CognitoraFleet(FleetLike, Protocol):
+    """What Cognitora also needs: each engine's KV-event addresses and the tokenizer the engines use."""
+
+    @property
+    def events_addresses(self) -> Sequence[str]: ...
+
+    @property
+    def replay_addresses(self) -> Sequence[str]: ...
+
+    @property
+    def tokenizer_path(self) -> str | None: ...
+
+
+def _cognitora_fleet(fleet: FleetLike) -> CognitoraFleet:
+    for attr in ("events_addresses", "replay_addresses", "tokenizer_path"):
+        if not hasattr(fleet, attr):
+            raise TargetUnavailable(f"Cognitora needs a fleet with {attr} (KV events and the engines' tokenizer)")
+    return fleet  # type: ignore[return-value]
+
+
+def cognitora_model(model: str, fleet: CognitoraFleet, block_size: int = 16) -> dict[str, Any]:
+    """The ``models[]`` entry of cognitora.yaml for the fleet: block size and tokenizer equal to the engines'."""
+    entry: dict[str, Any] = {"name": model, "block_size": block_size}
+    if fleet.tokenizer_path:
+        entry["tokenizer"] = str(Path(fleet.tokenizer_path).resolve())
+    return entry
+
+
 class CognitoraLiteLLMTarget(LiteLLMTarget):
-    """LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store."""
+    """LiteLLM proxy with ``routing_strategy: cognitora``, configured as examples/litellm_config.yaml (no Redis)."""
 
     def __init__(self, model: str, workdir: Path | None = None) -> None:
         super().__init__(model, "cognitora", workdir)
         self.name = "cognitora-litellm"
-        self.settings = "LiteLLM proxy 1.108.7 + litellm_plugin (routing_strategy cognitora), embedded store"
+        self.settings = (
+            "LiteLLM proxy 1.108.7 + litellm_plugin (routing_strategy cognitora) configured as "
+            "examples/litellm_config.yaml: embedded store (no Redis), KV events from every engine, the engines' "
+            "tokenizer, Cognitora's default placement settings, num_retries 2"
+        )
+
+    def config(self, fleet: FleetLike) -> dict[str, Any]:
+        cf = _cognitora_fleet(fleet)
+        cfg = litellm_config(
+            self.model,
+            cf.urls,
+            "cognitora",
+            {
+                "routing_strategy_args": {"models": [cognitora_model(self.model, cf)], "scrape": {"interval_s": 1.0}},
+                "num_retries": 2,
+            },
+        )
+        for dep, events, replay in zip(cfg["model_list"], cf.events_addresses, cf.replay_addresses, strict=True):
+            dep["model_info"].update(
+                {"cognitora_engine": "vllm", "cognitora_kv_events": events, "cognitora_kv_events_replay": replay}
+            )
+        cfg["litellm_settings"]["callbacks"] = ["litellm_plugin.callbacks.cognitora"]
+        return cfg
 
     def start(self, fleet: FleetLike) -> str:
-        _require("litellm_plugin.strategy", "the Cognitora LiteLLM plugin")
-        raise TargetUnavailable("the Cognitora LiteLLM plugin has no benchmark wiring yet")
+        _require("litellm_plugin.callbacks", "the Cognitora LiteLLM plugin")
+        return super().start(fleet)
 
 
-class CognitoraEnvoyTarget(EnvoyTarget):
-    """Envoy with the ext_proc filter pointing at ``cognitora extproc``."""
+class CognitoraEnvoyTarget(Target):
+    """Envoy configured by examples/envoy.yaml, with ``cognitora extproc --collector`` (embedded store) beside it."""
 
-    def __init__(self, model: str, workdir: Path | None = None) -> None:
-        super().__init__(model, "ROUND_ROBIN", workdir)
-        self.name = "cognitora-envoy"
-        self.settings = "Envoy 1.40.0 + ext_proc -> cognitora extproc"
+    name = "cognitora-envoy"
+    settings = (
+        "Envoy 1.40.0 configured by examples/envoy.yaml (ext_proc, override_host) + `cognitora extproc "
+        "--collector`: embedded store (no Redis), KV events from every engine, the engines' tokenizer, "
+        "Cognitora's default placement settings"
+    )
 
     def start(self, fleet: FleetLike) -> str:
-        _require("envoy_extproc.server", "the Cognitora Envoy ext-proc service")
-        raise TargetUnavailable("the Cognitora Envoy ext-proc service has no benchmark wiring yet")
+        _require("envoy_extproc.launch", "the Cognitora Envoy ext-proc service")
+        from envoy_extproc.launch import render_config, start_envoy
+
+        cf = _cognitora_fleet(fleet)
+        model = cognitora_model(self.model, cf)
+        model["endpoints"] = [
+            {"url": url, "engine": "vllm", "kv_events": ev, "kv_events_replay": rp}
+            for url, ev, rp in zip(cf.urls, cf.events_addresses, cf.replay_addresses, strict=True)
+        ]
+        config_path = self.workdir / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump({"models": [model], "scrape": {"interval_s": 1.0}}, sort_keys=False))
+        extproc_port = free_port()
+        extproc = self._spawn(
+            "extproc",
+            [
+                sys.executable, "-m", "cognitora.cli", "extproc",
+                "--config", str(config_path),
+                "--listen", f"127.0.0.1:{extproc_port}",
+                "--collector",
+                "--log-level", "warning",
+            ],
+        )  # fmt: skip
+        wait_until(lambda: _tcp_open(extproc_port) or not extproc.alive(), 60, "cognitora extproc to listen")
+        if not extproc.alive():
+            raise RuntimeError(f"cognitora extproc exited:\n{extproc.log_tail()}")
+        listen, admin = free_port(), free_port()
+        text = render_config(
+            listen_port=listen,
+            admin_port=admin,
+            extproc_port=extproc_port,
+            engines=[":".join(map(str, _host_port(u))) for u in cf.urls],
+        )
+        self.procs.append(start_envoy(text, self.workdir, admin))
+        return f"http://127.0.0.1:{listen}"
+
+
+def _tcp_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 COGNITORA_TARGETS: dict[str, TargetFactory] = {
