@@ -307,7 +307,11 @@ async def open_store(kind: str, request: pytest.FixtureRequest, key_prefix: str)
     if kind == "memory":
         yield MemoryStore()
         return
-    store = RedisStore.from_url(request.getfixturevalue("redis_server_url"), key_prefix=key_prefix)
+    # The store's 0.25 s default timeout is for placement reads; on a loaded test machine a write can take longer,
+    # and a timeout here would (correctly) trigger a resync that these tests do not expect.
+    store = RedisStore.from_url(
+        request.getfixturevalue("redis_server_url"), key_prefix=key_prefix, socket_timeout_s=5.0
+    )
     try:
         yield store
     finally:

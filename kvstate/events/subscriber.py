@@ -128,6 +128,7 @@ class KVEventSubscriber:
         self._resync_needed = False
         self._unflushed = 0
         self._unflushed_replayed = 0
+        self._disconnected = False
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -145,41 +146,54 @@ class KVEventSubscriber:
                 await task
 
     async def run(self) -> None:
-        """Receive until cancelled."""
+        """Receive until cancelled. Raises ``ValueError`` at once if ``pub_address`` is not a ZMQ address."""
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, SUB_RCVHWM)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sub.connect(self.pub_address)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
-        disconnected = False
         try:
+            try:
+                sub.connect(self.pub_address)
+            except zmq.ZMQError as exc:
+                raise ValueError(
+                    f"KV events of {self.endpoint}: cannot connect to {self.pub_address!r} ({exc}); "
+                    "give the engine's KV-event PUB address as tcp://host:port"
+                ) from exc
             await self._resync(reason=None)
             self.ready.set()
             while True:
-                ready = dict(await poller.poll())
-                if monitor in ready:
-                    event = parse_monitor_message(await monitor.recv_multipart())["event"]
-                    if event == zmq.EVENT_DISCONNECTED:
-                        disconnected = True
-                        log.info("KV events of %s: publisher %s went away", self.endpoint, self.pub_address)
-                    elif event == zmq.EVENT_CONNECTED and disconnected:
-                        disconnected = False
-                        await self._resync(reason="publisher reconnected (engine restart or network loss)")
-                if sub in ready:
-                    # Batches already queued are staged and written together: one store round trip per burst.
-                    # Order is kept: the staged writes are the net effect of the batches, in stream order.
-                    await self._on_live(await sub.recv_multipart())
-                    while self._unflushed < MAX_STAGED_BATCHES and _readable(sub):
-                        await self._on_live(await sub.recv_multipart())
-                    await self._flush()
+                try:
+                    await self._step(poller, sub, monitor)
+                except Exception:  # a bug must not end the stream: log it, start over from a clean slate
+                    log.exception("KV events of %s: unexpected error; resyncing", self.endpoint)
+                    self._resync_needed = True
+                    await asyncio.sleep(0.1)
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _step(self, poller: zmq.asyncio.Poller, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        ready = dict(await poller.poll())
+        if monitor in ready:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+                log.info("KV events of %s: publisher %s went away", self.endpoint, self.pub_address)
+            elif event == zmq.EVENT_CONNECTED and self._disconnected:
+                self._disconnected = False
+                await self._resync(reason="publisher reconnected (engine restart or network loss)")
+        if sub in ready:
+            # Batches already queued are staged and written together: one store round trip per burst.
+            # Order is kept: the staged writes are the net effect of the batches, in stream order.
+            await self._on_live(await sub.recv_multipart())
+            while self._unflushed < MAX_STAGED_BATCHES and _readable(sub):
+                await self._on_live(await sub.recv_multipart())
+            await self._flush()
 
     # -- live stream ---------------------------------------------------------------------------------------
 
@@ -339,10 +353,14 @@ class KVEventSubscriber:
             return None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.replay_address)
         replies: list[tuple[int, bytes]] = []
         timeout_ms = int(self.replay_timeout_s * 1000)
         try:
+            try:
+                dealer.connect(self.replay_address)
+            except zmq.ZMQError as exc:
+                log.error("KV events of %s: bad replay address %r (%s)", self.endpoint, self.replay_address, exc)
+                return None
             await dealer.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
             while True:
                 if not await dealer.poll(timeout_ms):
