@@ -8,7 +8,8 @@ import msgpack
 import pytest
 import zmq.asyncio
 
-from kvstate.events.subscriber import END_SEQ, parse_replay_frames
+from kvstate.events.ingest import EventIngestor
+from kvstate.events.subscriber import END_SEQ, KVEventSubscriber, parse_replay_frames
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.store import Store, StoreUnavailable, Tier
@@ -325,3 +326,10 @@ async def test_a_store_outage_is_survived_and_followed_by_a_resync(ctx: zmq.asyn
             assert h.subscriber.stats.purges == 1
     finally:
         await engine.close()
+
+
+async def test_a_bad_pub_address_fails_at_once_saying_what_to_give(ctx: zmq.asyncio.Context) -> None:
+    ingestor = EventIngestor(MemoryStore(), "test-model", 16)
+    subscriber = KVEventSubscriber("127.0.0.1:8000", "localhost:5557", ingestor, context=ctx)
+    with pytest.raises(ValueError, match=r"tcp://host:port"):
+        await subscriber.run()
