@@ -274,7 +274,7 @@ async def running(
     decode: Callable[[bytes], EventBatch] = vllm.decode_batch,
     block_size: int = 16,
     use_replay: bool = True,
-    replay_timeout_s: float = 1.0,
+    replay_timeout_s: float = 5.0,
 ) -> AsyncIterator[Harness]:
     """A subscriber following ``engine`` into ``store``, started and subscribed."""
     ingestor = EventIngestor(store, MODEL, block_size)
