@@ -174,3 +174,13 @@ async def test_one_write_per_tier_per_batch() -> None:
     events += [BlockStored((0, 10), None, (), 0, None, "CPU"), BlockRemoved((1, 11), "GPU")]
     await ingest.apply(E, batch(*events))
     assert store.calls == {("add", Tier.GPU): 1, ("add", Tier.CPU): 1, ("remove", Tier.GPU): 1}
+
+
+async def test_a_hash_announced_again_for_other_tokens_replaces_its_old_block(store: Store) -> None:
+    other = blocks_of(7000, 1)
+    ingest = EventIngestor(store, M, BS)
+    await ingest.apply(E, batch(stored([1], None, A[:16])))
+    await ingest.apply(E, batch(stored([1], None, other)))
+    assert await held(store, A) == 0 and await held(store, other) == 1
+    await ingest.apply(E, batch(BlockRemoved((1,), "GPU")))
+    assert await held(store, other) == 0

@@ -109,7 +109,7 @@ class _PendingWrites:
         self.removes.setdefault(tier, {})[key] = None
 
     def reset(self) -> None:
-        """An AllBlocksCleared: whatever came before it in the batch is gone too."""
+        """An AllBlocksCleared: whatever was staged before it is gone too."""
         self.clear = True
         self.adds.clear()
         self.removes.clear()
@@ -254,7 +254,7 @@ class EventIngestor:
         removes = pending.removes.get(tier)
         for engine_hash, key in zip(hashes, keys, strict=True):
             if engine_hash in blocks:
-                self._hold(emap, engine_hash, key, tier, pending)
+                self._hold_again(emap, engine_hash, key, tier, pending)
                 removes = pending.removes.get(tier)  # the slow path may have started one
                 continue
             blocks[engine_hash] = [key, bit]
@@ -275,29 +275,25 @@ class EventIngestor:
             if entry is None:
                 self.stats.unknown_blocks += 1
                 continue
-            self._hold(emap, engine_hash, entry[0], tier, pending)
+            self._hold_again(emap, engine_hash, entry[0], tier, pending)
             n += 1
         return n
 
-    def _hold(
+    def _hold_again(
         self, emap: _EndpointMap, engine_hash: EngineHash, key: BlockKey, tier: Tier, pending: _PendingWrites
     ) -> None:
+        """An engine hash already in the map is announced (again, or in another tier)."""
         bit = 1 << tier
-        blocks = emap.blocks
-        entry = blocks.get(engine_hash)
-        if entry is None:
-            blocks[engine_hash] = [key, bit]
-            self._trim(emap, pending)
+        entry = emap.blocks[engine_hash]
+        emap.blocks.move_to_end(engine_hash)
+        if entry[0] != key:  # the engine reused a hash for other tokens: the old mapping is void
+            self._release_all(emap, entry, pending)
+            entry[0], entry[1] = key, bit
+        elif entry[1] & bit:
+            pending.add(key, tier)  # already counted; re-announcing still refreshes the store's recency
+            return
         else:
-            blocks.move_to_end(engine_hash)
-            if entry[0] != key:  # the engine reused a hash for other tokens: the old mapping is void
-                self._release_all(emap, entry, pending)
-                entry[0], entry[1] = key, bit
-            elif entry[1] & bit:
-                pending.add(key, tier)  # already counted; re-announcing still refreshes the store's recency
-                return
-            else:
-                entry[1] |= bit
+            entry[1] |= bit
         ref = key * 4 + tier
         emap.refs[ref] = emap.refs.get(ref, 0) + 1
         pending.add(key, tier)
