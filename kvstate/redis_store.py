@@ -277,16 +277,23 @@ class RedisStore:
     ) -> dict[str, PrefixMatch]:
         if not keys or (endpoints is not None and not endpoints):
             return {}
-        k = self.keys
-        zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
-        args = [k.block_base(model), _hex_chain(keys), k.endpoint_speculative(model, ""), *self._match_weights]
-        if endpoints is not None:
-            args.extend(endpoints)
+        zkeys, args = self.match_script_call(model, keys, endpoints)
         with self._unavailable("match_prefix"):
             flat = await self._run(self._match, zkeys, args)
         return {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
         }
+
+    def match_script_call(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """KEYS and ARGV of ``redis_scripts.MATCH`` for this lookup (the benchmark times the script on its own)."""
+        k = self.keys
+        zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
+        args = [k.block_base(model), _hex_chain(keys), k.endpoint_speculative(model, ""), *self._match_weights]
+        if endpoints is not None:
+            args.extend(endpoints)
+        return zkeys, args
 
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         if not keys:
