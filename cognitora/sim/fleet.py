@@ -86,7 +86,7 @@ class Fleet:
                 await m.runner.cleanup()
                 m.runner = None
         if self._zmq is not None:
-            self._zmq.term()
+            self._zmq.destroy(linger=0)  # never block exit on a socket someone forgot
             self._zmq = None
 
     def startup_lines(self) -> list[dict[str, Any]]:

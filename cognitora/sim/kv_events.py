@@ -117,12 +117,17 @@ class KvEventPublisher:
 
     def start(self) -> None:
         pub = self._ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, 100_000)
-        pub.bind(self.endpoint)
         router = self._ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.bind(self.replay_endpoint)
+        try:
+            pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.SNDHWM, 100_000)
+            pub.bind(self.endpoint)
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind(self.replay_endpoint)
+        except zmq.ZMQError:
+            pub.close(linger=0)  # a socket left open would block the context's termination forever
+            router.close(linger=0)
+            raise
         self._pub, self._router = pub, router
         self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay(router))
 

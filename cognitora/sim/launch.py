@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -92,43 +93,60 @@ def start_fleet(
     startup_timeout_s: float = 60.0,
 ) -> SimFleet:
     """Run ``cognitora sim fleet`` with ``n`` engines; return once every engine answers ``/health``."""
-    # a random start: other fleets and tests look for free blocks at the same time
-    base = free_port_block(3 * n + 1, start=random.randrange(20000, 50000))
-    http_base, events_base, admin_port = base, base + n, base + 3 * n
-    argv = [
-        sys.executable,
-        "-m",
-        "cognitora.cli",
-        "sim",
-        "fleet",
-        "--engines",
-        str(n),
-        "--base-port",
-        str(http_base),
-        "--events-base-port",
-        str(events_base),
-        "--admin-port",
-        str(admin_port),
-        "--model",
-        model,
-        "--profile",
-        profile,
-        "--time-scale",
-        str(time_scale),
-    ]
-    if kv_capacity_tokens is not None:
-        argv += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
-    if tokenizer is not None:
-        argv += ["--tokenizer", str(tokenizer)]
-    argv += list(extra_args)
-    log_dir = Path(log_dir)
-    proc = ManagedProcess(argv, log_dir / f"sim-fleet-{http_base}.log", cwd=Path(__file__).resolve().parents[2])
-    fleet = SimFleet(proc, n, http_base, events_base, admin_port, model)
-    try:
-        for url in fleet.urls:
-            proc.wait_http(f"{url}/health", timeout_s=startup_timeout_s)
-        proc.wait_http(f"{fleet.admin_url}/health", timeout_s=startup_timeout_s)
-    except BaseException:
-        proc.stop()
-        raise
-    return fleet
+    last_error: Exception | None = None
+    for _attempt in range(3):
+        # below the kernel's ephemeral range (32768+), where client sockets would race us for ports; random,
+        # because other fleets and tests look for free blocks at the same time
+        base = free_port_block(3 * n + 1, start=random.randrange(20000, 32000 - 3 * n))
+        http_base, events_base, admin_port = base, base + n, base + 3 * n
+        argv = [
+            sys.executable, "-m", "cognitora.cli", "sim", "fleet",
+            "--engines", str(n),
+            "--base-port", str(http_base),
+            "--events-base-port", str(events_base),
+            "--admin-port", str(admin_port),
+            "--model", model,
+            "--profile", profile,
+            "--time-scale", str(time_scale),
+        ]  # fmt: skip
+        if kv_capacity_tokens is not None:
+            argv += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
+        if tokenizer is not None:
+            argv += ["--tokenizer", str(tokenizer)]
+        argv += list(extra_args)
+        log_path = Path(log_dir) / f"sim-fleet-{http_base}.log"
+        proc = ManagedProcess(argv, log_path, cwd=Path(__file__).resolve().parents[2])
+        fleet = SimFleet(proc, n, http_base, events_base, admin_port, model)
+        try:
+            _wait_announced(proc, n, startup_timeout_s)
+            for url in [*fleet.urls, fleet.admin_url]:
+                proc.wait_http(f"{url}/health", timeout_s=startup_timeout_s)
+            return fleet
+        except _ExitedEarly as exc:  # most likely a port taken between our check and its bind: try other ports
+            proc.stop()
+            last_error = exc
+        except BaseException:
+            proc.stop()
+            raise
+    raise RuntimeError(f"the simulated fleet failed to start three times; last error: {last_error}")
+
+
+class _ExitedEarly(RuntimeError):
+    pass
+
+
+def _wait_announced(proc: ManagedProcess, n: int, timeout_s: float) -> None:
+    """Wait for the fleet's n startup lines: proof that this process, not a stranger, listens on the ports."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        announced = 0
+        for line in proc.log_tail(lines=n + 200).splitlines():
+            if line.startswith('{"engine"'):
+                announced += 1
+        if announced >= n:
+            return
+        if not proc.alive():
+            raise _ExitedEarly(f"fleet exited with {proc.proc.returncode}: {proc.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fleet did not start within {timeout_s:.0f}s; log tail:\n{proc.log_tail()}")
+        time.sleep(0.05)
