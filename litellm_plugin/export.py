@@ -1,0 +1,69 @@
+"""``python -m litellm_plugin.export litellm_config.yaml > cognitora.yaml``: the fleet a LiteLLM config describes.
+
+In Redis mode the proxy only reads the shared store and ``cognitora collector --config cognitora.yaml`` feeds it;
+this writes that ``cognitora.yaml`` from the proxy's own config, so the fleet is written down once (model_list).
+``os.environ/...`` references in ``api_base`` are resolved from this process's environment, as LiteLLM does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cognitora.config import CognitoraConfig, ConfigError
+from litellm_plugin.fleet import build_fleet
+
+_ENV_PREFIX = "os.environ/"
+
+
+def _resolve_env(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_ENV_PREFIX):
+        name = value[len(_ENV_PREFIX) :]
+        if name not in os.environ:
+            raise ConfigError(f"{value}: environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+def config_from_litellm_yaml(path: Path) -> CognitoraConfig:
+    """The CognitoraConfig the plugin builds inside a proxy started with ``litellm --config path``."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read the LiteLLM config ({exc})") from None
+    model_list = []
+    for deployment in data.get("model_list") or []:
+        params = {k: _resolve_env(v) for k, v in (deployment.get("litellm_params") or {}).items()}
+        model_list.append({**deployment, "litellm_params": params})
+    args = ((data.get("router_settings") or {}).get("routing_strategy_args")) or {}
+    return build_fleet(model_list, args).config
+
+
+def to_yaml(config: CognitoraConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m litellm_plugin.export", description=__doc__.split("\n")[0])
+    parser.add_argument("litellm_config", type=Path, help="the LiteLLM proxy config (model_list, router_settings)")
+    parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    try:
+        text = to_yaml(config_from_litellm_yaml(args.litellm_config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

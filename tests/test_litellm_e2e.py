@@ -1,0 +1,295 @@
+"""The real ``litellm`` proxy CLI started with examples/litellm_config.yaml, routing through Cognitora to a simulated
+fleet of 4 vLLM engines, in embedded mode and in Redis mode (``cognitora collector`` running beside it).
+
+What a user of the proxy sees: requests sharing a system prompt keep landing on the engine that holds it and come
+back with high ``cached_tokens``; an engine made slow gets fewer new requests; an engine killed mid-run costs no
+request that could go elsewhere; an unknown model gets LiteLLM's normal error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import statistics
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.sim.launch import SimFleet, start_fleet
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "litellm_config.yaml"
+LITELLM = Path(sys.executable).parent / "litellm"
+
+N_ENGINES = 4
+N_PROMPTS = 8
+SLOW_ROUNDS = 5
+"""Rounds of 32 requests within which an engine slowed 50x must lose most of its share of new requests."""
+TOPICS = ["rockets", "tax law", "gardening", "databases", "chess", "cooking", "astronomy", "sailing"]
+
+
+def system_prompt(i: int) -> str:
+    """A long (~2,500-token) system prompt, distinct from the first words on."""
+    rng = random.Random(i)
+    words = [f"{TOPICS[i]}-{rng.randrange(10_000)}" for _ in range(900)]
+    return f"You are the {TOPICS[i]} assistant #{i}. Reference material follows. " + " ".join(words)
+
+
+@dataclass
+class Answer:
+    status: int
+    prompt: int
+    engine: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    body: Any = None
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[SimFleet]:
+    with start_fleet(
+        N_ENGINES,
+        time_scale=5,
+        tokenizer=smollm2_dir / "tokenizer.json",
+        log_dir=tmp_path_factory.mktemp("sim"),
+    ) as f:
+        yield f
+
+
+def write_config(tmp: Path, fleet: SimFleet, smollm2_dir: Path, redis_url: str | None, key_prefix: str) -> Path:
+    """A copy of the example with the fleet's real ports, the shared tokenizer and (Redis mode) the store."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    deployments = config["model_list"]
+    assert len(deployments) == N_ENGINES, "the example describes a 4-engine fleet"
+    for dep, url, events, replay in zip(
+        deployments, fleet.urls, fleet.events_addresses, fleet.replay_addresses, strict=True
+    ):
+        dep["litellm_params"]["api_base"] = f"{url}/v1"
+        dep["model_info"]["cognitora_kv_events"] = events
+        dep["model_info"]["cognitora_kv_events_replay"] = replay
+    args = config["router_settings"]["routing_strategy_args"]
+    args["models"][0]["tokenizer"] = str(smollm2_dir / "tokenizer.json")
+    args["scrape"] = {"interval_s": 0.5}
+    if redis_url is not None:
+        args["redis_url"] = redis_url
+        args["key_prefix"] = key_prefix
+    path = tmp / "litellm_config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class Proxy:
+    def __init__(self, config: Path, log_dir: Path) -> None:
+        self.port = free_port()
+        self.key = "sk-e2e-" + secrets.token_hex(12)
+        env = {
+            "LITELLM_MASTER_KEY": self.key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "PYTHONPATH": str(ROOT),
+        }
+        argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = ManagedProcess(argv, log_dir / "litellm.log", env=env, cwd=config.parent)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process.wait_http(f"{self.url}/health/liveliness", timeout_s=90)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+async def chat(client: httpx.AsyncClient, proxy: Proxy, prompt: int, question: str, stream: bool) -> Answer:
+    body: dict[str, Any] = {
+        "model": "chat",
+        "messages": [
+            {"role": "system", "content": system_prompt(prompt)},
+            {"role": "user", "content": question},
+        ],
+        "max_tokens": 16,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    if not stream:
+        resp = await client.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers)
+        answer = Answer(resp.status_code, prompt, resp.headers.get("x-litellm-model-api-base", ""))
+        if resp.status_code == 200:
+            usage = resp.json()["usage"]
+            answer.prompt_tokens = usage["prompt_tokens"]
+            answer.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        else:
+            answer.body = resp.text
+        return answer
+    async with client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp:
+        answer = Answer(resp.status_code, prompt, resp.headers.get("x-litellm-model-api-base", ""))
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                answer.prompt_tokens = usage["prompt_tokens"]
+                answer.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        if resp.status_code != 200:
+            answer.body = "stream failed"
+    return answer
+
+
+async def run_traffic(proxy: Proxy, jobs: list[tuple[int, str, bool]], concurrency: int = 8) -> list[Answer]:
+    queue: asyncio.Queue[tuple[int, str, bool]] = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    answers: list[Answer] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            prompt, question, stream = queue.get_nowait()
+            answers.append(await chat(client, proxy, prompt, question, stream))
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return answers
+
+
+def question(round_: int, q: int, prompt: int) -> str:
+    """A question with a pasted paragraph (~200 tokens): each request brings its own prefill work too."""
+    rng = random.Random(f"{round_}-{q}-{prompt}")
+    paragraph = " ".join(f"note{rng.randrange(100_000)}" for _ in range(60))
+    return f"Round {round_}, question {q} about {TOPICS[prompt]}: what do these notes mean? {paragraph}"
+
+
+def jobs(round_: int, per_prompt: int, stream_share: float = 0.3, seed: int = 0) -> list[tuple[int, str, bool]]:
+    rng = random.Random(seed + round_)
+    out = [
+        (p, question(round_, q, p), rng.random() < stream_share) for p in range(N_PROMPTS) for q in range(per_prompt)
+    ]
+    rng.shuffle(out)
+    return out
+
+
+def affinity(answers: list[Answer]) -> float:
+    """Share of requests that landed on their system prompt's most used engine (1.0 = perfect stickiness)."""
+    by_prompt: dict[int, Counter[str]] = defaultdict(Counter)
+    for a in answers:
+        by_prompt[a.prompt][a.engine] += 1
+    top = sum(c.most_common(1)[0][1] for c in by_prompt.values())
+    return top / max(1, len(answers))
+
+
+def hit_ratio(answers: list[Answer]) -> float:
+    return statistics.fmean(a.cached_tokens / a.prompt_tokens for a in answers if a.prompt_tokens)
+
+
+async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str, Any]:
+    """Warm up, then assert stickiness and hits; with ``chaos``, also a slow engine and a crashed one."""
+    warm = await run_traffic(proxy, [(p, "warm-up question?", False) for p in range(N_PROMPTS)])
+    assert all(a.status == 200 for a in warm), [a.body for a in warm if a.status != 200]
+    steady = await run_traffic(proxy, jobs(1, per_prompt=5))
+    assert all(a.status == 200 for a in steady), [a.body for a in steady if a.status != 200]
+    assert {a.engine for a in steady} <= {f"{u}/v1" for u in fleet.urls}
+    figures: dict[str, Any] = {"affinity": affinity(warm + steady), "hit_ratio": hit_ratio(steady)}
+    # Requests sharing a prompt keep landing on the engine that holds it; the fleet has ample headroom here.
+    assert figures["affinity"] >= 0.8, figures
+    assert figures["hit_ratio"] >= 0.8, figures
+    # Prompts spread over the fleet rather than piling on one engine.
+    assert len({a.engine for a in steady}) >= 3
+
+    if chaos:
+        counts = Counter(a.engine for a in steady)
+        slow = fleet.urls.index(counts.most_common(1)[0][0].removesuffix("/v1"))
+        fleet.fault(slow, "slow", factor=50.0)
+        try:
+            # Its slowness shows only as the core learns it (the engine's prefill-time metrics, its in-flight
+            # work): give it a bounded number of rounds, and require the share to fall within them.
+            before = counts[f"{fleet.urls[slow]}/v1"] / len(steady)
+            shares: list[float] = []
+            for round_ in range(2, 2 + SLOW_ROUNDS):
+                slowed = await run_traffic(proxy, jobs(round_, per_prompt=4), concurrency=12)
+                assert all(a.status == 200 for a in slowed)
+                shares.append(sum(a.engine == f"{fleet.urls[slow]}/v1" for a in slowed) / len(slowed))
+                if shares[-1] < before * 0.5:
+                    break
+            figures.update(slow_share_before=before, slow_share_rounds=shares)
+            assert shares[-1] < before * 0.5, figures
+        finally:
+            fleet.fault(slow, "recover")
+
+        victim = (slow + 1) % N_ENGINES
+        crash_jobs = jobs(9, per_prompt=6, stream_share=0.0)
+        traffic = asyncio.ensure_future(run_traffic(proxy, crash_jobs, concurrency=12))
+        await asyncio.sleep(0.3)  # mid-run: requests are in flight on every engine
+        await asyncio.to_thread(fleet.fault, victim, "crash")
+        crashed = await traffic
+        failed = [a.body for a in crashed if a.status != 200]
+        # Non-streamed requests in flight on the dead engine and new ones alike were answered elsewhere.
+        assert not failed, failed
+        assert len(crashed) == len(crash_jobs)
+        figures["served_after_crash"] = len(crashed)
+        fleet.fault(victim, "recover")
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        resp = await client.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {proxy.key}"},
+        )
+    assert resp.status_code in (400, 404), resp.text
+    assert "error" in resp.json()
+    return figures
+
+
+def test_proxy_embedded_mode(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, fleet, smollm2_dir, redis_url=None, key_prefix="")
+    proxy = Proxy(config, tmp_path)
+    try:
+        figures = asyncio.run(check_gateway(proxy, fleet, chaos=True))
+        print("embedded", figures)
+    except BaseException:
+        print(proxy.process.log_tail(80))
+        raise
+    finally:
+        proxy.stop()
+
+
+def test_proxy_redis_mode_with_collector_beside_it(
+    fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    config = write_config(tmp_path, fleet, smollm2_dir, redis_url=redis_server_url, key_prefix=key_prefix)
+    cognitora_yaml = tmp_path / "cognitora.yaml"
+    export = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(config), "-o", str(cognitora_yaml)],
+        tmp_path / "export.log",
+        env={"PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
+    assert export.proc.wait(timeout=60) == 0, export.log_tail()
+    collector = ManagedProcess(
+        [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(cognitora_yaml)],
+        tmp_path / "collector.log",
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    try:
+        wait_until(lambda: "collector started" in collector.log_tail(200), 30, "the collector to start")
+        proxy = Proxy(config, tmp_path)
+        try:
+            figures = asyncio.run(check_gateway(proxy, fleet, chaos=False))
+            print("redis", figures)
+        except BaseException:
+            print(proxy.process.log_tail(80))
+            raise
+        finally:
+            proxy.stop()
+    finally:
+        collector.stop()
+    assert collector.proc.returncode == 0, collector.log_tail()
