@@ -140,6 +140,8 @@ class Exchange:
             # still flows: Envoy's own load balancer (the fallback policy) picks a host.
             log.exception("placement failed; the request goes on without a pick")
             return protocol.CONTINUE_REQUEST_BODY
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request %s (team %s):\n%s", request.request_id, request.team, decision.explain())
         if decision.rejection is not None:
             self.closed = True
             r = decision.rejection

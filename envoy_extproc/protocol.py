@@ -86,14 +86,9 @@ def route_to(endpoints: Sequence[str], new_body: bytes | None) -> ProcessingResp
         common.body_mutation.body = new_body
         set_headers.append(set_header(headers.CONTENT_LENGTH, str(len(new_body))))
     response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-    response.dynamic_metadata.update(
-        {
-            headers.LB_METADATA_NAMESPACE: {
-                headers.DESTINATION_ENDPOINT: endpoints[0],
-                headers.DESTINATION_ENDPOINTS: ",".join(endpoints),
-            }
-        }
-    )
+    lb = response.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value.fields
+    lb[headers.DESTINATION_ENDPOINT].string_value = endpoints[0]
+    lb[headers.DESTINATION_ENDPOINTS].string_value = ",".join(endpoints)
     return response
 
 

@@ -48,11 +48,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
     async def Process(  # the gRPC method's name
         self, request_iterator: AsyncIterator[protocol.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> None:
+    ) -> AsyncIterator[protocol.ProcessingResponse]:
         exchange = Exchange(self._core, self._settings, self._addresses)
         try:
             async for message in request_iterator:
-                await context.write(await self._answer(exchange, message))
+                yield await self._answer(exchange, message)
                 await exchange.run_deferred()
                 if exchange.closed:
                     return

@@ -1,0 +1,238 @@
+"""End to end through Envoy: the real envoy binary on ``examples/envoy.yaml``, ``cognitora extproc`` and
+``cognitora collector`` as subprocesses, a simulated fleet of 4 engines (vLLM wire formats, KV events) and Redis.
+
+One fleet, three phases, in order (each builds on the last, as a day in production would):
+1. affinity: 8 long shared system prompts (a first question each, all at once), then many questions each,
+   concurrently. Each prompt's questions stay on one engine while there is headroom, the prompts spread over the
+   fleet, and the engines report high cache hits.
+2. a slow engine (fault "slow"): the router sees its queue grow and sends work elsewhere.
+3. a dead engine (fault "crash"): no client sees a failure; Envoy retries the first request on the runner-up,
+   the service marks the engine unhealthy, and nothing more is sent there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.sim.launch import SimFleet, start_fleet
+from envoy_extproc.launch import render_config, start_envoy
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUPS = 8
+WORDS = ["cache", "prefix", "engine", "token", "route", "fleet", "batch", "prompt", "model", "shard", "queue"]
+
+
+def system_prompt(group: int) -> str:
+    # Different from the first words on: prompts sharing a leading block would all prefer the engine holding it.
+    rng = random.Random(group)
+    body = " ".join(f"{rng.choice(WORDS)}-{rng.randrange(10_000)}" for _ in range(900))  # ~2,500 tokens
+    return f"{body}. You are assistant number {group}; follow the instructions above carefully."
+
+
+def question_text(group: int, question: int) -> str:
+    """A question with a pasted paragraph (~200 tokens): each request brings prefill work of its own too."""
+    rng = random.Random(f"{group}-{question}")
+    notes = " ".join(f"note{rng.randrange(100_000)}" for _ in range(60))
+    return f"Question {question}: what do these notes mean? {notes}"
+
+
+def can_connect(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Gateway:
+    url: str
+    fleet: SimFleet
+    extproc: ManagedProcess
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smollm2_dir: Path) -> Iterator[Gateway]:
+    work = tmp_path_factory.mktemp("envoy-e2e")
+    prefix = f"cogtest-envoy-{random.randrange(1 << 30):x}"
+    with start_fleet(4, time_scale=10.0, tokenizer=smollm2_dir / "tokenizer.json", log_dir=work) as fleet:
+        config = {
+            "redis_url": redis_server_url,
+            "key_prefix": prefix,
+            "models": [
+                {
+                    "name": fleet.model,
+                    "block_size": 16,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "chat_template": str(smollm2_dir / "chat_template.jinja"),
+                    "endpoints": [
+                        # the prior is what this fleet's engines measure (h100 profile at time scale 10), so
+                        # engines not yet learned from /metrics do not look three times slower than learned ones
+                        {"url": url, "kv_events": events, "kv_events_replay": replay, "prefill_tokens_per_s": 30000}
+                        for url, events, replay in zip(
+                            fleet.urls, fleet.events_addresses, fleet.replay_addresses, strict=True
+                        )
+                    ],
+                }
+            ],
+            "scrape": {"interval_s": 0.5, "timeout_s": 0.4},
+            # 2 cores shared with the whole test suite: a Redis answer can take longer than the 0.25 s default,
+            # and a degraded (store-less) decision is not what this test is about.
+            # Power-aware tie-breaking off: this test is about cache affinity and faults (the power rule has its
+            # own tests), and with a 50 ms slack it trades an 800-token cache hit for a lower J/token engine.
+            "placement": {"store_timeout_s": 2.0, "power_ttft_slack_s": 0.0, "power_ttft_slack_ratio": 0.0},
+        }
+        config_path = work / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        cli = [sys.executable, "-m", "cognitora.cli"]
+        extproc_port, listen, admin = free_port(), free_port(), free_port()
+        collector = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "collector.log", cwd=ROOT)
+        extproc = ManagedProcess(
+            [
+                *cli,
+                "extproc",
+                "--config",
+                str(config_path),
+                "--listen",
+                f"127.0.0.1:{extproc_port}",
+                "--log-level",
+                "debug",
+            ],
+            work / "extproc.log",
+            cwd=ROOT,
+        )
+        envoy = None
+        try:
+            wait_until(lambda: can_connect(extproc_port) or not extproc.alive(), 30.0, "cognitora extproc to listen")
+            assert extproc.alive(), extproc.log_tail()
+            envoy_config = render_config(
+                listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
+            )
+            envoy = start_envoy(envoy_config, work / "envoy", admin)
+            yield Gateway(url=f"http://127.0.0.1:{listen}", fleet=fleet, extproc=extproc)
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            extproc.stop()
+            collector.stop()
+
+
+@dataclass
+class Result:
+    group: int
+    status: int
+    engine: str
+    prompt_tokens: int
+    cached_tokens: int
+    error: str = ""
+
+
+async def ask(client: httpx.AsyncClient, group: int, question: int, stream: bool) -> Result:
+    body: dict[str, Any] = {
+        "model": "smollm2",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system_prompt(group)},
+            {"role": "user", "content": question_text(group, question)},
+        ],
+    }
+    try:
+        if not stream:
+            r = await client.post("/v1/chat/completions", json=body)
+            usage = r.json().get("usage") or {} if r.status_code == 200 else {}
+            engine = r.headers.get("x-cognitora-upstream-host", "")
+            return Result(group, r.status_code, engine, *_tokens(usage), error="" if r.status_code == 200 else r.text)
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        usage = {}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            text = ""
+            async for line in r.aiter_lines():
+                text += line
+                if line.startswith("data: {") and '"usage"' in line:
+                    usage = json.loads(line[6:]).get("usage") or usage
+            engine = r.headers.get("x-cognitora-upstream-host", "")
+            return Result(group, r.status_code, engine, *_tokens(usage), error="" if r.status_code == 200 else text)
+    except httpx.HTTPError as exc:
+        return Result(group, 0, "", 0, 0, error=repr(exc))
+
+
+def _tokens(usage: dict[str, Any]) -> tuple[int, int]:
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return int(usage.get("prompt_tokens") or 0), int(cached)
+
+
+def run_phase(gateway: Gateway, questions: int, first_question: int, concurrency: int = 8) -> list[Result]:
+    """``questions`` per group, interleaved across groups, ``concurrency`` in flight; every third one streamed."""
+    jobs = [(g, q) for q in range(first_question, first_question + questions) for g in range(GROUPS)]
+
+    async def main() -> list[Result]:
+        limit = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+
+            async def one(g: int, q: int) -> Result:
+                async with limit:
+                    return await ask(client, g, q, stream=q % 3 == 0)
+
+            return list(await asyncio.gather(*(one(g, q) for g, q in jobs)))
+
+    return asyncio.run(main())
+
+
+def homes(results: list[Result]) -> dict[int, Counter[str]]:
+    by_group: dict[int, Counter[str]] = {}
+    for r in results:
+        by_group.setdefault(r.group, Counter())[r.engine] += 1
+    return by_group
+
+
+def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Gateway) -> None:
+    fleet = gateway.fleet
+    # -- 1. prefix affinity while there is headroom ------------------------------------------------------------
+    run_phase(gateway, questions=1, first_question=0)  # the 8 first questions arrive together and spread out
+    warm = run_phase(gateway, questions=12, first_question=1)
+    assert all(r.status == 200 for r in warm), [r for r in warm if r.status != 200][:3]
+    placement = homes(warm)
+    home = {g: c.most_common(1)[0][0] for g, c in placement.items()}
+    affinity = sum(placement[g][home[g]] for g in placement) / len(warm)
+    assert affinity >= 0.8, f"only {affinity:.0%} of requests on their prompt's engine: {placement}"
+    assert len(set(home.values())) >= 3, f"8 prompts crowded onto few engines: {home}"
+    late = [r for r in warm if r.prompt_tokens][len(warm) // 3 :]
+    hit = sum(r.cached_tokens for r in late) / sum(r.prompt_tokens for r in late)
+    # ~2,500 shared system-prompt tokens and ~230 of the question's own per request: the ceiling is about 91%.
+    assert hit >= 0.75, f"prompt tokens served from cache after warm-up: {hit:.0%}"
+
+    # -- 2. a slow engine is avoided ---------------------------------------------------------------------------
+    load = Counter(home.values())
+    slow = max(load, key=lambda e: load[e])
+    slow_index = fleet.endpoint_ids.index(slow)
+    before = sum(1 for r in warm if r.engine == slow) / len(warm)
+    fleet.fault(slow_index, "slow", factor=20.0)
+    slowed = run_phase(gateway, questions=16, first_question=20, concurrency=12)
+    assert all(r.status == 200 for r in slowed), [r.error for r in slowed if r.status != 200][:3]
+    late = slowed[len(slowed) // 2 :]  # once the slow-down shows in the engine's metrics and in-flight work
+    after = sum(1 for r in late if r.engine == slow) / len(late)
+    assert after < before * 0.6, f"slow engine share {before:.0%} before, {after:.0%} after the fault"
+    fleet.fault(slow_index, "recover")
+
+    # -- 3. a dead engine: no client-visible failure, nothing more sent there ------------------------------------
+    dead = max((e for e in load if e != slow), key=lambda e: load[e])
+    fleet.fault(fleet.endpoint_ids.index(dead), "crash")
+    survived = run_phase(gateway, questions=6, first_question=40)
+    failures = [r.error for r in survived if r.status != 200]
+    assert failures == [], f"{len(failures)} client-visible failures after a crash: {failures[:3]}"
+    assert not any(r.engine == dead for r in survived)
+    wait_until(lambda: "marked unhealthy" in gateway.extproc.log_tail(200), 10.0, "the dead engine marked unhealthy")
