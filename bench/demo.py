@@ -28,10 +28,11 @@ ENGINES = 4
 PROFILE = "h100x2"
 KV_TOKENS = 300_000
 # The published ladder is for 8 engines; the demo's 4 engines get half of its 15-QPS warm-up and 20-QPS stage.
-WARMUP = (7.5, 12.0)
+WARMUP = (7.5, 8.0)
 STAGE_RATE = 10.0
-STAGE_S = 24.0
-MAX_WALL_RPS = 10.0
+STAGE_S = 16.0
+MAX_WALL_RPS = 5.0
+DRAIN_S = 40.0  # engine seconds after the last request; requests still running then are cut (and count as failed)
 TARGETS = ("envoy-rr", "cognitora-litellm")
 LABELS = {"envoy-rr": "round-robin (Envoy)", "cognitora-litellm": "Cognitora (LiteLLM)"}
 
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_all.parse_args(
         [
             "--engines", str(ENGINES), "--profile", PROFILE, "--kv-tokens-per-engine", str(KV_TOKENS),
-            "--max-wall-rps", str(MAX_WALL_RPS), *argv,
+            "--max-wall-rps", str(MAX_WALL_RPS), "--drain", str(DRAIN_S), *argv,
         ]
     )  # fmt: skip
     profile = wl.B2B_SAAS.scaled_to(ENGINES, KV_TOKENS)

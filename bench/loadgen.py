@@ -52,6 +52,8 @@ class RequestResult:
     reusable_tokens: int = 0
     chunks: int = 0
     dispatch_lag_s: float = 0.0
+    censored: bool = False
+    """Cut by the end of the run: ``ttft_s`` is then the time waited so far (a lower bound) if no token came."""
 
     @property
     def ok(self) -> bool:
@@ -109,17 +111,8 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-async def _one_request(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    headers: Mapping[str, str],
-    req: BenchRequest,
-    time_scale: float,
-    timeout_s: float,
-    lag_s: float,
-) -> RequestResult:
-    res = RequestResult(
+def _new_result(req: BenchRequest, lag_s: float = 0.0) -> RequestResult:
+    return RequestResult(
         index=req.index,
         stage=req.stage,
         measured=req.measured,
@@ -128,6 +121,18 @@ async def _one_request(
         reusable_tokens=req.reusable_tokens,
         dispatch_lag_s=lag_s,
     )
+
+
+async def _one_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    res: RequestResult,
+    time_scale: float,
+    timeout_s: float,
+) -> RequestResult:
+    """Fill ``res`` as the response streams in (so a run that ends early still sees what arrived)."""
     start = time.perf_counter()
     first: float | None = None
     last: float | None = None
@@ -151,6 +156,7 @@ async def _one_request(
                     now = time.perf_counter()
                     if first is None:
                         first = now
+                        res.ttft_s = (first - start) * time_scale
                     last = now
                     res.chunks += 1
                 usage = chunk.get("usage")
@@ -165,7 +171,6 @@ async def _one_request(
         res.error = f"{type(exc).__name__}: {exc}"[:300]
     end = time.perf_counter()
     if first is not None:
-        res.ttft_s = (first - start) * time_scale
         if res.completion_tokens == 0:
             res.error = res.error or "stream carried no usage (stream_options.include_usage ignored)"
         if last is not None and res.completion_tokens > 1:
@@ -201,7 +206,8 @@ async def run_load(
     """Send ``schedule`` open-loop to ``base_url``; return every request's result and the harness's own health.
 
     ``request_timeout_s`` is engine seconds; ``max_wall_s`` stops dispatching (the unsent rest is counted as
-    ``not_sent``); ``drain_wall_s`` bounds the wait for in-flight requests after the last one left.
+    ``not_sent``); ``drain_wall_s`` bounds the wait for in-flight requests after the last one left: those still
+    running then are cut, counted as failed, and ``censored`` (their TTFT is a lower bound).
     """
     if time_scale <= 0:
         raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -224,6 +230,8 @@ async def run_load(
     cpu0, busy0 = time.process_time(), _machine_busy()
     wall0 = time.perf_counter()
     tasks: list[asyncio.Task[RequestResult]] = []
+    partial: list[RequestResult] = []
+    sent_at: list[float] = []
     not_sent = 0
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -238,31 +246,31 @@ async def run_load(
                 await asyncio.sleep(delay)
             lag = max(0.0, (time.perf_counter() - wall0) - due)
             body = json.dumps(req.body(bank, model)).encode()
+            res = _new_result(req, lag)
+            sent_at.append(time.perf_counter())
+            partial.append(res)
             task = asyncio.create_task(
-                _one_request(session, base + paths[req.api], body, hdrs, req, time_scale, timeout_wall, lag)
+                _one_request(session, base + paths[req.api], body, hdrs, res, time_scale, timeout_wall)
             )
             task.add_done_callback(finished)
             tasks.append(task)
         results: list[RequestResult] = []
         if tasks:
-            finished_set, pending = await asyncio.wait(tasks, timeout=drain_wall_s + timeout_wall)
+            _, pending = await asyncio.wait(tasks, timeout=drain_wall_s)
+            cut = time.perf_counter()
             for t in pending:
                 t.cancel()
-            for t, req in zip(tasks, requests, strict=False):
-                if t in finished_set and not t.cancelled() and t.exception() is None:
-                    results.append(t.result())
-                else:
-                    results.append(
-                        RequestResult(
-                            req.index,
-                            req.stage,
-                            req.measured,
-                            req.arrival_s,
-                            error="not finished when the run ended",
-                            content_tokens=req.prompt_tokens,
-                            reusable_tokens=req.reusable_tokens,
-                        )
-                    )
+            await asyncio.gather(*pending, return_exceptions=True)
+            for t, res, sent in zip(tasks, partial, sent_at, strict=True):
+                if t in pending:
+                    # Cut by the deadline: waiting so far is a lower bound of its TTFT; it counts as failed.
+                    res.censored = True
+                    res.error = "not finished when the run ended"
+                    if res.ttft_s is None:
+                        res.ttft_s = (cut - sent) * time_scale
+                elif t.exception() is not None:
+                    res.error = res.error or f"harness error: {t.exception()!r}"[:300]
+                results.append(res)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     busy1 = _machine_busy()

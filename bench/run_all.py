@@ -228,6 +228,7 @@ async def _drive(
             max_wall_s=args.duration,
             max_requests=args.max_requests,
             request_timeout_s=args.request_timeout,
+            drain_wall_s=args.drain / spec.time_scale,
             progress=Progress(target.name) if args.progress else None,
         )
     finally:
@@ -348,8 +349,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=str(SMOLLM2_TOKENIZER),
         help="tokenizer.json shared by the sim and Cognitora (default SmolLM2's), or 'builtin'",
     )
-    p.add_argument("--stream-chunk-tokens", type=int, default=16)
+    p.add_argument("--stream-chunk-tokens", type=int, default=32, help="tokens per SSE chunk from the sim")
     p.add_argument("--request-timeout", type=float, default=600.0, help="engine seconds")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=180.0,
+        help="engine seconds to wait for requests still running after the last one was sent; then they are cut",
+    )
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--slo-itl", type=float, default=0.100)
     p.add_argument("--seed", type=int, default=20251130)
