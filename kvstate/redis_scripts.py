@@ -16,27 +16,29 @@ numbers format with 14 significant digits, so scores and expiries are formatted 
 from __future__ import annotations
 
 _COMMON = """
+-- Redis 7 guards the globals table, so every global lookup is slow: the hot loops use these locals instead.
+local rcall, ssub, sbyte, sformat = redis.call, string.sub, string.byte, string.format
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function hex_at(blob, i) return string.sub(blob, 16 * i - 15, 16 * i) end
+local function hex_at(blob, i) return ssub(blob, 16 * i - 15, 16 * i) end
 -- the low nibble of endpoint ``id``'s byte: spec*8 + disk*4 + cpu*2 + gpu
-local function nibble(k, id) return redis.call('BITFIELD', k, 'GET', 'u4', id * 8 + 4)[1] end
-local function delete_if_empty(k) if redis.call('BITCOUNT', k) == 0 then redis.call('DEL', k) end end
+local function nibble(k, id) return rcall('BITFIELD', k, 'GET', 'u4', id * 8 + 4)[1] end
+local function delete_if_empty(k) if rcall('BITCOUNT', k) == 0 then rcall('DEL', k) end end
 -- batched ZADD / ZREM: one call per 1000 members rather than one per member
-local function flush(cmd, key, args) if #args > 0 then redis.call(cmd, key, unpack(args)) end return {} end
+local function flush(cmd, key, args) if #args > 0 then rcall(cmd, key, unpack(args)) end return {} end
 """
 
 _ENDPOINT_ID = """
 -- KEYS[3..5]: ids hash, names hash, free ids zset
 local function endpoint_id(ep)
-  local id = redis.call('HGET', KEYS[3], ep)
+  local id = rcall('HGET', KEYS[3], ep)
   if id then return tonumber(id) end
-  local free = redis.call('ZPOPMIN', KEYS[5])
-  if #free > 0 then id = tonumber(free[1]) else id = redis.call('HLEN', KEYS[3]) end
-  redis.call('HSET', KEYS[3], ep, id)
-  redis.call('HSET', KEYS[4], id, ep)
+  local free = rcall('ZPOPMIN', KEYS[5])
+  if #free > 0 then id = tonumber(free[1]) else id = rcall('HLEN', KEYS[3]) end
+  rcall('HSET', KEYS[3], ep, id)
+  rcall('HSET', KEYS[4], id, ep)
   return id
 end
 """
@@ -57,16 +59,16 @@ local alive = {}
 if #ARGV > 11 then
   local wanted = {}
   for i = 12, #ARGV do wanted[#wanted + 1] = ARGV[i] end
-  local ids = redis.call('HMGET', KEYS[2], unpack(wanted))
+  local ids = rcall('HMGET', KEYS[2], unpack(wanted))
   for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
 else
-  local s = redis.call('GET', KEYS[1])
+  local s = rcall('GET', KEYS[1])
   if s then
-    for j = 1, #s do if string.byte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
+    for j = 1, #s do if sbyte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
   end
 end
 if #alive == 0 then return {} end
-local names = redis.call('HMGET', KEYS[3], unpack(alive))
+local names = rcall('HMGET', KEYS[3], unpack(alive))
 local name, lengths, weighted = {}, {}, {}
 local named = {}
 for j, id in ipairs(alive) do
@@ -92,7 +94,7 @@ local function flush_run()
 end
 for j = 1, count do lengths[alive[j]] = 0 end
 for i = 1, n do
-  local s = redis.call('GET', base .. hex_at(blob, i)) or ''
+  local s = rcall('GET', base .. ssub(blob, 16 * i - 15, 16 * i)) or ''
   if simple and s == prev then
     run = run + 1
   else
@@ -101,14 +103,14 @@ for i = 1, n do
     local kept = 0
     for j = 1, count do
       local id = alive[j]
-      local v = (string.byte(s, id + 1) or 0) % 16
+      local v = (sbyte(s, id + 1) or 0) % 16
       local w = nil
       if v % 8 > 0 then
         w = mw[v % 8]
       elseif v >= 8 then
         simple = false
         now = now or now_ms()
-        local expiry = redis.call('ZSCORE', sbase .. name[id], hex_at(blob, i))
+        local expiry = rcall('ZSCORE', sbase .. name[id], hex_at(blob, i))
         if expiry and tonumber(expiry) > now then w = sw end
       end
       if w then
@@ -141,32 +143,32 @@ ADD = (
 local base, ep, tier, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local n = #blob / 16
 local id = endpoint_id(ep)
-local t = redis.call('TIME')
+local t = rcall('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local has_spec = redis.call('EXISTS', KEYS[2]) == 1
+local has_spec = rcall('EXISTS', KEYS[2]) == 1
 local z, confirmed = {}, {}
 for i = 1, n do
   local hex = hex_at(blob, i)
   local k = base .. hex
-  redis.call('SETBIT', k, id * 8 + 7 - tier, 1)
-  if has_spec and redis.call('SETBIT', k, id * 8 + 4, 0) == 1 then
+  rcall('SETBIT', k, id * 8 + 7 - tier, 1)
+  if has_spec and rcall('SETBIT', k, id * 8 + 4, 0) == 1 then
     confirmed[#confirmed + 1] = hex
     if #confirmed >= 1000 then confirmed = flush('ZREM', KEYS[2], confirmed) end
   end
   -- the chain's head gets the newest score: the cap forgets tails first, as the engines do
-  z[#z + 1] = string.format('%.0f', now_us + (n - i))
+  z[#z + 1] = sformat('%.0f', now_us + (n - i))
   z[#z + 1] = hex
   if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
 end
 flush('ZADD', KEYS[1], z)
 flush('ZREM', KEYS[2], confirmed)
-local over = redis.call('ZCARD', KEYS[1]) - cap
+local over = rcall('ZCARD', KEYS[1]) - cap
 while over > 0 do
-  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  local popped = rcall('ZPOPMIN', KEYS[1], math.min(over, 1000))
   for j = 1, #popped, 2 do
     local k = base .. popped[j]
     if nibble(k, id) % 8 > 0 then
-      redis.call('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
+      rcall('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
       delete_if_empty(k)
     end
   end
@@ -187,28 +189,28 @@ local id = endpoint_id(ep)
 local now = now_ms()
 local function unmark(hex)
   local k = base .. hex
-  if redis.call('EXISTS', k) == 1 then
-    redis.call('SETBIT', k, id * 8 + 4, 0)
+  if rcall('EXISTS', k) == 1 then
+    rcall('SETBIT', k, id * 8 + 4, 0)
     delete_if_empty(k)
   end
 end
 -- sweep this endpoint's expired guesses first, so speculative memory is bounded by what is live
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+local expired = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for j = 1, #expired do unmark(expired[j]) end
-if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
-local expiry = string.format('%.0f', now + ttl)
+if #expired > 0 then rcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
+local expiry = sformat('%.0f', now + ttl)
 local z = {}
 for i = 1, n do
   local hex = hex_at(blob, i)
-  redis.call('SETBIT', base .. hex, id * 8 + 4, 1)
+  rcall('SETBIT', base .. hex, id * 8 + 4, 1)
   z[#z + 1] = expiry
   z[#z + 1] = hex
   if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
 end
 flush('ZADD', KEYS[1], z)
-local over = redis.call('ZCARD', KEYS[1]) - cap
+local over = rcall('ZCARD', KEYS[1]) - cap
 while over > 0 do
-  local popped = redis.call('ZPOPMIN', KEYS[1], math.min(over, 1000))
+  local popped = rcall('ZPOPMIN', KEYS[1], math.min(over, 1000))
   for j = 1, #popped, 2 do unmark(popped[j]) end
   over = over - #popped / 2
 end
@@ -221,7 +223,7 @@ REMOVE = (
     + """
 -- KEYS: endpoint block zset, endpoint speculative zset, ids. ARGV: block base, endpoint, tier (-1: all), hex chain.
 local base, ep, tier, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local id = redis.call('HGET', KEYS[3], ep)
+local id = rcall('HGET', KEYS[3], ep)
 if not id then return 0 end
 id = tonumber(id)
 local n = #blob / 16
@@ -244,7 +246,7 @@ for i = 1, n do
       gone[#gone + 1] = hex
     end
     if nv ~= v then
-      redis.call('BITFIELD', k, 'SET', 'u4', id * 8 + 4, nv)
+      rcall('BITFIELD', k, 'SET', 'u4', id * 8 + 4, nv)
       if nv == 0 then delete_if_empty(k) end
     end
     if #gone >= 1000 then gone = flush('ZREM', KEYS[1], gone) end
@@ -264,33 +266,33 @@ CLEAR_CHUNK = (
 -- Purges up to ``chunk`` entries of each zset and returns how many remain (the caller loops until 0, so no single
 -- call blocks Redis for long). When none remain, the endpoint's id is freed for reuse: all its bits are clear.
 local base, ep, chunk = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local id = redis.call('HGET', KEYS[3], ep)
+local id = rcall('HGET', KEYS[3], ep)
 if not id then
-  redis.call('DEL', KEYS[1], KEYS[2])
+  rcall('DEL', KEYS[1], KEYS[2])
   return 0
 end
 id = tonumber(id)
-local popped = redis.call('ZPOPMIN', KEYS[1], chunk)
+local popped = rcall('ZPOPMIN', KEYS[1], chunk)
 for j = 1, #popped, 2 do
   local k = base .. popped[j]
   if nibble(k, id) % 8 > 0 then
-    redis.call('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
+    rcall('BITFIELD', k, 'SET', 'u3', id * 8 + 5, 0)
     delete_if_empty(k)
   end
 end
-popped = redis.call('ZPOPMIN', KEYS[2], chunk)
+popped = rcall('ZPOPMIN', KEYS[2], chunk)
 for j = 1, #popped, 2 do
   local k = base .. popped[j]
   if nibble(k, id) >= 8 then
-    redis.call('SETBIT', k, id * 8 + 4, 0)
+    rcall('SETBIT', k, id * 8 + 4, 0)
     delete_if_empty(k)
   end
 end
-local left = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+local left = rcall('ZCARD', KEYS[1]) + rcall('ZCARD', KEYS[2])
 if left == 0 then
-  redis.call('HDEL', KEYS[3], ep)
-  redis.call('HDEL', KEYS[4], id)
-  redis.call('ZADD', KEYS[5], id, id)
+  rcall('HDEL', KEYS[3], ep)
+  rcall('HDEL', KEYS[4], id)
+  rcall('ZADD', KEYS[5], id, id)
 end
 return left
 """
@@ -300,11 +302,11 @@ _INFLIGHT_SWEEP = (
     _COMMON
     + """
 local function sweep(z, h, now)
-  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  local expired = rcall('ZRANGEBYSCORE', z, '-inf', now)
   for j = 1, #expired, 1000 do
-    redis.call('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
+    rcall('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
   end
-  if #expired > 0 then redis.call('ZREMRANGEBYSCORE', z, '-inf', now) end
+  if #expired > 0 then rcall('ZREMRANGEBYSCORE', z, '-inf', now) end
 end
 """
 )
@@ -316,12 +318,12 @@ INFLIGHT_ADD = (
 local now = now_ms()
 sweep(KEYS[1], KEYS[2], now)
 local ttl = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
+rcall('ZADD', KEYS[1], sformat('%.0f', now + ttl), ARGV[1])
+rcall('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
 -- the keys outlive their longest-lived member, so an abandoned endpoint leaves nothing behind
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
+if rcall('PTTL', KEYS[1]) < ttl then
+  rcall('PEXPIRE', KEYS[1], ttl)
+  rcall('PEXPIRE', KEYS[2], ttl)
 end
 return 1
 """
@@ -341,7 +343,7 @@ INFLIGHT_READ = (
     + """
 -- KEYS: inflight zset, inflight tokens hash. Returns {requests, prefill tokens, decode tokens}; drops expired ones.
 sweep(KEYS[1], KEYS[2], now_ms())
-local vals = redis.call('HVALS', KEYS[2])
+local vals = rcall('HVALS', KEYS[2])
 local p, d = 0, 0
 for _, v in ipairs(vals) do
   local a, b = string.match(v, '^(%d+) (%d+)$')
