@@ -33,8 +33,8 @@ from kvstate.store import (
 GPU_MASK = 1
 """Tier bitmask of a block held in GPU memory only: the common case, weighted without a lookup."""
 
-_MAX_PENDING_TOUCHES = 1024
-"""Distinct matched prefixes whose LRU refresh waits for the next write."""
+_MAX_PENDING_TOUCH_BLOCKS = 65_536
+"""Matched blocks whose LRU refresh may wait for the next write (bounds that write's extra work to ~10 ms)."""
 
 
 def tier_bit(tier: Tier) -> int:
@@ -162,6 +162,7 @@ class MemoryStore:
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._pending_touches: OrderedDict[tuple[int, int, BlockKey], tuple[_EndpointBlocks, Sequence[BlockKey]]]
         self._pending_touches = OrderedDict()
+        self._pending_touch_blocks = 0
 
     def _index(self, model: str) -> _ModelIndex:
         index = self._models.get(model)
@@ -282,19 +283,24 @@ class MemoryStore:
         """A matched prefix is about to be reused: it becomes the youngest at the next write (``_touch``).
 
         The cap is only enforced on writes, so touching then evicts exactly as touching now would, and a prefix
-        matched again before that write is touched once. Past ``_MAX_PENDING_TOUCHES`` distinct prefixes the oldest
-        are applied now, which bounds both memory and the work left for the write.
+        matched again before that write is touched once. Past ``_MAX_PENDING_TOUCH_BLOCKS`` blocks the oldest
+        prefixes are applied now, which bounds both memory and the work left for the write.
         """
         ident = (id(blocks), n, keys[n - 1])  # chained keys: the last key of a prefix names the whole prefix
         pending = self._pending_touches
-        pending.pop(ident, None)
+        previous = pending.pop(ident, None)
+        if previous is not None:
+            self._pending_touch_blocks -= len(previous[1])
         pending[ident] = (blocks, keys[:n])
-        while len(pending) > _MAX_PENDING_TOUCHES:
+        self._pending_touch_blocks += n
+        while self._pending_touch_blocks > _MAX_PENDING_TOUCH_BLOCKS and pending:
             _, (b, k) = pending.popitem(last=False)
+            self._pending_touch_blocks -= len(k)
             self._touch(b, k)
 
     def _apply_touches(self) -> None:
         pending, self._pending_touches = self._pending_touches, OrderedDict()
+        self._pending_touch_blocks = 0
         for blocks, keys in pending.values():
             self._touch(blocks, keys)
 

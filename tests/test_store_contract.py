@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cognitora.process import free_port
+from kvstate import memory_store
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
 from kvstate.store import (
@@ -258,7 +259,9 @@ async def test_cap_forgets_the_oldest_blocks_tails_first(backend: Backend) -> No
     assert only(await store.match_prefix(M, old), B).blocks == 6
 
 
-async def test_memory_cap_keeps_recently_matched_blocks() -> None:
+@pytest.mark.parametrize("deferred_blocks", [65_536, 1], ids=["touch-at-next-write", "touch-at-once"])
+async def test_memory_cap_keeps_recently_matched_blocks(monkeypatch: pytest.MonkeyPatch, deferred_blocks: int) -> None:
+    monkeypatch.setattr(memory_store, "_MAX_PENDING_TOUCH_BLOCKS", deferred_blocks)
     store = MemoryStore(max_blocks_per_endpoint=6)
     first, second = CHAIN[:3], CHAIN[3:6]
     await store.add_blocks(M, A, first)
