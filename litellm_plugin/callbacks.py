@@ -34,7 +34,7 @@ from cognitora.request import Outcome
 from cognitora.router import Router
 from litellm_plugin.ledger import Placement, PlacementLedger
 from litellm_plugin.register import register
-from litellm_plugin.runtime import HostClosed
+from litellm_plugin.runtime import HostClosed, wait_spawned
 from litellm_plugin.translate import failure_outcome, placement_id, success_outcome, unreachable_reason
 
 # Importing this module is what the proxy's `litellm_settings.callbacks` line does, before it builds its Router.
@@ -43,7 +43,10 @@ register()
 log = logging.getLogger("cognitora.litellm")
 
 
-async def _settle(router: Router, placement: Placement, outcome: Outcome, unreachable: str | None) -> None:
+async def settle(router: Router, placement: Placement, outcome: Outcome, unreachable: str | None) -> None:
+    """On the core's loop: the attempt is over. Its dispatch write lands first, so the release never precedes it."""
+    if placement.dispatch is not None:
+        await wait_spawned(placement.dispatch)
     decision = placement.decision
     if unreachable is not None and decision.endpoint is not None:
         await router.mark_unhealthy(decision.endpoint, unreachable)
@@ -89,14 +92,14 @@ class CognitoraCallbacks(CustomLogger):
         if placement is not None:
             timing = getattr(request_data.get("litellm_logging_obj"), "model_call_details", None)
             outcome = success_outcome(placement.decision, timing if isinstance(timing, dict) else {}, response)
-            await self._guarded(placement.host.call(lambda router: _settle(router, placement, outcome, None)))
+            await self._guarded(placement.host.call(lambda router: settle(router, placement, outcome, None)))
         return None
 
     async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         placement = self._take(kwargs)
         if placement is not None:
             outcome = success_outcome(placement.decision, kwargs, response_obj)
-            await self._guarded(placement.host.call(lambda router: _settle(router, placement, outcome, None)))
+            await self._guarded(placement.host.call(lambda router: settle(router, placement, outcome, None)))
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._failed(kwargs, kwargs.get("exception") if isinstance(kwargs, dict) else None)
@@ -106,7 +109,7 @@ class CognitoraCallbacks(CustomLogger):
         placement = self._take(kwargs)
         if placement is not None:
             outcome = success_outcome(placement.decision, kwargs, response_obj)
-            self._from_sync(placement, lambda router: _settle(router, placement, outcome, None))
+            self._from_sync(placement, lambda router: settle(router, placement, outcome, None))
 
     def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         placement = self._take(kwargs)
@@ -114,7 +117,7 @@ class CognitoraCallbacks(CustomLogger):
             error = kwargs.get("exception") if isinstance(kwargs, dict) else None
             outcome = failure_outcome(placement.decision, error or "request failed")
             reason = unreachable_reason(error)
-            self._from_sync(placement, lambda router: _settle(router, placement, outcome, reason))
+            self._from_sync(placement, lambda router: settle(router, placement, outcome, reason))
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _take(self, kwargs: Any) -> Placement | None:
@@ -127,7 +130,7 @@ class CognitoraCallbacks(CustomLogger):
             return
         outcome = failure_outcome(placement.decision, error or "request failed")
         reason = unreachable_reason(error)
-        await self._guarded(placement.host.call(lambda router: _settle(router, placement, outcome, reason)))
+        await self._guarded(placement.host.call(lambda router: settle(router, placement, outcome, reason)))
 
     def _from_sync(self, placement: Placement, fn: Any) -> None:
         try:

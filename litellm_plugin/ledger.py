@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from cognitora.decision import Decision
 
 if TYPE_CHECKING:
-    from litellm_plugin.runtime import CoreHost
+    from litellm_plugin.runtime import CoreHost, Spawned
 
 
 @dataclass
@@ -30,6 +30,8 @@ class Placement:
     decision: Decision
     host: CoreHost
     trace_id: str | None
+    dispatch: Spawned | None = None
+    """The in-flight count's store write, started as the deployment is returned; settled before the release."""
     opened_at: float = field(default_factory=time.monotonic)
     first_token_seen: bool = False
 

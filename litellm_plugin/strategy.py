@@ -5,7 +5,8 @@ Per attempt (LiteLLM calls the strategy again for each retry of a request):
 1. LiteLLM's own ``async_get_healthy_deployments`` narrows the group (cooldowns, tags, ``order``, context window,
    team-only models); we keep all of that.
 2. The healthy deployments with an ``api_base`` become the request's candidate endpoints; the core places the
-   request among them (``Router.place``) and counts it as dispatched (``Router.dispatched``).
+   request among them (``Router.place``); the pick is counted as dispatched (``Router.dispatched``, whose store
+   write runs while LiteLLM calls the engine).
 3. The strategy returns the deployment whose endpoint is the Decision's, or raises the LiteLLM error that matches
    a Rejection's status. The attempt's placement id goes into the request metadata for the callbacks
    (``litellm_plugin.callbacks``), which report its end.
@@ -25,10 +26,9 @@ import litellm
 from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.types.router import CustomRoutingStrategyBase
 
-from cognitora.decision import Decision
-from cognitora.request import RouteRequest
 from cognitora.router import Router
 from litellm_plugin.callbacks import cognitora as callbacks
+from litellm_plugin.callbacks import settle
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
 from litellm_plugin.ledger import Placement
 from litellm_plugin.runtime import CoreHost
@@ -42,14 +42,6 @@ from litellm_plugin.translate import (
 )
 
 log = logging.getLogger("cognitora.litellm")
-
-
-async def _place_and_dispatch(router: Router, req: RouteRequest) -> Decision:
-    """One trip to the core's loop: decide, and count the work at once so the next decision sees it."""
-    decision = await router.place(req)
-    if decision.rejection is None and decision.endpoint is not None:
-        await router.dispatched(decision)
-    return decision
 
 
 class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
@@ -133,17 +125,19 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             return self._litellm_default(model, healthy, request_kwargs)
 
         req = route_request(group, messages, input, request_kwargs, list(by_endpoint))
-        decision = await self.host.call(lambda router: _place_and_dispatch(router, req))
+        decision = await self.host.call(lambda router: router.place(req))
         if decision.rejection is not None:
             raise rejection_error(decision.rejection, model)
         chosen = by_endpoint.get(decision.endpoint or "")
         if chosen is None:
-            await self.host.call(lambda router: router.finished(decision, failure_outcome(decision, "not a candidate")))
             raise RuntimeError(
                 f"cognitora placed {req.request_id} on {decision.endpoint!r}, which is not among LiteLLM's healthy "
                 f"deployments {sorted(by_endpoint)}: a core bug, please report it with this message"
             )
-        callbacks.ledger.open(Placement(decision=decision, host=self.host, trace_id=trace))
+        # Counted at once in this process (Router.dispatched's first step); its store write goes out while
+        # LiteLLM calls the engine, and is settled before the attempt's release.
+        dispatch = self.host.spawn(lambda router: router.dispatched(decision))
+        callbacks.ledger.open(Placement(decision=decision, host=self.host, trace_id=trace, dispatch=dispatch))
         writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
         return chosen
 
@@ -175,5 +169,4 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         # ended without any callback (e.g. a pre-call check refused them): release their in-flight work now.
         for earlier in callbacks.ledger.take_trace(trace):
             outcome = failure_outcome(earlier.decision, "attempt ended without a result; LiteLLM retried")
-            decision = earlier.decision
-            await earlier.host.call(lambda router, d=decision, o=outcome: router.finished(d, o))  # type: ignore[misc]
+            await earlier.host.call(lambda router, p=earlier, o=outcome: settle(router, p, o, None))  # type: ignore[misc]
