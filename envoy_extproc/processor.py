@@ -9,14 +9,16 @@ The phases, in the order Envoy sends them (BUFFERED request body, see examples/e
    response body to read (``mode_override``: STREAMED for SSE, BUFFERED for JSON, NONE when usage is not wanted).
 4. response body: usage, first token, end of stream -> the outcome.
 
-Core calls that the response to Envoy does not depend on (dispatched, first token, finished, mark unhealthy) are
-deferred until that response is written, so Redis round trips never sit between Envoy and the engine.
+Core calls that the response to Envoy does not depend on (dispatched, first token, finished, mark unhealthy) run in
+the background, in order, so store round trips never sit between Envoy and the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -88,7 +90,8 @@ class Exchange:
         self._path = ""
         self._placeable = False
         self._identity: dict[str, str] = {}
-        self._deferred: list[Callable[[], Awaitable[None]]] = []
+        self._reports: deque[Callable[[], Awaitable[None]]] = deque()
+        self._reporter: asyncio.Task[None] | None = None
         self.placed: PlacedRequest | None = None
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
@@ -194,14 +197,16 @@ class Exchange:
             placed.awaiting_body = True
             return protocol.response_headers(STREAMED, _REMOVE_FROM_RESPONSE)
         placed.sse = None
-        # A non-streamed answer is complete when its headers arrive (the engine sends them last): that is its
-        # first token as far as queueing is concerned.
-        self._first_token(placed)
+        # A non-streamed answer is whole when its headers arrive (the engine sends them last): its first token is
+        # not observable, and "finished" (now, or with the body just behind) releases its prefill too, so no
+        # separate first-token report (one store write less per request).
         if ok and not placed.stream and self._settings.usage == "all" and headers.JSON_CONTENT_TYPE in content_type:
             placed.awaiting_body = True
             return protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
         placed.complete = True
-        if not placed.stream:
+        if placed.stream:
+            self._first_token(placed)  # the body is not read: its headers are the best first-token estimate left
+        else:
             self._finish(placed)
         return protocol.response_headers(NONE, _REMOVE_FROM_RESPONSE)
 
@@ -255,12 +260,15 @@ class Exchange:
             self._defer(lambda: self._core.finished(placed.decision, outcome))
 
     def _defer(self, call: Callable[[], Awaitable[None]]) -> None:
-        self._deferred.append(call)
+        """Queue a report to the core. Reports run in order, in the background: the answer to Envoy never waits
+        for the store, and "finished" never overtakes "dispatched"."""
+        self._reports.append(call)
+        if self._reporter is None or self._reporter.done():
+            self._reporter = asyncio.create_task(self._report())
 
-    async def run_deferred(self) -> None:
-        """Run the core calls queued by the last phase (after its answer went to Envoy). Errors are logged."""
-        while self._deferred:
-            call = self._deferred.pop(0)
+    async def _report(self) -> None:
+        while self._reports:
+            call = self._reports.popleft()
             try:
                 await call()
             except Exception:
@@ -273,4 +281,5 @@ class Exchange:
             if placed.status is not None and not placed.awaiting_body and placed.error is None:
                 placed.complete = True  # the body was deliberately not read (--usage); the stream ended normally
             self._finish(placed)
-        await self.run_deferred()
+        if self._reporter is not None:
+            await self._reporter

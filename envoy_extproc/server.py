@@ -38,7 +38,7 @@ _PASS_THROUGH = {
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
-    """One gRPC stream per HTTP request: read a message, answer it, then run the core calls it queued."""
+    """One gRPC stream per HTTP request: read a message, answer it; at the end, see the request's report through."""
 
     def __init__(self, core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> None:
         self._core = core
@@ -48,12 +48,16 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
     async def Process(  # the gRPC method's name
         self, request_iterator: AsyncIterator[protocol.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[protocol.ProcessingResponse]:
+    ) -> None:
+        # context.read()/write() rather than iterating request_iterator and yielding: one async-generator layer
+        # less per message in grpc.aio, a visible share of the per-request CPU.
         exchange = Exchange(self._core, self._settings, self._addresses)
         try:
-            async for message in request_iterator:
-                yield await self._answer(exchange, message)
-                await exchange.run_deferred()
+            while True:
+                message = await context.read()
+                if message is grpc.aio.EOF:
+                    return
+                await context.write(await self._answer(exchange, message))
                 if exchange.closed:
                     return
         finally:
