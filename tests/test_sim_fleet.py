@@ -220,6 +220,22 @@ def test_completions_ignore_unknown_fields_and_accept_max_completion_tokens(flee
     assert models["data"][0]["id"] == "smollm2"
 
 
+def test_next_turn_reuses_the_blocks_the_reply_filled(fleet: SimFleet) -> None:
+    url = fleet.urls[1]
+    messages = [{"role": "user", "content": words(60, "turn")}]
+    first = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 64}, timeout=30
+    ).json()
+    reply = first["choices"][0]["message"]["content"]
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and then?"}]
+    second = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 4}, timeout=30
+    ).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # beyond the first prompt: blocks filled while decoding the reply were cached and hit
+    assert cached > first["usage"]["prompt_tokens"] + 32
+
+
 def test_tokenize_and_render_endpoints_agree_with_the_engine(fleet: SimFleet) -> None:
     url = fleet.urls[2]
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is a block?"}]
@@ -336,6 +352,7 @@ def test_metrics_parse_and_track_load(small_fleet: SimFleet) -> None:
             next(it)
             busy = metrics(url)
             assert busy["vllm:num_requests_running"] == 1 and busy["vllm:kv_cache_usage_perc"] > 0
+            assert busy["DCGM_FI_DEV_GPU_UTIL"] > 0 and busy["DCGM_FI_DEV_POWER_USAGE"] > 75
             for _ in it:
                 pass
     small_fleet.fault(1, "recover")

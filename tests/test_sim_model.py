@@ -230,3 +230,15 @@ def test_legacy_and_map_event_encodings_follow_engines_md() -> None:
         ["BlockRemoved", [11], "GPU"],
         ["AllBlocksCleared"],
     ]
+
+
+def test_energy_meter_integrates_steps_and_idle_and_reports_one_second_averages() -> None:
+    from cognitora.sim.power import EnergyMeter
+
+    meter = EnergyMeter(idle_watts=100.0, start=0.0)
+    meter.add_step(1.0, 1.5, 500.0)  # idle 1 s, then half a second at 500 W
+    assert meter.energy_joules(1.5) == pytest.approx(100 + 250)
+    assert meter.energy_joules(3.0) == pytest.approx(350 + 150)  # idle afterwards
+    assert meter.watts(1.5) == pytest.approx((0.5 * 100 + 0.5 * 500) / 1.0)
+    assert meter.utilization(1.5) == pytest.approx(0.5)
+    assert meter.watts(5.0) == pytest.approx(100.0) and meter.utilization(5.0) == 0.0

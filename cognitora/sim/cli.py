@@ -63,6 +63,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--default-max-tokens", type=int, default=128, help="completion length when a request gives no max_tokens"
     )
+    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per batch (default: the profile's)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget of one step, i.e. the prefill chunk (default: the profile's)",
+    )
     p.add_argument("--accept-any-model", action="store_true", help="serve any requested model name")
     p.add_argument(
         "--admin-port",
@@ -101,6 +108,9 @@ def main(argv: list[str]) -> int:
         parser.error("--block-size must be at least 1")
     if args.stream_chunk_tokens < 1:
         parser.error("--stream-chunk-tokens must be at least 1")
+    for flag in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < args.block_size:
         parser.error("--kv-capacity-tokens must hold at least one block")
     try:
@@ -122,6 +132,8 @@ def main(argv: list[str]) -> int:
             stream_chunk_tokens=args.stream_chunk_tokens,
             seed=args.seed,
             default_max_tokens=args.default_max_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         )
         for i in range(n)
     ]

@@ -73,6 +73,10 @@ class EngineConfig:
     stream_chunk_tokens: int = 1
     seed: int = 0
     default_max_tokens: int = 128
+    max_num_seqs: int | None = None
+    """Overrides the profile's (vLLM ``--max-num-seqs``)."""
+    max_num_batched_tokens: int | None = None
+    """Overrides the profile's (vLLM ``--max-num-batched-tokens``)."""
 
     @property
     def endpoint_id(self) -> str:
@@ -110,8 +114,8 @@ class SimEngine:
             self.cache,
             BlockHasher(config.block_size),
             tokenizer.output_vocabulary(),
-            max_num_seqs=self.profile.max_num_seqs,
-            max_num_batched_tokens=self.profile.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs or self.profile.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens or self.profile.max_num_batched_tokens,
         )
         self.meter = EnergyMeter(self.profile.idle_watts * self.profile.gpus, start=clock.now())
         self.metrics = self._new_metrics()
@@ -181,6 +185,7 @@ class SimEngine:
             self.profile.accelerator,
             lambda: self.meter.watts(self.clock.now()),
             lambda: self.meter.energy_joules(self.clock.now()),
+            lambda: self.meter.utilization(self.clock.now()),
         )
         return m
 

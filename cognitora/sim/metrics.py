@@ -1,4 +1,4 @@
-"""One engine's ``/metrics``: vLLM's names and labels (engines.md 4.1) plus DCGM power (7.2).
+"""One engine's ``/metrics``: vLLM's names and labels (engines.md 4.1) plus DCGM power and utilization (7.2).
 
 vLLM declares counters without ``_total`` and prometheus_client appends it, so the exposed names are e.g.
 ``vllm:prompt_tokens_total``. Labels are ``model_name`` and ``engine`` (the DP rank, "0"). Every duration is in
@@ -91,15 +91,29 @@ class _DcgmPower:
     """DCGM exporter's power series, written as text: its counter has no ``_total`` suffix, which
     prometheus_client's own counters would add."""
 
-    def __init__(self, gpus: int, gpu_name: str, power_w: Callable[[], float], energy_j: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        gpus: int,
+        gpu_name: str,
+        power_w: Callable[[], float],
+        energy_j: Callable[[], float],
+        utilization: Callable[[], float],
+    ) -> None:
         self.gpus = gpus
         self.gpu_name = gpu_name.replace('"', "")
         self.power_w = power_w
         self.energy_j = energy_j
+        self.utilization = utilization
 
     def exposition(self) -> bytes:
         w, mj = self.power_w() / self.gpus, self.energy_j() * 1000.0 / self.gpus
+        util = round(100 * self.utilization())
         lines = [
+            "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+        ]
+        lines += [f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",modelName="{self.gpu_name}"}} {util}' for g in range(self.gpus)]
+        lines += [
             "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
             "# TYPE DCGM_FI_DEV_POWER_USAGE gauge",
         ]
@@ -222,8 +236,15 @@ class EngineMetrics:
         )
         info.labels(**labels).set(1)
 
-    def add_power(self, gpus: int, gpu_name: str, power_w: Callable[[], float], energy_j: Callable[[], float]) -> None:
-        self._dcgm = _DcgmPower(gpus, gpu_name, power_w, energy_j)
+    def add_power(
+        self,
+        gpus: int,
+        gpu_name: str,
+        power_w: Callable[[], float],
+        energy_j: Callable[[], float],
+        utilization: Callable[[], float],
+    ) -> None:
+        self._dcgm = _DcgmPower(gpus, gpu_name, power_w, energy_j, utilization)
 
     _dcgm: _DcgmPower | None = None
 
