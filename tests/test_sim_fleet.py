@@ -6,6 +6,7 @@ these tests check the simulator against the documented wire format, not against 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from collections.abc import Iterator
@@ -417,3 +418,20 @@ def test_faults(small_fleet: SimFleet) -> None:
     assert replay(sub_address, 0) == []
     with pytest.raises(ValueError, match="kind"):
         small_fleet.fault(1, "explode")
+
+
+def test_full_kv_preempts_and_a_full_batch_queues(tmp_path: Path) -> None:
+    """64 blocks and two seats: three concurrent long requests queue for a seat, and the two running ones outgrow
+    the cache, so one is preempted and recomputes; every request still completes in full."""
+    with start_fleet(
+        1, time_scale=20, kv_capacity_tokens=1024, extra_args=["--max-num-seqs", "2"], log_dir=tmp_path
+    ) as f:
+        url = f.urls[0]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(chat, url, words(150, f"p{i}"), 500) for i in range(3)]
+            results = [fut.result() for fut in futures]
+        assert [r["usage"]["completion_tokens"] for r in results] == [500, 500, 500]
+        m = metrics(url)
+        assert m["vllm:num_preemptions_total"] >= 1
+        assert m["vllm:request_queue_time_seconds_sum"] > 1.0  # the third waited for a whole request to finish
+        assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
