@@ -6,7 +6,9 @@ Layout, per model:
   endpoints holding it. A prefix match is then one dict lookup and one ``&`` per block, however many endpoints
   match: a walk touches ``len(keys)`` entries, not ``len(keys) * endpoints``, and stops when no endpoint is left;
 - per endpoint, an ``OrderedDict`` block key -> tier bitmask in LRU order (the truth the bitsets are derived from).
-  Storing or matching a block makes it the youngest; past the cap the oldest are forgotten in O(1) each;
+  Storing a block, or routing a request that reuses it (``add_speculative``), makes it the youngest; past the cap
+  the oldest are forgotten in O(1) each. A bare ``match_prefix`` is a pure read: most endpoints it scores are not
+  chosen, and their engines will not refresh those blocks either;
 - entries whose weight differs from a GPU block (other tiers) and speculative entries are flagged by two more
   bitsets, so the common case (GPU blocks only) never looks further.
 
@@ -32,9 +34,6 @@ from kvstate.store import (
 
 GPU_MASK = 1
 """Tier bitmask of a block held in GPU memory only: the common case, weighted without a lookup."""
-
-_MAX_PENDING_TOUCH_BLOCKS = 65_536
-"""Matched blocks whose LRU refresh may wait for the next write (bounds that write's extra work to ~10 ms)."""
 
 
 def tier_bit(tier: Tier) -> int:
@@ -144,7 +143,7 @@ class _Request:
 
 class MemoryStore:
     """In-process ``Store``. Bounded: at most ``max_blocks_per_endpoint`` confirmed and as many speculative blocks
-    per (model, endpoint), least recently stored/matched forgotten first."""
+    per (model, endpoint), least recently stored/routed forgotten first."""
 
     def __init__(
         self,
@@ -160,9 +159,6 @@ class MemoryStore:
         self._models: dict[str, _ModelIndex] = {}
         self._inflight: dict[str, dict[str, _Request]] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
-        self._pending_touches: OrderedDict[tuple[int, int, BlockKey], tuple[_EndpointBlocks, Sequence[BlockKey]]]
-        self._pending_touches = OrderedDict()
-        self._pending_touch_blocks = 0
 
     def _index(self, model: str) -> _ModelIndex:
         index = self._models.get(model)
@@ -174,8 +170,6 @@ class MemoryStore:
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
             return
-        if self._pending_touches:
-            self._apply_touches()
         index = self._index(model)
         blocks = index.endpoint(endpoint)
         held, spec = blocks.held, blocks.speculative
@@ -235,7 +229,6 @@ class MemoryStore:
         for eid, n in lengths.items():
             blocks = index.by_id[eid]
             out[blocks.endpoint] = PrefixMatch(n, weights[eid])
-            self._defer_touch(blocks, keys, n)
         return out
 
     def _walk(
@@ -279,58 +272,33 @@ class MemoryStore:
         weights = {eid: n * gpu_weight + adjust.get(eid, 0.0) for eid, n in lengths.items()}
         return lengths, weights
 
-    def _defer_touch(self, blocks: _EndpointBlocks, keys: Sequence[BlockKey], n: int) -> None:
-        """A matched prefix is about to be reused: it becomes the youngest at the next write (``_touch``).
-
-        The cap is only enforced on writes, so touching then evicts exactly as touching now would, and a prefix
-        matched again before that write is touched once. Past ``_MAX_PENDING_TOUCH_BLOCKS`` blocks the oldest
-        prefixes are applied now, which bounds both memory and the work left for the write.
-        """
-        ident = (id(blocks), n, keys[n - 1])  # chained keys: the last key of a prefix names the whole prefix
-        pending = self._pending_touches
-        previous = pending.pop(ident, None)
-        if previous is not None:
-            self._pending_touch_blocks -= len(previous[1])
-        pending[ident] = (blocks, keys[:n])
-        self._pending_touch_blocks += n
-        while self._pending_touch_blocks > _MAX_PENDING_TOUCH_BLOCKS and pending:
-            _, (b, k) = pending.popitem(last=False)
-            self._pending_touch_blocks -= len(k)
-            self._touch(b, k)
-
-    def _apply_touches(self) -> None:
-        pending, self._pending_touches = self._pending_touches, OrderedDict()
-        self._pending_touch_blocks = 0
-        for blocks, keys in pending.values():
-            self._touch(blocks, keys)
-
-    @staticmethod
-    def _touch(blocks: _EndpointBlocks, keys: Sequence[BlockKey]) -> None:
-        """Make ``keys`` the youngest, the head last: the cap forgets tails first, as the engines do."""
-        held = blocks.held
-        move = held.move_to_end
-        for i in range(len(keys) - 1, -1, -1):
-            key = keys[i]
-            if key in held:
-                move(key)
-
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
+        """A request was routed to ``endpoint``: blocks it holds are used again (LRU refresh, as its engine will
+        refresh them), the others are expected soon (speculative entries)."""
         if not keys:
             return
         index = self._index(model)
         blocks = index.endpoint(endpoint)
         now = self._clock()
-        spec = blocks.speculative
-        # Forget expired guesses first, so speculative memory is bounded by what is live.
-        for key in [k for k, exp in spec.items() if exp <= now]:
-            index.drop_speculative(blocks, key)
+        held, spec = blocks.held, blocks.speculative
+        # Forget expired guesses first (oldest first, up to the first live one), so speculative memory is bounded
+        # by what is live; ``match_prefix`` checks expiry anyway.
+        while spec:
+            oldest = next(iter(spec))
+            if spec[oldest] > now:
+                break
+            index.drop_speculative(blocks, oldest)
         expires = now + ttl_s
         b = 1 << blocks.bit
         spec_holders = index.spec_holders
-        for key in keys:
-            spec.pop(key, None)
-            spec[key] = expires
-            spec_holders[key] = spec_holders.get(key, 0) | b
+        move = held.move_to_end
+        for key in reversed(keys):  # the head last, so it is the youngest: tails are forgotten first
+            if key in held:
+                move(key)
+            else:
+                spec.pop(key, None)
+                spec[key] = expires
+                spec_holders[key] = spec_holders.get(key, 0) | b
         while len(spec) > self._cap:
             index.drop_speculative(blocks, next(iter(spec)))
 

@@ -182,11 +182,16 @@ ADD_SPECULATIVE = (
     _COMMON
     + _ENDPOINT_ID
     + """
--- KEYS: endpoint speculative zset, (unused), ids, names, free ids. ARGV: block base, endpoint, ttl ms, cap, hex chain.
+-- A request was routed to the endpoint: blocks it holds are used again (their age in the block zset is refreshed,
+-- as its engine will refresh them), the others are marked speculative until ``ttl`` ms pass.
+-- KEYS: endpoint speculative zset, endpoint block zset, ids, names, free ids.
+-- ARGV: block base, endpoint, ttl ms, cap, hex chain.
 local base, ep, ttl, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local n = #blob / 16
 local id = endpoint_id(ep)
-local now = now_ms()
+local t = rcall('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
 local function unmark(hex)
   local k = base .. hex
   if rcall('EXISTS', k) == 1 then
@@ -199,15 +204,23 @@ local expired = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for j = 1, #expired do unmark(expired[j]) end
 if #expired > 0 then rcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
 local expiry = sformat('%.0f', now + ttl)
-local z = {}
+local z, used = {}, {}
 for i = 1, n do
-  local hex = hex_at(blob, i)
-  rcall('SETBIT', base .. hex, id * 8 + 4, 1)
-  z[#z + 1] = expiry
-  z[#z + 1] = hex
-  if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
+  local hex = ssub(blob, 16 * i - 15, 16 * i)
+  local k = base .. hex
+  if nibble(k, id) % 8 > 0 then
+    used[#used + 1] = sformat('%.0f', now_us + (n - i))  -- the head newest, as in ADD
+    used[#used + 1] = hex
+    if #used >= 2000 then used = flush('ZADD', KEYS[2], used) end
+  else
+    rcall('SETBIT', k, id * 8 + 4, 1)
+    z[#z + 1] = expiry
+    z[#z + 1] = hex
+    if #z >= 2000 then z = flush('ZADD', KEYS[1], z) end
+  end
 end
 flush('ZADD', KEYS[1], z)
+flush('ZADD', KEYS[2], used)
 local over = rcall('ZCARD', KEYS[1]) - cap
 while over > 0 do
   local popped = rcall('ZPOPMIN', KEYS[1], math.min(over, 1000))

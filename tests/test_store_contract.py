@@ -11,7 +11,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from cognitora.process import free_port
-from kvstate import memory_store
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
 from kvstate.store import (
@@ -259,16 +258,15 @@ async def test_cap_forgets_the_oldest_blocks_tails_first(backend: Backend) -> No
     assert only(await store.match_prefix(M, old), B).blocks == 6
 
 
-@pytest.mark.parametrize("deferred_blocks", [65_536, 1], ids=["touch-at-next-write", "touch-at-once"])
-async def test_memory_cap_keeps_recently_matched_blocks(monkeypatch: pytest.MonkeyPatch, deferred_blocks: int) -> None:
-    monkeypatch.setattr(memory_store, "_MAX_PENDING_TOUCH_BLOCKS", deferred_blocks)
-    store = MemoryStore(max_blocks_per_endpoint=6)
+async def test_routing_to_blocks_refreshes_them(backend: Backend) -> None:
+    store = backend.make(max_blocks_per_endpoint=6)
     first, second = CHAIN[:3], CHAIN[3:6]
     await store.add_blocks(M, A, first)
     await store.add_blocks(M, A, second)
-    await store.match_prefix(M, first)  # reused: now the youngest
+    await store.match_prefix(M, first)  # a read: changes nothing
+    await store.add_speculative(M, A, first, ttl_s=60)  # routed there: reused, so the youngest now
     await store.add_blocks(M, A, [0x3000, 0x3001, 0x3002])
-    assert only(await store.match_prefix(M, first), A).blocks == 3
+    assert await store.match_prefix(M, first) == {A: PrefixMatch(3, 3.0)}  # still confirmed (GPU), not guesses
     assert await store.match_prefix(M, second) == {}
 
 
