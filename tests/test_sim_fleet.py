@@ -194,6 +194,15 @@ def test_streamed_usage_only_when_include_usage_is_set(fleet: SimFleet) -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in with_usage if c["choices"])
     assert len(text.split()) == 5
     assert [c["choices"][0]["finish_reason"] for c in without][-1] == "length"
+    _, continuous = stream_chat(
+        url, "usage please", max_tokens=3, stream_options={"include_usage": True, "continuous_usage_stats": True}
+    )
+    sent = 0
+    for c in continuous:  # usage in every chunk counts the tokens streamed so far
+        if c["choices"] and c["choices"][0]["delta"].get("content"):
+            sent += len(c["choices"][0]["delta"]["content"].split())
+            assert c["usage"]["completion_tokens"] == sent
+    assert sent == 3
 
 
 def test_completions_ignore_unknown_fields_and_accept_max_completion_tokens(fleet: SimFleet) -> None:

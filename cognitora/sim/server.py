@@ -1,7 +1,8 @@
 """One engine's HTTP face: vLLM's OpenAI-compatible server, as far as routers and gateways can tell.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``, usage with
-``prompt_tokens_details.cached_tokens``, a usage chunk when ``stream_options.include_usage``), ``GET /v1/models``,
+``prompt_tokens_details.cached_tokens``, a usage chunk when ``stream_options.include_usage``, usage in every chunk
+too with vLLM's ``continuous_usage_stats``), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
 ``POST /reset_prefix_cache``, and the simulator's admin API ``POST /sim/fault`` and ``GET /sim/state``.
@@ -214,7 +215,11 @@ class EngineServer:
             return error_response(400, "max_tokens must be an integer", param="max_tokens")
         stream = bool(body.get("stream", False))
         stream_options = body.get("stream_options") or {}
-        include_usage = bool(stream_options.get("include_usage")) if isinstance(stream_options, dict) else False
+        if not isinstance(stream_options, dict):
+            return error_response(400, "stream_options must be an object", param="stream_options")
+        include_usage = bool(stream_options.get("include_usage"))
+        # vLLM's extension: usage in every chunk as well
+        continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats"))
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
         try:
@@ -225,7 +230,7 @@ class EngineServer:
             return _cut_connection(request)
         try:
             if stream:
-                return await self._stream(request, req, chat, include_usage, str(model))
+                return await self._stream(request, req, chat, str(model), include_usage, continuous_usage)
             return await self._complete(request, req, chat, str(model))
         finally:
             if not req.finished:
@@ -262,7 +267,13 @@ class EngineServer:
         )
 
     async def _stream(
-        self, request: web.Request, req: SimRequest, chat: bool, include_usage: bool, model: str
+        self,
+        request: web.Request,
+        req: SimRequest,
+        chat: bool,
+        model: str,
+        include_usage: bool,
+        continuous_usage: bool,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -309,7 +320,16 @@ class EngineServer:
                 choice = {"index": 0, "text": "".join(new), "logprobs": None, "finish_reason": finish}
             if finish:
                 choice["stop_reason"] = None
-            parts.append(_sse({"id": req.rid, "object": obj, "created": created, "model": model, "choices": [choice]}))
+            chunk: dict[str, Any] = {
+                "id": req.rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            if continuous_usage:
+                chunk["usage"] = _usage(req)
+            parts.append(_sse(chunk))
             sent += len(new)
             if req.finished:
                 if include_usage:
