@@ -242,3 +242,14 @@ def test_energy_meter_integrates_steps_and_idle_and_reports_one_second_averages(
     assert meter.watts(1.5) == pytest.approx((0.5 * 100 + 0.5 * 500) / 1.0)
     assert meter.utilization(1.5) == pytest.approx(0.5)
     assert meter.watts(5.0) == pytest.approx(100.0) and meter.utilization(5.0) == 0.0
+
+
+def test_fast_block_hash_path_matches_the_generic_cbor_encoding() -> None:
+    import hashlib
+
+    from cognitora.sim.block_hash import hash_block
+
+    parent = none_hash()
+    for tokens in ([0, 23, 24, 255, 256, 65535] * 3, [70000, 1, 2]):
+        generic = hashlib.sha256(cbor_encode((parent, tuple(tokens), None))).digest()
+        assert hash_block(parent, tokens) == generic

@@ -429,12 +429,14 @@ class SimEngine:
             observe_many(itl_hist, itl, count)
         for req in result.finished:
             self._observe_finished(req)
-        lab(m.prefix_queries).inc(self.scheduler.prefix_queries - self._seen_queries)
-        lab(m.prefix_hits).inc(self.scheduler.prefix_hits - self._seen_hits)
-        lab(m.preemptions).inc(self.scheduler.preemptions - self._seen_preemptions)
-        self._seen_queries = self.scheduler.prefix_queries
-        self._seen_hits = self.scheduler.prefix_hits
-        self._seen_preemptions = self.scheduler.preemptions
+        s = self.scheduler
+        if s.prefix_queries != self._seen_queries:
+            lab(m.prefix_queries).inc(s.prefix_queries - self._seen_queries)
+            lab(m.prefix_hits).inc(s.prefix_hits - self._seen_hits)
+            self._seen_queries, self._seen_hits = s.prefix_queries, s.prefix_hits
+        if s.preemptions != self._seen_preemptions:
+            lab(m.preemptions).inc(s.preemptions - self._seen_preemptions)
+            self._seen_preemptions = s.preemptions
 
     def _observe_finished(self, req: SimRequest) -> None:
         m = self.metrics
