@@ -274,7 +274,7 @@ class MemoryStore:
 
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         """A request was routed to ``endpoint``: blocks it holds are used again (LRU refresh, as its engine will
-        refresh them), the others are expected soon (speculative entries)."""
+        refresh them, once the endpoint holds half its cap), the others are expected soon (speculative entries)."""
         if not keys:
             return
         index = self._index(model)
@@ -291,10 +291,14 @@ class MemoryStore:
         expires = now + ttl_s
         b = 1 << blocks.bit
         spec_holders = index.spec_holders
+        # Refreshing only orders what the cap will evict: skip it while less than half the cap is held (as Redis does,
+        # where it is the costly part).
+        refresh = 2 * len(held) >= self._cap
         move = held.move_to_end
         for key in reversed(keys):  # the head last, so it is the youngest: tails are forgotten first
             if key in held:
-                move(key)
+                if refresh:
+                    move(key)
             else:
                 spec.pop(key, None)
                 spec[key] = expires

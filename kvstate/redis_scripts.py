@@ -183,7 +183,8 @@ ADD_SPECULATIVE = (
     + _ENDPOINT_ID
     + """
 -- A request was routed to the endpoint: blocks it holds are used again (their age in the block zset is refreshed,
--- as its engine will refresh them), the others are marked speculative until ``ttl`` ms pass.
+-- as its engine will refresh them, once the endpoint is past half its cap), the others are marked speculative
+-- until ``ttl`` ms pass.
 -- KEYS: endpoint speculative zset, endpoint block zset, ids, names, free ids.
 -- ARGV: block base, endpoint, ttl ms, cap, hex chain.
 local base, ep, ttl, cap, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
@@ -204,14 +205,19 @@ local expired = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for j = 1, #expired do unmark(expired[j]) end
 if #expired > 0 then rcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
 local expiry = sformat('%.0f', now + ttl)
+-- Refreshing is the costly part (a zset move per block) and only orders what the cap will evict: skip it while the
+-- endpoint holds less than half its cap, where nothing can be evicted soon.
+local refresh = rcall('ZCARD', KEYS[2]) * 2 >= cap
 local z, used = {}, {}
 for i = 1, n do
   local hex = ssub(blob, 16 * i - 15, 16 * i)
   local k = base .. hex
   if nibble(k, id) % 8 > 0 then
-    used[#used + 1] = sformat('%.0f', now_us + (n - i))  -- the head newest, as in ADD
-    used[#used + 1] = hex
-    if #used >= 2000 then used = flush('ZADD', KEYS[2], used) end
+    if refresh then
+      used[#used + 1] = sformat('%.0f', now_us + (n - i))  -- the head newest, as in ADD
+      used[#used + 1] = hex
+      if #used >= 2000 then used = flush('ZADD', KEYS[2], used) end
+    end
   else
     rcall('SETBIT', k, id * 8 + 4, 1)
     z[#z + 1] = expiry
