@@ -208,7 +208,9 @@ def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Ga
     placement = homes(warm)
     home = {g: c.most_common(1)[0][0] for g, c in placement.items()}
     affinity = sum(placement[g][home[g]] for g in placement) / len(warm)
-    assert affinity >= 0.8, f"only {affinity:.0%} of requests on their prompt's engine: {placement}"
+    # Placement without prefix awareness lands ~40% of a prompt's 12 questions on its most used engine of 4. Not
+    # 100%: a cold wave can pile several prompts on one engine, and the router then moves questions off it.
+    assert affinity >= 0.7, f"only {affinity:.0%} of requests on their prompt's engine: {placement}"
     assert len(set(home.values())) >= 2, f"8 prompts crowded onto one engine: {home}"
     late = [r for r in warm if r.prompt_tokens][len(warm) // 3 :]
     hit = sum(r.cached_tokens for r in late) / sum(r.prompt_tokens for r in late)
