@@ -86,6 +86,9 @@ class TargetRun:
     total_requests: int = 0
     total_ok: int = 0
     not_sent: int = 0
+    router_cpu_share: float | None = None
+    """CPU of the router's processes over the run, in cores (1.0 = one core busy all the time)."""
+    fleet_cpu_share: float | None = None
     skipped: str = ""
 
 
@@ -196,18 +199,25 @@ def render_markdown(report: Report) -> str:
     lines += [f"- {n}" for n in report.notes]
     if report.notes:
         lines.append("")
-    lines += ["## Targets", "", "| target | settings | requests ok / sent | harness CPU | machine busy | valid |"]
-    lines.append("|---|---|---|---|---|---|")
+    lines += [
+        "## Targets",
+        "",
+        "| target | settings | requests ok / sent | router CPU | sim CPU | harness CPU | machine busy | valid |",
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|")
     for run in report.runs:
         if run.skipped:
-            lines.append(f"| {run.target} | {run.settings} | skipped: {run.skipped} | | | |")
+            lines.append(f"| {run.target} | {run.settings} | skipped: {run.skipped} | | | | | |")
             continue
         h = run.health
         valid = "yes" if h and not h.saturated else f"**no**: {h.reason if h else 'no data'}"
         cpu = f"{h.cpu_share:.0%} of a core" if h else "-"
         busy = f"{h.machine_busy_share:.0%}" if h else "-"
+        router = "-" if run.router_cpu_share is None else f"{run.router_cpu_share:.2f} cores"
+        sim = "-" if run.fleet_cpu_share is None else f"{run.fleet_cpu_share:.2f} cores"
         lines.append(
-            f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {cpu} | {busy} | {valid} |"
+            f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {router} | {sim} | {cpu} | "
+            f"{busy} | {valid} |"
         )
     lines.append("")
 

@@ -33,7 +33,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
 from bench.report import EngineStats, Report, Slo, TargetRun, summarize_stage, write_report
-from bench.targets import PEER_TARGETS, FleetLike, Target, TargetUnavailable, all_targets, make_target
+from bench.targets import (
+    PEER_TARGETS,
+    FleetLike,
+    Target,
+    TargetUnavailable,
+    all_targets,
+    make_target,
+    process_group_cpu_seconds,
+)
 from cognitora.process import ManagedProcess, free_port_block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +109,9 @@ class BenchFleet:
         except BaseException:
             self._proc.stop()
             raise
+
+    def cpu_seconds(self) -> float:
+        return process_group_cpu_seconds(self._proc.pid)
 
     def stop(self) -> None:
         self._proc.stop()
@@ -236,6 +247,10 @@ async def _drive(
     return result, sampler.finish()
 
 
+def _fleet_cpu(fleet: Any) -> float:
+    return float(fleet.cpu_seconds()) if hasattr(fleet, "cpu_seconds") else 0.0
+
+
 def run_target(
     name: str,
     schedule: wl.Schedule,
@@ -261,7 +276,12 @@ def run_target(
             # One broken target must not lose the others' results: report it and go on.
             run.skipped = f"failed to start: {str(exc)[-300:]}"
             return run
+        router_cpu0, fleet_cpu0 = target.cpu_seconds(), _fleet_cpu(fleet)
         result, engines = asyncio.run(_drive(target, base_url, fleet, schedule, spec, args))
+        wall = result.health.wall_s
+        if wall > 0:
+            run.router_cpu_share = (target.cpu_seconds() - router_cpu0) / wall
+            run.fleet_cpu_share = (_fleet_cpu(fleet) - fleet_cpu0) / wall
     finally:
         target.stop()
         fleet.stop()

@@ -46,6 +46,25 @@ class TargetUnavailable(RuntimeError):
     """The target cannot run here (its adapter or binary is missing); the runner skips it and says why."""
 
 
+def process_group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in process group ``pgid`` (Linux /proc; 0 elsewhere)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for entry in Path("/proc").iterdir() if Path("/proc").exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after "pid (comm)": state ppid pgrp ... utime (index 11) stime (12)
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def _host_port(url: str) -> tuple[str, int]:
     parsed = urlparse(url)
     if parsed.hostname is None or parsed.port is None:
@@ -77,6 +96,10 @@ class Target(ABC):
         for proc in reversed(self.procs):
             proc.stop(grace_s=10)
         self.procs.clear()
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by every process this target started (their whole process groups)."""
+        return sum(process_group_cpu_seconds(p.pid) for p in self.procs)
 
     def _spawn(self, label: str, argv: Sequence[str], env: dict[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(argv, self.workdir / f"{label}.log", env=env)
