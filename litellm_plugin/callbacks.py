@@ -13,13 +13,15 @@ What each LiteLLM hook becomes:
 - ``async_post_call_failure_deployment_hook`` (once per failed attempt, awaited before LiteLLM retries):
   ``Router.mark_unhealthy`` when the engine is unreachable, then ``Router.finished`` with a failed Outcome; the
   retry re-enters the strategy, which no longer picks that engine;
-- ``async_post_call_streaming_deployment_hook`` (each streamed chunk, proxy): ``Router.first_token`` on the first;
 - ``async_post_call_success_deployment_hook`` (awaited before a whole response is returned) and, for streams,
   ``async_log_success_event`` (at the stream's end, with the full usage): ``Router.finished`` with usage and
   ``cached_tokens``;
 - ``async_log_failure_event`` and the sync ``log_*`` twins: settle whatever attempt is still open.
 
 The ledger makes sure each attempt is reported once whichever of these fire.
+
+``Router.first_token`` is not reported: LiteLLM 1.108 offers no hook per streamed chunk (its streaming deployment
+hook runs on the last chunk only), so a stream's prefill counts as queued work until the stream ends.
 """
 
 from __future__ import annotations
@@ -69,17 +71,6 @@ class CognitoraCallbacks(CustomLogger):
         fallback_depth: int | None = None,
     ) -> None:
         await self._failed(request_data, exception)
-
-    async def async_post_call_streaming_deployment_hook(
-        self, request_data: dict[str, Any], response_chunk: Any, call_type: Any
-    ) -> Any:
-        pid = placement_id(request_data)
-        placement = self.ledger.get(pid) if pid else None
-        if placement is not None and not placement.first_token_seen:
-            placement.first_token_seen = True
-            decision = placement.decision
-            await self._guarded(placement.host.call(lambda router: router.first_token(decision)))
-        return None
 
     async def async_post_call_success_deployment_hook(
         self, request_data: dict[str, Any], response: Any, call_type: Any

@@ -33,7 +33,6 @@ class Placement:
     dispatch: Spawned | None = None
     """The in-flight count's store write, started as the deployment is returned; settled before the release."""
     opened_at: float = field(default_factory=time.monotonic)
-    first_token_seen: bool = False
 
 
 class PlacementLedger:

@@ -120,7 +120,7 @@ def test_custom_strategy_seam() -> None:
 def test_callback_hooks_exist_with_the_parameters_used() -> None:
     hooks = {
         "async_post_call_failure_deployment_hook": ["request_data", "exception", "call_type", "fallback_depth"],
-        "async_post_call_streaming_deployment_hook": ["request_data", "response_chunk", "call_type"],
+        "async_post_call_success_deployment_hook": ["request_data", "response", "call_type"],
         "async_log_success_event": ["kwargs", "response_obj", "start_time", "end_time"],
         "async_log_failure_event": ["kwargs", "response_obj", "start_time", "end_time"],
         "log_success_event": ["kwargs", "response_obj", "start_time", "end_time"],
