@@ -253,3 +253,14 @@ def test_fast_block_hash_path_matches_the_generic_cbor_encoding() -> None:
     for tokens in ([0, 23, 24, 255, 256, 65535] * 3, [70000, 1, 2]):
         generic = hashlib.sha256(cbor_encode((parent, tuple(tokens), None))).digest()
         assert hash_block(parent, tokens) == generic
+
+
+def test_a_request_never_joins_a_step_that_started_before_it_arrived() -> None:
+    s = _scheduler(64)
+    early, late = _req([1, 2, 3]), _req([4, 5, 6])
+    late.arrival = 5.0
+    s.add(early)
+    s.add(late)
+    step = s.schedule(now=1.0)
+    assert [r for r, _ in step.work] == [early] and list(s.waiting) == [late]
+    assert late in [r for r, _ in s.schedule(now=5.0).work]

@@ -153,7 +153,8 @@ class Scheduler:
         return -(-tokens // self.bs)
 
     # ---- one step -------------------------------------------------------------------------------------------
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, now: float = float("inf")) -> ScheduledStep:
+        """The next step, starting at engine time ``now``: requests that arrive later wait for a later step."""
         step = ScheduledStep(work=[])
         budget = self.max_num_batched_tokens
         i = 0
@@ -172,6 +173,8 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not step.preempted:
             req = self.waiting[0]
+            if req.arrival > now:
+                break
             max_hit = (len(req.tokens) - 1) // self.bs
             hit = self.cache.longest_prefix(req.hashes[:max_hit])
             n = min(len(req.tokens) - hit * self.bs, budget)
