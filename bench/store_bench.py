@@ -424,7 +424,7 @@ def render_markdown(command: str, report: dict[str, Any]) -> str:
     ]
     for store_name, cases in report.get("route", {}).items():
         for case, s in cases.items():
-            what = "held by the endpoint (blocks refreshed)" if case == "held" else "new to it (speculative entries)"
+            what = "held by the endpoint" if case == "held" else "new to it (speculative entries)"
             lines.append(
                 f"| {store_name} | {what} | {s['min_ms']:.3f} | {s['p50_ms']:.3f} | {s['p90_ms']:.3f} "
                 f"| {s['p99_ms']:.3f} | {s['mean_ms']:.3f} | {s['cpu_p50_ms']:.3f} / {s['cpu_p99_ms']:.3f} |"

@@ -54,7 +54,15 @@ _Call = tuple[_Script, Sequence[str], Sequence[Any]]
 
 
 def _hex_chain(keys: Sequence[BlockKey]) -> str:
-    return struct.pack(f">{len(keys)}Q", *keys).hex()
+    """The chain as one string of 16-hex-digit keys (the scripts slice it)."""
+    try:
+        return struct.pack(f">{len(keys)}Q", *keys).hex()
+    except struct.error as exc:
+        bad = next((k for k in keys if not isinstance(k, int) or not 0 <= k < 2**64), None)
+        raise ValueError(
+            f"block keys must be unsigned 64-bit integers (kvstate.keys), got {bad!r}; compute them with "
+            "kvstate.keys / PromptKeyer rather than passing engine hashes"
+        ) from exc
 
 
 def _text(value: bytes | str) -> str:

@@ -364,6 +364,18 @@ async def test_dead_redis_is_store_unavailable_quickly() -> None:
     await store.close()
 
 
+async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key_prefix: str) -> None:
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    try:
+        with pytest.raises(ValueError, match="unsigned 64-bit"):
+            await store.add_blocks(M, A, [1, -5])
+        with pytest.raises(ValueError, match="unsigned 64-bit"):
+            await store.match_prefix(M, [2**64])
+    finally:
+        await store.delete_everything()
+        await store.close()
+
+
 async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key_prefix: str) -> None:
     store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
     await store.add_blocks(M, A, CHAIN)
@@ -373,9 +385,9 @@ async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key
     await store.put_snapshot(EndpointSnapshot(endpoint=C))
     raw = aioredis.Redis.from_url(redis_server_url)
     try:
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*")]
+        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)]
         await store.delete_everything()
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*")] == []
+        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)] == []
     finally:
         await raw.aclose()
         await store.close()
