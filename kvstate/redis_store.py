@@ -300,7 +300,7 @@ class RedisStore:
         zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
         args = [k.block_base(model), _hex_chain(keys), k.endpoint_speculative(model, ""), *self._match_weights]
         if endpoints is not None:
-            args.extend(endpoints)
+            args.extend(dict.fromkeys(endpoints))  # a repeated endpoint must not be counted twice
         return zkeys, args
 
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:

@@ -160,6 +160,7 @@ async def test_endpoints_filter(store: Store) -> None:
     await store.add_blocks(M, B, CHAIN[:5])
     assert await store.match_prefix(M, CHAIN, endpoints=[B, C]) == {B: PrefixMatch(5, 5.0)}
     assert await store.match_prefix(M, CHAIN, endpoints=[]) == {}
+    assert await store.match_prefix(M, CHAIN, endpoints=[B, B]) == {B: PrefixMatch(5, 5.0)}
 
 
 async def test_long_chain_in_one_call(store: Store) -> None:
