@@ -178,13 +178,17 @@ def jobs(round_: int, per_prompt: int, stream_share: float = 0.3, seed: int = 0)
     return out
 
 
-def affinity(answers: list[Answer]) -> float:
-    """Share of requests that landed on their system prompt's most used engine (1.0 = perfect stickiness)."""
-    by_prompt: dict[int, Counter[str]] = defaultdict(Counter)
+def affinity(earlier: list[Answer], answers: list[Answer]) -> float:
+    """Share of ``answers`` that landed on an engine already holding their system prompt (one that served it before,
+    in completion order). 1.0 = every request went where its prompt was cached; with 4 engines, chance is ~0.25."""
+    holders: dict[int, set[str]] = defaultdict(set)
+    for a in earlier:
+        holders[a.prompt].add(a.engine)
+    sticky = 0
     for a in answers:
-        by_prompt[a.prompt][a.engine] += 1
-    top = sum(c.most_common(1)[0][1] for c in by_prompt.values())
-    return top / max(1, len(answers))
+        sticky += a.engine in holders[a.prompt]
+        holders[a.prompt].add(a.engine)
+    return sticky / max(1, len(answers))
 
 
 def hit_ratio(answers: list[Answer]) -> float:
@@ -198,10 +202,16 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
     steady = await run_traffic(proxy, jobs(1, per_prompt=5))
     assert all(a.status == 200 for a in steady), [a.body for a in steady if a.status != 200]
     assert {a.engine for a in steady} <= {f"{u}/v1" for u in fleet.urls}
-    figures: dict[str, Any] = {"affinity": affinity(warm + steady), "hit_ratio": hit_ratio(steady)}
+    figures: dict[str, Any] = {
+        "affinity": affinity(warm, steady),
+        "hit_ratio": hit_ratio(steady),
+        "engines_per_prompt": statistics.fmean(
+            len({a.engine for a in warm + steady if a.prompt == p}) for p in range(N_PROMPTS)
+        ),
+    }
     # Requests sharing a prompt keep landing on the engine that holds it; the fleet has ample headroom here.
-    assert figures["affinity"] >= 0.8, figures
-    assert figures["hit_ratio"] >= 0.8, figures
+    assert figures["affinity"] >= 0.85, figures
+    assert figures["hit_ratio"] >= 0.75, figures
     # Prompts spread over the fleet rather than piling on one engine.
     assert len({a.engine for a in steady}) >= 3
 
