@@ -367,3 +367,26 @@ def test_redis_down_placement_degrades_and_requests_still_flow(tmp_path: Path) -
     assert [r.status_code for r in served] == [200] * 4
     assert {r.headers["x-cognitora-upstream-host"] for r in served} <= set(engines)
     assert router.stats.placed == 4 and router.stats.degraded == 4
+
+
+def test_every_address_unreachable_is_a_json_503_and_the_pick_is_marked(tmp_path: Path) -> None:
+    bg = BackgroundLoop()
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    core = RecordingCore(pick=dead[0], runner_up=dead[1])
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server, extproc_port = bg.run(start_server(core, settings, AddressBook({})))
+    listen, admin = free_port(), free_port()
+    envoy = start_envoy(
+        render_config(listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=dead), tmp_path, admin
+    )
+    try:
+        r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
+        wait_until(lambda: len(core.outcomes) == 1, 10.0, "the outcome")
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        bg.close()
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "server_error"
+    assert core.unhealthy and core.unhealthy[0][0] == dead[0]
+    assert not core.outcomes[0].ok and "unreachable" in (core.outcomes[0].error or "")
