@@ -20,9 +20,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
+from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Decision
 from cognitora.request import Outcome, RouteRequest
 from envoy_extproc import headers, protocol
@@ -38,6 +38,11 @@ STREAMED = protocol.BodySendMode.STREAMED
 BUFFERED = protocol.BodySendMode.BUFFERED
 
 _REMOVE_FROM_RESPONSE = (headers.RESPONSE_FLAGS,)
+# The response-headers answers never vary: built once.
+_UNPLACED_RESPONSE = protocol.response_headers(NONE, ())
+_READ_NO_BODY = protocol.response_headers(NONE, _REMOVE_FROM_RESPONSE)
+_READ_STREAMED_BODY = protocol.response_headers(STREAMED, _REMOVE_FROM_RESPONSE)
+_READ_BUFFERED_BODY = protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
 
 
 class PlacementCore(Protocol):
@@ -54,20 +59,21 @@ class PlacementCore(Protocol):
     async def mark_unhealthy(self, endpoint: str, reason: str) -> None: ...
 
 
-@dataclass(frozen=True)
 class AddressBook:
-    """Endpoint ids (the store's names) <-> the literal ``IP:port`` Envoy needs (it resolves no names here)."""
+    """Endpoint ids (the store's names) <-> the literal ``IP:port`` Envoy needs (it resolves no names here).
 
-    addresses: Mapping[str, str]
+    Ids without an entry are already literal addresses (the default id of an endpoint is its ``host:port``).
+    """
+
+    def __init__(self, addresses: Mapping[str, str]) -> None:
+        self.addresses = dict(addresses)
+        self._endpoints = {address: endpoint for endpoint, address in self.addresses.items()}
 
     def address(self, endpoint: str) -> str:
         return self.addresses.get(endpoint, endpoint)
 
     def endpoint(self, address: str) -> str:
-        for endpoint, addr in self.addresses.items():
-            if addr == address:
-                return endpoint
-        return address
+        return self._endpoints.get(address, address)
 
 
 def fallback_order(decision: Decision, count: int) -> list[str]:
@@ -98,8 +104,7 @@ class Exchange:
 
     # -- phase 1 ----------------------------------------------------------------------------------------------
     async def on_request_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
-        trusted = self._settings.trusted
-        wanted = {trusted.team, trusted.key, trusted.priority, trusted.user} - {""}
+        wanted = self._settings.trusted.names
         method = ""
         for h in message.headers.headers:
             key = h.key
@@ -132,7 +137,7 @@ class Exchange:
             team=identity.get(trusted.team) or None,
             api_key_id=identity.get(trusted.key) or None,
             user=identity.get(trusted.user) or None,
-            priority=identity.get(trusted.priority) or "default",
+            priority=identity.get(trusted.priority) or DEFAULT_PRIORITY,
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
         )
@@ -173,7 +178,7 @@ class Exchange:
     async def on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         placed = self.placed
         if placed is None:
-            return protocol.response_headers(NONE, ())
+            return _UNPLACED_RESPONSE
         status = 0
         content_type = upstream = flags = ""
         attempts = 1
@@ -195,20 +200,20 @@ class Exchange:
         ok = 200 <= status < 300
         if ok and placed.sse is not None and content_type.startswith(headers.SSE_CONTENT_TYPE):
             placed.awaiting_body = True
-            return protocol.response_headers(STREAMED, _REMOVE_FROM_RESPONSE)
+            return _READ_STREAMED_BODY
         placed.sse = None
         # A non-streamed answer is whole when its headers arrive (the engine sends them last): its first token is
         # not observable, and "finished" (now, or with the body just behind) releases its prefill too, so no
         # separate first-token report (one store write less per request).
         if ok and not placed.stream and self._settings.usage == "all" and headers.JSON_CONTENT_TYPE in content_type:
             placed.awaiting_body = True
-            return protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
+            return _READ_BUFFERED_BODY
         placed.complete = True
         if placed.stream:
             self._first_token(placed)  # the body is not read: its headers are the best first-token estimate left
         else:
             self._finish(placed)
-        return protocol.response_headers(NONE, _REMOVE_FROM_RESPONSE)
+        return _READ_NO_BODY
 
     def _note_upstream(self, placed: PlacedRequest, upstream: str, flags: str, attempts: int) -> None:
         """Tell the core when the pick could not be reached, so it stops picking it at once."""

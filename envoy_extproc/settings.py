@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from envoy_extproc import headers
@@ -30,6 +31,11 @@ class TrustedHeaders:
     key: str = headers.DEFAULT_KEY_HEADER
     priority: str = headers.DEFAULT_PRIORITY_HEADER
     user: str = headers.DEFAULT_USER_HEADER
+
+    @cached_property
+    def names(self) -> frozenset[str]:
+        """The header names to read (the ones turned on)."""
+        return frozenset({self.team, self.key, self.priority, self.user} - {""})
 
 
 @dataclass(frozen=True)
