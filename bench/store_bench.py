@@ -362,6 +362,44 @@ def bench_ingest(redis_url: str | None) -> dict[str, Any] | None:
 # -- report ------------------------------------------------------------------------------------------------------
 
 
+def render_targets(report: dict[str, Any]) -> list[str]:
+    """The targets, each with this run's figure and a plain verdict (wall clock and, where preemption dominates the
+    tail, this process's own CPU time)."""
+
+    def verdict(value: float, target: float) -> str:
+        return "met" if value <= target else "missed"
+
+    lines = ["## Against the targets", "", "| target | this run | |", "|---|---|---|"]
+    mem = report["match"]["memory"]["512"]
+    lines.append(
+        f"| memory match, 8k tokens: p99 <= 0.5 ms | wall p99 {mem['p99_ms']:.3f}, own CPU p99 "
+        f"{mem['cpu_p99_ms']:.3f} | wall {verdict(mem['p99_ms'], 0.5)}, CPU {verdict(mem['cpu_p99_ms'], 0.5)} |"
+    )
+    if "redis" in report["match"]:
+        red = report["match"]["redis"]["512"]
+        script = report["match"]["redis_script_only"]["512"]
+        ping = report["redis_ping"]
+        lines.append(
+            f"| Redis match, 8k tokens: p99 <= 2 ms | wall p50 {red['p50_ms']:.3f} / p99 {red['p99_ms']:.3f} "
+            f"(script in Redis p99 {script['p99_ms']:.3f}; PING p99 {ping['p99_ms']:.3f}) "
+            f"| p50 {verdict(red['p50_ms'], 2.0)}, p99 {verdict(red['p99_ms'], 2.0)} |"
+        )
+    tok = report["tokenize"]
+    for case, label in (("warm_same_chat", "warm"), ("warm_new_user_turn", "warm, new user turn")):
+        s = tok[case]
+        lines.append(
+            f"| tokenize + key, 8k tokens ({label}): <= 5 ms | p50 {s['p50_ms']:.3f} / p99 {s['p99_ms']:.3f} "
+            f"| p99 {verdict(s['p99_ms'], 5.0)} |"
+        )
+    cold = tok["cold_piece_cache"]
+    lines.append(
+        f"| tokenize + key, 8k tokens (cold piece cache): <= 5 ms | p50 {cold['p50_ms']:.3f} (own CPU "
+        f"{cold['cpu_p50_ms']:.3f}) | {verdict(cold['p50_ms'], 5.0)}: BPE of 8k fresh tokens in HF tokenizers |"
+    )
+    lines.append("")
+    return lines
+
+
 def render_markdown(command: str, report: dict[str, Any]) -> str:
     lines = [
         "# Store benchmark",
@@ -370,9 +408,9 @@ def render_markdown(command: str, report: dict[str, Any]) -> str:
         command,
         "```",
         "",
-        f"Run at {report['started']} on {report['machine']}. All times in ms. Targets: match p99 <= 0.5 ms (memory, "
-        "8k) and <= 2 ms (Redis, 8k); tokenize+key <= 5 ms (8k, warm).",
+        f"Run at {report['started']} on {report['machine']}. All times in ms.",
         "",
+        *render_targets(report),
     ]
     idx = report["index"]
     lines += [
@@ -516,8 +554,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--no-ingest", action="store_true", help="skip the KV-event ingestion section")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--render", action="store_true", help="only re-render <out>/store_bench.md from its .json")
     args = parser.parse_args(argv)
-    command = "python -m bench.store_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.render:
+        report = json.loads((args.out / "store_bench.json").read_text())
+        (args.out / "store_bench.md").write_text(render_markdown(report["command"], report))
+        return 0
+    command = ".venv/bin/python -m bench.store_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     report = asyncio.run(run(args))
     report["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)
