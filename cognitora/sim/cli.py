@@ -31,9 +31,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-capacity-tokens",
-        type=int,
         default=None,
-        help="KV cache size in tokens per engine (default: the profile's)",
+        help="KV cache size in tokens per engine, or a comma list cycled over engines (default: the profile's)",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
@@ -111,8 +110,16 @@ def main(argv: list[str]) -> int:
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.kv_capacity_tokens is not None and args.kv_capacity_tokens < args.block_size:
-        parser.error("--kv-capacity-tokens must hold at least one block")
+    capacities: list[int | None] = [None]
+    if args.kv_capacity_tokens is not None:
+        try:
+            capacities = [int(x) for x in str(args.kv_capacity_tokens).split(",") if x.strip()]
+        except ValueError:
+            parser.error(
+                f"--kv-capacity-tokens takes integers, e.g. 400000 or 1024,4096; got {args.kv_capacity_tokens}"
+            )
+        if not capacities or min(c for c in capacities if c is not None) < args.block_size:
+            parser.error("--kv-capacity-tokens must hold at least one block")
     try:
         profiles = profiles_for_fleet(args.profile, n)
         tokenizer = load_tokenizer(args.tokenizer)
@@ -125,7 +132,7 @@ def main(argv: list[str]) -> int:
             model=args.model,
             profile=profiles[i],
             block_size=args.block_size,
-            kv_capacity_tokens=args.kv_capacity_tokens,
+            kv_capacity_tokens=capacities[i % len(capacities)],
             events_port=None if args.events_base_port is None else args.events_base_port + 2 * i,
             replay_port=None if args.events_base_port is None else args.events_base_port + 2 * i + 1,
             legacy_events=args.legacy_events,
