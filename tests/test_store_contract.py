@@ -365,6 +365,23 @@ async def test_dead_redis_is_store_unavailable_quickly() -> None:
     await store.close()
 
 
+async def test_redis_store_on_a_caller_client_with_decoded_responses(redis_server_url: str, key_prefix: str) -> None:
+    client = aioredis.Redis.from_url(redis_server_url, decode_responses=True)
+    store = RedisStore(client, key_prefix=key_prefix)
+    try:
+        await store.add_blocks(M, A, CHAIN[:5], Tier.CPU)
+        assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(5, pytest.approx(4.0))}  # type: ignore[arg-type]
+        await store.inflight_add(A, "r1", 10, 2, ttl_s=60)
+        assert (await store.inflight([A]))[A] == InFlight(1, 10, 2)
+        await store.put_snapshot(EndpointSnapshot(endpoint=A, running=2, extra={"x": 1.5}))
+        assert (await store.snapshots())[A] == EndpointSnapshot(endpoint=A, running=2, extra={"x": 1.5})
+        await store.delete_everything()
+        await store.close()  # the caller's client stays open
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
 async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key_prefix: str) -> None:
     store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
     try:
