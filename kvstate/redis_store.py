@@ -1,14 +1,14 @@
 """``RedisStore``: the ``Store`` shared by gateway replicas and the collector.
 
-Key layout: ``kvstate.redis_keys``. Every multi-key update is one Lua script, so it is atomic; time comes from the
-Redis server (``TIME``), so gateways with skewed clocks agree on what has expired.
+Key layout: ``kvstate.redis_keys``; the Lua: ``kvstate.redis_scripts``. Every multi-key update is one script, so it
+is atomic; time comes from the Redis server (``TIME``), so gateways with skewed clocks agree on what has expired.
 
-- ``match_prefix`` is one read-only script call: it walks the block hashes along the key chain, asking each block
-  only about endpoints still matching, and stops at the first block where none does.
-- Memory is bounded: at most ``max_blocks_per_endpoint`` blocks per (model, endpoint), the oldest stored trimmed
-  first (matching does not refresh age in Redis: that would turn every lookup into a write). Speculative entries
-  expire by a server-clock timestamp and are swept on the endpoint's next speculative write or purge.
-- ``clear_endpoint`` walks that endpoint's own key set in chunks, never the keyspace.
+- ``match_prefix`` is one read-only script call however long the prompt: it reads the block strings along the key
+  chain (one byte per endpoint) and stops at the first block no remaining endpoint holds.
+- Memory is bounded: at most ``max_blocks_per_endpoint`` blocks per (model, endpoint), the least recently stored or
+  routed to trimmed first (``match_prefix`` itself never writes). Speculative entries expire by a server-clock
+  timestamp and are swept on the endpoint's next speculative write or purge.
+- ``clear_endpoint`` walks that endpoint's own key sets in chunks, never the keyspace.
 - In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
@@ -232,7 +232,6 @@ class RedisStore:
         """
         if model in self._known_models:
             return []
-        self._known_models.add(model)
         return [("SADD", self.keys.models(), model)]
 
     async def _write(self, calls: Sequence[_Call], model: str) -> None:
@@ -242,6 +241,7 @@ class RedisStore:
             await self._run(script, keys, args)  # no pipeline object: the common case of one event batch
         else:
             await self._run_many(calls, then)
+            self._known_models.add(model)
 
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
