@@ -264,3 +264,10 @@ def test_a_request_never_joins_a_step_that_started_before_it_arrived() -> None:
     step = s.schedule(now=1.0)
     assert [r for r, _ in step.work] == [early] and list(s.waiting) == [late]
     assert late in [r for r, _ in s.schedule(now=5.0).work]
+
+
+def test_public_api() -> None:
+    import cognitora.sim as sim
+
+    assert sorted(sim.__all__) == ["HardwareProfile", "PROFILES", "SimFleet", "start_fleet"]
+    assert all(hasattr(sim, name) for name in sim.__all__)
