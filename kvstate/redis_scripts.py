@@ -218,10 +218,18 @@ local expiry = sformat('%.0f', now + ttl)
 -- endpoint holds less than half its cap, where nothing can be evicted soon.
 local refresh = rcall('ZCARD', KEYS[2]) * 2 >= cap
 local z, used = {}, {}
+local batch, batch_start = {}, 1
 for i = 1, n do
   local hex = ssub(blob, 16 * i - 15, 16 * i)
   local k = base .. hex
-  if nibble(k, id) % 8 > 0 then
+  if i - batch_start >= #batch then  -- read the block strings 32 at a time, as MATCH does
+    batch_start = i
+    local batch_keys = {}
+    for j = i, math.min(n, i + 31) do batch_keys[#batch_keys + 1] = base .. ssub(blob, 16 * j - 15, 16 * j) end
+    batch = rcall('MGET', unpack(batch_keys))
+  end
+  local s = batch[i - batch_start + 1] or ''
+  if (sbyte(s, id + 1) or 0) % 8 > 0 then
     if refresh then
       used[#used + 1] = sformat('%.0f', now_us + (n - i))  -- the head newest, as in ADD
       used[#used + 1] = hex
