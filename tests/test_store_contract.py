@@ -27,8 +27,10 @@ from kvstate.store import (
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 M = "meta-llama/Llama-3.1-8B-Instruct"
 CHAIN = [0x1000 + i for i in range(12)]
-TTL_S = 1.0
+TTL_S = 2.0
 """Short enough to keep the suite fast, long enough that a loaded machine still sees the entry before it expires."""
+REDIS_TIMEOUT_S = 2.0
+"""Not the 0.25 s default: these tests check behaviour, on a machine shared with other suites' load."""
 
 
 class FakeClock:
@@ -69,7 +71,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     made: list[RedisStore] = []
 
     def make(**kw: object) -> Store:
-        store = RedisStore.from_url(url, key_prefix=prefix, **kw)  # type: ignore[arg-type]
+        store = RedisStore.from_url(url, key_prefix=prefix, socket_timeout_s=REDIS_TIMEOUT_S, **kw)  # type: ignore[arg-type]
         made.append(store)
         return store
 
@@ -383,7 +385,7 @@ async def test_redis_store_on_a_caller_client_with_decoded_responses(redis_serve
 
 
 async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
     try:
         with pytest.raises(ValueError, match="unsigned 64-bit"):
             await store.add_blocks(M, A, [1, -5])
@@ -395,7 +397,7 @@ async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key
 
 
 async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
     await store.add_blocks(M, A, CHAIN)
     await store.add_blocks("other-model", B, CHAIN, Tier.CPU)
     await store.add_speculative(M, C, CHAIN, ttl_s=60)
