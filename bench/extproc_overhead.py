@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,7 @@ def run_loadgen(port: int, stream: bool, concurrency: int, seconds: float) -> di
 # -- orchestration ------------------------------------------------------------------------------------------------
 
 
-def add_listeners(listeners: dict[str, tuple[int, int | None]]) -> Any:
+def add_listeners(listeners: dict[str, tuple[int, int | None]]) -> Callable[[dict[str, Any]], None]:
     """A config edit: one copy of the example's listener per entry (name -> (port, ext_proc port or None))."""
 
     def edit(config: dict[str, Any]) -> None:

@@ -44,7 +44,6 @@ STATUS = ":status"
 CONTENT_TYPE = "content-type"
 CONTENT_LENGTH = "content-length"
 RETRY_AFTER = "retry-after"
-REQUEST_ID = "x-request-id"
 
 SSE_CONTENT_TYPE = "text/event-stream"
 JSON_CONTENT_TYPE = "application/json"

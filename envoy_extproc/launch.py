@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,13 @@ def render_config(
     admin_port: int,
     extproc_port: int,
     engines: Sequence[str],
-    template: str | None = None,
-    edit: Any = None,
+    edit: Callable[[dict[str, Any]], None] | None = None,
 ) -> str:
     """``examples/envoy.yaml`` with its ports filled in and the ``engines`` cluster listing ``engines`` (IP:port).
 
     ``edit``: an optional callable given the parsed config dict to change it further (benchmarks add a listener).
     """
-    text = EXAMPLE_CONFIG.read_text() if template is None else template
+    text = EXAMPLE_CONFIG.read_text()
     values: Mapping[str, str] = {
         "LISTEN_PORT": str(listen_port),
         "ADMIN_PORT": str(admin_port),

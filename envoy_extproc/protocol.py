@@ -34,11 +34,6 @@ CONTINUE_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
 CONTINUE_RESPONSE_TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
 
-def header_map(message: HttpHeaders) -> dict[str, str]:
-    """Header name -> value. Envoy 1.40 fills only ``raw_value`` (bytes); ``value`` stays empty."""
-    return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in message.headers.headers}
-
-
 def set_header(key: str, value: str) -> base_pb2.HeaderValueOption:
     """A header to set, replacing any copy the client sent (OVERWRITE, never append)."""
     return base_pb2.HeaderValueOption(
