@@ -38,6 +38,7 @@ class Placement:
 class PlacementLedger:
     def __init__(self, max_age_s: float = 900.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._open: dict[str, Placement] = {}
+        self._by_trace: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._max_age_s = max_age_s
         self._clock = clock
@@ -45,8 +46,11 @@ class PlacementLedger:
 
     def open(self, placement: Placement) -> None:
         now = self._clock()
+        rid = placement.decision.request_id
         with self._lock:
-            self._open[placement.decision.request_id] = placement
+            self._open[rid] = placement
+            if placement.trace_id is not None:
+                self._by_trace.setdefault(placement.trace_id, set()).add(rid)
             if now >= self._next_prune:
                 self._prune(now)
 
@@ -57,15 +61,25 @@ class PlacementLedger:
     def take(self, request_id: str) -> Placement | None:
         """Remove and return the attempt; None if it was already reported (or never opened)."""
         with self._lock:
-            return self._open.pop(request_id, None)
+            return self._pop(request_id)
 
     def take_trace(self, trace_id: str | None, keep: str | None = None) -> list[Placement]:
         """Remove and return every open attempt of one request (except ``keep``)."""
         if trace_id is None:
             return []
         with self._lock:
-            ids = [rid for rid, p in self._open.items() if p.trace_id == trace_id and rid != keep]
-            return [self._open.pop(rid) for rid in ids]
+            ids = [rid for rid in self._by_trace.get(trace_id, ()) if rid != keep]
+            return [p for p in (self._pop(rid) for rid in ids) if p is not None]
+
+    def _pop(self, request_id: str) -> Placement | None:
+        placement = self._open.pop(request_id, None)
+        if placement is not None and placement.trace_id is not None:
+            ids = self._by_trace.get(placement.trace_id)
+            if ids is not None:
+                ids.discard(request_id)
+                if not ids:
+                    del self._by_trace[placement.trace_id]
+        return placement
 
     def __len__(self) -> int:
         with self._lock:
@@ -76,5 +90,5 @@ class PlacementLedger:
         # lease expires on its own after the same age, so forgetting it here loses nothing.
         stale = [rid for rid, p in self._open.items() if now - p.opened_at > self._max_age_s]
         for rid in stale:
-            del self._open[rid]
+            self._pop(rid)
         self._next_prune = now + min(60.0, self._max_age_s)

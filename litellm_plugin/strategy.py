@@ -54,7 +54,9 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         self._managed_models = set(fleet.config.model_names())
 
     @classmethod
-    def for_router(cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None) -> Any:
+    def for_router(
+        cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
+    ) -> CognitoraRoutingStrategy:
         fleet = build_fleet(router.model_list or [], routing_strategy_args, base_dir)
         host = CoreHost.for_current_context(fleet.config)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.

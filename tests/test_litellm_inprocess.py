@@ -93,11 +93,19 @@ def _core_stats(router: litellm.Router) -> Any:
 
 def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFleet, smollm2_dir: Path) -> None:
     # Built outside any event loop: the core runs on Cognitora's own thread; sync and async calls share it.
+    hosted = {  # a hosted provider (no api_base): not an engine, LiteLLM's own pick applies
+        "model_name": "hosted",
+        "litellm_params": {"model": "openai/gpt-hosted", "api_key": "none", "mock_response": "from the cloud"},
+    }
     router = litellm.Router(
-        model_list=_model_list(fleet), routing_strategy="cognitora", routing_strategy_args=_args(smollm2_dir)
+        model_list=[*_model_list(fleet), hosted],
+        routing_strategy="cognitora",
+        routing_strategy_args=_args(smollm2_dir),
     )
     try:
         assert router.routing_strategy == "cognitora"
+        cloud = router.completion(model="hosted", messages=_messages("hi"))
+        assert cloud.choices[0].message.content == "from the cloud"
         first = router.completion(model="chat", messages=_messages("How fast is the X1?"), max_tokens=4)
         assert first.choices[0].message.content
         later = [router.completion(model="chat", messages=_messages(f"Question {i}?"), max_tokens=4) for i in range(4)]
