@@ -120,7 +120,7 @@ def serve_trivial_extproc(port: int, endpoint: str, profile: Path | None) -> Non
 
     async def main() -> None:
         settings = ExtprocSettings(config_path=Path("-"), listen=f"127.0.0.1:{port}")
-        server, _ = await start_server(FirstEndpointCore(endpoint), settings, AddressBook({}))
+        server = await start_server(FirstEndpointCore(endpoint), settings, AddressBook({}))
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()

@@ -61,14 +61,17 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 if exchange.closed:
                     return
         finally:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # Envoy reset the stream (client gone): report the outcome without blocking the cancellation.
-                closing = asyncio.ensure_future(exchange.close())
-                self._closing.add(closing)
-                closing.add_done_callback(self._closing.discard)
-            else:
-                await exchange.close()
+            # The request's last reports run in a task of their own: when Envoy resets the stream (client gone),
+            # grpc.aio cancels this handler, and the outcome must still reach the core.
+            closing = asyncio.ensure_future(exchange.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            await asyncio.shield(closing)
+
+    async def drain(self) -> None:
+        """Wait for the reports of streams that already ended (at shutdown, before the store closes)."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _answer(self, exchange: Exchange, message: protocol.ProcessingRequest) -> protocol.ProcessingResponse:
         kind = message.WhichOneof("request")
@@ -95,17 +98,29 @@ def grpc_options(settings: ExtprocSettings) -> list[tuple[str, Any]]:
     ]
 
 
-async def start_server(
-    core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook
-) -> tuple[grpc.aio.Server, int]:
-    """Start serving; returns the server and the bound port (``--listen 127.0.0.1:0`` picks a free one)."""
+class ExtProcServer:
+    """The gRPC server and its service, started; ``stop()`` finishes open streams and their reports."""
+
+    def __init__(self, server: grpc.aio.Server, service: ExtProcService, port: int) -> None:
+        self.server = server
+        self.service = service
+        self.port = port
+
+    async def stop(self, grace_s: float | None) -> None:
+        await self.server.stop(grace_s)
+        await self.service.drain()
+
+
+async def start_server(core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> ExtProcServer:
+    """Start serving on ``settings.listen`` (``127.0.0.1:0`` picks a free port: see ``.port``)."""
     server = grpc.aio.server(options=grpc_options(settings))
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExtProcService(core, settings, addresses), server)
+    service = ExtProcService(core, settings, addresses)
+    ep_grpc.add_ExternalProcessorServicer_to_server(service, server)
     port = server.add_insecure_port(settings.listen)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}: address in use or invalid")
     await server.start()
-    return server, port
+    return ExtProcServer(server, service, port)
 
 
 def address_book(endpoints: dict[str, str]) -> AddressBook:
@@ -144,19 +159,19 @@ async def _run(settings: ExtprocSettings) -> int:
         collector = Collector(config, router.store)
         await collector.start()
     try:
-        server, port = await start_server(router, settings, addresses)
+        server = await start_server(router, settings, addresses)
     except OSError as exc:
         print(f"cognitora extproc: {exc}", file=sys.stderr)
         await router.close()
         return 1
-    log.info("ext_proc listening on %s (port %d), %d endpoints", settings.listen, port, len(addresses.addresses))
+    log.info("ext_proc listening on %s (port %d), %d endpoints", settings.listen, server.port, len(addresses.addresses))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: finishing open streams (5 s grace)")
-    await server.stop(grace=5)
+    await server.stop(5)
     if collector is not None:
         await collector.stop()
     await router.close()

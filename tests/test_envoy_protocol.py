@@ -69,8 +69,11 @@ async def start_engine(name: str, port: int) -> web.AppRunner:
             return web.json_response({"choices": [{"message": {"content": "ok"}}], "usage": USAGE, "seen": seen})
         response = web.StreamResponse(headers={"content-type": "text/event-stream", "x-seen": json.dumps(seen)})
         await response.prepare(request)
-        for word in ("Hel", "lo"):
+        words = ("Hel", "lo") if body["model"] != "slow-stream" else ("tok",) * 50
+        for word in words:
             await response.write(f'data: {{"choices":[{{"delta":{{"content":"{word}"}}}}]}}\n\n'.encode())
+            if body["model"] == "slow-stream":
+                await asyncio.sleep(0.1)
         if (body.get("stream_options") or {}).get("include_usage"):
             await response.write(f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
@@ -156,10 +159,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     runners = [bg.run(start_engine(name, ports[name])) for name in ("a", "b")]
     core = RecordingCore(pick=engines["a"])
     settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
-    server, extproc_port = bg.run(start_server(core, settings, AddressBook({})))
+    server = bg.run(start_server(core, settings, AddressBook({})))
     listen, admin = free_port(), free_port()
     config = render_config(
-        listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=list(engines.values())
+        listen_port=listen, admin_port=admin, extproc_port=server.port, engines=list(engines.values())
     )
     envoy = start_envoy(config, tmp_path_factory.mktemp("envoy"), admin)
     try:
@@ -229,6 +232,17 @@ def test_stream_usage_chunk_reaches_a_client_that_asked_for_it(stack: Stack) -> 
     usage_chunks = [json.loads(e) for e in events[:-1] if json.loads(e)["choices"] == []]
     assert usage_chunks == [{"choices": [], "usage": USAGE}]
     assert stack.wait_outcomes(1)[0].cached_tokens == 8
+
+
+def test_client_gone_mid_stream_is_reported_as_incomplete(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    body = chat_body(model="slow-stream", stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=30) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    (outcome,) = stack.wait_outcomes(1)  # reported although the stream never ended
+    assert not outcome.ok and outcome.error == "response incomplete"
+    assert outcome.ttft_s is not None  # the first token did arrive
 
 
 @pytest.mark.parametrize(
@@ -345,11 +359,11 @@ def test_redis_down_placement_degrades_and_requests_still_flow(tmp_path: Path) -
     )
     router = Router.from_config(config)
     settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
-    server, extproc_port = bg.run(start_server(router, settings, AddressBook({})))
+    server = bg.run(start_server(router, settings, AddressBook({})))
     listen, admin = free_port(), free_port()
     engines = [f"127.0.0.1:{p}" for p in ports]
     envoy = start_envoy(
-        render_config(listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=engines),
+        render_config(listen_port=listen, admin_port=admin, extproc_port=server.port, engines=engines),
         tmp_path,
         admin,
     )
@@ -374,10 +388,10 @@ def test_every_address_unreachable_is_a_json_503_and_the_pick_is_marked(tmp_path
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     core = RecordingCore(pick=dead[0], runner_up=dead[1])
     settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
-    server, extproc_port = bg.run(start_server(core, settings, AddressBook({})))
+    server = bg.run(start_server(core, settings, AddressBook({})))
     listen, admin = free_port(), free_port()
     envoy = start_envoy(
-        render_config(listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=dead), tmp_path, admin
+        render_config(listen_port=listen, admin_port=admin, extproc_port=server.port, engines=dead), tmp_path, admin
     )
     try:
         r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
