@@ -139,6 +139,8 @@ class Result:
     prompt_tokens: int
     cached_tokens: int
     error: str = ""
+    attempts: int = 1
+    """Envoy's ``x-envoy-attempt-count``: 2 when the pick was unreachable and the runner-up answered."""
 
 
 async def ask(client: httpx.AsyncClient, group: int, question: int, stream: bool) -> Result:
@@ -155,7 +157,8 @@ async def ask(client: httpx.AsyncClient, group: int, question: int, stream: bool
             r = await client.post("/v1/chat/completions", json=body)
             usage = r.json().get("usage") or {} if r.status_code == 200 else {}
             engine = r.headers.get("x-cognitora-upstream-host", "")
-            return Result(group, r.status_code, engine, *_tokens(usage), error="" if r.status_code == 200 else r.text)
+            error = "" if r.status_code == 200 else r.text
+            return Result(group, r.status_code, engine, *_tokens(usage), error, _attempts(r))
         body |= {"stream": True, "stream_options": {"include_usage": True}}
         usage = {}
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -165,9 +168,14 @@ async def ask(client: httpx.AsyncClient, group: int, question: int, stream: bool
                 if line.startswith("data: {") and '"usage"' in line:
                     usage = json.loads(line[6:]).get("usage") or usage
             engine = r.headers.get("x-cognitora-upstream-host", "")
-            return Result(group, r.status_code, engine, *_tokens(usage), error="" if r.status_code == 200 else text)
+            error = "" if r.status_code == 200 else text
+            return Result(group, r.status_code, engine, *_tokens(usage), error, _attempts(r))
     except httpx.HTTPError as exc:
         return Result(group, 0, "", 0, 0, error=repr(exc))
+
+
+def _attempts(r: httpx.Response) -> int:
+    return int(r.headers.get("x-envoy-attempt-count", "1"))
 
 
 def _tokens(usage: dict[str, Any]) -> tuple[int, int]:
@@ -239,4 +247,8 @@ def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Ga
     failures = [r.error for r in survived if r.status != 200]
     assert failures == [], f"{len(failures)} client-visible failures after a crash: {failures[:3]}"
     assert not any(r.engine == dead for r in survived)
+    # Only the first wave (requests placed before the first failure came back) needed Envoy's retry: the engine
+    # was marked unhealthy at once and not picked again.
+    retried = [i for i, r in enumerate(survived) if r.attempts > 1]
+    assert retried and max(retried) < 16, f"retried requests at positions {retried} of {len(survived)}"
     wait_until(lambda: "marked unhealthy" in gateway.extproc.log_tail(200), 10.0, "the dead engine marked unhealthy")
