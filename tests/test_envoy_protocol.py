@@ -404,3 +404,36 @@ def test_every_address_unreachable_is_a_json_503_and_the_pick_is_marked(tmp_path
     assert r.json()["error"]["type"] == "server_error"
     assert core.unhealthy and core.unhealthy[0][0] == dead[0]
     assert not core.outcomes[0].ok and "unreachable" in (core.outcomes[0].error or "")
+
+
+def test_engine_addresses_can_be_kept_from_clients(tmp_path: Path) -> None:
+    """The example's commented response_mutations: the client loses the header, the service still reads it."""
+    bg = BackgroundLoop()
+    port, dead = free_port(), free_port()
+    runner = bg.run(start_engine("a", port))
+    core = RecordingCore(pick=f"127.0.0.1:{dead}", runner_up=f"127.0.0.1:{port}")
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server = bg.run(start_server(core, settings, AddressBook({})))
+
+    def hide_upstream_host(config: dict[str, Any]) -> None:
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        strip = hcm["http_filters"][0]["typed_config"]
+        strip["mutations"]["response_mutations"] = [{"remove": "x-cognitora-upstream-host"}]
+
+    listen, admin = free_port(), free_port()
+    engines = [f"127.0.0.1:{port}", f"127.0.0.1:{dead}"]
+    config = render_config(
+        listen_port=listen, admin_port=admin, extproc_port=server.port, engines=engines, edit=hide_upstream_host
+    )
+    envoy = start_envoy(config, tmp_path, admin)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
+        wait_until(lambda: bool(core.outcomes), 10.0, "the outcome")
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        bg.run(runner.cleanup())
+        bg.close()
+    assert r.status_code == 200 and "x-cognitora-upstream-host" not in r.headers
+    assert core.outcomes[0].endpoint == f"127.0.0.1:{port}"  # the service saw who answered
+    assert core.unhealthy and core.unhealthy[0][0] == f"127.0.0.1:{dead}"
