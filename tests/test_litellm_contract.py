@@ -170,9 +170,12 @@ def test_proxy_strips_client_supplied_identity() -> None:
     # from the client's metadata before writing the authenticated ones.
     source = _proxy_source("litellm.proxy.litellm_pre_call_utils")
     _requires(
-        'k.startswith("user_api_key_")' in source and "user_api_key_team_id=user_api_key_dict.team_id" in source,
-        "litellm/proxy/litellm_pre_call_utils.py no longer strips client-sent user_api_key_* metadata or no "
-        "longer writes user_api_key_team_id from the authenticated key: identity could be forged",
+        'k.startswith("user_api_key_")' in source
+        and "user_api_key_team_id=user_api_key_dict.team_id" in source
+        and '["user_api_key_metadata"] = strip_callback_config(user_api_key_dict.metadata)' in source,
+        "litellm/proxy/litellm_pre_call_utils.py no longer strips client-sent user_api_key_* metadata, or no "
+        "longer writes user_api_key_team_id / user_api_key_metadata (cognitora_priority) from the authenticated "
+        "key: identity and priority could be forged",
     )
 
 

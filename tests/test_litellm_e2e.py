@@ -68,8 +68,37 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         yield f
 
 
-def write_config(tmp: Path, fleet: SimFleet, smollm2_dir: Path, redis_url: str | None, key_prefix: str) -> Path:
-    """A copy of the example with the fleet's real ports, the shared tokenizer and (Redis mode) the store."""
+BATCH_KEY = "sk-e2e-batch-jobs"
+"""A key whose (admin-set) metadata puts its requests in the sheddable ``batch`` class."""
+
+# No database here: a static key -> identity map stands in for LiteLLM's virtual keys (general_settings.custom_auth).
+AUTH_MODULE = f"""
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key == "{BATCH_KEY}":
+        return UserAPIKeyAuth(api_key=key, team_id="batch-jobs", metadata={{"cognitora_priority": "batch"}})
+    raise HTTPException(status_code=401, detail="unknown key")
+"""
+
+
+def write_config(
+    tmp: Path,
+    fleet: SimFleet,
+    smollm2_dir: Path,
+    redis_url: str | None,
+    key_prefix: str,
+    batch_key: bool = False,
+) -> Path:
+    """A copy of the example with the fleet's real ports, the shared tokenizer and (Redis mode) the store.
+
+    ``batch_key``: also a key in a ``batch`` priority class whose SLO no engine can meet, so it is always shed.
+    """
     config = yaml.safe_load(EXAMPLE.read_text())
     deployments = config["model_list"]
     assert len(deployments) == N_ENGINES, "the example describes a 4-engine fleet"
@@ -81,7 +110,8 @@ def write_config(tmp: Path, fleet: SimFleet, smollm2_dir: Path, redis_url: str |
         dep["model_info"]["cognitora_kv_events_replay"] = replay
     args = config["router_settings"]["routing_strategy_args"]
     args["models"][0]["tokenizer"] = str(smollm2_dir / "tokenizer.json")
-    args["scrape"] = {"interval_s": 0.5}
+    # A scrape answered late on this shared machine must not read as a dead engine: the full second to answer.
+    args["scrape"] = {"interval_s": 1.0, "timeout_s": 1.0}
     if redis_url is not None:
         args["redis_url"] = redis_url
         args["key_prefix"] = key_prefix
@@ -89,6 +119,13 @@ def write_config(tmp: Path, fleet: SimFleet, smollm2_dir: Path, redis_url: str |
         # than the production default of 0.25 s, and a decision made without the store ("degraded") ignores the
         # cache. This test is about the cached path, so it gives the store more time.
         args["placement"] = {"store_timeout_s": 2.0}
+    if batch_key:
+        (tmp / "e2e_auth.py").write_text(AUTH_MODULE)
+        config["general_settings"]["custom_auth"] = "e2e_auth.user_api_key_auth"
+        args.setdefault("placement", {})["priorities"] = {
+            "default": {"ttft_slo_s": 2.0},
+            "batch": {"ttft_slo_s": 1e-9, "sheddable": True},
+        }
     path = tmp / "litellm_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -261,11 +298,24 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
         )
     assert resp.status_code in (400, 404), resp.text
     assert "error" in resp.json()
+
+    if chaos:  # (the embedded run's config has the batch key)
+        async with httpx.AsyncClient(timeout=30) as client:
+            shed = await client.post(
+                f"{proxy.url}/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "nightly report"}]},
+                headers={"Authorization": f"Bearer {BATCH_KEY}"},
+            )
+        # A refusal by the core is LiteLLM's 429, with the Retry-After the core chose, and no retries.
+        assert shed.status_code == 429, shed.text
+        assert int(shed.headers["retry-after"]) >= 1
+        assert "cognitora" in shed.json()["error"]["message"]
+        figures["shed_status"] = shed.status_code
     return figures
 
 
 def test_proxy_embedded_mode(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path) -> None:
-    config = write_config(tmp_path, fleet, smollm2_dir, redis_url=None, key_prefix="")
+    config = write_config(tmp_path, fleet, smollm2_dir, redis_url=None, key_prefix="", batch_key=True)
     proxy = Proxy(config, tmp_path, salt="embedded")
     try:
         figures = asyncio.run(check_gateway(proxy, fleet, chaos=True))
