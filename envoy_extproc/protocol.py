@@ -1,4 +1,4 @@
-"""ext_proc messages (xds-protos bindings): reading header maps, and building every response this service sends.
+"""ext_proc messages (xds-protos bindings): every answer this service sends Envoy.
 
 The answers that never vary are built once at import and reused: building a protobuf message is a visible share of
 the per-request cost at a thousand requests per second.
