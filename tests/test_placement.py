@@ -186,10 +186,28 @@ CASES = [
         expect=B,
     ),
     Case(
-        "everything filtered: 503",
-        FleetState(NOW, snapshots={A: snap(A, healthy=False), B: snap(B, healthy=False)}),
+        "every endpoint failing its health scrape: panic routing still serves, on the best one",
+        FleetState(NOW, matches={B: cached(4096)}, snapshots={A: snap(A, healthy=False), B: snap(B, healthy=False)}),
+        expect=B,
+    ),
+    Case(
+        "every endpoint refusing connections: 503",
+        FleetState(
+            NOW,
+            health_marks={A: HealthMark(NOW - 0.1, "connection refused"), B: HealthMark(NOW - 0.2, "reset")},
+        ),
         expect=None,
         status=503,
+    ),
+    Case(
+        "panic keeps out an endpoint a gateway saw refuse connections",
+        FleetState(
+            NOW,
+            matches={A: cached(4096)},
+            snapshots={A: snap(A, healthy=False), B: snap(B, healthy=False)},
+            health_marks={A: HealthMark(NOW - 0.1, "connection refused")},
+        ),
+        expect=B,
     ),
     Case(
         "SLO miss for a sheddable class: 429",

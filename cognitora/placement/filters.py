@@ -50,7 +50,8 @@ def _role(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
     return f"role {endpoint.role.value} (request needs {ctx.role.value})"
 
 
-def _healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
+def _reachable(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
+    """A gateway saw a connection to it fail (``Router.mark_unhealthy``), locally or through the shared store."""
     snap = ctx.state.snapshots.get(endpoint.id)
     mark = ctx.state.health_marks.get(endpoint.id)
     now, ttl = ctx.state.now, ctx.params.unhealthy_mark_ttl_s
@@ -62,10 +63,19 @@ def _healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
         return f"marked unhealthy: {mark.reason}"
     if snap is not None and not snap.healthy:
         marked_at = snap.extra.get(SNAPSHOT_MARKED_UNHEALTHY_AT)
-        if marked_at is None:
-            return "unhealthy (metrics scrape failing)"
-        if now - marked_at < ttl:
+        if marked_at is not None and now - marked_at < ttl:
             return "marked unhealthy by a gateway"
+    return None
+
+
+def _scrape_healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
+    """The scraper's health checks fail. Soft: when every endpoint left fails them, the checks are more likely
+    wrong (an overloaded scraper, a network blip between it and the fleet) than the whole fleet dead, so the
+    request is tried anyway, as Envoy's panic threshold does; a truly dead engine then fails the connection and
+    gets marked by ``_reachable``."""
+    snap = ctx.state.snapshots.get(endpoint.id)
+    if snap is not None and not snap.healthy and snap.extra.get(SNAPSHOT_MARKED_UNHEALTHY_AT) is None:
+        return "unhealthy (metrics scrape failing)"
     return None
 
 
@@ -81,7 +91,8 @@ def _kv_headroom(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
 FILTERS: tuple[Filter, ...] = (
     Filter("candidates", _candidates),
     Filter("role", _role),
-    Filter("healthy", _healthy),
+    Filter("reachable", _reachable),
+    Filter("scrape_healthy", _scrape_healthy, soft=True),
     Filter("kv_headroom", _kv_headroom, soft=True),
 )
 """The filter pipeline, in order."""
