@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# LiteLLM fetches a model cost map from the internet at import unless told not to; nothing here needs it.
+export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: test lint typecheck pytest demo bench clean
 

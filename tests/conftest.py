@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,9 @@ from tests.redis_server import redis_url
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct"
+
+# LiteLLM downloads its model cost map at import; this machine (and CI) has no internet, and no test needs it.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")
