@@ -299,8 +299,8 @@ def main() -> int:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
 
-    from cognitora.process import ManagedProcess, free_port, wait_until
-    from envoy_extproc.launch import render_config, start_envoy
+    from cognitora.process import ManagedProcess, free_port
+    from envoy_extproc.launch import render_config, start_envoy, wait_listening
 
     work = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     backend_ports = [free_port() for _ in range(4)]
@@ -329,14 +329,10 @@ def main() -> int:
         procs.extend(extproc_procs.values())
         listeners: dict[str, tuple[int, int | None]] = {"envoy": (free_port(), None)}
         listeners |= {name: (free_port(), port) for name, port in extproc_ports.items()}
-        import socket
-
-        def listening(port: int) -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        for port in [*backend_ports, *extproc_ports.values()]:
-            wait_until(lambda p=port: listening(p), 30.0, f"port {port}")  # type: ignore[misc]
+        for port in backend_ports:
+            wait_listening(port, procs[0])
+        for name, port in extproc_ports.items():
+            wait_listening(port, extproc_procs[name])
         admin = free_port()
         config = render_config(
             listen_port=1,

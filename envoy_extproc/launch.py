@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,24 @@ from cognitora.process import ManagedProcess, wait_until
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "envoy.yaml"
 _PLACEHOLDER = re.compile(r"\$\{([A-Z0-9_]+)\}")
+
+
+def wait_listening(port: int, process: ManagedProcess | None = None, timeout_s: float = 30.0) -> None:
+    """Wait until something accepts TCP connections on 127.0.0.1:``port`` (a gRPC server has no HTTP health URL).
+
+    With ``process``, fail at once, with its log tail, if it exits first.
+    """
+
+    def ready() -> bool:
+        if process is not None and not process.alive():
+            return True
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(ready, timeout_s, f"a listener on port {port}")
+    if process is not None and not process.alive():
+        raise RuntimeError(f"{process.argv[0]} exited before listening on {port}:\n{process.log_tail()}")
 
 
 def envoy_binary() -> str:

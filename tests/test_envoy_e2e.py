@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ import yaml
 
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc.launch import render_config, start_envoy
+from envoy_extproc.launch import render_config, start_envoy, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -50,12 +49,6 @@ def question_text(group: int, question: int) -> str:
     rng = random.Random(f"{group}-{question}")
     notes = " ".join(f"note{rng.randrange(100_000)}" for _ in range(60))
     return f"Question {question}: what do these notes mean? {notes}"
-
-
-def can_connect(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -117,8 +110,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smo
         )
         envoy = None
         try:
-            wait_until(lambda: can_connect(extproc_port) or not extproc.alive(), 30.0, "cognitora extproc to listen")
-            assert extproc.alive(), extproc.log_tail()
+            wait_listening(extproc_port, extproc)
             envoy_config = render_config(
                 listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
             )
