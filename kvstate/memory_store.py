@@ -27,6 +27,7 @@ from kvstate.store import (
     DEFAULT_TIER_WEIGHTS,
     SPECULATIVE_WEIGHT,
     EndpointSnapshot,
+    FleetView,
     InFlight,
     PrefixMatch,
     Tier,
@@ -354,6 +355,13 @@ class MemoryStore:
             if snap is not None:
                 out[endpoint] = replace(snap, extra=dict(snap.extra))
         return out
+
+    # -- everything placement reads ---------------------------------------------------------------------------
+    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+        """The three reads in turn: they cost no round trip here, and since none of them suspends, nothing
+        changes in between."""
+        matches = await self.match_prefix(model, keys, endpoints) if keys and endpoints else {}
+        return FleetView(matches, await self.inflight(endpoints), await self.snapshots(endpoints))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:

@@ -18,6 +18,8 @@ Redis Cluster slot and can run as one server-side script. Endpoint-level keys ar
 | ``{p}:ep:{e}:inflight:tokens`` | HASH | request id -> ``"<prefill> <decode>"`` |
 | ``{p}:ep:{e}:snapshot`` | HASH | ``EndpointSnapshot`` fields |
 | ``{p}:snapshot_endpoints`` | SET | endpoints with a snapshot |
+| ``{p}:snapshot_version`` | STRING | random token, replaced on every snapshot write: readers that hold the |
+| | | snapshots of this version skip reading them again |
 
 Braces inside a model or endpoint name would move the hash tag, so they are percent-escaped.
 """
@@ -93,3 +95,6 @@ class RedisKeys:
 
     def snapshot_endpoints(self) -> str:
         return f"{self.prefix}:snapshot_endpoints"
+
+    def snapshot_version(self) -> str:
+        return f"{self.prefix}:snapshot_version"

@@ -43,106 +43,119 @@ local function endpoint_id(ep)
 end
 """
 
+_MATCH_FN = """
+-- The longest held prefix of ``blob`` (a hex chain) per endpoint: a flat list endpoint, matched blocks, weighted
+-- blocks (as a string: Lua replies truncate numbers). ``wanted``: endpoint names to score, or nil for every holder
+-- of the first block (``first_key``). ``mw``: weights of nibbles 1..7; ``sw``: weight of a live speculative entry.
+local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, wanted)
+  local n = #blob / 16
+  if n == 0 then return {} end
+  local alive = {}
+  if wanted then
+    if #wanted == 0 then return {} end
+    local ids = rcall('HMGET', ids_key, unpack(wanted))
+    for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
+  else
+    local s = rcall('GET', first_key)
+    if s then
+      for j = 1, #s do if sbyte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
+    end
+  end
+  if #alive == 0 then return {} end
+  local names = rcall('HMGET', names_key, unpack(alive))
+  local name, lengths, weighted = {}, {}, {}
+  local named = {}
+  for j, id in ipairs(alive) do
+    if names[j] then name[id] = names[j]; weighted[id] = 0; named[#named + 1] = id end
+  end
+  alive = named
+  local now = nil
+  -- Consecutive blocks usually have byte-identical strings (the same endpoints hold the whole run). Lua strings are
+  -- interned, so ``s == prev`` is a pointer compare: such a block repeats the previous step's outcome and is only
+  -- counted; the per-endpoint loop runs where the holders change (or a speculative entry needs its expiry checked).
+  local prev, simple, run = nil, false, 0
+  local step_weight = {}
+  local count = #alive
+  local function flush_run()
+    if run > 0 then
+      for j = 1, count do
+        local id = alive[j]
+        lengths[id] = lengths[id] + run
+        weighted[id] = weighted[id] + step_weight[id] * run
+      end
+      run = 0
+    end
+  end
+  for j = 1, count do lengths[alive[j]] = 0 end
+  -- Blocks are fetched 32 at a time with MGET: a third fewer calls' worth of time than one GET each, and at most
+  -- 31 keys read past the end of the match.
+  local batch, batch_start = {}, 1
+  for i = 1, n do
+    if i - batch_start >= #batch then
+      batch_start = i
+      local batch_keys = {}
+      for j = i, math.min(n, i + 31) do batch_keys[#batch_keys + 1] = base .. ssub(blob, 16 * j - 15, 16 * j) end
+      batch = rcall('MGET', unpack(batch_keys))
+    end
+    local s = batch[i - batch_start + 1] or ''
+    if simple and s == prev then
+      run = run + 1
+    else
+      flush_run()
+      prev, simple = s, true
+      local kept = 0
+      for j = 1, count do
+        local id = alive[j]
+        local v = (sbyte(s, id + 1) or 0) % 16
+        local w = nil
+        if v % 8 > 0 then
+          w = mw[v % 8]
+        elseif v >= 8 then
+          simple = false
+          now = now or now_ms()
+          local expiry = rcall('ZSCORE', sbase .. name[id], hex_at(blob, i))
+          if expiry and tonumber(expiry) > now then w = sw end
+        end
+        if w then
+          step_weight[id] = w
+          weighted[id] = weighted[id] + w
+          lengths[id] = i
+          kept = kept + 1
+          alive[kept] = id
+        end
+      end
+      for j = kept + 1, count do alive[j] = nil end
+      count = kept
+      if count == 0 then break end
+    end
+  end
+  flush_run()
+  local out = {}
+  for id, len in pairs(lengths) do
+    if len > 0 then out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id]) end
+  end
+  return out
+end
+"""
+
 MATCH = (
     "#!lua flags=no-writes\n"
     + _COMMON
+    + _MATCH_FN
     + """
 -- KEYS: first block string (routes to the model's slot), ids hash, names hash.
 -- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, endpoints...
--- Returns a flat list: endpoint, matched blocks, weighted blocks (as a string: Lua replies truncate numbers).
-local base, blob, sbase = ARGV[1], ARGV[2], ARGV[3]
-local n = #blob / 16
 local mw = {}
 for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
-local sw = tonumber(ARGV[11])
-local alive = {}
+local wanted = nil
 if #ARGV > 11 then
-  local wanted = {}
+  wanted = {}
   for i = 12, #ARGV do wanted[#wanted + 1] = ARGV[i] end
-  local ids = rcall('HMGET', KEYS[2], unpack(wanted))
-  for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
-else
-  local s = rcall('GET', KEYS[1])
-  if s then
-    for j = 1, #s do if sbyte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
-  end
 end
-if #alive == 0 then return {} end
-local names = rcall('HMGET', KEYS[3], unpack(alive))
-local name, lengths, weighted = {}, {}, {}
-local named = {}
-for j, id in ipairs(alive) do
-  if names[j] then name[id] = names[j]; weighted[id] = 0; named[#named + 1] = id end
-end
-alive = named
-local now = nil
--- Consecutive blocks usually have byte-identical strings (the same endpoints hold the whole run). Lua strings are
--- interned, so ``s == prev`` is a pointer compare: such a block repeats the previous step's outcome and is only
--- counted; the per-endpoint loop runs where the holders change (or a speculative entry needs its expiry checked).
-local prev, simple, run = nil, false, 0
-local step_weight = {}
-local count = #alive
-local function flush_run()
-  if run > 0 then
-    for j = 1, count do
-      local id = alive[j]
-      lengths[id] = lengths[id] + run
-      weighted[id] = weighted[id] + step_weight[id] * run
-    end
-    run = 0
-  end
-end
-for j = 1, count do lengths[alive[j]] = 0 end
--- Blocks are fetched 32 at a time with MGET: a third fewer calls' worth of time than one GET each, and at most
--- 31 keys read past the end of the match.
-local batch, batch_start = {}, 1
-for i = 1, n do
-  if i - batch_start >= #batch then
-    batch_start = i
-    local batch_keys = {}
-    for j = i, math.min(n, i + 31) do batch_keys[#batch_keys + 1] = base .. ssub(blob, 16 * j - 15, 16 * j) end
-    batch = rcall('MGET', unpack(batch_keys))
-  end
-  local s = batch[i - batch_start + 1] or ''
-  if simple and s == prev then
-    run = run + 1
-  else
-    flush_run()
-    prev, simple = s, true
-    local kept = 0
-    for j = 1, count do
-      local id = alive[j]
-      local v = (sbyte(s, id + 1) or 0) % 16
-      local w = nil
-      if v % 8 > 0 then
-        w = mw[v % 8]
-      elseif v >= 8 then
-        simple = false
-        now = now or now_ms()
-        local expiry = rcall('ZSCORE', sbase .. name[id], hex_at(blob, i))
-        if expiry and tonumber(expiry) > now then w = sw end
-      end
-      if w then
-        step_weight[id] = w
-        weighted[id] = weighted[id] + w
-        lengths[id] = i
-        kept = kept + 1
-        alive[kept] = id
-      end
-    end
-    for j = kept + 1, count do alive[j] = nil end
-    count = kept
-    if count == 0 then break end
-  end
-end
-flush_run()
-local out = {}
-for id, len in pairs(lengths) do
-  if len > 0 then out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id]) end
-end
-return out
+return match(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), wanted)
 """
 )
+
 ADD = (
     _COMMON
     + _ENDPOINT_ID
@@ -386,5 +399,55 @@ for _, v in ipairs(vals) do
   p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
 end
 return {#vals, p, d}
+"""
+)
+
+FLEET_VIEW = (
+    "#!lua flags=no-writes\n"
+    + _COMMON
+    + _MATCH_FN
+    + """
+-- Everything one placement reads, in one call: the prefix match, each endpoint's in-flight totals and, unless the
+-- caller already holds the current ones, the endpoints' snapshots.
+-- KEYS: first block string, ids hash, names hash, snapshot version, then per endpoint (in ARGV order): in-flight
+--       zset, in-flight tokens hash, snapshot hash.
+-- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, the snapshot
+--       version the caller holds ('' for none), endpoints...
+-- Returns {match (as MATCH), in-flight {requests, prefill, decode} per endpoint flattened, snapshot version,
+--          HGETALL per endpoint or 0 when the caller's version is current}.
+-- Read-only: expired in-flight members are skipped here and swept by the next INFLIGHT_ADD on their endpoint.
+local mw = {}
+for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
+local endpoints = {}
+for i = 13, #ARGV do endpoints[#endpoints + 1] = ARGV[i] end
+local matched = match(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), endpoints)
+local live_after = sformat('(%.0f', now_ms())
+local inflight = {}
+for i = 1, #endpoints do
+  local zset, tokens = KEYS[2 + 3 * i], KEYS[3 + 3 * i]
+  local requests, p, d = 0, 0, 0
+  local live = rcall('ZRANGEBYSCORE', zset, live_after, '+inf')
+  for j = 1, #live, 1000 do
+    local vals = rcall('HMGET', tokens, unpack(live, j, math.min(j + 999, #live)))
+    for k = 1, #vals do
+      local v = vals[k]
+      if v then
+        local a, b = string.match(v, '^(%d+) (%d+)$')
+        requests = requests + 1
+        p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
+      end
+    end
+  end
+  inflight[#inflight + 1] = requests
+  inflight[#inflight + 1] = p
+  inflight[#inflight + 1] = d
+end
+local version = rcall('GET', KEYS[4]) or ''
+local snapshots = 0
+if version == '' or version ~= ARGV[12] then
+  snapshots = {}
+  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[4 + 3 * i]) end
+end
+return {matched, inflight, version, snapshots}
 """
 )

@@ -10,6 +10,9 @@ is atomic; time comes from the Redis server (``TIME``), so gateways with skewed 
   timestamp and are swept on the endpoint's next speculative write or purge.
 - ``clear_endpoint`` walks that endpoint's own key sets in chunks, never the keyspace.
 - In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
+- ``fleet_view`` (what the router reads per decision) is one read-only script call: the match, the in-flight
+  totals and the snapshots together. Snapshots are sent back only when they changed since this store last read
+  them: every ``put_snapshot`` replaces a version token, and the caller passes the token it holds.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
 """
@@ -21,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import struct
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,13 +39,24 @@ from kvstate import redis_scripts as scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import mask_weights
 from kvstate.redis_keys import RedisKeys
-from kvstate.store import SPECULATIVE_WEIGHT, EndpointSnapshot, InFlight, PrefixMatch, StoreUnavailable, Tier
+from kvstate.store import (
+    SPECULATIVE_WEIGHT,
+    EndpointSnapshot,
+    FleetView,
+    InFlight,
+    PrefixMatch,
+    StoreUnavailable,
+    Tier,
+)
 
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
 """Connect and read timeout: placement would rather degrade than wait on a dead Redis."""
 
 CHUNK = 2000
 """Blocks per script call in bulk writes and purges, so no single script blocks Redis for long."""
+
+FLEET_CALLS_KEPT = 64
+"""(model, endpoints) combinations whose ``fleet_view`` script keys are kept built (a router asks for a few)."""
 
 
 class _Script:
@@ -67,6 +82,11 @@ def _hex_chain(keys: Sequence[BlockKey]) -> str:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    """An HGETALL reply from a script (a flat field, value list) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _describe(client: aioredis.Redis) -> str:
@@ -150,6 +170,11 @@ class RedisStore:
         self._inflight_add = _Script(scripts.INFLIGHT_ADD)
         self._inflight_prefill_done = _Script(scripts.INFLIGHT_PREFILL_DONE)
         self._inflight_read = _Script(scripts.INFLIGHT_READ)
+        self._fleet_view = _Script(scripts.FLEET_VIEW)
+        self._fleet_calls: dict[tuple[str, tuple[str, ...]], tuple[list[str], list[str], list[str]]] = {}
+        # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
+        self._snapshot_version = ""
+        self._snapshot_cache: dict[str, EndpointSnapshot | None] = {}
 
     @classmethod
     def from_url(
@@ -355,6 +380,8 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=False)
             pipe.hset(key, mapping=_encode_snapshot(snapshot))  # type: ignore[arg-type]
             pipe.sadd(self.keys.snapshot_endpoints(), snapshot.endpoint)
+            # after the HSET, in the same ordered pipeline: a reader that sees the new token sees the new snapshot
+            pipe.set(self.keys.snapshot_version(), uuid.uuid4().hex)
             await pipe.execute()
 
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
@@ -368,6 +395,52 @@ class RedisStore:
                 pipe.hgetall(self.keys.snapshot(endpoint))
             rows = await pipe.execute()
         return {e: _decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+
+    # -- everything placement reads ---------------------------------------------------------------------------
+    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+        known, endpoint_keys, tail = self._fleet_call(model, endpoints)
+        k = self.keys
+        first = k.block(model, keys[0]) if keys else k.endpoint_ids(model)  # only routes the call to the model's slot
+        cached = self._snapshot_cache
+        have = self._snapshot_version if all(e in cached for e in known) else ""
+        zkeys = [first, *endpoint_keys]
+        args = [k.block_base(model), _hex_chain(keys), *tail, have, *known]
+        with self._unavailable("fleet_view"):
+            flat, counts, version, rows = await self._run(self._fleet_view, zkeys, args)
+        matches = {
+            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
+        }
+        inflight = {e: InFlight(counts[3 * j], counts[3 * j + 1], counts[3 * j + 2]) for j, e in enumerate(known)}
+        if rows != 0:
+            version = _text(version)
+            if version != self._snapshot_version:
+                cached = self._snapshot_cache = {}
+                self._snapshot_version = version
+            for e, raw in zip(known, rows, strict=True):
+                cached[e] = _decode_snapshot(e, _pairs(raw)) if raw else None
+        snapshots = {}
+        for e in known:
+            snap = cached[e]
+            if snap is not None:
+                snapshots[e] = snap
+        return FleetView(matches, inflight, snapshots)
+
+    def _fleet_call(self, model: str, endpoints: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+        """The parts of a ``FLEET_VIEW`` call that depend only on (model, endpoints), built once: the endpoints
+        without repeats, KEYS after the first, and ARGV from the speculative base to the weights."""
+        key = (model, tuple(endpoints))
+        call = self._fleet_calls.get(key)
+        if call is None:
+            k = self.keys
+            known = list(dict.fromkeys(endpoints))
+            endpoint_keys = [k.endpoint_ids(model), k.endpoint_names(model), k.snapshot_version()]
+            for e in known:
+                endpoint_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
+            tail = [k.endpoint_speculative(model, ""), *self._match_weights]
+            if len(self._fleet_calls) >= FLEET_CALLS_KEPT:
+                self._fleet_calls.clear()
+            call = self._fleet_calls[key] = (known, endpoint_keys, tail)
+        return call
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:
@@ -397,5 +470,5 @@ class RedisStore:
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await self._client.delete(k.models(), k.snapshot_endpoints())
+            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version())
             self._known_models.clear()

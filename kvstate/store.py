@@ -83,6 +83,18 @@ class EndpointSnapshot:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class FleetView:
+    """What one placement reads about a model's endpoints: ``Store.fleet_view``."""
+
+    matches: dict[str, PrefixMatch]
+    """As ``match_prefix``: endpoints holding nothing of the prefix are absent."""
+    inflight: dict[str, InFlight]
+    """As ``inflight``: every endpoint asked for is present."""
+    snapshots: dict[str, EndpointSnapshot]
+    """As ``snapshots``: endpoints without a snapshot are absent."""
+
+
 @runtime_checkable
 class Store(Protocol):
     """The fleet's shared state. Every method may raise ``StoreUnavailable``."""
@@ -140,6 +152,15 @@ class Store(Protocol):
 
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
         """Latest snapshots (None: all known endpoints)."""
+        ...
+
+    # -- everything placement reads ---------------------------------------------------------------------------
+    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+        """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)`` and ``snapshots(endpoints)`` together.
+
+        The router's read for every decision: one round trip on Redis (one script, so the three parts are read at
+        one instant), where the three calls cost three. Empty ``keys`` give no matches.
+        """
         ...
 
     # -- lifecycle ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from kvstate.redis_store import RedisStore
 from kvstate.store import (
     SPECULATIVE_WEIGHT,
     EndpointSnapshot,
+    FleetView,
     InFlight,
     PrefixMatch,
     Store,
@@ -331,6 +332,74 @@ async def test_snapshots_round_trip(store: Store) -> None:
     newer = EndpointSnapshot(endpoint=B, running=9)
     await store.put_snapshot(newer)
     assert (await store.snapshots([B]))[B] == newer
+
+
+# -- everything placement reads in one call ------------------------------------------------------------------
+
+
+async def test_fleet_view_is_the_three_reads_together(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN)
+    await store.add_blocks(M, B, CHAIN[:4], Tier.CPU)
+    await store.add_speculative(M, C, CHAIN[:2], ttl_s=60)
+    await store.inflight_add(A, "r1", 1000, 200, ttl_s=60)
+    await store.inflight_add(A, "r2", 500, 100, ttl_s=60)
+    await store.inflight_prefill_done(A, "r2")
+    await store.inflight_add(C, "r3", 10, 1, ttl_s=60)
+    a, b = EndpointSnapshot(A, running=2, kv_usage=0.5, extra={"x": 1.5}), EndpointSnapshot(B, healthy=False)
+    await store.put_snapshot(a)
+    await store.put_snapshot(b)
+
+    view = await store.fleet_view(M, CHAIN[:8], [A, B, C, A])  # a repeated endpoint is answered once
+    assert view == FleetView(
+        matches={A: PrefixMatch(8, 8.0), B: PrefixMatch(4, pytest.approx(3.2)), C: PrefixMatch(2, 2.0)},  # type: ignore[arg-type]
+        inflight={A: InFlight(2, 1000, 300), B: InFlight(), C: InFlight(1, 10, 1)},
+        snapshots={A: a, B: b},
+    )
+    assert view.matches == await store.match_prefix(M, CHAIN[:8], [A, B, C])
+    assert view.inflight == await store.inflight([A, B, C])
+    assert view.snapshots == await store.snapshots([A, B, C])
+
+    # only the endpoints asked for; no keys, no matches; a model nobody holds, no matches
+    assert await store.fleet_view(M, CHAIN, [B]) == FleetView(
+        {B: PrefixMatch(4, pytest.approx(3.2))},  # type: ignore[arg-type]
+        {B: InFlight()},
+        {B: b},
+    )
+    assert await store.fleet_view(M, [], [A, C]) == FleetView(
+        {}, {A: InFlight(2, 1000, 300), C: InFlight(1, 10, 1)}, {A: a}
+    )
+    assert (await store.fleet_view("other-model", CHAIN, [A])).matches == {}
+    assert await store.fleet_view(M, CHAIN, []) == FleetView({}, {}, {})
+
+
+async def test_fleet_view_sees_every_new_snapshot_at_once(backend: Backend) -> None:
+    reader = backend.make()
+    # on Redis another gateway replica writes, through its own store; in memory there is only one store
+    writer = reader if backend.name == "memory" else backend.make()
+    await writer.put_snapshot(EndpointSnapshot(A, running=1))
+    assert (await reader.fleet_view(M, CHAIN, [A, B])).snapshots == {A: EndpointSnapshot(A, running=1)}
+    assert (await reader.fleet_view(M, CHAIN, [A, B])).snapshots == {A: EndpointSnapshot(A, running=1)}
+
+    await writer.put_snapshot(EndpointSnapshot(A, healthy=False, running=1))
+    await writer.put_snapshot(EndpointSnapshot(B, running=4))
+    expected = {A: EndpointSnapshot(A, healthy=False, running=1), B: EndpointSnapshot(B, running=4)}
+    assert (await reader.fleet_view(M, CHAIN, [A, B])).snapshots == expected
+    # an endpoint set not read before is read, not assumed absent
+    await reader.put_snapshot(EndpointSnapshot(C, waiting=3))
+    assert (await reader.fleet_view(M, CHAIN, [C])).snapshots == {C: EndpointSnapshot(C, waiting=3)}
+    assert (await reader.fleet_view(M, CHAIN, [A, B, C])).snapshots == {**expected, C: EndpointSnapshot(C, waiting=3)}
+
+
+async def test_fleet_view_counts_only_live_inflight_work(backend: Backend) -> None:
+    store = backend.make()
+    await store.inflight_add(A, "lost", 4000, 100, ttl_s=TTL_S)  # its gateway never releases it
+    await store.inflight_add(A, "alive", 100, 10, ttl_s=600)
+    assert (await store.fleet_view(M, CHAIN, [A])).inflight == {A: InFlight(2, 4100, 110)}
+
+    async def healed() -> bool:
+        return (await store.fleet_view(M, CHAIN, [A])).inflight == {A: InFlight(1, 100, 10)}
+
+    await backend.eventually(healed, "the abandoned in-flight request to stop counting")
 
 
 # -- lifecycle and failures ----------------------------------------------------------------------------------
