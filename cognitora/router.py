@@ -5,9 +5,10 @@
     await router.first_token(decision)            # its prefill is done
     await router.finished(decision, outcome)      # released; predicted vs achieved cache hit recorded
 
-The Router fetches the fleet's state from the store (prefix matches, in-flight counts, snapshots), hands it to the
-pure ``placement.place`` and keeps a little of its own: in-flight counts for what it dispatched, the last snapshots
-it read, the endpoints a gateway saw die, and recent decisions. When the store fails (``StoreUnavailable``, or
+The Router fetches the fleet's state from the store in one call (``Store.fleet_view``: prefix matches, in-flight
+counts, snapshots; one round trip on Redis), hands it to the pure ``placement.place`` and keeps a little of its
+own: in-flight counts for what it dispatched, the last snapshots it read, the endpoints a gateway saw die, and
+recent decisions. When the store fails (``StoreUnavailable``, or
 slower than ``placement.store_timeout_s``), ``place`` still answers from that local state, with
 ``Decision.degraded=True``; feedback calls log and carry on. Nothing here raises because Redis is down.
 """
@@ -29,7 +30,7 @@ from cognitora.placement.energy import EnergyEstimator
 from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import Outcome, RouteRequest
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
-from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, Store, StoreUnavailable, open_store
+from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
 
@@ -126,6 +127,7 @@ class Router:
         self.store = store
         self._clock = clock
         self._keyers = {m.name: _keyer(m) for m in config.models}
+        self._endpoint_ids = {m.name: [e.id for e in m.endpoints] for m in config.models}
         for m in config.models:
             if m.tokenizer is None and any(e.kv_events for e in m.endpoints):
                 log.warning(
@@ -168,18 +170,11 @@ class Router:
         raise PromptError("the request has neither 'messages' nor 'prompt'")
 
     async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
-        ids = [e.id for e in model.endpoints]
+        ids = self._endpoint_ids[model.name]
         now = self._clock()
-
-        async def no_match() -> dict[str, PrefixMatch]:
-            return {}
-
-        matches_call = self.store.match_prefix(model.name, prompt.keys, ids) if prompt.keys else no_match()
-        results = await self._guarded(
-            asyncio.gather(matches_call, self.store.inflight(ids), self.store.snapshots(ids)), "read the fleet state"
-        )
+        view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         local = self._local.totals(ids, now)
-        if results is None:
+        if view is None:
             return FleetState(
                 now=now,
                 inflight=local,
@@ -188,14 +183,18 @@ class Router:
                 learned_joules_per_token=self._energy.joules_per_token(),
                 degraded=True,
             )
-        matches, inflight, snapshots = results
-        self._snapshots.update(snapshots)
-        for snap in snapshots.values():
-            self._energy.observe(snap)
-        self._forget_healed(snapshots, now)
+        snapshots = view.snapshots
+        known = self._snapshots
+        for endpoint, snap in snapshots.items():
+            if known.get(endpoint) is not snap:  # a store may hand back the same snapshot until a newer one comes
+                known[endpoint] = snap
+                self._energy.observe(snap)
+        if self._health_marks:
+            self._forget_healed(snapshots, now)
+        inflight = view.inflight
         return FleetState(
             now=now,
-            matches=matches,
+            matches=view.matches,
             inflight={e: _at_least(inflight.get(e), local[e]) for e in ids},
             snapshots=snapshots,
             health_marks=dict(self._health_marks),
