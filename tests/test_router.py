@@ -377,3 +377,33 @@ async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def test_a_snapshot_another_process_writes_counts_at_the_next_decision(
+    config: CognitoraConfig, store: Store, request: pytest.FixtureRequest
+) -> None:
+    # The collector writes snapshots through its own store (its own Redis client); the router must not keep
+    # deciding on the snapshots it read before.
+    scraper = store
+    if isinstance(store, RedisStore):
+        scraper = RedisStore.from_url(request.getfixturevalue("redis_server_url"), key_prefix=store.keys.prefix)
+    router = Router(config, store)
+    try:
+        keys = (await router.place(chat())).keys
+        await store.add_blocks(MODEL, A, list(keys))
+        now = time.time()
+        await scraper.put_snapshot(EndpointSnapshot(A, last_seen=now))
+        await scraper.put_snapshot(EndpointSnapshot(B, last_seen=now))
+        assert (await router.place(chat())).endpoint == A
+        assert (await router.place(chat())).endpoint == A
+
+        await scraper.put_snapshot(EndpointSnapshot(A, healthy=False, last_seen=now + 1))
+        failing = await router.place(chat())
+        assert failing.endpoint == B, failing.explain()
+        assert "unhealthy" in {c.endpoint: c.excluded for c in failing.candidates}[A]
+
+        await scraper.put_snapshot(EndpointSnapshot(A, healthy=True, last_seen=now + 2))
+        assert (await router.place(chat())).endpoint == A
+    finally:
+        if scraper is not store:
+            await scraper.close()
