@@ -184,9 +184,14 @@ class PlacementConfig(_Strict):
     snapshot_max_age_s: float = Field(default=10.0, gt=0)
     """Scraped load older than this is ignored (router-counted in-flight work is still used)."""
     power_ttft_slack_s: float = Field(default=0.05, ge=0)
-    """TTFTs within this many seconds of the best count as close: among those, lower energy per token wins."""
+    """Power rule: a candidate counts as close when its predicted TTFT is within this many seconds of the best
+    AND within ``power_ttft_slack_ratio`` of it (the smaller bound applies); among close ones, the lowest energy
+    for the request wins. The rule never costs a request more than this, nor more than that fraction."""
     power_ttft_slack_ratio: float = Field(default=0.1, ge=0)
-    """...or within this fraction of the best TTFT, whichever is larger."""
+    """Power rule: the slack as a fraction of the best predicted TTFT; the slack is the smaller of the two."""
+    power_energy_band_ratio: float = Field(default=0.2, ge=0)
+    """Power rule: request energies within this fraction of the lowest count as equal (marginal J/token is
+    learned, noisy, and lower on a busier engine of the same hardware; a smaller gap would herd on noise)."""
     store_timeout_s: float = Field(default=0.25, gt=0)
     """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
     priorities: dict[str, PriorityClass] = Field(default_factory=_default_priorities)

@@ -20,7 +20,10 @@ class CandidateScore:
     decode_penalty_s: float = 0.0
     """The decode-load term included in ``predicted_ttft_s`` (seconds)."""
     joules_per_token: float | None = None
-    """Marginal energy per prompt token (J) used by the power rule; None when unknown."""
+    """Marginal energy per token (J) used by the power rule; None when unknown."""
+    request_joules: float | None = None
+    """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
+    tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""
 
 
 @dataclass(frozen=True)

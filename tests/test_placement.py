@@ -243,6 +243,50 @@ CASES = [
         expect=A,
     ),
     Case(
+        "power: an 800-token cache hit beats a cold engine with lower J/token (the slack is relative: 0.05 ms here)",
+        # The end-to-end case: 0.5 ms on A (16 tokens to prefill) vs 28 ms on cold B; B's 0.1 J/token is 5x lower
+        # but it would prefill 816 tokens (82 J) where A prefills 16 (8 J).
+        FleetState(NOW, matches={A: cached(800)}),
+        config=fleet(
+            ep(8001, joules_per_token=0.5, prefill_tokens_per_s=29000),
+            ep(8002, joules_per_token=0.1, prefill_tokens_per_s=29000),
+        ),
+        tokens=816,
+        expect=A,
+        runner_up=B,
+    ),
+    Case(
+        "power: a cache hit saves prefill energy, so a cold engine with lower J/token does not win",
+        # A: 3800 queued + 256 uncached = 406 ms, 0.3 J/token x 256 = 77 J. B: cold, 410 ms (within the 41 ms
+        # slack), 0.1 J/token x 4096 = 410 J. Comparing J/token alone would pick B.
+        FleetState(NOW, matches={A: cached(3840)}, inflight={A: InFlight(1, 3800, 0)}),
+        config=fleet(ep(8001, joules_per_token=0.3), ep(8002, joules_per_token=0.1)),
+        expect=A,
+    ),
+    Case(
+        "power: expected decode tokens count in the request's energy",
+        # Same as above with max_tokens=20000: A 0.3 x 20256 = 6077 J vs B 0.1 x 24096 = 2410 J.
+        FleetState(NOW, matches={A: cached(3840)}, inflight={A: InFlight(1, 3800, 0)}),
+        config=fleet(ep(8001, joules_per_token=0.3), ep(8002, joules_per_token=0.1)),
+        request={"max_tokens": 20000},
+        expect=B,
+    ),
+    Case(
+        "power: the slack is the smaller of 50 ms and 10% of the best TTFT",
+        # A: 96 tokens to prefill, 9.6 ms, 48 J. B: 396 tokens, 39.6 ms, 20 J. B is greener but 30 ms slower,
+        # far beyond 10% of 9.6 ms (an absolute 50 ms window would have taken it).
+        FleetState(NOW, matches={A: cached(4000), B: cached(3700)}),
+        config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.05)),
+        expect=A,
+    ),
+    Case(
+        "power: energies within power_energy_band_ratio are equal (same hardware, noisy learned J/token)",
+        # A: 4096 + 100 queued -> 420 ms, 0.100 J/token -> 410 J. B: 410 ms, 0.110 -> 451 J: 10% apart, not 20%.
+        FleetState(NOW, inflight={A: InFlight(1, 100, 0)}),
+        config=fleet(ep(8001, joules_per_token=0.10), ep(8002, joules_per_token=0.11)),
+        expect=B,
+    ),
+    Case(
         "power: unknown energy does not move the pick",
         FleetState(NOW, matches={A: cached(256)}),
         config=fleet(ep(8001), ep(8002, joules_per_token=0.1)),
@@ -376,7 +420,8 @@ def test_reason_names_the_winning_terms() -> None:
     assert decision.reason.startswith(f"lowest predicted TTFT (410 ms vs 2012 ms on {B}): 2000 ms less queue wait")
     config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
     green = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, FleetState(NOW, matches={A: cached(256)}))
-    assert green.reason.startswith(f"lower energy: 0.1 J/token vs 0.5 on the fastest ({A})")
+    expected = f"lower energy: 410 J for this request vs 1920 J on the fastest ({A}; 0.1 vs 0.5 J/token)"
+    assert green.reason.startswith(expected)
 
 
 def test_saturation_is_flagged_for_burst_decisions() -> None:

@@ -66,10 +66,11 @@ def place(
         known = ", ".join(params.priorities)
         return reject(req, 400, f"unknown priority class {priority!r}; configured: {known}")
 
+    decode = req.max_tokens or 0
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
-        (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params) for e in filtered.kept),
+        (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
         key=rank_key(req.request_id),
     )
     excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
@@ -83,7 +84,7 @@ def place(
         degraded=state.degraded,
         exact_keys=prompt.exact,
         keys=tuple(prompt.keys),
-        expected_decode_tokens=req.max_tokens or 0,
+        expected_decode_tokens=decode,
     )
     if not ranked:
         why = "; ".join(f"{eid}: {reason}" for eid, reason in filtered.excluded.items())

@@ -12,6 +12,15 @@
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
 
+Beside the TTFT, each candidate gets the request's marginal energy there, for the picker's power rule:
+
+    request_joules(e) = joules_per_token(e) x (prompt_tokens - cached_tokens(e) + expected_decode_tokens)
+
+A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the router
+learns one J/token over prompt and generated tokens together (``placement.energy``), so both kinds of token are
+charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the
+prefill, which is where candidates differ most, is compared).
+
 Scraped figures older than ``snapshot_max_age_s`` are ignored; router counts never are.
 """
 
@@ -60,6 +69,7 @@ def score_endpoint(
     tokens_per_key: int,
     state: FleetState,
     params: PlacementConfig,
+    decode_tokens: int = 0,
 ) -> CandidateScore:
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
@@ -74,6 +84,8 @@ def score_endpoint(
     rate = prefill_rate(endpoint, snap, params)
     decode_penalty = params.decode_penalty_s_per_running * running
     ttft = (queued + prompt_tokens - cached) / rate + decode_penalty
+    jpt = joules_per_token(endpoint, snap, state)
+    request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
     return CandidateScore(
         endpoint=endpoint.id,
         cached_tokens=cached,
@@ -81,7 +93,8 @@ def score_endpoint(
         prefill_tokens_per_s=rate,
         predicted_ttft_s=ttft,
         decode_penalty_s=decode_penalty,
-        joules_per_token=joules_per_token(endpoint, snap, state),
+        joules_per_token=jpt,
+        request_joules=request_joules,
     )
 
 

@@ -3,10 +3,14 @@
 Rules, in order:
 
 1. **Feasible** candidates are those whose predicted TTFT meets the class's ``ttft_slo_s``.
-2. **Power**: among feasible candidates, the *close* ones are within ``max(power_ttft_slack_s,
-   power_ttft_slack_ratio x best)`` of the best TTFT. If the fastest endpoint's marginal energy per token is known
-   and a close one's is known and lower, the lowest-energy close one wins. Unknown energy never beats known,
-   and never loses to it either: a fleet without power data ranks by TTFT alone.
+2. **Power**: among feasible candidates, the *close* ones are within ``min(power_ttft_slack_s,
+   power_ttft_slack_ratio x best)`` of the best TTFT: the rule may cost a request at most that fraction of its
+   TTFT and never more than that many seconds, so a sub-100 ms decision is not swamped by a fixed window. They
+   compare the *request's* marginal energy (``CandidateScore.request_joules``: J/token x (uncached prompt +
+   expected decode tokens)), so a cache hit saves prefill energy too. If the fastest endpoint's is known and a
+   close one's is lower by more than ``power_energy_band_ratio``, the close ones within that band of the lowest
+   win. Unknown energy never beats known, and never loses to it either: a fleet without power data ranks by
+   TTFT alone.
 3. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
    predicted overshoot; any other class takes the fastest endpoint anyway.
 
@@ -38,6 +42,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
 
 
+def _joules(j: float | None) -> str:
+    return "?" if j is None else (f"{j:.3g} J" if j < 100 else f"{j:.0f} J")
+
+
 def pick(
     ranked: Sequence[CandidateScore], priority: str, pclass: PriorityClass, params: PlacementConfig
 ) -> Pick | Rejection:
@@ -57,23 +65,35 @@ def pick(
         return Pick(best, _runner_up(ranked, best), reason, saturated=True)
 
     chosen, reason = best, _ttft_reason(best, ranked)
-    if best.joules_per_token is not None:
-        slack = max(params.power_ttft_slack_s, params.power_ttft_slack_ratio * best.predicted_ttft_s)
-        greener = [
-            c
-            for c in feasible
-            if c.predicted_ttft_s <= best.predicted_ttft_s + slack
-            and c.joules_per_token is not None
-            and c.joules_per_token < best.joules_per_token
-        ]
-        if greener:
-            chosen = min(greener, key=lambda c: (c.joules_per_token, c.predicted_ttft_s, c.endpoint))
-            reason = (
-                f"lower energy: {chosen.joules_per_token:.3g} J/token vs {best.joules_per_token:.3g} on the fastest "
-                f"({best.endpoint}), predicted TTFT {_ms(chosen.predicted_ttft_s)} within {_ms(slack)} of its "
-                f"{_ms(best.predicted_ttft_s)}"
-            )
+    greener = _greener(feasible, params)
+    if greener:
+        chosen = min(greener, key=lambda c: (c.request_joules or 0.0, c.predicted_ttft_s, c.endpoint))
+        reason = (
+            f"lower energy: {_joules(chosen.request_joules)} for this request vs {_joules(best.request_joules)} on the "
+            f"fastest ({best.endpoint}; {chosen.joules_per_token:.3g} vs {best.joules_per_token:.3g} J/token), "
+            f"predicted TTFT {_ms(chosen.predicted_ttft_s)} within {_ms(power_slack_s(best, params))} of its "
+            f"{_ms(best.predicted_ttft_s)}"
+        )
     return Pick(chosen, _runner_up(ranked, chosen), reason)
+
+
+def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
+    """How much predicted TTFT the power rule may trade for energy: the smaller of the absolute and relative slack."""
+    return min(params.power_ttft_slack_s, params.power_ttft_slack_ratio * best.predicted_ttft_s)
+
+
+def _greener(feasible: Sequence[CandidateScore], params: PlacementConfig) -> list[CandidateScore]:
+    """Close candidates whose energy for this request is clearly below the fastest one's (empty: rank by TTFT)."""
+    best = feasible[0]
+    if best.request_joules is None:
+        return []
+    limit = best.predicted_ttft_s + power_slack_s(best, params)
+    known = [c for c in feasible if c.predicted_ttft_s <= limit and c.request_joules is not None]
+    lowest = min(c.request_joules for c in known if c.request_joules is not None)
+    band = 1.0 + params.power_energy_band_ratio
+    if lowest * band >= best.request_joules:
+        return []
+    return [c for c in known if c.request_joules is not None and c.request_joules <= lowest * band]
 
 
 def _runner_up(ranked: Sequence[CandidateScore], chosen: CandidateScore) -> CandidateScore | None:
