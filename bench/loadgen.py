@@ -54,6 +54,11 @@ class RequestResult:
     dispatch_lag_s: float = 0.0
     censored: bool = False
     """Cut by the end of the run: ``ttft_s`` is then the time waited so far (a lower bound) if no token came."""
+    tokens_received: int = 0
+    """Output tokens seen in the stream: usage's count when it came, else the streamed words (the sim's output
+    tokens are single words with a leading space)."""
+    end_s: float | None = None
+    """When the request ended or was cut, engine seconds since the start of the run."""
 
     @property
     def ok(self) -> bool:
@@ -152,13 +157,17 @@ async def _one_request(
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
-                if _has_text(chunk):
+                text = _chunk_text(chunk)
+                if text:
                     now = time.perf_counter()
                     if first is None:
                         first = now
                         res.ttft_s = (first - start) * time_scale
                     last = now
                     res.chunks += 1
+                    res.tokens_received += max(1, text.count(" "))
+                    if res.tokens_received > 1:
+                        res.itl_s = (last - first) / (res.tokens_received - 1) * time_scale
                 usage = chunk.get("usage")
                 if usage:
                     res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -175,6 +184,8 @@ async def _one_request(
             res.error = res.error or "stream carried no usage (stream_options.include_usage ignored)"
         if last is not None and res.completion_tokens > 1:
             res.itl_s = (last - first) / (res.completion_tokens - 1) * time_scale
+        if res.completion_tokens:
+            res.tokens_received = res.completion_tokens
     elif not res.error:
         res.error = "stream ended without any text"
     if not res.error:
@@ -182,12 +193,14 @@ async def _one_request(
     return res
 
 
-def _has_text(chunk: Mapping[str, Any]) -> bool:
+def _chunk_text(chunk: Mapping[str, Any]) -> str:
+    parts = []
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta")
-        if (delta and delta.get("content")) or choice.get("text"):
-            return True
-    return False
+        text = (delta.get("content") if delta else None) or choice.get("text")
+        if text:
+            parts.append(text)
+    return "".join(parts)
 
 
 async def run_load(
@@ -262,7 +275,10 @@ async def run_load(
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             for t, res, sent in zip(tasks, partial, sent_at, strict=True):
+                if res.e2e_s is not None:
+                    res.end_s = (sent - wall0) * time_scale + res.e2e_s
                 if t in pending:
+                    res.end_s = (cut - wall0) * time_scale
                     # Cut by the deadline: waiting so far is a lower bound of its TTFT; it counts as failed.
                     res.censored = True
                     res.error = "not finished when the run ended"

@@ -6,9 +6,11 @@ Definitions (engine seconds throughout; see bench/loadgen.py for the time scale)
   them (their wait so far, a lower bound). E2E: percentiles over the successful requests.
 - ITL: each request's mean time between output tokens ((last token - first token) / (completion tokens - 1));
   the table shows its median over requests.
-- Output tokens/s: completion tokens of the stage's successful requests / (last finish - first send) of the stage.
-- Goodput: requests of the stage that succeeded with TTFT <= slo_ttft_s and ITL <= slo_itl_s, per second of the
-  stage's scheduled duration (so it can never exceed the offered rate).
+- Output tokens/s: output tokens streamed to the stage's requests (finished or cut by the deadline) / (last end or
+  cut - first arrival) of the stage.
+- Goodput: requests of the stage with TTFT <= slo_ttft_s and ITL <= slo_itl_s, per second of the stage's
+  scheduled duration. A request cut by the run's deadline while streaming is judged on the tokens that arrived
+  (the benchmark ended it, not the server); one cut before its first token is not good.
 - Hit rate: sum(cached_tokens) / sum(prompt_tokens) from the engines' own usage, next to the workload's reuse bound
   (bench/workloads.py). Prompt tokens include the chat template's few tokens; the bound counts content tokens only.
 - Energy per output token: the fleet's DCGM energy counters (before/after the whole run of a target, warm-up
@@ -127,13 +129,20 @@ def summarize_stage(
     ttft = [r.ttft_s for r in results if r.ttft_s is not None and (r.ok or r.censored)]
     itl = [r.itl_s for r in ok if r.itl_s is not None]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    # A request cut by the run's deadline is judged on what arrived before the cut: it is good if its first token
+    # and its token pace so far met the SLO (a long generation cut by the benchmark is not the server's failure).
     good = [
-        r for r in ok if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and (r.itl_s is None or r.itl_s <= slo.itl_s)
+        r
+        for r in results
+        if (r.ok or (r.censored and r.tokens_received > 0))
+        and r.ttft_s is not None
+        and r.ttft_s <= slo.ttft_s
+        and (r.itl_s is None or r.itl_s <= slo.itl_s)
     ]
     completion = sum(r.completion_tokens for r in ok)
-    span = 0.0
-    if ok:
-        span = max(r.arrival_s + (r.e2e_s or 0.0) for r in ok) - min(r.arrival_s for r in results)
+    streamed = sum(r.tokens_received for r in results if r.ok or r.censored)
+    ends = [r.end_s for r in results if r.end_s is not None and (r.ok or r.censored)]
+    span = max(ends) - min(r.arrival_s for r in results) if ends else 0.0
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     errors: dict[str, int] = {}
@@ -154,7 +163,7 @@ def summarize_stage(
         itl_p50=percentile(itl, 50),
         e2e_p50=percentile(e2e, 50),
         e2e_p99=percentile(e2e, 99),
-        output_tps=completion / span if span > 0 else 0.0,
+        output_tps=streamed / span if span > 0 else 0.0,
         goodput_rps=len(good) / duration_s if duration_s > 0 else 0.0,
         hit_rate=cached / prompt if prompt else 0.0,
         reuse_bound=reuse_bound,

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
+import json
 import math
 import shlex
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -258,7 +261,9 @@ def run_target(
     args: argparse.Namespace,
     slo: Slo,
     fleet_factory: Callable[[FleetSpec], Any] = BenchFleet,
+    raw: list[dict[str, Any]] | None = None,
 ) -> TargetRun:
+    """Run ``schedule`` against target ``name`` on a fresh fleet; append per-request results to ``raw`` if given."""
     target = make_target(name, spec.model)
     run = TargetRun(target=name, settings=target.settings)
     try:
@@ -285,6 +290,8 @@ def run_target(
     finally:
         target.stop()
         fleet.stop()
+    if raw is not None:
+        raw.extend({"target": name, **asdict(r)} for r in result.results)
     run.engines = engines
     run.health = result.health
     run.not_sent = result.not_sent
@@ -427,13 +434,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"The sim ran at time scale {time_scale:g}: wall-clock router overhead is scaled by the same factor."
         )
     print(f"{schedule.description}: {len(schedule.requests)} requests, time scale {time_scale:g}", file=sys.stderr)
+    # SIGTERM unwinds like Ctrl-C, so every fleet and router this run started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    raw: list[dict[str, Any]] = []
     for name in names:
         print(f"== {name}", file=sys.stderr)
-        run = run_target(name, schedule, spec, args, slo)
+        run = run_target(name, schedule, spec, args, slo, raw=raw)
         report.runs.append(run)
         if run.skipped:
             print(f"  skipped: {run.skipped}", file=sys.stderr)
         write_report(report, out)  # after every target, so a long run leaves partial results
+        with gzip.open(out.with_suffix(".requests.jsonl.gz"), "wt") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in raw)
     paths = write_report(report, out)
     print("\n".join(str(p) for p in paths))
     return 0
