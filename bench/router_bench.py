@@ -10,7 +10,8 @@ each endpoint's snapshot once a second (through its own store, as the collector 
 - on Redis, the same side by side, interleaved sample by sample: the router reading the fleet with the three calls
   it used to make concurrently (``match_prefix``, ``inflight``, ``snapshots``: three round trips) against one
   ``fleet_view`` (one script call), and those store reads alone;
-- ``placement.place`` alone (the pure decision, state already fetched).
+- the Router's other parts alone: tokenizing and keying the chat, and ``placement.place`` (the pure decision, state
+  already fetched).
 
 Wall time and the benchmark thread's own CPU time per call (on a shared machine the wall-clock tail is mostly time
 spent preempted, which own CPU excludes; for Redis it is the client side only). Same run, same machine: compare
@@ -147,7 +148,7 @@ def snapshot(endpoint: str, now: float) -> EndpointSnapshot:
         endpoint,
         last_seen=now,
         running=3,
-        waiting=1,
+        waiting=0,
         kv_usage=0.4,
         prefill_tokens_per_s=12000.0,
         decode_tokens_per_s=900.0,
@@ -190,7 +191,8 @@ async def seed(store: Store, router: Router, req: RouteRequest) -> None:
 async def placing_router(config: CognitoraConfig, store: Store, req: RouteRequest) -> tuple[Router, str]:
     router = Router(config, store)
     decision = await router.place(req)
-    assert decision.endpoint == ENDPOINTS[4] and not decision.degraded, decision.explain()
+    # one of the endpoints holding the prompt (which one is placement's business: ties, affinity)
+    assert decision.endpoint in ENDPOINTS[:5] and not decision.degraded, decision.explain()
     return router, f"{decision.prompt_tokens} tokens / {len(decision.keys)} keys"
 
 
@@ -221,8 +223,8 @@ async def bench_redis(config: CognitoraConfig, store: RedisStore, req: RouteRequ
     ]
 
 
-async def bench_pure(config: CognitoraConfig, req: RouteRequest, n: int) -> str:
-    """The pure decision over the state the router would fetch (from a seeded memory store)."""
+async def bench_parts(config: CognitoraConfig, req: RouteRequest, n: int) -> list[str]:
+    """The router's own parts: the prompt's keys, and the pure decision over the state it would fetch."""
     store = MemoryStore()
     await seed(store, Router(config, store), req)
     keyer = PromptKeyer(MODEL, 16, ChatTokenizer(SMOLLM2 / "tokenizer.json"))
@@ -233,7 +235,13 @@ async def bench_pure(config: CognitoraConfig, req: RouteRequest, n: int) -> str:
     async def pure() -> None:
         place(req, prompt, config, state)
 
-    return row(f"placement.place only, 16 endpoints, {prompt.prompt_tokens} tokens", await timed(pure, n))
+    async def keys_only() -> None:
+        keyer.keys_for_chat(req.messages or [])
+
+    return [
+        row(f"tokenize + block keys only, {prompt.prompt_tokens} tokens", await timed(keys_only, n)),
+        row(f"placement.place only, 16 endpoints, {prompt.prompt_tokens} tokens", await timed(pure, n)),
+    ]
 
 
 async def run(redis_url: str, n: int) -> list[str]:
@@ -251,7 +259,7 @@ async def run(redis_url: str, n: int) -> list[str]:
                 req = chat(tokens)
                 lines.extend(await bench_memory(config, req, n))
                 lines.extend(await bench_redis(config, store, req, n))
-                lines.append(await bench_pure(config, req, n))
+                lines.extend(await bench_parts(config, req, n))
     finally:
         await store.delete_everything()
         await store.close()

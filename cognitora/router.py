@@ -40,6 +40,7 @@ RECENT_DECISIONS = 256
 """How many recent decisions the router keeps for ``cognitora explain`` and metrics."""
 
 _T = TypeVar("_T")
+_NO_WORK = InFlight()
 _STORE_ERRORS = (StoreUnavailable, TimeoutError, ConnectionError, OSError)
 
 
@@ -91,16 +92,17 @@ class _LocalInflight:
         self._requests.pop(request_id, None)
 
     def totals(self, endpoints: Sequence[str], now: float) -> dict[str, InFlight]:
+        """Work per endpoint of ``endpoints`` that has any (the others are absent: usually all of them)."""
         self._prune(now)
-        acc = {e: [0, 0, 0] for e in endpoints}
+        acc: dict[str, list[int]] = {}
         for entry in self._requests.values():
             row = acc.get(entry.endpoint)
             if row is None:
-                continue
+                row = acc[entry.endpoint] = [0, 0, 0]
             row[0] += 1
             row[1] += 0 if entry.prefill_done else entry.prefill_tokens
             row[2] += entry.decode_tokens
-        return {e: InFlight(*row) for e, row in acc.items()}
+        return {e: InFlight(*row) for e, row in acc.items() if e in endpoints}
 
     def _prune(self, now: float) -> None:
         expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]
@@ -108,8 +110,10 @@ class _LocalInflight:
             del self._requests[rid]
 
 
-def _at_least(store_view: InFlight | None, local: InFlight) -> InFlight:
+def _at_least(store_view: InFlight | None, local: InFlight | None) -> InFlight:
     """The store counts every gateway's work, ours included, unless a write of ours was lost: take the larger."""
+    if local is None:
+        return store_view or _NO_WORK
     if store_view is None:
         return local
     return InFlight(
@@ -177,8 +181,8 @@ class Router:
         if view is None:
             return FleetState(
                 now=now,
-                inflight=local,
-                snapshots={e: s for e, s in self._snapshots.items() if e in local},
+                inflight={e: local.get(e, _NO_WORK) for e in ids},
+                snapshots={e: s for e, s in self._snapshots.items() if e in ids},
                 health_marks=dict(self._health_marks),
                 learned_joules_per_token=self._energy.joules_per_token(),
                 degraded=True,
@@ -192,10 +196,12 @@ class Router:
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
+        if local:
+            inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         return FleetState(
             now=now,
             matches=view.matches,
-            inflight={e: _at_least(inflight.get(e), local[e]) for e in ids},
+            inflight=inflight,
             snapshots=snapshots,
             health_marks=dict(self._health_marks),
             learned_joules_per_token=self._energy.joules_per_token(),

@@ -359,9 +359,12 @@ class MemoryStore:
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
         """The three reads in turn: they cost no round trip here, and since none of them suspends, nothing
-        changes in between."""
+        changes in between. Snapshots are the stored objects, not copies (``put_snapshot`` stored a copy; the
+        caller treats them as read-only), so a reader can tell an unchanged snapshot by identity."""
         matches = await self.match_prefix(model, keys, endpoints) if keys and endpoints else {}
-        return FleetView(matches, await self.inflight(endpoints), await self.snapshots(endpoints))
+        stored = self._snapshots
+        snapshots = {e: stored[e] for e in endpoints if e in stored}
+        return FleetView(matches, await self.inflight(endpoints), snapshots)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:
