@@ -192,6 +192,14 @@ class PlacementConfig(_Strict):
     power_energy_band_ratio: float = Field(default=0.2, ge=0)
     """Power rule: request energies within this fraction of the lowest count as equal (marginal J/token is
     learned, noisy, and lower on a busier engine of the same hardware; a smaller gap would herd on noise)."""
+    tie_band_s: float = Field(default=0.005, ge=0)
+    """Predicted TTFTs within this many seconds of the best are equal (or within ``tie_band_ratio`` of it, whichever
+    is larger): the prompt's prefix hash picks among them, so a slightly higher learned rate does not herd."""
+    tie_band_ratio: float = Field(default=0.05, ge=0)
+    """The tie band as a fraction of the best predicted TTFT (the error of a learned prefill rate)."""
+    affinity_prefix_tokens: int = Field(default=256, gt=0)
+    """Depth (tokens) of the prefix whose key breaks ties: requests sharing this much of a prompt go to the same
+    one of equally good endpoints. Shorter prompts use their last full block."""
     store_timeout_s: float = Field(default=0.25, gt=0)
     """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
     priorities: dict[str, PriorityClass] = Field(default_factory=_default_priorities)

@@ -34,9 +34,11 @@ A, B, C = "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"
 DEFAULT_FLEET = fleet(ep(8001), ep(8002))
 
 
-def prompt(tokens: int) -> PromptKeys:
+def prompt(tokens: int, first_key: int = 1) -> PromptKeys:
+    """A prompt of ``tokens`` whose block keys start at ``first_key`` (another start: another prefix)."""
     blocks = tokens // BLOCK
-    return PromptKeys(keys=list(range(1, blocks + 1)), prompt_tokens=tokens, exact=True, tokens_per_key=BLOCK)
+    keys = list(range(first_key, first_key + blocks))
+    return PromptKeys(keys=keys, prompt_tokens=tokens, exact=True, tokens_per_key=BLOCK)
 
 
 def snap(endpoint: str, **fields: Any) -> EndpointSnapshot:
@@ -85,12 +87,6 @@ CASES = [
         config=fleet(ep(8001, prefill_tokens_per_s=5000), ep(8002, prefill_tokens_per_s=20000)),
         expect=B,
         runner_up=A,
-    ),
-    Case(
-        "slower hardware loses an exact tie (both fully cached)",
-        FleetState(NOW, matches={A: cached(4096), B: cached(4096)}),
-        config=fleet(ep(8001, prefill_tokens_per_s=5000), ep(8002, prefill_tokens_per_s=20000)),
-        expect=B,
     ),
     Case(
         "learned prefill rate beats the configured prior",
@@ -281,8 +277,9 @@ CASES = [
     ),
     Case(
         "power: energies within power_energy_band_ratio are equal (same hardware, noisy learned J/token)",
-        # A: 4096 + 100 queued -> 420 ms, 0.100 J/token -> 410 J. B: 410 ms, 0.110 -> 451 J: 10% apart, not 20%.
-        FleetState(NOW, inflight={A: InFlight(1, 100, 0)}),
+        # A: 4096 + 300 queued -> 440 ms (outside the 20.5 ms tie band, inside the 41 ms power slack), 0.100 J/token
+        # -> 410 J. B: 410 ms, 0.110 J/token -> 451 J: 10% apart, not 20%, so TTFT decides.
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}),
         config=fleet(ep(8001, joules_per_token=0.10), ep(8002, joules_per_token=0.11)),
         expect=B,
     ),
@@ -304,10 +301,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_placement_table(case: Case) -> None:
-    # Several request ids: no expectation may hinge on the per-request tie shuffle.
-    for request_id in ("r1", "r2", "r3", "r4", "r5"):
+    # Several request ids and prefixes: no expectation may hinge on the tie-break hash.
+    for i, request_id in enumerate(("r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8")):
         fields = {"model": "m", "messages": [{"role": "user", "content": "x"}], "request_id": request_id}
-        decision = place(RouteRequest(**{**fields, **case.request}), prompt(case.tokens), case.config, case.state)
+        keys = prompt(case.tokens, 1 + i * 1000)
+        decision = place(RouteRequest(**{**fields, **case.request}), keys, case.config, case.state)
         if case.expect is None:
             assert decision.endpoint is None and decision.rejection is not None, decision.explain()
             assert decision.rejection.status == case.status, decision.explain()
@@ -319,17 +317,77 @@ def test_placement_table(case: Case) -> None:
             assert (decision.runner_up.endpoint if decision.runner_up else None) == case.runner_up, decision.explain()
 
 
-def test_exact_ties_spread_over_requests_but_not_within_one() -> None:
-    config = fleet(ep(8001), ep(8002), ep(8003))
-    picks = [
+FOUR = fleet(ep(8001), ep(8002), ep(8003), ep(8004))
+D = "127.0.0.1:8004"
+
+
+def cold_picks(config: CognitoraConfig, state: FleetState, prefixes: int, tokens: int = 1024) -> list[str | None]:
+    """Where ``prefixes`` cold requests, each with its own prompt prefix, are placed (each on the same state)."""
+    return [
         place(
-            RouteRequest(model="m", prompt="x", request_id=f"req-{i}"), prompt(1024), config, FleetState(NOW)
+            RouteRequest(model="m", prompt="x", request_id=f"req-{i}"), prompt(tokens, 1 + i * 1000), config, state
         ).endpoint
-        for i in range(300)
+        for i in range(prefixes)
     ]
-    counts = {e: picks.count(e) for e in (A, B, C)}
-    assert all(60 <= n <= 140 for n in counts.values()), counts
-    again = place(RouteRequest(model="m", prompt="x", request_id="req-7"), prompt(1024), config, FleetState(NOW))
+
+
+def test_different_cold_prefixes_spread_uniformly() -> None:
+    picks = cold_picks(FOUR, FleetState(NOW), 400)
+    counts = {e: picks.count(e) for e in (A, B, C, D)}
+    assert all(70 <= n <= 130 for n in counts.values()), counts
+
+
+def test_cold_requests_sharing_a_prefix_converge_before_any_cache_entry() -> None:
+    # Same first 256 tokens (16 blocks), different rest and request ids: nothing is cached or in flight yet.
+    picks = set()
+    for i in range(20):
+        keys = [*range(1, 17), *range(5000 + i * 100, 5000 + i * 100 + 48)]
+        shared = PromptKeys(keys=keys, prompt_tokens=1024, exact=True, tokens_per_key=BLOCK)
+        picks.add(
+            place(RouteRequest(model="m", prompt="x", request_id=f"r{i}"), shared, FOUR, FleetState(NOW)).endpoint
+        )
+    assert len(picks) == 1, picks
+
+
+def test_a_learned_rate_a_few_percent_high_does_not_herd_cold_prompts() -> None:
+    # A's learned rate is 4% above the prior the others still use: within the 5% tie band, so cold prompts spread.
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=10400)})
+    picks = cold_picks(FOUR, state, 200)
+    counts = {e: picks.count(e) for e in (A, B, C, D)}
+    assert all(25 <= n <= 75 for n in counts.values()), counts
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    assert "prefix affinity" in decision.reason and "tie band" in decision.reason, decision.reason
+
+
+def test_a_real_speed_difference_still_wins() -> None:
+    # 20% faster is outside the tie band: every cold prompt goes to the faster endpoint.
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000)})
+    assert set(cold_picks(FOUR, state, 50)) == {A}
+
+
+def test_tie_band_has_an_absolute_floor_for_short_prompts() -> None:
+    # 64-token prompts: 6.4 ms cold everywhere; B has 40 tokens queued (+4 ms): inside the 5 ms floor, a tie.
+    state = FleetState(NOW, inflight={B: InFlight(1, 40, 0)})
+    picks = cold_picks(FOUR, state, 200, tokens=64)
+    assert picks.count(B) >= 25, {e: picks.count(e) for e in (A, B, C, D)}
+
+
+def test_an_endpoint_leaving_moves_only_its_own_prefixes() -> None:
+    before = cold_picks(FOUR, FleetState(NOW), 200)
+    gone = FleetState(NOW, health_marks={C: HealthMark(NOW - 1, "connection refused")})
+    after = cold_picks(FOUR, gone, 200)
+    assert C not in after
+    assert all(b == a for b, a in zip(before, after, strict=True) if b != C)
+
+
+def test_prompts_shorter_than_a_block_spread_by_request() -> None:
+    tiny = PromptKeys(keys=[], prompt_tokens=10, exact=True, tokens_per_key=BLOCK)
+    picks = [
+        place(RouteRequest(model="m", prompt="x", request_id=f"t{i}"), tiny, FOUR, FleetState(NOW)).endpoint
+        for i in range(200)
+    ]
+    assert len(set(picks)) == 4
+    again = place(RouteRequest(model="m", prompt="x", request_id="t7"), tiny, FOUR, FleetState(NOW))
     assert again.endpoint == picks[7]  # same request, same state: same answer
 
 

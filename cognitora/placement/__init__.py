@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
 from cognitora.decision import Decision, Rejection
-from cognitora.placement.cost import excluded_score, rank_key, score_endpoint
+from cognitora.placement.affinity import affinity_key
+from cognitora.placement.cost import by_predicted_ttft, excluded_score, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark
@@ -71,7 +72,7 @@ def place(
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
         (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
-        key=rank_key(req.request_id),
+        key=by_predicted_ttft,
     )
     excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
     base = Decision(
@@ -91,7 +92,8 @@ def place(
         message = f"no eligible endpoint for model {req.model!r} ({why})"
         return replace(base, reason=message, rejection=Rejection(503, message, NO_ENDPOINT_RETRY_AFTER_S))
 
-    outcome = pick(ranked, priority, pclass, params)
+    tie_breaker = affinity_key(prompt, req.request_id, params.affinity_prefix_tokens)
+    outcome = pick(ranked, priority, pclass, params, tie_breaker)
     if isinstance(outcome, Rejection):
         return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0], saturated=True)
     chosen = outcome.chosen

@@ -26,9 +26,6 @@ Scraped figures older than ``snapshot_max_age_s`` are ignored; router counts nev
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
-
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState
@@ -111,16 +108,6 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
     )
 
 
-def rank_key(request_id: str) -> Callable[[CandidateScore], tuple[float, float, int]]:
-    """Lowest predicted TTFT first; on a tie the faster hardware, then a per-request shuffle.
-
-    The shuffle is a hash of (request id, endpoint): deterministic for one request (placement stays a pure
-    function), but different across requests, so a burst of cold requests arriving before any of them is counted
-    in flight spreads over equal idle endpoints instead of herding onto the first one by name.
-    """
-
-    def key(score: CandidateScore) -> tuple[float, float, int]:
-        digest = hashlib.blake2b(f"{request_id}\x00{score.endpoint}".encode(), digest_size=8).digest()
-        return (score.predicted_ttft_s, -score.prefill_tokens_per_s, int.from_bytes(digest, "big"))
-
-    return key
+def by_predicted_ttft(score: CandidateScore) -> tuple[float, str]:
+    """Sort key: lowest predicted TTFT first, then by name (only for a stable listing: the picker breaks ties)."""
+    return (score.predicted_ttft_s, score.endpoint)

@@ -9,9 +9,13 @@ Rules, in order:
    compare the *request's* marginal energy (``CandidateScore.request_joules``: J/token x (uncached prompt +
    expected decode tokens)), so a cache hit saves prefill energy too. If the fastest endpoint's is known and a
    close one's is lower by more than ``power_energy_band_ratio``, the close ones within that band of the lowest
-   win. Unknown energy never beats known, and never loses to it either: a fleet without power data ranks by
-   TTFT alone.
-3. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
+   are the pool rule 3 picks from. Close is never narrower than the tie band. Unknown energy never beats known,
+   and never loses to it either: a fleet without power data ranks by TTFT alone.
+3. **Ties**: candidates whose predicted TTFT is within ``max(tie_band_s, tie_band_ratio x best)`` of the best are
+   equal (the prediction is not more precise than that). Among them, or among the power rule's winners, the
+   prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
+   prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
+4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
    predicted overshoot; any other class takes the fastest endpoint anyway.
 
 The runner-up is the best-ranked candidate other than the pick.
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from cognitora.config import PlacementConfig, PriorityClass
 from cognitora.decision import CandidateScore, Rejection
+from cognitora.placement.affinity import rendezvous_pick
 
 MAX_RETRY_AFTER_S = 60
 
@@ -47,9 +52,13 @@ def _joules(j: float | None) -> str:
 
 
 def pick(
-    ranked: Sequence[CandidateScore], priority: str, pclass: PriorityClass, params: PlacementConfig
+    ranked: Sequence[CandidateScore],
+    priority: str,
+    pclass: PriorityClass,
+    params: PlacementConfig,
+    affinity_key: str,
 ) -> Pick | Rejection:
-    """``ranked`` is non-empty and sorted best first (``cost.rank_key``)."""
+    """``ranked`` is non-empty and sorted best first (``cost.by_predicted_ttft``); ``affinity_key`` breaks ties."""
     best = ranked[0]
     feasible = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
     if not feasible:
@@ -64,17 +73,42 @@ def pick(
         reason = message + "; not sheddable, so placed on the fastest endpoint"
         return Pick(best, _runner_up(ranked, best), reason, saturated=True)
 
-    chosen, reason = best, _ttft_reason(best, ranked)
-    greener = _greener(feasible, params)
+    band = tie_band_s(best, params)
+    tied = [c for c in feasible if c.predicted_ttft_s <= best.predicted_ttft_s + band]
+    lowest = _lowest_close_energy(feasible, params, band)
+    greener = False
+    pool = tied
+    if lowest is not None:
+        energy_limit = lowest * (1.0 + params.power_energy_band_ratio)
+        greener = best.request_joules is not None and energy_limit < best.request_joules
+        if greener:
+            limit = best.predicted_ttft_s + max(band, power_slack_s(best, params))
+            pool = [
+                c
+                for c in feasible
+                if c.predicted_ttft_s <= limit and c.request_joules is not None and c.request_joules <= energy_limit
+            ]
+        else:
+            # Equal in TTFT, but clearly more energy for this request: out. Unknown energy neither wins nor loses.
+            pool = [c for c in tied if c.request_joules is None or c.request_joules <= energy_limit]
+    chosen = rendezvous_pick(pool, affinity_key)
     if greener:
-        chosen = min(greener, key=lambda c: (c.request_joules or 0.0, c.predicted_ttft_s, c.endpoint))
         reason = (
             f"lower energy: {_joules(chosen.request_joules)} for this request vs {_joules(best.request_joules)} on the "
             f"fastest ({best.endpoint}; {chosen.joules_per_token:.3g} vs {best.joules_per_token:.3g} J/token), "
             f"predicted TTFT {_ms(chosen.predicted_ttft_s)} within {_ms(power_slack_s(best, params))} of its "
             f"{_ms(best.predicted_ttft_s)}"
         )
+    elif len(pool) == 1:
+        reason = _ttft_reason(chosen, ranked)
+    else:
+        reason = _tie_reason(chosen, best, pool, band)
     return Pick(chosen, _runner_up(ranked, chosen), reason)
+
+
+def tie_band_s(best: CandidateScore, params: PlacementConfig) -> float:
+    """Predicted TTFTs this close to the best one's are equal: the larger of the absolute and relative band."""
+    return max(params.tie_band_s, params.tie_band_ratio * best.predicted_ttft_s)
 
 
 def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
@@ -82,18 +116,25 @@ def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
     return min(params.power_ttft_slack_s, params.power_ttft_slack_ratio * best.predicted_ttft_s)
 
 
-def _greener(feasible: Sequence[CandidateScore], params: PlacementConfig) -> list[CandidateScore]:
-    """Close candidates whose energy for this request is clearly below the fastest one's (empty: rank by TTFT)."""
+def _lowest_close_energy(feasible: Sequence[CandidateScore], params: PlacementConfig, band: float) -> float | None:
+    """The lowest request energy among candidates close to the best in TTFT; None when the best one's is unknown.
+
+    Close means within the power slack, and never less than the tie band: tied candidates are equal in TTFT.
+    """
     best = feasible[0]
     if best.request_joules is None:
-        return []
-    limit = best.predicted_ttft_s + power_slack_s(best, params)
-    known = [c for c in feasible if c.predicted_ttft_s <= limit and c.request_joules is not None]
-    lowest = min(c.request_joules for c in known if c.request_joules is not None)
-    band = 1.0 + params.power_energy_band_ratio
-    if lowest * band >= best.request_joules:
-        return []
-    return [c for c in known if c.request_joules is not None and c.request_joules <= lowest * band]
+        return None
+    limit = best.predicted_ttft_s + max(band, power_slack_s(best, params))
+    return min(c.request_joules for c in feasible if c.predicted_ttft_s <= limit and c.request_joules is not None)
+
+
+def _tie_reason(chosen: CandidateScore, best: CandidateScore, tied: Sequence[CandidateScore], band: float) -> str:
+    others = ", ".join(c.endpoint for c in tied if c.endpoint != chosen.endpoint)
+    return (
+        f"prefix affinity: predicted TTFT {_ms(chosen.predicted_ttft_s)}, within the {_ms(band)} tie band of the "
+        f"best ({_ms(best.predicted_ttft_s)}) like {others}; the prompt's prefix hashes here, so requests sharing "
+        "it converge"
+    )
 
 
 def _runner_up(ranked: Sequence[CandidateScore], chosen: CandidateScore) -> CandidateScore | None:
@@ -134,6 +175,4 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
         parts.append(f"{_ms(gain)} less {term}{detail}")
     if parts:
         why += ": " + ", ".join(parts)
-    elif best.predicted_ttft_s == second.predicted_ttft_s:
-        why += ": a tie, broken by prefill rate, then per request"
     return why

@@ -1,0 +1,42 @@
+"""Prefix affinity: which of several equally good endpoints a request goes to.
+
+When the cost cannot tell candidates apart (predicted TTFTs within the picker's tie band), the choice is made by
+rendezvous (highest-random-weight) hashing of a *prefix key* of the prompt: the block key at depth
+``min(len(keys), affinity_prefix_tokens / tokens_per_key)``. Block keys are chained, so that key names the whole
+prefix up to it. Hence:
+
+- cold requests sharing a system prompt converge on one endpoint even before any KV event or speculative entry
+  exists (a burst placed before the first one is counted in flight included), and build one copy of the prefix;
+- different prefixes spread uniformly over the fleet, so no endpoint collects every group's prefix;
+- when an endpoint leaves the candidate set, only the prefixes it was chosen for move (the rendezvous property).
+
+A prompt shorter than one block has no key: its request id is hashed instead (a different request, a different
+draw). Everything here is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from cognitora.decision import CandidateScore
+from kvstate.prompt import PromptKeys
+
+
+def affinity_key(prompt: PromptKeys, request_id: str, prefix_tokens: int) -> str:
+    """The prompt's prefix key for ``prefix_tokens`` of depth (shorter prompts: their last full block)."""
+    if not prompt.keys:
+        return f"request:{request_id}"
+    depth = max(1, prefix_tokens // max(1, prompt.tokens_per_key))
+    return f"prefix:{prompt.keys[min(len(prompt.keys), depth) - 1]}"
+
+
+def rendezvous_weight(key: str, endpoint: str) -> int:
+    """The weight of ``endpoint`` for ``key``: a 64-bit hash of both, uniform and independent per endpoint."""
+    digest = hashlib.blake2b(f"{key}\x00{endpoint}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_pick(candidates: Sequence[CandidateScore], key: str) -> CandidateScore:
+    """The candidate with the highest rendezvous weight for ``key``; ``candidates`` is non-empty."""
+    return max(candidates, key=lambda c: rendezvous_weight(key, c.endpoint))
