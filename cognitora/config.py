@@ -170,7 +170,8 @@ class PlacementConfig(_Strict):
     decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)
     """Seconds added to predicted TTFT per request running on the endpoint (decode steps share the batch)."""
     waiting_request_tokens: int = Field(default=512, ge=0)
-    """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted."""
+    """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted: a
+    prior (the snapshot has no request counter to learn a mean from; see docs/placement.md)."""
     speculative_ttl_s: float = Field(default=10.0, gt=0)
     """How long a routed prompt's blocks count as cached on its endpoint before the engine's events confirm them."""
     routing_history_ttl_s: float = Field(default=300.0, gt=0)

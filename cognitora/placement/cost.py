@@ -7,7 +7,9 @@
   at most the prompt.
 - ``queued_prefill_tokens(e)``: prefill tokens the routers dispatched to ``e`` and have not seen a first token for
   (shared across gateway replicas through the store), or, when the engine reports more requests waiting than
-  that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router).
+  that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router). The max, not the sum:
+  ``waiting`` includes the routers' own requests. The per-request figure is a prior: the snapshot has no request
+  counter to learn the engine's mean uncached prompt from.
 - ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the default.
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
