@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.placement import FleetState, place
 from cognitora.request import RouteRequest
 from cognitora.router import Router
+from kvstate import redis_scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
@@ -107,10 +110,8 @@ def pct(samples: list[float], p: int) -> float:
 
 def row(name: str, s: Samples) -> str:
     w, c = s.wall_ms, s.cpu_ms
-    return (
-        f"| {name} | {len(w)} | {pct(w, 50):.2f} | {pct(w, 90):.2f} | {pct(w, 99):.2f} | "
-        f"{pct(c, 50):.2f} | {pct(c, 99):.2f} |"
-    )
+    cpu = f"{pct(c, 50):.2f} | {pct(c, 99):.2f}" if c else " | "
+    return f"| {name} | {len(w)} | {pct(w, 50):.2f} | {pct(w, 90):.2f} | {pct(w, 99):.2f} | {cpu} |"
 
 
 def ratio_row(name: str, before: Samples, after: Samples) -> str:
@@ -141,6 +142,32 @@ class ThreeReads:
             store.snapshots(endpoints),
         )
         return FleetView(matches, inflight, snapshots)
+
+
+def timed_fleet_view_script() -> str:
+    """``FLEET_VIEW`` returning its own run time in microseconds (the Redis server's clock) instead of its reply."""
+    head, body = redis_scripts.FLEET_VIEW.split("\n", 1)
+    last = "return {matched, inflight, version, snapshots}"
+    assert head.startswith("#!lua") and body.rstrip().endswith(last), "FLEET_VIEW changed shape"
+    start = "local __t = redis.call('TIME')\nlocal __t0 = tonumber(__t[1]) * 1000000 + tonumber(__t[2])\n"
+    end = "local __u = redis.call('TIME')\nreturn tonumber(__u[1]) * 1000000 + tonumber(__u[2]) - __t0\n"
+    return head + "\n" + start + body.rstrip()[: -len(last)] + end
+
+
+async def bench_script(store: RedisStore, keys: list[BlockKey], n: int) -> list[str]:
+    """The ``fleet_view`` script's run time inside redis-server: the part the client cannot speed up."""
+    client = aioredis.Redis.from_url(store.url)
+    try:
+        sha = await client.script_load(timed_fleet_view_script())
+        await store.fleet_view(MODEL, keys, ENDPOINTS)  # holds the current snapshots now
+        rows = []
+        for label, current in (("snapshots current", True), ("snapshots sent", False)):
+            zkeys, args = store.fleet_view_script_call(MODEL, keys, ENDPOINTS, current)
+            samples = [int(await client.evalsha(sha, len(zkeys), *zkeys, *args)) / 1000 for _ in range(n)]
+            rows.append(row(f"fleet_view script alone, redis-server clock ({label})", Samples(samples, [])))
+    finally:
+        await client.aclose()
+    return rows
 
 
 def snapshot(endpoint: str, now: float) -> EndpointSnapshot:
@@ -213,6 +240,7 @@ async def bench_redis(config: CognitoraConfig, store: RedisStore, req: RouteRequ
     reads_old, reads_new = await timed_together(
         [lambda: three.fleet_view(MODEL, keys, ENDPOINTS), lambda: store.fleet_view(MODEL, keys, ENDPOINTS)], n
     )
+    script = await bench_script(store, keys, n)
     return [
         row(f"Router.place, redis, three reads (before), {size}", old),
         row(f"Router.place, redis, fleet_view (after), {size}", new),
@@ -220,6 +248,7 @@ async def bench_redis(config: CognitoraConfig, store: RedisStore, req: RouteRequ
         row("store reads only, three reads (before)", reads_old),
         row("store reads only, fleet_view (after)", reads_new),
         ratio_row("store reads only", reads_old, reads_new),
+        *script,
     ]
 
 

@@ -398,13 +398,9 @@ class RedisStore:
 
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        known, endpoint_keys, tail = self._fleet_call(model, endpoints)
-        k = self.keys
-        first = k.block(model, keys[0]) if keys else k.endpoint_ids(model)  # only routes the call to the model's slot
+        known = self._fleet_call(model, endpoints)[0]
         cached = self._snapshot_cache
-        have = self._snapshot_version if all(e in cached for e in known) else ""
-        zkeys = [first, *endpoint_keys]
-        args = [k.block_base(model), _hex_chain(keys), *tail, have, *known]
+        zkeys, args = self.fleet_view_script_call(model, keys, endpoints, all(e in cached for e in known))
         with self._unavailable("fleet_view"):
             flat, counts, version, rows = await self._run(self._fleet_view, zkeys, args)
         matches = {
@@ -424,6 +420,20 @@ class RedisStore:
             if snap is not None:
                 snapshots[e] = snap
         return FleetView(matches, inflight, snapshots)
+
+    def fleet_view_script_call(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ``redis_scripts.FLEET_VIEW`` (the benchmark times the script on its own).
+
+        ``snapshots_held``: this store holds the snapshots of every endpoint asked for, as of the version it last
+        read, so the script sends them only if that version is no longer current.
+        """
+        known, endpoint_keys, tail = self._fleet_call(model, endpoints)
+        k = self.keys
+        first = k.block(model, keys[0]) if keys else k.endpoint_ids(model)  # only routes the call to the model's slot
+        have = self._snapshot_version if snapshots_held else ""
+        return [first, *endpoint_keys], [k.block_base(model), _hex_chain(keys), *tail, have, *known]
 
     def _fleet_call(self, model: str, endpoints: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
         """The parts of a ``FLEET_VIEW`` call that depend only on (model, endpoints), built once: the endpoints
