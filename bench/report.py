@@ -4,8 +4,8 @@ Definitions (engine seconds throughout; see bench/loadgen.py for the time scale)
 
 - TTFT: percentiles over the stage's successful requests plus those still running when the run's deadline cut
   them (their wait so far, a lower bound). E2E: percentiles over the successful requests.
-- ITL: each request's mean time between output tokens ((last token - first token) / (completion tokens - 1));
-  the table shows its median over requests.
+- ITL: each request's mean time between output tokens ((last token - first token) / (tokens - 1)), also for
+  requests cut while streaming (over what arrived); the table shows its median over requests.
 - Output tokens/s: output tokens streamed to the stage's requests (finished or cut by the deadline) / (last end or
   cut - first arrival) of the stage.
 - Goodput: requests of the stage with TTFT <= slo_ttft_s and ITL <= slo_itl_s, per second of the stage's
@@ -49,7 +49,8 @@ class StageSummary:
     e2e_p99: float | None
     output_tps: float
     goodput_rps: float
-    hit_rate: float
+    hit_rate: float | None
+    """From the usage of requests that finished; None when none did (see TargetRun.engine_hit_rate)."""
     reuse_bound: float
     prompt_tokens: int
     cached_tokens: int
@@ -88,6 +89,11 @@ class TargetRun:
     total_requests: int = 0
     total_ok: int = 0
     not_sent: int = 0
+    engine_hit_rate: float | None = None
+    """The engines' own prefix-cache hits / queries over the whole run (warm-up included): counts every prefill,
+    also of requests later cut by the deadline."""
+    engine_reuse_bound: float | None = None
+    """The reuse bound over the requests that got a first token (were prefilled), whole run: compare with the above."""
     router_cpu_share: float | None = None
     """CPU of the router's processes over the run, in cores (1.0 = one core busy all the time)."""
     fleet_cpu_share: float | None = None
@@ -127,7 +133,7 @@ def summarize_stage(
     # Requests cut at the end of the run keep their wait so far as TTFT (a lower bound): leaving them out would
     # make the most overloaded router look fastest.
     ttft = [r.ttft_s for r in results if r.ttft_s is not None and (r.ok or r.censored)]
-    itl = [r.itl_s for r in ok if r.itl_s is not None]
+    itl = [r.itl_s for r in results if r.itl_s is not None and (r.ok or r.censored)]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
     # A request cut by the run's deadline is judged on what arrived before the cut: it is good if its first token
     # and its token pace so far met the SLO (a long generation cut by the benchmark is not the server's failure).
@@ -165,7 +171,7 @@ def summarize_stage(
         e2e_p99=percentile(e2e, 99),
         output_tps=streamed / span if span > 0 else 0.0,
         goodput_rps=len(good) / duration_s if duration_s > 0 else 0.0,
-        hit_rate=cached / prompt if prompt else 0.0,
+        hit_rate=cached / prompt if prompt else None,
         reuse_bound=reuse_bound,
         prompt_tokens=prompt,
         cached_tokens=cached,
@@ -211,12 +217,13 @@ def render_markdown(report: Report) -> str:
     lines += [
         "## Targets",
         "",
-        "| target | settings | requests ok / sent | router CPU | sim CPU | harness CPU | machine busy | valid |",
+        "| target | settings | requests ok / sent | engine hit rate / bound (whole run) | router CPU | sim CPU "
+        "| harness CPU | machine busy | valid |",
     ]
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for run in report.runs:
         if run.skipped:
-            lines.append(f"| {run.target} | {run.settings} | skipped: {run.skipped} | | | | | |")
+            lines.append(f"| {run.target} | {run.settings} | skipped: {run.skipped} | | | | | | |")
             continue
         h = run.health
         valid = "yes" if h and not h.saturated else f"**no**: {h.reason if h else 'no data'}"
@@ -224,9 +231,10 @@ def render_markdown(report: Report) -> str:
         busy = f"{h.machine_busy_share:.0%}" if h else "-"
         router = "-" if run.router_cpu_share is None else f"{run.router_cpu_share:.2f} cores"
         sim = "-" if run.fleet_cpu_share is None else f"{run.fleet_cpu_share:.2f} cores"
+        hits = f"{_f(run.engine_hit_rate)} / {_f(run.engine_reuse_bound)}"
         lines.append(
-            f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {router} | {sim} | {cpu} | "
-            f"{busy} | {valid} |"
+            f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {hits} | {router} | {sim} | "
+            f"{cpu} | {busy} | {valid} |"
         )
     lines.append("")
 
@@ -246,7 +254,7 @@ def render_markdown(report: Report) -> str:
                     f"| {label} | {run.target} | {s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
                     f"{_f(s.ttft_p99)} | {_f(None if s.itl_p50 is None else s.itl_p50 * 1000, 1)} | "
                     f"{_f(s.e2e_p50, 2)} | {_f(s.e2e_p99, 2)} | {s.output_tps:.0f} | {s.goodput_rps:.2f} | "
-                    f"{s.hit_rate:.3f} | {s.reuse_bound:.3f} |"
+                    f"{_f(s.hit_rate)} | {s.reuse_bound:.3f} |"
                 )
     lines.append("")
 
@@ -300,6 +308,28 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+def engine_hit_and_bound(run: TargetRun, results: list[RequestResult]) -> None:
+    """Fill ``engine_hit_rate`` (engines' counters) and ``engine_reuse_bound`` (requests that got a first token)."""
+    queries = sum(e.prompt_tokens for e in run.engines)
+    run.engine_hit_rate = sum(e.cached_tokens for e in run.engines) / queries if queries else None
+    prefilled = [r for r in results if r.tokens_received > 0 or r.ok]
+    content = sum(r.content_tokens for r in prefilled)
+    run.engine_reuse_bound = sum(r.reusable_tokens for r in prefilled) / content if content else None
+
+
+def load_report(data: dict[str, Any]) -> Report:
+    """A Report from its JSON (to re-render, or to recompute from raw results)."""
+    runs = []
+    for r in data.pop("runs"):
+        stages = [StageSummary(**s) for s in r.pop("stages")]
+        engines = [EngineStats(**e) for e in r.pop("engines")]
+        health = HarnessHealth(**r.pop("health")) if r.get("health") else None
+        r.pop("health", None)
+        runs.append(TargetRun(**r, stages=stages, engines=engines, health=health))
+    slo = Slo(**data.pop("slo"))
+    return Report(**data, slo=slo, runs=runs)
+
+
 def report_json(report: Report) -> dict[str, Any]:
     return asdict(report)
 
@@ -344,3 +374,41 @@ def write_report(report: Report, out_prefix: Path) -> list[Path]:
     js.write_text(json.dumps(report_json(report), indent=1))
     plot(report, png)
     return [md, js, png]
+
+
+def rerender(prefix: Path) -> list[Path]:
+    """Recompute every summary of ``<prefix>.json`` from the raw ``<prefix>.requests.jsonl.gz`` and write again."""
+    import gzip
+
+    report = load_report(json.loads(prefix.with_suffix(".json").read_text()))
+    raw: dict[str, list[RequestResult]] = {}
+    with gzip.open(prefix.with_suffix(".requests.jsonl.gz"), "rt") as fh:
+        for line in fh:
+            row = json.loads(line)
+            raw.setdefault(row.pop("target"), []).append(RequestResult(**row))
+    bounds = report.reuse_bound
+    for run in report.runs:
+        results = raw.get(run.target)
+        if run.skipped or not results:
+            continue
+        run.stages = [
+            summarize_stage(
+                st["label"],
+                st["rate"],
+                st["duration_s"],
+                [r for r in results if r.stage == st["label"]],
+                bounds[st["label"]],
+                report.slo,
+            )
+            for st in report.stages
+            if st.get("measured", True) and any(r.stage == st["label"] for r in results)
+        ]
+        engine_hit_and_bound(run, results)
+    return write_report(report, prefix)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for arg in sys.argv[1:]:
+        print("\n".join(map(str, rerender(Path(arg)))))

@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
-from bench.report import EngineStats, Report, Slo, TargetRun, summarize_stage, write_report
+from bench.report import EngineStats, Report, Slo, TargetRun, engine_hit_and_bound, summarize_stage, write_report
 from bench.targets import (
     PEER_TARGETS,
     FleetLike,
@@ -307,6 +307,7 @@ def run_target(
         run.stages.append(
             summarize_stage(stage.label, stage.rate, stage.duration_s, results, schedule.reuse_bound(stage.label), slo)
         )
+    engine_hit_and_bound(run, result.results)
     energy = sum(e.energy_j for e in engines)
     tokens = sum(r.completion_tokens for r in result.results if r.ok)
     run.energy_j = energy if energy > 0 else None
