@@ -135,3 +135,33 @@ def test_shared_prefix_stage_bounds_and_multi_turn_reuse() -> None:
     # Turn k of a user reuses everything up to and including its previous question.
     later = [r for r in mt.requests if len(r.messages) >= 4]
     assert later and all(r.reusable_tokens >= 1000 + 200 for r in later)
+
+
+def test_stage_summary_judges_requests_cut_by_the_deadline_on_what_streamed() -> None:
+    from bench.loadgen import RequestResult
+    from bench.report import Slo, summarize_stage
+
+    def res(i: int, **kw: object) -> RequestResult:
+        r = RequestResult(index=i, stage="s", measured=True, arrival_s=float(i), content_tokens=100)
+        for k, v in kw.items():
+            setattr(r, k, v)
+        return r
+
+    results = [
+        # finished within the SLO
+        res(0, status=200, ttft_s=0.5, itl_s=0.05, e2e_s=10.0, end_s=10.0, prompt_tokens=100, cached_tokens=50,
+            completion_tokens=200, tokens_received=200),
+        # cut while streaming, pace within the SLO: good
+        res(1, status=200, error="not finished", censored=True, ttft_s=1.0, itl_s=0.05, tokens_received=100,
+            end_s=20.0),
+        # cut before its first token after waiting 30 s: not good, and its wait counts in TTFT
+        res(2, status=200, error="not finished", censored=True, ttft_s=30.0, end_s=32.0),
+        # refused by the router: not good, no TTFT
+        res(3, status=503, error="no endpoint"),
+    ]  # fmt: skip
+    s = summarize_stage("s", 2.0, 2.0, results, 0.5, Slo(ttft_s=2.0, itl_s=0.1))
+    assert (s.requests, s.ok, s.failed) == (4, 1, 3)
+    assert s.goodput_rps == pytest.approx(2 / 2.0)
+    assert s.ttft_p99 is not None and s.ttft_p99 > 25  # the cut request's wait is not hidden
+    assert s.hit_rate == pytest.approx(0.5)
+    assert s.output_tps == pytest.approx(300 / (32.0 - 0.0))
