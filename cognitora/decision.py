@@ -21,6 +21,9 @@ class CandidateScore:
     """The decode-load term included in ``predicted_ttft_s`` (seconds)."""
     joules_per_token: float | None = None
     """Marginal energy per token (J) used by the power rule; None when unknown."""
+    recompute_penalty_s: float = 0.0
+    """``placement.recompute_weight`` x this request's prefill here (seconds): what recomputing the prompt costs the
+    fleet beyond the request's own wait. Ranking adds it to ``predicted_ttft_s``; 0 by default."""
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""

@@ -295,6 +295,26 @@ CASES = [
         expect=A,
     ),
     Case(
+        "recompute_weight 0 (default): a hit behind a queue loses to a faster cold endpoint",
+        # A: 4200 queued + 296 uncached = 450 ms; B: cold, 410 ms (outside the 20.5 ms tie band).
+        FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
+        expect=B,
+    ),
+    Case(
+        "recompute_weight 1: the prefill B would redo is charged, so A keeps the prefix",
+        # A: 450 + 29.6 ms charge; B: 410 + 409.6 ms charge.
+        FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
+        config=fleet(ep(8001), ep(8002), placement={"recompute_weight": 1.0}),
+        expect=A,
+    ),
+    Case(
+        "recompute_weight 1: a saturated cached endpoint still loses",
+        # A: 2012 + 9.6 ms; B: 410 + 410 ms.
+        FleetState(NOW, matches={B: cached(4000)}, inflight={B: InFlight(10, 20000, 0)}),
+        config=fleet(ep(8001), ep(8002), placement={"recompute_weight": 1.0}),
+        expect=A,
+    ),
+    Case(
         "runner-up is the second best of three",
         FleetState(NOW, matches={C: cached(4096), B: cached(2048)}),
         config=fleet(ep(8001), ep(8002), ep(8003)),
@@ -503,10 +523,10 @@ BURST_ENDPOINTS = [f"127.0.0.1:{9001 + i}" for i in range(4)]
 BURST_SYSTEM = "You are the support assistant of Acme Billing. Answer from the policy below. " * 60
 
 
-def burst_router(smollm2_dir: Path) -> Router:
+def burst_router(smollm2_dir: Path, **placement: Any) -> Router:
     config = config_from_dict(
         {
-            "placement": {"store_timeout_s": 5.0},
+            "placement": {"store_timeout_s": 5.0, **placement},
             "models": [
                 {
                     "name": "m",
@@ -559,3 +579,18 @@ async def test_router_concurrent_burst_of_one_cold_prefix_lands_on_one_engine(sm
     reqs = [support_chat(BURST_SYSTEM, "How do refunds work?") for _ in range(8)]
     decisions = await asyncio.gather(*(place_and_dispatch(router, r) for r in reqs))
     assert len({d.endpoint for d in decisions}) == 1, [d.endpoint for d in decisions]
+
+
+async def test_router_requests_sharing_a_system_prompt_spread_after_a_few_by_default(smollm2_dir: Path) -> None:
+    # Different questions behind one ~1,000-token system prompt, one after another. Each queues its own ~25-token
+    # suffix behind the first one's prefill; once those exceed the 5.2 ms tie band, a cold endpoint is faster for
+    # the request and the prefix is built there too (docs/placement.md, "Bursts of one prefix").
+    questions = [f"Question {i}: how do refunds work for order {i}?" for i in range(8)]
+    default = burst_router(smollm2_dir)
+    spread = [await place_and_dispatch(default, support_chat(BURST_SYSTEM, q)) for q in questions]
+    assert len({d.endpoint for d in spread}) > 1
+    assert len({d.endpoint for d in spread[:2]}) == 1  # the first ones do converge
+    # recompute_weight 1 charges the prefill a cold endpoint would redo: they stay together.
+    charged = burst_router(smollm2_dir, recompute_weight=1.0)
+    together = [await place_and_dispatch(charged, support_chat(BURST_SYSTEM, q)) for q in questions]
+    assert len({d.endpoint for d in together}) == 1, [d.endpoint for d in together]

@@ -11,7 +11,7 @@ from dataclasses import replace
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
 from cognitora.decision import Decision, Rejection
 from cognitora.placement.affinity import affinity_key
-from cognitora.placement.cost import by_predicted_ttft, excluded_score, score_endpoint
+from cognitora.placement.cost import by_ranking_cost, excluded_score, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark
@@ -72,7 +72,7 @@ def place(
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
         (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
-        key=by_predicted_ttft,
+        key=by_ranking_cost,
     )
     excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
     base = Decision(

@@ -24,6 +24,10 @@ charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens``
 prefill, which is where candidates differ most, is compared).
 
 Scraped figures older than ``snapshot_max_age_s`` are ignored; router counts never are.
+
+Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
+(``ranking_cost_s``): with the default weight 0, by predicted TTFT alone. A positive weight charges the capacity a
+recomputed prefix takes from later requests, which the request's own TTFT does not see.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ def score_endpoint(
     rate = prefill_rate(endpoint, snap, params)
     decode_penalty = params.decode_penalty_s_per_running * running
     ttft = (queued + prompt_tokens - cached) / rate + decode_penalty
+    recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, snap, state)
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
     return CandidateScore(
@@ -92,6 +97,7 @@ def score_endpoint(
         prefill_tokens_per_s=rate,
         predicted_ttft_s=ttft,
         decode_penalty_s=decode_penalty,
+        recompute_penalty_s=recompute_penalty,
         joules_per_token=jpt,
         request_joules=request_joules,
     )
@@ -110,6 +116,11 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
     )
 
 
-def by_predicted_ttft(score: CandidateScore) -> tuple[float, str]:
-    """Sort key: lowest predicted TTFT first, then by name (only for a stable listing: the picker breaks ties)."""
-    return (score.predicted_ttft_s, score.endpoint)
+def ranking_cost_s(score: CandidateScore) -> float:
+    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)."""
+    return score.predicted_ttft_s + score.recompute_penalty_s
+
+
+def by_ranking_cost(score: CandidateScore) -> tuple[float, str]:
+    """Sort key: lowest ranking cost first, then by name (only for a stable listing: the picker breaks ties)."""
+    return (ranking_cost_s(score), score.endpoint)

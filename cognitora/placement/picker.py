@@ -1,5 +1,8 @@
 """The picker: from ranked candidates to one endpoint, honouring the priority class's SLO and the power rule.
 
+Candidates come ranked by ``cost.ranking_cost_s``: the predicted TTFT, plus the recompute charge when
+``recompute_weight`` is set. "Best" below is the first feasible one.
+
 Rules, in order:
 
 1. **Feasible** candidates are those whose predicted TTFT meets the class's ``ttft_slo_s``.
@@ -11,7 +14,7 @@ Rules, in order:
    close one's is lower by more than ``power_energy_band_ratio``, the close ones within that band of the lowest
    are the pool rule 3 picks from. Close is never narrower than the tie band. Unknown energy never beats known,
    and never loses to it either: a fleet without power data ranks by TTFT alone.
-3. **Ties**: candidates whose predicted TTFT is within ``max(tie_band_s, tie_band_ratio x best)`` of the best are
+3. **Ties**: candidates whose ranking cost is within ``max(tie_band_s, tie_band_ratio x best)`` of the best are
    equal (the prediction is not more precise than that). Among them, or among the power rule's winners, the
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
    prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from cognitora.config import PlacementConfig, PriorityClass
 from cognitora.decision import CandidateScore, Rejection
 from cognitora.placement.affinity import rendezvous_pick
+from cognitora.placement.cost import ranking_cost_s
 
 MAX_RETRY_AFTER_S = 60
 
@@ -58,7 +62,7 @@ def pick(
     params: PlacementConfig,
     affinity_key: str,
 ) -> Pick | Rejection:
-    """``ranked`` is non-empty and sorted best first (``cost.by_predicted_ttft``); ``affinity_key`` breaks ties."""
+    """``ranked`` is non-empty and sorted best first (``cost.by_ranking_cost``); ``affinity_key`` breaks ties."""
     best = ranked[0]
     feasible = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
     if not feasible:
@@ -73,8 +77,9 @@ def pick(
         reason = message + "; not sheddable, so placed on the fastest endpoint"
         return Pick(best, _runner_up(ranked, best), reason, saturated=True)
 
+    best = feasible[0]
     band = tie_band_s(best, params)
-    tied = [c for c in feasible if c.predicted_ttft_s <= best.predicted_ttft_s + band]
+    tied = [c for c in feasible if ranking_cost_s(c) <= ranking_cost_s(best) + band]
     lowest = _lowest_close_energy(feasible, params, band)
     greener = False
     pool = tied
@@ -108,7 +113,7 @@ def pick(
 
 def tie_band_s(best: CandidateScore, params: PlacementConfig) -> float:
     """Predicted TTFTs this close to the best one's are equal: the larger of the absolute and relative band."""
-    return max(params.tie_band_s, params.tie_band_ratio * best.predicted_ttft_s)
+    return max(params.tie_band_s, params.tie_band_ratio * ranking_cost_s(best))
 
 
 def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
@@ -132,7 +137,7 @@ def _tie_reason(chosen: CandidateScore, best: CandidateScore, tied: Sequence[Can
     others = ", ".join(c.endpoint for c in tied if c.endpoint != chosen.endpoint)
     return (
         f"prefix affinity: predicted TTFT {_ms(chosen.predicted_ttft_s)}, within the {_ms(band)} tie band of the "
-        f"best ({_ms(best.predicted_ttft_s)}) like {others}; the prompt's prefix hashes here, so requests sharing "
+        f"best ({_ms(ranking_cost_s(best))}) like {others}; the prompt's prefix hashes here, so requests sharing "
         "it converge"
     )
 
@@ -151,6 +156,7 @@ def _terms(c: CandidateScore) -> dict[str, float]:
         "queue wait": queue,
         "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s,
         "decode load": c.decode_penalty_s,
+        "recompute charge": c.recompute_penalty_s,
     }
 
 
@@ -158,7 +164,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
     if len(ranked) == 1:
         return "the only eligible endpoint"
     second = ranked[1]
-    why = f"lowest predicted TTFT ({_ms(best.predicted_ttft_s)} vs {_ms(second.predicted_ttft_s)} on {second.endpoint})"
+    what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
+    why = f"lowest {what} ({_ms(ranking_cost_s(best))} vs {_ms(ranking_cost_s(second))} on {second.endpoint})"
     mine, theirs = _terms(best), _terms(second)
     gains = sorted(((theirs[k] - mine[k], k) for k in mine), reverse=True)
     parts = []
