@@ -57,6 +57,7 @@ class RequestResult:
     tokens_received: int = 0
     """Output tokens seen in the stream: usage's count when it came, else the streamed words (the sim's output
     tokens are single words with a leading space)."""
+    max_tokens: int = 0
     end_s: float | None = None
     """When the request ended or was cut, engine seconds since the start of the run."""
 
@@ -125,6 +126,7 @@ def _new_result(req: BenchRequest, lag_s: float = 0.0) -> RequestResult:
         content_tokens=req.prompt_tokens,
         reusable_tokens=req.reusable_tokens,
         dispatch_lag_s=lag_s,
+        max_tokens=req.max_tokens,
     )
 
 

@@ -3,7 +3,9 @@
 Definitions (engine seconds throughout; see bench/loadgen.py for the time scale):
 
 - TTFT: percentiles over the stage's successful requests plus those still running when the run's deadline cut
-  them (their wait so far, a lower bound). E2E: percentiles over the successful requests.
+  them (their wait so far, a lower bound).
+- E2E: percentiles over the finished requests, plus a projection for requests cut while streaming (TTFT + their
+  remaining tokens at their ITL so far); requests cut before their first token have none.
 - ITL: each request's mean time between output tokens ((last token - first token) / (tokens - 1)), also for
   requests cut while streaming (over what arrived); the table shows its median over requests.
 - Output tokens/s: output tokens streamed to the stage's requests (finished or cut by the deadline) / (last end or
@@ -135,6 +137,12 @@ def summarize_stage(
     ttft = [r.ttft_s for r in results if r.ttft_s is not None and (r.ok or r.censored)]
     itl = [r.itl_s for r in results if r.itl_s is not None and (r.ok or r.censored)]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    # A request cut while streaming gets a projected E2E: its TTFT plus its remaining tokens at its pace so far.
+    e2e += [
+        r.ttft_s + r.itl_s * (r.max_tokens - 1)
+        for r in results
+        if r.censored and r.ttft_s is not None and r.itl_s is not None and r.max_tokens > 1
+    ]
     # A request cut by the run's deadline is judged on what arrived before the cut: it is good if its first token
     # and its token pace so far met the SLO (a long generation cut by the benchmark is not the server's failure).
     good = [
@@ -241,17 +249,18 @@ def render_markdown(report: Report) -> str:
     measured = [s["label"] for s in report.stages if s.get("measured", True)]
     lines += ["## Results per stage", ""]
     header = (
-        "| stage | target | ok/req | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms | E2E p50 | E2E p99 | out tok/s "
-        "| goodput rps | hit rate | reuse bound |"
+        "| stage | target | sent/s | finished/sent | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms | E2E p50 | E2E p99 "
+        "| out tok/s | goodput rps | hit rate | reuse bound |"
     )
-    lines += [header, "|" + "---|" * 13]
+    lines += [header, "|" + "---|" * 14]
     for label in measured:
         for run in report.runs:
             for s in run.stages:
                 if s.stage != label:
                     continue
                 lines.append(
-                    f"| {label} | {run.target} | {s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
+                    f"| {label} | {run.target} | {s.requests / s.duration_s if s.duration_s else 0:.1f} | "
+                    f"{s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
                     f"{_f(s.ttft_p99)} | {_f(None if s.itl_p50 is None else s.itl_p50 * 1000, 1)} | "
                     f"{_f(s.e2e_p50, 2)} | {_f(s.e2e_p99, 2)} | {s.output_tps:.0f} | {s.goodput_rps:.2f} | "
                     f"{_f(s.hit_rate)} | {s.reuse_bound:.3f} |"
@@ -309,7 +318,12 @@ def render_markdown(report: Report) -> str:
 
 
 def engine_hit_and_bound(run: TargetRun, results: list[RequestResult]) -> None:
-    """Fill ``engine_hit_rate`` (engines' counters) and ``engine_reuse_bound`` (requests that got a first token)."""
+    """Fill ``engine_hit_rate`` (engines' counters), ``engine_reuse_bound`` (requests that got a first token) and
+    energy per output token (the fleet's energy / every output token streamed, also to requests later cut)."""
+    energy = sum(e.energy_j for e in run.engines)
+    tokens = sum(r.tokens_received for r in results)
+    run.energy_j = energy if energy > 0 else None
+    run.energy_per_output_token_j = energy / tokens if energy > 0 and tokens else None
     queries = sum(e.prompt_tokens for e in run.engines)
     run.engine_hit_rate = sum(e.cached_tokens for e in run.engines) / queries if queries else None
     prefilled = [r for r in results if r.tokens_received > 0 or r.ok]
@@ -376,6 +390,22 @@ def write_report(report: Report, out_prefix: Path) -> list[Path]:
     return [md, js, png]
 
 
+def _fill_max_tokens(report: Report, raw: dict[str, list[RequestResult]]) -> None:
+    """Older raw files lack max_tokens: rebuild the schedule from the command at the top of the report."""
+    if all(r.max_tokens for results in raw.values() for r in results):
+        return
+    import shlex
+
+    from bench import run_all
+
+    argv = shlex.split(report.command.split("#")[0])[3:]
+    schedule = run_all.build_schedule(run_all.parse_args(argv))
+    by_index = {r.index: r.max_tokens for r in schedule.requests}
+    for results in raw.values():
+        for r in results:
+            r.max_tokens = r.max_tokens or by_index.get(r.index, 0)
+
+
 def rerender(prefix: Path) -> list[Path]:
     """Recompute every summary of ``<prefix>.json`` from the raw ``<prefix>.requests.jsonl.gz`` and write again."""
     import gzip
@@ -386,6 +416,7 @@ def rerender(prefix: Path) -> list[Path]:
         for line in fh:
             row = json.loads(line)
             raw.setdefault(row.pop("target"), []).append(RequestResult(**row))
+    _fill_max_tokens(report, raw)
     bounds = report.reuse_bound
     for run in report.runs:
         results = raw.get(run.target)

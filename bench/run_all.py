@@ -308,10 +308,6 @@ def run_target(
             summarize_stage(stage.label, stage.rate, stage.duration_s, results, schedule.reuse_bound(stage.label), slo)
         )
     engine_hit_and_bound(run, result.results)
-    energy = sum(e.energy_j for e in engines)
-    tokens = sum(r.completion_tokens for r in result.results if r.ok)
-    run.energy_j = energy if energy > 0 else None
-    run.energy_per_output_token_j = energy / tokens if energy > 0 and tokens else None
     return run
 
 

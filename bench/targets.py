@@ -410,14 +410,13 @@ class VllmRouterTarget(Target):
 
 
 def _require(module: str, what: str) -> None:
-    """Fail with TargetUnavailable when ``module`` is missing (found without importing: no litellm in the harness)."""
+    """Fail with TargetUnavailable when ``module`` is missing, without importing it (the plugin imports litellm)."""
     import importlib.util
 
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ImportError:
-        found = False
-    if not found:
+    package, _, sub = module.partition(".")
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not any((Path(loc) / f"{sub.replace('.', '/')}.py").exists() for loc in locations):
         raise TargetUnavailable(f"{what} is not available yet (no module {module})")
 
 
