@@ -8,9 +8,9 @@
 The Router fetches the fleet's state from the store in one call (``Store.fleet_view``: prefix matches, in-flight
 counts, snapshots; one round trip on Redis), hands it to the pure ``placement.place`` and keeps a little of its
 own: in-flight counts for what it dispatched, the last snapshots it read, the endpoints a gateway saw die, and
-recent decisions. When the store fails (``StoreUnavailable``, or
-slower than ``placement.store_timeout_s``), ``place`` still answers from that local state, with
-``Decision.degraded=True``; feedback calls log and carry on. Nothing here raises because Redis is down.
+recent decisions. When the store fails (``StoreUnavailable``, or slower than ``placement.store_timeout_s``),
+``place`` still answers from that local state, with ``Decision.degraded=True``; feedback calls log and carry on.
+Nothing here raises because Redis is down.
 """
 
 from __future__ import annotations

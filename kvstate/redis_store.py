@@ -410,8 +410,9 @@ class RedisStore:
         if rows != 0:
             version = _text(version)
             if version != self._snapshot_version:
-                cached = self._snapshot_cache = {}
+                self._snapshot_cache = {}
                 self._snapshot_version = version
+            cached = self._snapshot_cache  # (a concurrent call may have replaced it while this one waited)
             for e, raw in zip(known, rows, strict=True):
                 cached[e] = _decode_snapshot(e, _pairs(raw)) if raw else None
         snapshots = {}

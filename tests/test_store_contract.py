@@ -390,6 +390,17 @@ async def test_fleet_view_sees_every_new_snapshot_at_once(backend: Backend) -> N
     assert (await reader.fleet_view(M, CHAIN, [A, B, C])).snapshots == {**expected, C: EndpointSnapshot(C, waiting=3)}
 
 
+async def test_fleet_view_after_concurrent_reads_and_writes_agrees_with_the_store(backend: Backend) -> None:
+    reader = backend.make()
+    writer = reader if backend.name == "memory" else backend.make()
+
+    async def write(i: int) -> None:
+        await writer.put_snapshot(EndpointSnapshot(A if i % 2 else B, running=i))
+
+    await asyncio.gather(*(reader.fleet_view(M, CHAIN, [A, B]) for _ in range(20)), *(write(i) for i in range(10)))
+    assert (await reader.fleet_view(M, CHAIN, [A, B])).snapshots == await writer.snapshots([A, B])
+
+
 async def test_fleet_view_counts_only_live_inflight_work(backend: Backend) -> None:
     store = backend.make()
     await store.inflight_add(A, "lost", 4000, 100, ttl_s=TTL_S)  # its gateway never releases it
