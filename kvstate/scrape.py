@@ -42,6 +42,12 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_UNHEALTHY_AFTER = 2
 
+SNAPSHOT_MEAN_SERVICE_S = "mean_service_s"
+"""Key in ``EndpointSnapshot.extra``: the learned mean time (s) a request holds a batch slot (``RateEstimator``);
+absent until learned. Placement's slot-wait term divides it into the running count for a departure rate."""
+SNAPSHOT_REQUESTS_FINISHED_TOTAL = "requests_finished_total"
+"""Key in ``EndpointSnapshot.extra``: the engine's cumulative count of finished requests, when it exposes one."""
+
 
 @dataclass(frozen=True)
 class ScrapeTarget:
@@ -107,6 +113,13 @@ class RateEstimator:
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
 
+    Service: the mean time a request holds a batch slot (scheduled to finished, queueing excluded), the W of
+    Little's law that placement turns into a departure rate (``running / mean_service_s``). From the engine's own
+    histogram when it has one (vLLM ``request_inference_time_seconds``: ``d(sum) / d(count)``), else as mean
+    generated tokens per finished request over the learned per-sequence decode speed
+    (``d(generation_tokens) / d(requests_finished) / decode_tokens_per_s``). A window closes once
+    ``min_service_requests`` requests finished in it, EWMA-smoothed like the rest.
+
     Counter resets (engine restart: a counter went down) and health failures restart the windows; what was learned
     is kept, since the hardware did not change. 0.0 means "not learned yet".
     """
@@ -115,12 +128,15 @@ class RateEstimator:
     min_prefill_tokens: float = 256.0
     throughput_window_s: float = 10.0
     min_decode_tokens: float = 64.0
+    min_service_requests: float = 4.0
     per_request_prefill: float = 0.0
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
+    mean_service_s: float = 0.0
     _request_base: EngineLoad | None = field(default=None, repr=False)
     _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
     _decode_base: EngineLoad | None = field(default=None, repr=False)
+    _service_base: EngineLoad | None = field(default=None, repr=False)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -130,10 +146,11 @@ class RateEstimator:
         self._request_base = None
         self._throughput_base = None
         self._decode_base = None
+        self._service_base = None
 
     def observe(self, load: EngineLoad, now: float) -> None:
         """Feed one scrape taken at monotonic time ``now`` (seconds)."""
-        bases = [self._request_base, self._decode_base]
+        bases = [self._request_base, self._decode_base, self._service_base]
         if self._throughput_base is not None:
             bases.append(self._throughput_base[0])
         if any(base is not None and counters_went_down(base, load) for base in bases):
@@ -146,6 +163,8 @@ class RateEstimator:
             self._throughput_base = (load, now)
         if self._decode_base is None or self._decode_sample(self._decode_base, load):
             self._decode_base = load
+        if self._service_base is None or self._service_sample(self._service_base, load):
+            self._service_base = load
 
     def _per_request_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
         """Update from the window ``old`` .. ``load``; False while the window is still too small to close."""
@@ -182,6 +201,25 @@ class RateEstimator:
             self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
         return True
 
+    def _service_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
+        count = delta(old.service_count, load.service_count)
+        if count is not None:
+            seconds = delta(old.service_seconds_sum, load.service_seconds_sum)
+            if count < self.min_service_requests:
+                return False
+            if seconds is not None and seconds > 0:
+                self.mean_service_s = ewma(self.mean_service_s, seconds / count, self.alpha)
+            return True
+        finished = delta(old.requests_finished_total, load.requests_finished_total)
+        generated = delta(old.generation_tokens_total, load.generation_tokens_total)
+        if finished is None or generated is None:
+            return True  # neither source: nothing to learn
+        if finished < self.min_service_requests:
+            return False
+        if self.decode_tokens_per_s > 0 and generated > 0:
+            self.mean_service_s = ewma(self.mean_service_s, generated / finished / self.decode_tokens_per_s, self.alpha)
+        return True
+
 
 def has_queue_free_busy_time(load: EngineLoad) -> bool:
     """The engine measures prefill time without queueing (directly, or as TTFT minus a queue-time histogram)."""
@@ -204,6 +242,8 @@ CUMULATIVE_FIELDS = (
     "ttft_count",
     "itl_count",
     "prefill_seconds_sum",
+    "requests_finished_total",
+    "service_count",
 )
 
 
@@ -483,10 +523,13 @@ class Scraper:
             "generation_tokens_total",
             "prefix_cache_hits_total",
             "prefix_cache_queries_total",
+            SNAPSHOT_REQUESTS_FINISHED_TOTAL,
         ):
             value = getattr(load, name)
             if value is not None:
                 extra[name] = float(value)
+        if endpoint.estimator.mean_service_s > 0:
+            extra[SNAPSHOT_MEAN_SERVICE_S] = endpoint.estimator.mean_service_s
         return EndpointSnapshot(
             endpoint=endpoint.target.endpoint_id,
             healthy=bool(endpoint.healthy),

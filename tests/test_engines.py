@@ -75,6 +75,20 @@ def test_vllm_page_as_prometheus_client_exposes_it() -> None:
     assert load.energy_joules == pytest.approx(4000.0)  # 2 GPUs x 2,000,000 mJ
 
 
+def test_vllm_departures_read_from_success_counter_and_inference_histogram() -> None:
+    # As vLLM exposes them: request_success labelled by finish reason (summed), inference time per DP rank.
+    reg = CollectorRegistry()
+    success = Counter(vllm.REQUEST_SUCCESS, "", ["model_name", "finished_reason"], registry=reg)
+    success.labels("m", "length").inc(7)
+    success.labels("m", "stop").inc(3)
+    inference = Histogram(vllm.INFERENCE_TIME, "", ["model_name", "engine"], registry=reg)
+    for rank, seconds in enumerate([12.0, 20.0]):
+        inference.labels("m", str(rank)).observe(seconds)
+    load = load_of("vllm", generate_latest(reg).decode())
+    assert load.requests_finished_total == 10
+    assert load.service_seconds_sum == pytest.approx(32.0) and load.service_count == 2
+
+
 def test_vllm_counters_read_with_or_without_total_suffix() -> None:
     with_suffix = "vllm:prompt_tokens_total 10\nvllm:prefix_cache_hits_total 4\nvllm:num_requests_running 1\n"
     without = "vllm:prompt_tokens 10\nvllm:prefix_cache_hits 4\nvllm:num_requests_running 1\n"

@@ -18,7 +18,14 @@ from cognitora.sim.launch import start_fleet
 from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
-from kvstate.scrape import RateEstimator, Scraper, ScrapeTarget, base_url
+from kvstate.scrape import (
+    SNAPSHOT_MEAN_SERVICE_S,
+    SNAPSHOT_REQUESTS_FINISHED_TOTAL,
+    RateEstimator,
+    Scraper,
+    ScrapeTarget,
+    base_url,
+)
 
 
 @dataclass
@@ -35,6 +42,9 @@ class Counters:
     itl_count: float = 0.0
     watts: float = 0.0
     millijoules: float = 0.0
+    finished: float = 0.0
+    service_sum: float = 0.0
+    service_count: float = 0.0
 
 
 def vllm_page(c: Counters) -> str:
@@ -54,6 +64,9 @@ vllm:time_to_first_token_seconds_sum{labels} {c.ttft_sum}
 vllm:time_to_first_token_seconds_count{labels} {c.ttft_count}
 vllm:inter_token_latency_seconds_sum{labels} {c.itl_sum}
 vllm:inter_token_latency_seconds_count{labels} {c.itl_count}
+vllm:request_success_total{{model_name="m",finished_reason="length"}} {c.finished}
+vllm:request_inference_time_seconds_sum{labels} {c.service_sum}
+vllm:request_inference_time_seconds_count{labels} {c.service_count}
 vllm:cache_config_info{{block_size="16",num_gpu_blocks="2048"}} 1
 DCGM_FI_DEV_POWER_USAGE{{gpu="0"}} {c.watts}
 DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total{{gpu="0"}} {c.millijoules}
@@ -390,6 +403,41 @@ def test_estimator_uses_only_the_engine_clock_when_prefill_time_is_exposed() -> 
         est.observe(EngineLoad(prompt_tokens_total=50_000.0 * second, prefill_seconds_sum=10.0 * second), float(second))
     assert est.throughput_prefill == 0.0
     assert est.prefill_tokens_per_s == pytest.approx(5000.0)
+
+
+def test_estimator_mean_service_time_from_the_inference_histogram() -> None:
+    est = RateEstimator(min_service_requests=4)
+    est.observe(EngineLoad(service_seconds_sum=0.0, service_count=0.0), now=0.0)
+    est.observe(EngineLoad(service_seconds_sum=60.0, service_count=3.0), now=1.0)
+    assert est.mean_service_s == 0.0  # 3 requests: window stays open
+    est.observe(EngineLoad(service_seconds_sum=100.0, service_count=5.0), now=2.0)
+    assert est.mean_service_s == pytest.approx(20.0)
+
+
+def test_estimator_mean_service_time_from_tokens_per_request_and_decode_speed() -> None:
+    # No inference histogram: 4 finished requests generated 2,000 tokens, one sequence decodes 50 tokens/s.
+    est = RateEstimator(min_decode_tokens=1, min_service_requests=4)
+    est.observe(
+        EngineLoad(itl_seconds_sum=0.0, itl_count=0.0, generation_tokens_total=0.0, requests_finished_total=0.0), 0.0
+    )
+    est.observe(
+        EngineLoad(itl_seconds_sum=40.0, itl_count=2000.0, generation_tokens_total=2000.0, requests_finished_total=4.0),
+        1.0,
+    )
+    assert est.decode_tokens_per_s == pytest.approx(50.0)
+    assert est.mean_service_s == pytest.approx(10.0)  # 500 tokens each at 50 tokens/s
+
+
+async def test_learned_service_time_and_finished_count_reach_the_snapshot(vllm_engine: FakeEngine) -> None:
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e", vllm_engine.url, "vllm")], rate=RateEstimator(min_service_requests=2))
+    await scraper.scrape_all()
+    vllm_engine.counters = Counters(finished=4, service_sum=48.0, service_count=4)
+    await scraper.scrape_all()
+    await scraper.stop()
+    snap = (await store.snapshots(["e"]))["e"]
+    assert snap.extra[SNAPSHOT_REQUESTS_FINISHED_TOTAL] == 4.0
+    assert snap.extra[SNAPSHOT_MEAN_SERVICE_S] == pytest.approx(12.0)
 
 
 @pytest.mark.e2e

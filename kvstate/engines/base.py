@@ -39,6 +39,12 @@ class EngineLoad:
     itl_seconds_sum: float | None = None
     """Sum of inter-token latencies (or per-request time per output token)."""
     itl_count: float | None = None
+    requests_finished_total: float | None = None
+    """Requests the engine completed (vLLM ``request_success``, every finish reason): departures from its batch."""
+    service_seconds_sum: float | None = None
+    """Sum of per-request time spent holding a batch slot (scheduled to finished, queueing excluded; vLLM
+    ``request_inference_time_seconds``): with ``service_count``, the mean service time of Little's law."""
+    service_count: float | None = None
     block_size: int | None = None
     """Tokens per KV block, from the engine's cache config."""
     power_watts: float | None = None

@@ -16,6 +16,8 @@ rank); series are summed over ranks, except KV usage (the fullest rank). Counter
 | QUEUE_TIME | ``vllm:request_queue_time_seconds`` | histogram |
 | PREFILL_TIME | ``vllm:request_prefill_time_seconds`` | histogram |
 | ITL | ``vllm:inter_token_latency_seconds`` (``vllm:time_per_output_token_seconds`` when older) | histogram |
+| REQUEST_SUCCESS | ``vllm:request_success`` (labelled by ``finished_reason``; summed) | counter |
+| INFERENCE_TIME | ``vllm:request_inference_time_seconds`` (scheduled to finished: time in a slot) | histogram |
 | CACHE_CONFIG_INFO | ``vllm:cache_config_info{block_size=...}`` | info gauge |
 """
 
@@ -45,6 +47,8 @@ QUEUE_TIME = "vllm:request_queue_time_seconds"
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 ITL_DEPRECATED = "vllm:time_per_output_token_seconds"
+REQUEST_SUCCESS = "vllm:request_success"
+INFERENCE_TIME = "vllm:request_inference_time_seconds"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 BLOCK_SIZE_LABEL = "block_size"
 
@@ -54,6 +58,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
     queue = samples.histogram(QUEUE_TIME)
     prefill = samples.histogram(PREFILL_TIME)
     itl = samples.histogram(ITL, ITL_DEPRECATED)
+    inference = samples.histogram(INFERENCE_TIME)
     return EngineLoad(
         running=samples.gauge_sum(RUNNING),
         waiting=samples.gauge_sum(WAITING),
@@ -68,6 +73,9 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         prefill_seconds_sum=None if prefill is None else prefill.sum,
         itl_seconds_sum=None if itl is None else itl.sum,
         itl_count=None if itl is None else itl.count,
+        requests_finished_total=samples.counter(REQUEST_SUCCESS),
+        service_seconds_sum=None if inference is None else inference.sum,
+        service_count=None if inference is None else inference.count,
         block_size=int_label(samples, CACHE_CONFIG_INFO, BLOCK_SIZE_LABEL),
         power_watts=dcgm.power_watts(samples),
         energy_joules=dcgm.energy_joules(samples),
