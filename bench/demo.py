@@ -33,8 +33,11 @@ STAGE_RATE = 10.0
 STAGE_S = 16.0
 MAX_WALL_RPS = 5.0
 DRAIN_S = 20.0  # engine seconds after the last request; still running then: cut, judged on what streamed
-TARGETS = ("envoy-rr", "cognitora-litellm")
-LABELS = {"envoy-rr": "round-robin (Envoy)", "cognitora-litellm": "Cognitora (LiteLLM)"}
+LABELS = {
+    "envoy-rr": "round-robin (Envoy)",
+    "cognitora-litellm": "Cognitora (LiteLLM)",
+    "cognitora-envoy": "Cognitora (Envoy)",
+}
 
 
 def _row(label: str, run: TargetRun, s: StageSummary | None, note: str = "") -> list[str]:
@@ -70,6 +73,15 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `--via envoy` shows Cognitora behind Envoy (ext_proc) instead of inside LiteLLM; other flags go to run_all.
+    via = "litellm"
+    if "--via" in argv:
+        i = argv.index("--via")
+        via = argv[i + 1] if i + 1 < len(argv) else ""
+        if via not in ("litellm", "envoy"):
+            raise SystemExit("--via must be 'litellm' or 'envoy'")
+        del argv[i : i + 2]
+    targets = ("envoy-rr", f"cognitora-{via}")
     args = run_all.parse_args(
         [
             "--engines", str(ENGINES), "--profile", PROFILE, "--kv-tokens-per-engine", str(KV_TOKENS),
@@ -89,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     report = Report(
-        command="make demo  # python -m bench.demo " + " ".join(argv),
+        command="make demo  # python -m bench.demo " + " ".join([*argv, "--via", via]),
         workload=schedule.workload,
         description=schedule.description,
         started_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -101,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows: list[list[str]] = []
     measured = stages[-1].label
-    for name in TARGETS:
+    for name in targets:
         print(f"== {LABELS[name]}: starting a fresh fleet and the router", flush=True)
         run: TargetRun = run_all.run_target(name, schedule, spec, args, slo)
         report.runs.append(run)
