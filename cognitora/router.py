@@ -29,6 +29,7 @@ from cognitora.placement import FleetState, HealthMark, place, reject, unknown_m
 from cognitora.placement.energy import EnergyEstimator
 from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import Outcome, RouteRequest
+from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
 
@@ -140,6 +141,7 @@ class Router:
                     m.name,
                 )
         self._local = _LocalInflight()
+        self._routed = RoutedPrefixes()
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
         self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
@@ -178,9 +180,11 @@ class Router:
         now = self._clock()
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         local = self._local.totals(ids, now)
+        routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
             return FleetState(
                 now=now,
+                matches=routed,
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
                 health_marks=dict(self._health_marks),
@@ -200,7 +204,7 @@ class Router:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         return FleetState(
             now=now,
-            matches=view.matches,
+            matches=merge_matches(view.matches, routed),
             inflight=inflight,
             snapshots=snapshots,
             health_marks=dict(self._health_marks),
@@ -241,6 +245,9 @@ class Router:
         ]
         if decision.keys:
             ttl = self._history_ttl(endpoint)
+            # Known locally before the first await, so a request placed while the store write is in flight
+            # sees this one's prefix as well as its queue (cognitora/routed_prefixes.py).
+            self._routed.add(decision.model, endpoint, decision.keys, self._clock() + ttl)
             calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, ttl))
         await self._guarded(asyncio.gather(*calls), "record a dispatch")
 
