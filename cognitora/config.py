@@ -169,6 +169,9 @@ class PlacementConfig(_Strict):
     """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
     decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)
     """Seconds added to predicted TTFT per request running on the endpoint (decode steps share the batch)."""
+    saturated_kv_usage: float = Field(default=0.97, gt=0, le=1)
+    """KV-cache usage (0..1) at or above which an endpoint counts as at capacity even with nothing waiting: a new
+    request then waits for running ones to finish (the slot-wait term; docs/placement.md)."""
     waiting_request_tokens: int = Field(default=512, ge=0)
     """Prefill tokens assumed per request the engine reports waiting, when that exceeds what routers counted: a
     prior (the snapshot has no request counter to learn a mean from; see docs/placement.md)."""

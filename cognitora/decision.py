@@ -24,6 +24,9 @@ class CandidateScore:
     recompute_penalty_s: float = 0.0
     """``placement.recompute_weight`` x this request's prefill here (seconds): what recomputing the prompt costs the
     fleet beyond the request's own wait. Ranking adds it to ``predicted_ttft_s``; 0 by default."""
+    slot_wait_s: float = 0.0
+    """The slot-wait term included in ``predicted_ttft_s`` (seconds): on an engine at capacity, how long until
+    enough running requests finish for this one to be admitted. 0 when the engine has room or nothing is known."""
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""

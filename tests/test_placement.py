@@ -365,12 +365,16 @@ CASES = [
     ),
     Case(
         "KV full with nothing waiting yet: the routers' own requests beyond the running ones are ahead",
-        # B: KV 99% full, 45 sent by the routers but 40 running: 6 departures, 4.5 s.
+        # Both KV-full (so the soft KV filter keeps both). A: 1 departure, 0.75 s. B: 45 sent by the routers but 40
+        # running: 6 departures, 4.5 s, against 0.6 s saved.
         FleetState(
             NOW,
             matches={B: cached(6000)},
-            inflight={B: InFlight(45, 0, 45000)},
-            snapshots={B: snap(B, running=40, kv_usage=0.99, extra={"mean_service_s": 30.0})},
+            inflight={A: InFlight(40, 0, 40000), B: InFlight(45, 0, 45000)},
+            snapshots={
+                A: snap(A, running=40, kv_usage=0.98, extra={"mean_service_s": 30.0}),
+                B: snap(B, running=40, kv_usage=0.99, extra={"mean_service_s": 30.0}),
+            },
         ),
         tokens=7200,
         expect=A,

@@ -2,6 +2,7 @@
 
     predicted_ttft(e) = (queued_prefill_tokens(e) + prompt_tokens - cached_tokens(e)) / prefill_rate(e)
                         + decode_penalty_s_per_running * running(e)
+                        + slot_wait(e)
 
 - ``cached_tokens(e)``: the tier-weighted longest held prefix (speculative entries included) x tokens per key,
   at most the prompt.
@@ -13,6 +14,17 @@
 - ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the default.
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
+
+- ``slot_wait(e)``: on an engine at capacity, the wait for a free slot (docs/placement.md, "Saturation"). At
+  capacity means its fresh snapshot shows requests waiting, or KV usage at least ``saturated_kv_usage``. Then
+
+      slot_wait(e) = (requests_ahead + 1) / departure_rate
+      requests_ahead = max(waiting, router in-flight requests - running)
+      departure_rate = running / mean_service_s                    (Little's law)
+
+  ``mean_service_s`` is what the scraper learned (``extra["mean_service_s"]``), else the in-flight requests' mean
+  ``max_tokens`` over the learned per-sequence decode speed. With neither, or no fresh snapshot, the term is 0:
+  a fleet without metrics is placed as before.
 
 Beside the TTFT, each candidate gets the request's marginal energy there, for the picker's power rule:
 
@@ -35,6 +47,7 @@ from __future__ import annotations
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState
+from kvstate.scrape import SNAPSHOT_MEAN_SERVICE_S
 from kvstate.store import EndpointSnapshot, InFlight
 
 
@@ -66,6 +79,37 @@ def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None, st
     return endpoint.joules_per_token
 
 
+def mean_service_s(snap: EndpointSnapshot, flight: InFlight) -> float:
+    """Seconds a request holds a slot on this engine: learned by the scraper, else the routers' in-flight requests'
+    mean ``max_tokens`` at the learned per-sequence decode speed, else 0 (unknown)."""
+    learned = snap.extra.get(SNAPSHOT_MEAN_SERVICE_S, 0.0)
+    if learned > 0:
+        return learned
+    if snap.decode_tokens_per_s > 0 and flight.requests > 0 and flight.decode_tokens > 0:
+        return flight.decode_tokens / flight.requests / snap.decode_tokens_per_s
+    return 0.0
+
+
+def slot_wait_s(snap: EndpointSnapshot | None, flight: InFlight, params: PlacementConfig) -> float:
+    """How long a new request waits for a free slot (seconds): 0 unless the engine is at capacity.
+
+    At capacity (requests waiting, or KV usage at least ``saturated_kv_usage``) it is admitted only after the
+    requests ahead of it and then one more leave the batch, and requests leave at ``running / mean_service_s``
+    (Little's law). Requests ahead: the engine's waiting count, or the routers' in-flight requests beyond what the
+    engine runs when that is more (dispatched since the scrape, not yet visible in ``waiting``).
+    """
+    if snap is None:
+        return 0.0
+    if snap.waiting <= 0 and snap.kv_usage < params.saturated_kv_usage:
+        return 0.0
+    service = mean_service_s(snap, flight)
+    if service <= 0:
+        return 0.0
+    ahead = max(snap.waiting, flight.requests - snap.running)
+    departures_per_s = max(snap.running, 1) / service
+    return (ahead + 1) / departures_per_s
+
+
 def score_endpoint(
     endpoint: EndpointConfig,
     prompt_tokens: int,
@@ -86,7 +130,8 @@ def score_endpoint(
         running = max(running, snap.running)
     rate = prefill_rate(endpoint, snap, params)
     decode_penalty = params.decode_penalty_s_per_running * running
-    ttft = (queued + prompt_tokens - cached) / rate + decode_penalty
+    slot_wait = slot_wait_s(snap, flight, params)
+    ttft = (queued + prompt_tokens - cached) / rate + decode_penalty + slot_wait
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, snap, state)
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
@@ -97,6 +142,7 @@ def score_endpoint(
         prefill_tokens_per_s=rate,
         predicted_ttft_s=ttft,
         decode_penalty_s=decode_penalty,
+        slot_wait_s=slot_wait,
         recompute_penalty_s=recompute_penalty,
         joules_per_token=jpt,
         request_joules=request_joules,

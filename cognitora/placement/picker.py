@@ -154,8 +154,9 @@ def _terms(c: CandidateScore) -> dict[str, float]:
     queue = c.queued_prefill_tokens / c.prefill_tokens_per_s
     return {
         "queue wait": queue,
-        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s,
+        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s - c.slot_wait_s,
         "decode load": c.decode_penalty_s,
+        "slot wait": c.slot_wait_s,
         "recompute charge": c.recompute_penalty_s,
     }
 
@@ -177,6 +178,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
             detail = f" ({best.cached_tokens:.0f} prompt tokens cached vs {second.cached_tokens:.0f})"
         elif term == "prefill" and best.prefill_tokens_per_s > second.prefill_tokens_per_s:
             detail = f" (faster: {best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
+        elif term == "slot wait":
+            detail = " (the other engine is at capacity: its running requests must finish first)"
         elif term == "queue wait":
             detail = f" ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens queued)"
         parts.append(f"{_ms(gain)} less {term}{detail}")
