@@ -97,9 +97,10 @@ class Decision:
         )
         for c in self.candidates:
             joules = "-" if c.joules_per_token is None else f"{c.joules_per_token:.3g}"
+            note = c.excluded or (f"at capacity: slot wait {c.slot_wait_s * 1000:.0f} ms" if c.slot_wait_s > 0 else "")
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"
-                f"{joules:>8}  {c.excluded or ''}"
+                f"{joules:>8}  {note}"
             )
         return "\n".join(lines)

@@ -692,3 +692,4 @@ def test_slot_wait_is_a_named_term_of_the_prediction_and_the_reason() -> None:
     assert saturated.slot_wait_s == pytest.approx(3.0)  # 4 departures at 40 / 30 s
     assert saturated.predicted_ttft_s == pytest.approx(3.0 + (3 * 512 + 1200) / 10_000 + 40 * 0.0002)
     assert "slot wait" in decision.reason, decision.reason
+    assert "at capacity: slot wait 3000 ms" in decision.explain()
