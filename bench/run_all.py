@@ -19,6 +19,7 @@ import asyncio
 import gzip
 import json
 import math
+import random
 import shlex
 import signal
 import sys
@@ -45,7 +46,7 @@ from bench.targets import (
     make_target,
     process_group_cpu_seconds,
 )
-from cognitora.process import ManagedProcess, free_port_block
+from cognitora.process import ManagedProcess, free_port_block, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -84,7 +85,8 @@ class BenchFleet:
 
     def __init__(self, spec: FleetSpec, workdir: Path | None = None) -> None:
         self.spec = spec
-        base = free_port_block(spec.engines)
+        # A random start: several harness runs (and tests) on one machine must not race for the same ports.
+        base = free_port_block(spec.engines, start=random.randrange(20000, 50000))
         events = free_port_block(2 * spec.engines, start=base + spec.engines + 100)
         argv = [
             sys.executable, "-m", "cognitora.cli", "sim", "fleet",
@@ -107,11 +109,18 @@ class BenchFleet:
         self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
         self.tokenizer_path = None if spec.tokenizer == "builtin" else spec.tokenizer
         try:
-            for url in self.urls:
-                self._proc.wait_http(f"{url}/health", timeout_s=60)
+            # Our own process must be the one listening (a port taken meanwhile would let another fleet answer):
+            # it prints one JSON line per engine, with its URL, once every engine listens.
+            wait_until(lambda: self._listening() or not self._proc.alive(), 60, "the simulated fleet to listen")
+            if not self._proc.alive():
+                raise RuntimeError(f"the simulated fleet exited:\n{self._proc.log_tail()}")
         except BaseException:
             self._proc.stop()
             raise
+
+    def _listening(self) -> bool:
+        text = self._proc.log_path.read_text(errors="replace")
+        return all(f'"url": "{url}"' in text for url in self.urls)
 
     def cpu_seconds(self) -> float:
         return process_group_cpu_seconds(self._proc.pid)
