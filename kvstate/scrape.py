@@ -35,18 +35,17 @@ from kvstate.engines import (
     dcgm,
     parse_prometheus_text,
 )
-from kvstate.store import EndpointSnapshot, Store
+from kvstate.store import (
+    SNAPSHOT_MEAN_SERVICE_S,
+    SNAPSHOT_REQUESTS_FINISHED_TOTAL,
+    EndpointSnapshot,
+    Store,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_UNHEALTHY_AFTER = 2
-
-SNAPSHOT_MEAN_SERVICE_S = "mean_service_s"
-"""Key in ``EndpointSnapshot.extra``: the learned mean time (s) a request holds a batch slot (``RateEstimator``);
-absent until learned. Placement's slot-wait term divides it into the running count for a departure rate."""
-SNAPSHOT_REQUESTS_FINISHED_TOTAL = "requests_finished_total"
-"""Key in ``EndpointSnapshot.extra``: the engine's cumulative count of finished requests, when it exposes one."""
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,14 @@ class FleetView:
     """As ``snapshots``: endpoints without a snapshot are absent."""
 
 
+# Keys of ``EndpointSnapshot.extra`` the scraper writes and placement reads: the wire names between them.
+SNAPSHOT_MEAN_SERVICE_S = "mean_service_s"
+"""Key in ``EndpointSnapshot.extra``: the learned mean time (s) a request holds a batch slot (``RateEstimator``);
+absent until learned. Placement's slot-wait term divides it into the running count for a departure rate."""
+SNAPSHOT_REQUESTS_FINISHED_TOTAL = "requests_finished_total"
+"""Key in ``EndpointSnapshot.extra``: the engine's cumulative count of finished requests, when it exposes one."""
+
+
 @runtime_checkable
 class Store(Protocol):
     """The fleet's shared state. Every method may raise ``StoreUnavailable``."""

@@ -47,8 +47,7 @@ from __future__ import annotations
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState
-from kvstate.scrape import SNAPSHOT_MEAN_SERVICE_S
-from kvstate.store import EndpointSnapshot, InFlight
+from kvstate.store import SNAPSHOT_MEAN_SERVICE_S, EndpointSnapshot, InFlight
 
 
 def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig) -> EndpointSnapshot | None:
