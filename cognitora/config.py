@@ -169,6 +169,12 @@ class PlacementConfig(_Strict):
     """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
     decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)
     """Seconds added to predicted TTFT per request running on the endpoint (decode steps share the batch)."""
+    slot_wait_weight: float = Field(default=0.0, ge=0)
+    """Multiplier of the slot-wait term (seconds a request waits for a free batch slot on an engine at capacity).
+    0 (off) by default: on the B2B-SaaS benchmark it moved groups off the engine holding their prefix whenever
+    engines queued, duplicating 6,000-token prefixes until every KV cache was full (top-stage TTFT p50 27.6 s vs
+    0.18 s with it off; bench/results and docs/placement.md, "Saturation"). The term prices the wait but not the
+    KV a cache miss costs; 1 turns it on as documented."""
     saturated_kv_usage: float = Field(default=0.97, gt=0, le=1)
     """KV-cache usage (0..1) at or above which an endpoint counts as at capacity even with nothing waiting: a new
     request then waits for running ones to finish (the slot-wait term; docs/placement.md)."""

@@ -37,6 +37,7 @@ def ep(port: int, **extra: Any) -> dict[str, Any]:
 
 A, B, C = "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"
 DEFAULT_FLEET = fleet(ep(8001), ep(8002))
+SLOT_WAIT = fleet(ep(8001), ep(8002), placement={"slot_wait_weight": 1.0})
 
 
 def prompt(tokens: int, first_key: int = 1) -> PromptKeys:
@@ -335,6 +336,7 @@ CASES = [
             },
         ),
         tokens=7200,
+        config=SLOT_WAIT,
         expect=A,
         runner_up=B,
     ),
@@ -349,6 +351,7 @@ CASES = [
             },
         ),
         tokens=7200,
+        config=SLOT_WAIT,
         expect=B,
         runner_up=A,
     ),
@@ -361,6 +364,7 @@ CASES = [
             snapshots={B: snap(B, running=200, waiting=1, extra={"mean_service_s": 10.0})},
         ),
         tokens=7200,
+        config=SLOT_WAIT,
         expect=B,
     ),
     Case(
@@ -377,6 +381,7 @@ CASES = [
             },
         ),
         tokens=7200,
+        config=SLOT_WAIT,
         expect=A,
     ),
     Case(
@@ -389,7 +394,21 @@ CASES = [
             snapshots={B: snap(B, running=40, waiting=2, decode_tokens_per_s=40.0)},
         ),
         tokens=7200,
+        config=SLOT_WAIT,
         expect=A,
+    ),
+    Case(
+        "slot wait off (the default): the saturated endpoint holding the prefix keeps it",
+        FleetState(
+            NOW,
+            matches={B: cached(6000)},
+            snapshots={
+                A: snap(A, running=40, extra={"mean_service_s": 30.0}),
+                B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0}),
+            },
+        ),
+        tokens=7200,
+        expect=B,
     ),
     Case(
         "a fleet without metrics places as before: decode-heavy in-flight work does not outweigh the prefix",
@@ -686,7 +705,7 @@ def test_slot_wait_is_a_named_term_of_the_prediction_and_the_reason() -> None:
         snapshots={B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0})},
     )
     req = RouteRequest(model="m", messages=[{"role": "user", "content": "x"}], request_id="r")
-    decision = place(req, prompt(7200), DEFAULT_FLEET, state)
+    decision = place(req, prompt(7200), SLOT_WAIT, state)
     assert decision.endpoint == A
     saturated = next(c for c in decision.candidates if c.endpoint == B)
     assert saturated.slot_wait_s == pytest.approx(3.0)  # 4 departures at 40 / 30 s

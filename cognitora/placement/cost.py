@@ -129,7 +129,7 @@ def score_endpoint(
         running = max(running, snap.running)
     rate = prefill_rate(endpoint, snap, params)
     decode_penalty = params.decode_penalty_s_per_running * running
-    slot_wait = slot_wait_s(snap, flight, params)
+    slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
     ttft = (queued + prompt_tokens - cached) / rate + decode_penalty + slot_wait
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, snap, state)
