@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 from dataclasses import asdict
 from types import TracebackType
 from typing import Any
@@ -29,6 +30,7 @@ from kvstate.events import sglang as sglang_events
 from kvstate.events import vllm as vllm_events
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.subscriber import Decoder, KVEventSubscriber
+from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
 from kvstate.store import Store, open_store
 
@@ -168,6 +170,55 @@ class Collector:
             "healthy_endpoints": len(healthy),
             "endpoints": len(self.scraper.endpoint_ids()),
         }
+
+
+class CollectorThread:
+    """A ``Collector`` on a thread and event loop of its own, feeding an in-process ``MemoryStore``.
+
+    Embedded mode runs the collector inside a gateway. On the gateway's own loop, its scrapes and KV events queue
+    behind the requests that loop serves: a LiteLLM proxy streaming responses kept its loop busy enough that scrape
+    rounds timed out (engines marked unhealthy while serving) and KV events arrived seconds late. Here they only
+    share the GIL. ``MemoryStore`` is safe to write from this thread while the gateway's loop reads it; a Redis
+    client is bound to the loop that opened it, so a Redis store is refused (run ``cognitora collector`` instead).
+    """
+
+    def __init__(self, config: CognitoraConfig, store: Store) -> None:
+        if not isinstance(store, MemoryStore):
+            raise TypeError(
+                f"CollectorThread feeds an in-process MemoryStore, not a {type(store).__name__}: with Redis, run "
+                "`cognitora collector --config cognitora.yaml` beside the gateways instead"
+            )
+        self.config = config
+        self.store = store
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="cognitora-collector", daemon=True)
+        self.collector: Collector | None = None
+
+    async def start(self) -> None:
+        """Start the thread and the collector on it; returns once the collector has started (or raises why not)."""
+        if not self._thread.is_alive():
+            self._thread.start()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._start(), self._loop))
+
+    async def _start(self) -> None:
+        if self.collector is None:
+            self.collector = Collector(self.config, self.store)
+        await self.collector.start()
+
+    async def stop(self) -> None:
+        """Stop the collector, then the thread. Safe to call twice, or before ``start``."""
+        if not self._thread.is_alive():
+            return
+        if self.collector is not None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.collector.stop(), self._loop))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, 10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def stats(self) -> dict[str, Any]:
+        """``Collector.stats()``; counters read from another thread are at worst a moment old."""
+        return {} if self.collector is None else self.collector.stats()
 
 
 # -- the ``cognitora collector`` command ----------------------------------------------------------------------

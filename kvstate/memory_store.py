@@ -12,15 +12,20 @@ Layout, per model:
 - entries whose weight differs from a GPU block (other tiers) and speculative entries are flagged by two more
   bitsets, so the common case (GPU blocks only) never looks further.
 
-Every method is synchronous underneath (no awaits), hence atomic on the event loop.
+Every method is synchronous underneath (no awaits), hence atomic on the event loop; a re-entrant lock makes each
+one atomic across threads too, so a collector may feed the store from its own thread and event loop (a gateway
+whose loop is busy serving requests must not delay scrapes and KV events, see ``cognitora.collector``).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, ParamSpec, TypeVar
 
 from kvstate.keys import BlockKey
 from kvstate.store import (
@@ -142,6 +147,23 @@ class _Request:
     decode_tokens: int
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _exclusive(method: Callable[_P, Coroutine[Any, Any, _R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    """Run a ``MemoryStore`` method under the store's lock. The body never suspends, so the lock is never held
+    across a real await and never blocks the event loop for longer than the method's own work."""
+
+    @functools.wraps(method)
+    async def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        store: Any = args[0]
+        with store._lock:
+            return await method(*args, **kwargs)
+
+    return locked
+
+
 class MemoryStore:
     """In-process ``Store``. Bounded: at most ``max_blocks_per_endpoint`` confirmed and as many speculative blocks
     per (model, endpoint), least recently stored/routed forgotten first."""
@@ -160,6 +182,7 @@ class MemoryStore:
         self._models: dict[str, _ModelIndex] = {}
         self._inflight: dict[str, dict[str, _Request]] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._lock = threading.RLock()
 
     def _index(self, model: str) -> _ModelIndex:
         index = self._models.get(model)
@@ -168,6 +191,7 @@ class MemoryStore:
         return index
 
     # -- KV block index -------------------------------------------------------------------------------------
+    @_exclusive
     async def add_blocks(self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier = Tier.GPU) -> None:
         if not keys:
             return
@@ -184,6 +208,7 @@ class MemoryStore:
             oldest = next(iter(held))
             index.set_mask(blocks, oldest, 0)
 
+    @_exclusive
     async def remove_blocks(
         self, model: str, endpoint: str, keys: Sequence[BlockKey], tier: Tier | None = None
     ) -> None:
@@ -201,6 +226,7 @@ class MemoryStore:
                 # the engine told us about this block: our guess that it would be there is superseded
                 index.drop_speculative(blocks, key)
 
+    @_exclusive
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
         for m in [model] if model is not None else list(self._models):
             index = self._models.get(m)
@@ -209,6 +235,7 @@ class MemoryStore:
                 if not index.endpoints:
                     del self._models[m]
 
+    @_exclusive
     async def match_prefix(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
     ) -> dict[str, PrefixMatch]:
@@ -273,6 +300,7 @@ class MemoryStore:
         weights = {eid: n * gpu_weight + adjust.get(eid, 0.0) for eid, n in lengths.items()}
         return lengths, weights
 
+    @_exclusive
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         """A request was routed to ``endpoint``: blocks it holds are used again (LRU refresh, as its engine will
         refresh them, once the endpoint holds half its cap), the others are expected soon (speculative entries)."""
@@ -308,17 +336,20 @@ class MemoryStore:
             index.drop_speculative(blocks, next(iter(spec)))
 
     # -- in-flight work -------------------------------------------------------------------------------------
+    @_exclusive
     async def inflight_add(
         self, endpoint: str, request_id: str, prefill_tokens: int, decode_tokens: int, ttl_s: float
     ) -> None:
         requests = self._inflight.setdefault(endpoint, {})
         requests[request_id] = _Request(self._clock() + ttl_s, prefill_tokens, decode_tokens)
 
+    @_exclusive
     async def inflight_prefill_done(self, endpoint: str, request_id: str) -> None:
         request = self._inflight.get(endpoint, {}).get(request_id)
         if request is not None:
             request.prefill_tokens = 0
 
+    @_exclusive
     async def inflight_release(self, endpoint: str, request_id: str) -> None:
         requests = self._inflight.get(endpoint)
         if requests is not None:
@@ -326,6 +357,7 @@ class MemoryStore:
             if not requests:
                 del self._inflight[endpoint]
 
+    @_exclusive
     async def inflight(self, endpoints: Sequence[str]) -> dict[str, InFlight]:
         now = self._clock()
         out: dict[str, InFlight] = {}
@@ -344,9 +376,11 @@ class MemoryStore:
         return out
 
     # -- endpoint snapshots ---------------------------------------------------------------------------------
+    @_exclusive
     async def put_snapshot(self, snapshot: EndpointSnapshot) -> None:
         self._snapshots[snapshot.endpoint] = replace(snapshot, extra=dict(snapshot.extra))
 
+    @_exclusive
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
         wanted = self._snapshots.keys() if endpoints is None else endpoints
         out: dict[str, EndpointSnapshot] = {}
@@ -357,6 +391,7 @@ class MemoryStore:
         return out
 
     # -- everything placement reads ---------------------------------------------------------------------------
+    @_exclusive
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
         """The three reads in turn: they cost no round trip here, and since none of them suspends, nothing
         changes in between. Snapshots are the stored objects, not copies (``put_snapshot`` stored a copy; the

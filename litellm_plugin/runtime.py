@@ -9,7 +9,8 @@ every call into the core runs on that loop, whoever makes it:
   started on first use; LiteLLM's sync ``Router.completion`` and ``acompletion`` from any loop reach the core there.
 
 Embedded mode (no ``redis_url``): an in-process ``MemoryStore`` and an in-process collector (KV-event subscribers
-and the /metrics scraper) start with the core, lazily, on the first request. Redis mode: the core reads the shared
+and the /metrics scraper, on a thread and loop of their own: ``cognitora.collector.CollectorThread``) start with
+the core, lazily, on the first request. Redis mode: the core reads the shared
 store and ``cognitora collector`` runs beside the gateway.
 """
 
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from cognitora.collector import CollectorThread
 from cognitora.config import CognitoraConfig
 from cognitora.router import Router
 
@@ -39,9 +40,9 @@ class HostClosed(RuntimeError):
 
 
 class _Core:
-    """What runs on the host's loop: the Router, and in embedded mode the collector feeding its store."""
+    """The Router (on the host's loop) and, in embedded mode, the collector thread feeding its store."""
 
-    def __init__(self, router: Router, collector: Any | None) -> None:
+    def __init__(self, router: Router, collector: CollectorThread | None) -> None:
         self.router = router
         self.collector = collector
 
@@ -49,24 +50,18 @@ class _Core:
     async def start(cls, config: CognitoraConfig) -> _Core:
         if config.redis_url is not None:
             return cls(Router.from_config(config), None)
-        from cognitora.collector import Collector
         from kvstate.store import open_store
 
         store = open_store(None, config.key_prefix)
-        collector = Collector(config, store)
-        await _maybe_await(collector.start())
+        # Its own thread: on the proxy's loop, scrapes and KV events would queue behind the responses it streams.
+        collector = CollectorThread(config, store)
+        await collector.start()
         return cls(Router(config, store), collector)
 
     async def stop(self) -> None:
         if self.collector is not None:
-            await _maybe_await(self.collector.stop())
+            await self.collector.stop()
         await self.router.close()
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 class CoreHost:

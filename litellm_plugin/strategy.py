@@ -5,8 +5,9 @@ Per attempt (LiteLLM calls the strategy again for each retry of a request):
 1. LiteLLM's own ``async_get_healthy_deployments`` narrows the group (cooldowns, tags, ``order``, context window,
    team-only models); we keep all of that.
 2. The healthy deployments with an ``api_base`` become the request's candidate endpoints; the core places the
-   request among them (``Router.place``); the pick is counted as dispatched (``Router.dispatched``, whose store
-   write runs while LiteLLM calls the engine).
+   request among them (``Router.place``); the pick is counted as dispatched at once in this process
+   (``Router.note_dispatch``, so the next request placed sees it) and in the store (``Router.share_dispatch``,
+   whose write runs while LiteLLM calls the engine).
 3. The strategy returns the deployment whose endpoint is the Decision's, or raises the LiteLLM error that matches
    a Rejection's status. The attempt's placement id goes into the request metadata for the callbacks
    (``litellm_plugin.callbacks``), which report its end.
@@ -26,6 +27,8 @@ import litellm
 from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.types.router import CustomRoutingStrategyBase
 
+from cognitora.decision import Decision
+from cognitora.request import RouteRequest
 from cognitora.router import Router
 from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.callbacks import settle
@@ -127,7 +130,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             return self._litellm_default(model, healthy, request_kwargs)
 
         req = route_request(group, messages, input, request_kwargs, list(by_endpoint))
-        decision = await self.host.call(lambda router: router.place(req))
+        decision = await self.host.call(lambda router: _place_and_note(router, req))
         if decision.rejection is not None:
             raise rejection_error(decision.rejection, model)
         chosen = by_endpoint.get(decision.endpoint or "")
@@ -136,9 +139,9 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
                 f"cognitora placed {req.request_id} on {decision.endpoint!r}, which is not among LiteLLM's healthy "
                 f"deployments {sorted(by_endpoint)}: a core bug, please report it with this message"
             )
-        # Counted at once in this process (Router.dispatched's first step); its store write goes out while
+        # Counted in this process with the placement itself (_place_and_note); the store write goes out while
         # LiteLLM calls the engine, and is settled before the attempt's release.
-        dispatch = self.host.spawn(lambda router: router.dispatched(decision))
+        dispatch = self.host.spawn(lambda router: router.share_dispatch(decision))
         callbacks.ledger.open(Placement(decision=decision, host=self.host, trace_id=trace, dispatch=dispatch))
         writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
         return chosen
@@ -172,3 +175,12 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         for earlier in callbacks.ledger.take_trace(trace):
             outcome = failure_outcome(earlier.decision, "attempt ended without a result; LiteLLM retried")
             await earlier.host.call(lambda router, p=earlier, o=outcome: settle(router, p, o, None))  # type: ignore[misc]
+
+
+async def _place_and_note(router: Router, req: RouteRequest) -> Decision:
+    # One step on the core's loop: nothing can be placed between this placement and its local count, however
+    # busy the proxy's loop is (a spawned task would run many requests later).
+    decision = await router.place(req)
+    if decision.rejection is None:
+        router.note_dispatch(decision)
+    return decision

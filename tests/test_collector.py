@@ -20,10 +20,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from cognitora.collector import Collector
+from cognitora.collector import Collector, CollectorThread
 from cognitora.config import config_from_dict
 from cognitora.jsonlog import JsonFormatter, mask_secrets
-from cognitora.process import ManagedProcess, free_port
+from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import start_fleet
 from kvstate.keys import chain_block_keys, root_key
 from kvstate.memory_store import MemoryStore
@@ -386,3 +386,70 @@ def test_log_fields_with_secrets_and_non_finite_numbers_stay_valid_json() -> Non
     assert record["msg"] == "store at redis://:****@h:1/0"
     assert record["url"] == "redis://u:****@h/0" and record["rate"] == "nan"
     assert record["level"] == "WARNING" and record["logger"] == "cognitora.test_jsonlog"
+
+
+@pytest.mark.e2e
+async def test_collector_thread_keeps_the_store_fresh_while_the_gateway_loop_is_busy(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
+    # A gateway's loop busy with its own requests must not starve the embedded collector: here the loop is blocked
+    # outright (synchronous waits), and scrapes and KV events must still reach the store.
+    tokenizer = smollm2_dir / "tokenizer.json"
+    fleet = start_fleet(1, model="smollm2", time_scale=20, tokenizer=tokenizer, log_dir=tmp_path)
+    endpoint = {
+        "url": fleet.urls[0],
+        "id": "ep1",
+        "engine": "vllm",
+        "kv_events": fleet.events_addresses[0],
+        "kv_events_replay": fleet.replay_addresses[0],
+    }
+    config = config_from_dict(
+        {
+            "models": [{"name": "smollm2", "block_size": BLOCK, "tokenizer": str(tokenizer), "endpoints": [endpoint]}],
+            "scrape": {"interval_s": 0.2, "timeout_s": 0.2},
+        }
+    )
+    store = MemoryStore()
+    thread = CollectorThread(config, store)
+    await thread.start()
+    try:
+        rounds = thread.stats()["scrape_rounds"]
+        wait_until(lambda: thread.stats()["scrape_rounds"] >= rounds + 3, 10, "scrape rounds while the loop is busy")
+        wait_until(lambda: thread.stats()["healthy_endpoints"] == 1, 10, "the engine healthy while the loop is busy")
+
+        messages = [
+            {"role": "system", "content": "You are a careful assistant. " * 40},
+            {"role": "user", "content": "Name three prime numbers."},
+        ]
+        keys = PromptKeyer("smollm2", BLOCK, ChatTokenizer(tokenizer)).keys_for_chat(messages).keys
+        response = httpx.post(
+            f"{fleet.urls[0]}/v1/chat/completions",
+            json={"model": "smollm2", "messages": messages, "max_tokens": 4},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+
+        def prompt_cached() -> bool:
+            # the store's coroutines never suspend: run one to completion without the (blocked) loop
+            coro = store.match_prefix("smollm2", keys)
+            try:
+                coro.send(None)
+            except StopIteration as done:
+                match = done.value
+                return "ep1" in match and match["ep1"].blocks == len(keys)
+            raise AssertionError("MemoryStore.match_prefix suspended")
+
+        wait_until(prompt_cached, 15, "the prompt's KV events in the store while the loop is busy")
+    finally:
+        await thread.stop()
+        fleet.stop()
+
+
+async def test_collector_thread_refuses_a_redis_store(redis_server_url: str, key_prefix: str) -> None:
+    config = config_from_dict(config_data(redis_server_url, key_prefix, "http://127.0.0.1:1", None))
+    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+    try:
+        with pytest.raises(TypeError, match="cognitora collector"):
+            CollectorThread(config, store)
+    finally:
+        await store.close()
