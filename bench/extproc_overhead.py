@@ -7,7 +7,10 @@ backend (so the router, not an engine, is what is measured):
 
 - ``envoy``: the example's filter chain without ext_proc (identity strip, JWT stand-in, router);
 - ``extproc-memory``: + ext_proc, ``cognitora extproc`` over an in-process store (one gateway);
-- ``extproc-redis``: + ext_proc, ``cognitora extproc`` over Redis (gateway replicas share state).
+- ``extproc-redis``: + ext_proc, ``cognitora extproc`` over Redis (gateway replicas share state);
+- ``extproc-redis-x2``: the same with ``--workers 2`` (two processes on one port), and the ext_proc cluster capped
+  at ``MULTI_CONNECTION_STREAMS`` streams per HTTP/2 connection so that Envoy opens several connections for the
+  kernel to spread over the two.
 
 For each, non-streamed (JSON) and streamed (SSE, 8 token chunks) responses:
 - added latency: requests one at a time; p50/p99 of the full response time, minus Envoy alone's;
@@ -37,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SSE_TOKENS = 8
+MULTI_CONNECTION_STREAMS = 2
+"""``max_concurrent_streams`` of the ext_proc cluster for ``--workers``: c=16 -> 8 connections over 2 processes."""
 PROMPT = "You are a helpful assistant. Answer briefly and precisely."
 
 
@@ -102,7 +107,9 @@ class FirstEndpointCore:
 
         return Decision(request.request_id, request.model, self.endpoint, None, prompt_tokens=20)
 
-    async def dispatched(self, decision: Any) -> None: ...
+    def note_dispatch(self, decision: Any) -> None: ...
+
+    async def share_dispatch(self, decision: Any) -> None: ...
 
     async def first_token(self, decision: Any) -> None: ...
 
@@ -218,10 +225,22 @@ def loadgen(port: int, stream: bool, concurrency: int, seconds: float) -> dict[s
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (``--workers`` runs the service in child processes)."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            pids += process_tree(int(child))
+    return pids
+
+
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU time of a process and each descendant, threads included (Linux /proc), by pid."""
+    seconds = {}
+    for p in process_tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        seconds[p] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
 
 
 def run_loadgen(port: int, stream: bool, concurrency: int, seconds: float) -> dict[str, Any]:
@@ -238,8 +257,14 @@ def run_loadgen(port: int, stream: bool, concurrency: int, seconds: float) -> di
 # -- orchestration ------------------------------------------------------------------------------------------------
 
 
-def add_listeners(listeners: dict[str, tuple[int, int | None]]) -> Callable[[dict[str, Any]], None]:
-    """A config edit: one copy of the example's listener per entry (name -> (port, ext_proc port or None))."""
+def add_listeners(
+    listeners: dict[str, tuple[int, int | None]], multi_connection: frozenset[str] = frozenset()
+) -> Callable[[dict[str, Any]], None]:
+    """A config edit: one copy of the example's listener per entry (name -> (port, ext_proc port or None)).
+
+    Listeners in ``multi_connection`` get an ext_proc cluster that opens a connection per
+    ``MULTI_CONNECTION_STREAMS`` concurrent streams (for ``--workers``).
+    """
 
     def edit(config: dict[str, Any]) -> None:
         import copy
@@ -263,6 +288,10 @@ def add_listeners(listeners: dict[str, tuple[int, int | None]]) -> Callable[[dic
                 cluster["name"] = cluster["load_assignment"]["cluster_name"] = f"extproc_{name}"
                 endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
                 endpoint["address"]["socket_address"]["port_value"] = extproc_port
+                if name in multi_connection:
+                    options = cluster["typed_extension_protocol_options"]
+                    http = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+                    http["http2_protocol_options"]["max_concurrent_streams"] = MULTI_CONNECTION_STREAMS
                 resources["clusters"].append(cluster)
                 ext["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = cluster["name"]
             resources["listeners"].append(listener)
@@ -319,10 +348,13 @@ def main() -> int:
         if args.profile is not None:
             trivial.append(str(args.profile))
         extproc_procs["extproc-trivial"] = ManagedProcess(trivial, work / "trivial.log", cwd=ROOT)
-        for name, redis_url in (("extproc-memory", None), ("extproc-redis", args.redis_url)):
+        variants = (("extproc-memory", None, 1), ("extproc-redis", args.redis_url, 1))
+        variants += (("extproc-redis-x2", args.redis_url, 2),)
+        for name, redis_url, workers in variants:
             cognitora_config(work / f"{name}.yaml", backend_ports, redis_url)
             extproc_ports[name] = free_port()
             argv = ["extproc", "--config", str(work / f"{name}.yaml"), "--listen", f"127.0.0.1:{extproc_ports[name]}"]
+            argv += ["--workers", str(workers)]
             extproc_procs[name] = ManagedProcess(
                 [sys.executable, "-m", "cognitora.cli", *argv, "--log-level", "warning"], work / f"{name}.log", cwd=ROOT
             )
@@ -339,7 +371,7 @@ def main() -> int:
             admin_port=admin,
             extproc_port=1,
             engines=[f"127.0.0.1:{p}" for p in backend_ports],
-            edit=add_listeners(listeners),
+            edit=add_listeners(listeners, frozenset({"extproc-redis-x2"})),
         )
         procs.append(start_envoy(config, work / "envoy", admin, concurrency=1))
 
@@ -352,16 +384,27 @@ def main() -> int:
                     continue
                 lat = run_loadgen(port, stream, 1, args.latency_seconds)
                 pid = extproc_pids.get(name)
-                cpu_before = cpu_seconds(pid) if pid else 0.0
+                cpu_before = cpu_seconds(pid) if pid else {}
                 thr = run_loadgen(port, stream, args.concurrency, args.seconds)
                 if pid:
-                    thr["extproc_cpu_ms_per_request"] = (cpu_seconds(pid) - cpu_before) * 1000 / thr["requests"]
+                    used = {p: s - cpu_before.get(p, 0.0) for p, s in cpu_seconds(pid).items()}
+                    thr["extproc_cpu_ms_per_request"] = sum(used.values()) * 1000 / thr["requests"]
+                    if len(used) > 1:  # --workers: how evenly Envoy's connections spread over the processes
+                        thr["extproc_cpu_share_per_process"] = sorted(
+                            (round(s / max(sum(used.values()), 1e-9), 2) for p, s in used.items() if p != pid),
+                            reverse=True,
+                        )
                 results[f"{kind}/{name}"] = {"latency_c1": lat, f"throughput_c{args.concurrency}": thr}
                 print(
                     f"{kind:13} {name:15} c=1 p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms | "
                     f"c={args.concurrency} {thr['rps']:.0f} req/s p50 {thr['p50_ms']:.1f} ms "
                     f"cpu/req {thr.get('extproc_cpu_ms_per_request', 0):.2f} ms "
-                    f"errors {lat['errors'] + thr['errors']}",
+                    f"errors {lat['errors'] + thr['errors']}"
+                    + (
+                        f" cpu share {thr['extproc_cpu_share_per_process']}"
+                        if "extproc_cpu_share_per_process" in thr
+                        else ""
+                    ),
                     flush=True,
                 )
         write_results(args, results, load_before)
@@ -395,7 +438,7 @@ def write_results(args: argparse.Namespace, results: dict[str, Any], load_before
     ]
     for kind in ("non-streamed", "streamed"):
         base = results[f"{kind}/envoy"]
-        for name in ("envoy", "extproc-trivial", "extproc-memory", "extproc-redis"):
+        for name in ("envoy", "extproc-trivial", "extproc-memory", "extproc-redis", "extproc-redis-x2"):
             r = results.get(f"{kind}/{name}")
             if r is None:
                 continue
@@ -412,7 +455,7 @@ def write_results(args: argparse.Namespace, results: dict[str, Any], load_before
         "",
         "Targets (non-streamed, this machine): added p50 <= 1.5 ms and >= 1,500 req/s through Envoy + ext_proc.",
     ]
-    for name in ("extproc-trivial", "extproc-memory", "extproc-redis"):
+    for name in ("extproc-trivial", "extproc-memory", "extproc-redis", "extproc-redis-x2"):
         r = results.get(f"non-streamed/{name}")
         if r is None:
             continue
@@ -423,6 +466,11 @@ def write_results(args: argparse.Namespace, results: dict[str, Any], load_before
             f"- {name}: added p50 {added:.2f} ms ({'met' if added <= 1.5 else 'not met'}), {rps:.0f} req/s "
             f"({'met' if rps >= 1500 else 'not met'}); {cpu:.2f} ms of ext_proc CPU per request, i.e. at most "
             f"~{1000 / cpu:.0f} req/s for one process given a whole core"
+            + (
+                f"; CPU shares of the worker processes {r[f'throughput_c{conc}']['extproc_cpu_share_per_process']}"
+                if "extproc_cpu_share_per_process" in r[f"throughput_c{conc}"]
+                else ""
+            )
         )
     lines += [
         "",

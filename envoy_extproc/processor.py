@@ -9,8 +9,9 @@ The phases, in the order Envoy sends them (BUFFERED request body, see examples/e
    response body to read (``mode_override``: STREAMED for SSE, BUFFERED for JSON, NONE when usage is not wanted).
 4. response body: usage, first token, end of stream -> the outcome.
 
-Core calls that the response to Envoy does not depend on (dispatched, first token, finished, mark unhealthy) run in
-the background, in order, so store round trips never sit between Envoy and the engine.
+The dispatch is counted in this process at once (``note_dispatch``). Core calls that the response to Envoy does not
+depend on (the dispatch's store write, first token, finished, mark unhealthy) run in the background, in order, so
+store round trips never sit between Envoy and the engine.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class PlacementCore(Protocol):
 
     async def place(self, request: RouteRequest) -> Decision: ...
 
-    async def dispatched(self, decision: Decision) -> None: ...
+    def note_dispatch(self, decision: Decision) -> None: ...
+
+    async def share_dispatch(self, decision: Decision) -> None: ...
 
     async def first_token(self, decision: Decision) -> None: ...
 
@@ -170,7 +173,9 @@ class Exchange:
         if read_stream:
             placed.sse = SseUsageScanner(strip_usage_chunk=include_usage)
         self.placed = placed
-        self._defer(lambda: self._core.dispatched(decision))
+        # Counted here at once, so the next request placed sees it; the store write waits for the background.
+        self._core.note_dispatch(decision)
+        self._defer(lambda: self._core.share_dispatch(decision))
         order = fallback_order(decision, self._settings.fallbacks)
         return protocol.route_to([self._addresses.address(e) for e in order], new_body)
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import sys
@@ -94,7 +95,8 @@ def grpc_options(settings: ExtprocSettings) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.so_reuseport", 0),  # a second instance on the same port must fail, not silently share it
+        # A second instance on the same port must fail, not silently share it; only --workers shares it, on purpose.
+        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
     ]
 
 
@@ -116,7 +118,10 @@ async def start_server(core: PlacementCore, settings: ExtprocSettings, addresses
     server = grpc.aio.server(options=grpc_options(settings))
     service = ExtProcService(core, settings, addresses)
     ep_grpc.add_ExternalProcessorServicer_to_server(service, server)
-    port = server.add_insecure_port(settings.listen)
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError:  # grpcio's "failed to bind" (another instance holds the port)
+        port = 0
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}: address in use or invalid")
     await server.start()
@@ -180,6 +185,12 @@ async def _run(settings: ExtprocSettings) -> int:
 
 def main(argv: list[str]) -> int:
     settings = parse_settings(argv)
+    if settings.workers > 1:
+        return _supervise(settings)
+    return _serve(settings)
+
+
+def _serve(settings: ExtprocSettings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -190,3 +201,61 @@ def main(argv: list[str]) -> int:
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_run(settings))
+
+
+def _supervise(settings: ExtprocSettings) -> int:
+    """``--workers N``: N service processes bound to the same port (SO_REUSEPORT); the kernel spreads Envoy's
+    HTTP/2 connections over them (not its streams: see docs/envoy.md for the cluster settings that open several).
+
+    Only with a shared store: each process has its own Router, so with the in-process store each would count only
+    its own in-flight work and routed prefixes, and place blind to the others'. Stops them all when one exits.
+    """
+    import multiprocessing
+    import multiprocessing.connection
+    from dataclasses import replace
+
+    from cognitora.config import ConfigError, load_config
+
+    try:
+        config = load_config(settings.config_path)
+    except ConfigError as exc:
+        print(f"cognitora extproc: {exc}", file=sys.stderr)
+        return 2
+    if config.redis_url is None:
+        print(
+            "cognitora extproc: --workers needs a shared store (redis_url in the config): with the in-process store "
+            "each worker would place on its own partial view of the fleet",
+            file=sys.stderr,
+        )
+        return 2
+    if settings.listen.rsplit(":", 1)[-1] == "0":
+        print(
+            "cognitora extproc: --workers needs a fixed port (each worker would pick its own with port 0)",
+            file=sys.stderr,
+        )
+        return 2
+    worker_settings = replace(settings, workers=1, reuse_port=True)
+    spawn = multiprocessing.get_context("spawn")  # grpc does not survive fork()
+    workers = [spawn.Process(target=_serve, args=(worker_settings,), daemon=False) for _ in range(settings.workers)]
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.pid is not None and worker.exitcode is None:
+                os.kill(worker.pid, signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    for worker in workers:
+        worker.start()
+    # The first worker to exit ends the service: a crash (or a port another instance holds) must be seen by the
+    # supervisor that restarts this command, not hidden behind the workers that are still up.
+    multiprocessing.connection.wait([w.sentinel for w in workers])
+    if not stopping:
+        stop(signal.SIGTERM, None)
+    for worker in workers:
+        worker.join()
+    codes = [w.exitcode or 0 for w in workers]
+    return 0 if stopping and not any(codes) else max(1, *codes)

@@ -51,6 +51,11 @@ class ExtprocSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     collector: bool = False
     """Run the collector (KV events and /metrics into the store) inside this process: one-gateway deployments."""
+    workers: int = 1
+    """Service processes sharing the listen port (SO_REUSEPORT): one Python process tops out at one core."""
+    reuse_port: bool = False
+    """Bind with SO_REUSEPORT (set for the worker processes of ``--workers``; never for a single process, so that
+    a second instance started by mistake fails instead of silently taking half the streams)."""
     log_level: str = "info"
 
 
@@ -107,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the collector in this process (one gateway; otherwise run `cognitora collector` once)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="service processes sharing --listen (SO_REUSEPORT); needs a shared store (redis_url), not --collector "
+        "(default 1; see docs/envoy.md, Cost)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -115,6 +127,13 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
     args = build_parser().parse_args(argv)
     if args.fallbacks < 0:
         raise SystemExit("cognitora extproc: --fallbacks must be 0 or more")
+    if args.workers < 1:
+        raise SystemExit("cognitora extproc: --workers must be 1 or more")
+    if args.workers > 1 and args.collector:
+        # Each worker would run its own collector: every event and scrape ingested N times.
+        raise SystemExit(
+            "cognitora extproc: --collector runs in one process only; with --workers run `cognitora collector`"
+        )
     return ExtprocSettings(
         config_path=args.config,
         listen=args.listen,
@@ -128,5 +147,6 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         fallbacks=args.fallbacks,
         max_message_bytes=args.max_message_bytes,
         collector=args.collector,
+        workers=args.workers,
         log_level=args.log_level,
     )

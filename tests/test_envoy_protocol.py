@@ -121,8 +121,11 @@ class RecordingCore:
             rejection=self.rejection,
         )
 
-    async def dispatched(self, decision: Decision) -> None:
+    def note_dispatch(self, decision: Decision) -> None:
         self.events.append(("dispatched", decision.request_id))
+
+    async def share_dispatch(self, decision: Decision) -> None:
+        self.events.append(("shared", decision.request_id))
 
     async def first_token(self, decision: Decision) -> None:
         self.events.append(("first_token", decision.request_id))
@@ -196,7 +199,7 @@ def test_each_request_goes_to_the_pick_and_its_usage_comes_back(stack: Stack) ->
         assert outcome.ok and outcome.endpoint == stack.engines[name]
         assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens) == (12, 3, 8)
         assert outcome.ttft_s is None  # not observable without streaming
-        assert [e for e, _ in stack.core.events] == ["dispatched", "finished"]
+        assert [e for e, _ in stack.core.events] == ["dispatched", "shared", "finished"]
 
 
 def test_model_rewrite_arrives_with_a_matching_content_length(stack: Stack) -> None:
@@ -223,7 +226,7 @@ def test_stream_usage_is_read_without_handing_the_client_a_chunk_it_did_not_ask_
     (outcome,) = stack.wait_outcomes(1)
     assert outcome.ok and outcome.cached_tokens == 8 and outcome.completion_tokens == 3
     assert outcome.ttft_s is not None and outcome.ttft_s >= 0
-    assert [e for e, _ in stack.core.events] == ["dispatched", "first_token", "finished"]
+    assert [e for e, _ in stack.core.events] == ["dispatched", "shared", "first_token", "finished"]
 
 
 def test_stream_usage_chunk_reaches_a_client_that_asked_for_it(stack: Stack) -> None:
