@@ -16,18 +16,21 @@ What each LiteLLM hook becomes:
 - ``async_post_call_success_deployment_hook`` (awaited before a whole response is returned) and, for streams,
   ``async_log_success_event`` (at the stream's end, with the full usage): ``Router.finished`` with usage and
   ``cached_tokens``;
-- ``async_log_failure_event`` and the sync ``log_*`` twins: settle whatever attempt is still open.
+- ``async_log_failure_event`` and the sync ``log_*`` twins: settle whatever attempt is still open;
+- ``async_post_call_streaming_iterator_hook`` (the proxy wraps every stream in it): the first chunk reports
+  ``Router.first_token``, so a stream's prefill stops counting as queued work as soon as it is done. The SDK
+  (``Router.acompletion`` without the proxy) has no per-chunk hook: there a stream's prefill counts as queued until
+  the stream ends, and its queue estimate is pessimistic for long streams.
 
 The ledger makes sure each attempt is reported once whichever of these fire.
-
-``Router.first_token`` is not reported: LiteLLM 1.108 offers no hook per streamed chunk (its streaming deployment
-hook runs on the last chunk only), so a stream's prefill counts as queued work until the stream ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -94,6 +97,21 @@ class CognitoraCallbacks(CustomLogger):
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         await self._failed(kwargs, kwargs.get("exception") if isinstance(kwargs, dict) else None)
+
+    async def async_post_call_streaming_iterator_hook(
+        self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
+    ) -> AsyncGenerator[Any, None]:
+        # The proxy's per-stream hook: its first chunk means the prefill is over, so the request stops counting as
+        # queued prefill at once rather than when a long stream ends (which made every engine look swamped).
+        pid = placement_id(request_data)
+        placement = self.ledger.get(pid) if pid else None
+        async for chunk in response:
+            if placement is not None:
+                first, placement = placement, None
+                # Not awaited: the client's first token never waits for the core.
+                with contextlib.suppress(HostClosed):
+                    first.host.spawn(lambda router, d=first.decision: router.first_token(d))  # type: ignore[misc]
+            yield chunk
 
     # -- sync twins (Router.completion; LiteLLM also calls these from worker threads) ---------------------------
     def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:

@@ -26,6 +26,7 @@ import yaml
 
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
+from kvstate.redis_store import RedisStore
 
 pytestmark = pytest.mark.e2e
 
@@ -314,6 +315,45 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
     return figures
 
 
+async def check_stream_prefill_released_at_first_token(
+    proxy: Proxy, fleet: SimFleet, redis_url: str, key_prefix: str
+) -> None:
+    """Every gateway sharing the store sees a long stream's prompt stop queueing at its first token, not its end:
+    otherwise each long stream counts as queued prefill for its whole life, and placement sees every engine
+    swamped by work that is long done."""
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    body = {
+        "model": "chat",
+        "messages": [{"role": "system", "content": system_prompt(0, "first-token")}, {"role": "user", "content": "go"}],
+        "max_tokens": 4000,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    try:
+        async with (
+            httpx.AsyncClient(timeout=60) as client,
+            client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp,
+        ):
+            assert resp.status_code == 200
+            engine = resp.headers["x-litellm-model-api-base"].removesuffix("/v1")
+            endpoint = fleet.endpoint_ids[fleet.urls.index(engine)]
+            lines = resp.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: "):
+                    break  # the first token is out; the stream goes on for seconds
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                work = (await store.inflight([endpoint]))[endpoint]
+                if work.requests >= 1 and work.prefill_tokens == 0:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, f"prefill still queued mid-stream: {work}"
+                await asyncio.sleep(0.05)
+            async for _ in lines:  # read to the end, as a client does
+                pass
+    finally:
+        await store.close()
+
+
 def test_proxy_embedded_mode(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, fleet, smollm2_dir, redis_url=None, key_prefix="", batch_key=True)
     proxy = Proxy(config, tmp_path, salt="embedded")
@@ -350,6 +390,7 @@ def test_proxy_redis_mode_with_collector_beside_it(
         try:
             figures = asyncio.run(check_gateway(proxy, fleet, chaos=False))
             print("redis", figures)
+            asyncio.run(check_stream_prefill_released_at_first_token(proxy, fleet, redis_server_url, key_prefix))
         except BaseException:
             print(proxy.process.log_tail(80))
             raise
