@@ -147,8 +147,10 @@ def address_book(endpoints: dict[str, str]) -> AddressBook:
 
 
 async def _run(settings: ExtprocSettings) -> int:
+    from cognitora.collector import Collector, CollectorThread
     from cognitora.config import ConfigError, load_config
     from cognitora.router import Router
+    from kvstate.memory_store import MemoryStore
 
     try:
         config = load_config(settings.config_path)
@@ -157,11 +159,12 @@ async def _run(settings: ExtprocSettings) -> int:
         return 2
     addresses = address_book({e.id: e.url for m in config.models for e in m.endpoints})
     router = Router.from_config(config)
-    collector = None
+    collector: Collector | CollectorThread | None = None
     if settings.collector:
-        from cognitora.collector import Collector
-
-        collector = Collector(config, router.store)
+        # With the in-process store, on a thread of its own: scrapes and KV events never wait behind the streams
+        # this loop serves. A Redis client is bound to its loop, so with Redis the collector shares this one.
+        in_process = isinstance(router.store, MemoryStore)
+        collector = CollectorThread(config, router.store) if in_process else Collector(config, router.store)
         await collector.start()
     try:
         server = await start_server(router, settings, addresses)

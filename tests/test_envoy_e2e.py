@@ -58,8 +58,13 @@ class Gateway:
     extproc: ManagedProcess
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smollm2_dir: Path) -> Iterator[Gateway]:
+@pytest.fixture(scope="module", params=["redis", "embedded"])
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smollm2_dir: Path
+) -> Iterator[Gateway]:
+    # redis: `cognitora collector` beside a service reading Redis (gateway replicas share state);
+    # embedded: one gateway, no Redis, `cognitora extproc --collector` (the collector on its own thread).
+    embedded = request.param == "embedded"
     work = tmp_path_factory.mktemp("envoy-e2e")
     prefix = f"cogtest-envoy-{random.randrange(1 << 30):x}"
     with start_fleet(4, time_scale=10.0, tokenizer=smollm2_dir / "tokenizer.json", log_dir=work) as fleet:
@@ -89,11 +94,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smo
             # own tests), and with a 50 ms slack it trades an 800-token cache hit for a lower J/token engine.
             "placement": {"store_timeout_s": 2.0, "power_ttft_slack_s": 0.0, "power_ttft_slack_ratio": 0.0},
         }
+        if embedded:
+            del config["redis_url"], config["key_prefix"]
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
         cli = [sys.executable, "-m", "cognitora.cli"]
         extproc_port, listen, admin = free_port(), free_port(), free_port()
-        collector = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "collector.log", cwd=ROOT)
+        collector = (
+            None
+            if embedded
+            else ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "collector.log", cwd=ROOT)
+        )
         extproc = ManagedProcess(
             [
                 *cli,
@@ -104,6 +115,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smo
                 f"127.0.0.1:{extproc_port}",
                 "--log-level",
                 "debug",
+                *(["--collector"] if embedded else []),
             ],
             work / "extproc.log",
             cwd=ROOT,
@@ -120,7 +132,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smo
             if envoy is not None:
                 envoy.stop()
             extproc.stop()
-            collector.stop()
+            if collector is not None:
+                collector.stop()
 
 
 @dataclass
