@@ -202,10 +202,11 @@ class PlacementConfig(_Strict):
     power_energy_band_ratio: float = Field(default=0.2, ge=0)
     """Power rule: request energies within this fraction of the lowest count as equal (marginal J/token is
     learned, noisy, and lower on a busier engine of the same hardware; a smaller gap would herd on noise)."""
-    recompute_weight: float = Field(default=0.0, ge=0)
+    recompute_weight: float = Field(default=1.0, ge=0)
     """Ranking charges each candidate this many times its prefill time for the request, on top of the predicted
-    TTFT: the capacity a recomputed prefix takes from later requests. 0 ranks by predicted TTFT alone; to be tuned
-    on the benchmark (docs/placement.md, "Bursts of one prefix")."""
+    TTFT: the capacity a recomputed prefix takes from later requests (and the KV it duplicates, evicting others'
+    prefixes). 1 counts that cost once; 0 ranks by predicted TTFT alone, which on B2B SaaS scattered groups over
+    engines until every KV cache was full (docs/placement.md, "Bursts of one prefix")."""
     tie_band_s: float = Field(default=0.005, ge=0)
     """Predicted TTFTs within this many seconds of the best are equal (or within ``tie_band_ratio`` of it, whichever
     is larger): the prompt's prefix hash picks among them, so a slightly higher learned rate does not herd."""

@@ -236,10 +236,12 @@ def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Ga
     slow_index = fleet.endpoint_ids.index(slow)
     before = sum(1 for r in warm if r.engine == slow) / len(warm)
     fleet.fault(slow_index, "slow", factor=50.0)
-    # A first round lets the slow-down show in the engine's metrics (learned prefill rate) and in-flight work;
-    # the second is measured.
+    # Two rounds let the slow-down show in the engine's metrics (learned prefill rate) and in-flight work (the
+    # recompute charge keeps prompts on the engine holding them until the slowness outweighs the prefill a move
+    # costs); the third is measured.
     slowed = run_phase(gateway, questions=8, first_question=20, concurrency=12)
-    late = run_phase(gateway, questions=8, first_question=28, concurrency=12)
+    slowed += run_phase(gateway, questions=8, first_question=28, concurrency=12)
+    late = run_phase(gateway, questions=8, first_question=36, concurrency=12)
     assert all(r.status == 200 for r in slowed + late), [r.error for r in slowed + late if r.status != 200][:3]
     after = sum(1 for r in late if r.engine == slow) / len(late)
     assert after < before * 0.6, f"slow engine share {before:.0%} before, {after:.0%} after the fault"
@@ -248,7 +250,7 @@ def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Ga
     # -- 3. a dead engine: no client-visible failure, nothing more sent there ------------------------------------
     dead = max((e for e in load if e != slow), key=lambda e: load[e])
     fleet.fault(fleet.endpoint_ids.index(dead), "crash")
-    survived = run_phase(gateway, questions=6, first_question=40)
+    survived = run_phase(gateway, questions=6, first_question=44)
     failures = [r.error for r in survived if r.status != 200]
     assert failures == [], f"{len(failures)} client-visible failures after a crash: {failures[:3]}"
     assert not any(r.engine == dead for r in survived)

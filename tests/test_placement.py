@@ -25,9 +25,10 @@ BLOCK = 16
 
 
 def fleet(*endpoints: dict[str, Any], placement: dict[str, Any] | None = None) -> CognitoraConfig:
+    # The cases isolate the predicted TTFT's terms, so the recompute charge (default 1) is off unless a case sets it;
+    # the charge has cases of its own, and one with the shipped defaults.
     data: dict[str, Any] = {"models": [{"name": "m", "block_size": BLOCK, "endpoints": list(endpoints)}]}
-    if placement:
-        data["placement"] = placement
+    data["placement"] = {"recompute_weight": 0.0, **(placement or {})}
     return config_from_dict(data)
 
 
@@ -296,7 +297,7 @@ CASES = [
         expect=A,
     ),
     Case(
-        "recompute_weight 0 (default): a hit behind a queue loses to a faster cold endpoint",
+        "recompute_weight 0: a hit behind a queue loses to a faster cold endpoint",
         # A: 4200 queued + 296 uncached = 450 ms; B: cold, 410 ms (outside the 20.5 ms tie band).
         FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
         expect=B,
@@ -306,6 +307,12 @@ CASES = [
         # A: 450 + 29.6 ms charge; B: 410 + 409.6 ms charge.
         FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
         config=fleet(ep(8001), ep(8002), placement={"recompute_weight": 1.0}),
+        expect=A,
+    ),
+    Case(
+        "shipped defaults (recompute_weight 1): a hit behind a short queue keeps the prefix",
+        FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
+        config=config_from_dict({"models": [{"name": "m", "block_size": BLOCK, "endpoints": [ep(8001), ep(8002)]}]}),
         expect=A,
     ),
     Case(
@@ -683,18 +690,19 @@ async def test_router_concurrent_burst_of_one_cold_prefix_lands_on_one_engine(sm
     assert len({d.endpoint for d in decisions}) == 1, [d.endpoint for d in decisions]
 
 
-async def test_router_requests_sharing_a_system_prompt_spread_after_a_few_by_default(smollm2_dir: Path) -> None:
+async def test_router_requests_sharing_a_system_prompt_stay_together_by_default(smollm2_dir: Path) -> None:
     # Different questions behind one ~1,000-token system prompt, one after another. Each queues its own ~25-token
-    # suffix behind the first one's prefill; once those exceed the 5.2 ms tie band, a cold endpoint is faster for
-    # the request and the prefix is built there too (docs/placement.md, "Bursts of one prefix").
+    # suffix behind the first one's prefill; ranked by predicted TTFT alone (recompute_weight 0), once those exceed
+    # the 5.2 ms tie band a cold endpoint is faster for the request and the prefix is built there too
+    # (docs/placement.md, "Bursts of one prefix").
     questions = [f"Question {i}: how do refunds work for order {i}?" for i in range(8)]
-    default = burst_router(smollm2_dir)
-    spread = [await place_and_dispatch(default, support_chat(BURST_SYSTEM, q)) for q in questions]
+    ttft_only = burst_router(smollm2_dir, recompute_weight=0.0)
+    spread = [await place_and_dispatch(ttft_only, support_chat(BURST_SYSTEM, q)) for q in questions]
     assert len({d.endpoint for d in spread}) > 1
     assert len({d.endpoint for d in spread[:2]}) == 1  # the first ones do converge
-    # recompute_weight 1 charges the prefill a cold endpoint would redo: they stay together.
-    charged = burst_router(smollm2_dir, recompute_weight=1.0)
-    together = [await place_and_dispatch(charged, support_chat(BURST_SYSTEM, q)) for q in questions]
+    # The default recompute charge prices the prefill a cold endpoint would redo: they stay together.
+    default = burst_router(smollm2_dir)
+    together = [await place_and_dispatch(default, support_chat(BURST_SYSTEM, q)) for q in questions]
     assert len({d.endpoint for d in together}) == 1, [d.endpoint for d in together]
 
 

@@ -33,8 +33,10 @@ SYSTEM = "You are a careful assistant for the Cognitora project. " * 40
 def make_config(smollm2_dir: Path, **top: Any) -> CognitoraConfig:
     return config_from_dict(
         {
-            # generous: the shared 2-core test machine must not turn a slow answer into a degraded decision
-            "placement": {"store_timeout_s": 5.0},
+            # generous: the shared 2-core test machine must not turn a slow answer into a degraded decision.
+            # No recompute charge: these tests steer with in-flight work and the TTFT it predicts (the charge
+            # would keep a prefix on its loaded endpoint; tests/test_placement.py covers it).
+            "placement": {"store_timeout_s": 5.0, "recompute_weight": 0.0},
             **top,
             "models": [
                 {
