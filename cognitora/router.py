@@ -251,9 +251,10 @@ class Router:
         if endpoint is None or self._local.has(decision.request_id):
             return
         params = self.config.placement
-        prefill = max(0, decision.prompt_tokens - round(decision.predicted_cached_tokens))
         now = self._clock()
-        entry = _LocalRequest(endpoint, prefill, decision.expected_decode_tokens, now + params.inflight_ttl_s)
+        entry = _LocalRequest(
+            endpoint, _queued_prefill(decision), decision.expected_decode_tokens, now + params.inflight_ttl_s
+        )
         self._local.add(decision.request_id, entry, now)
         self.stats.dispatched += 1
         if decision.keys:
@@ -265,10 +266,13 @@ class Router:
         if endpoint is None:
             return
         params = self.config.placement
-        prefill = max(0, decision.prompt_tokens - round(decision.predicted_cached_tokens))
         calls: list[Awaitable[object]] = [
             self.store.inflight_add(
-                endpoint, decision.request_id, prefill, decision.expected_decode_tokens, params.inflight_ttl_s
+                endpoint,
+                decision.request_id,
+                _queued_prefill(decision),
+                decision.expected_decode_tokens,
+                params.inflight_ttl_s,
             )
         ]
         if decision.keys:
@@ -366,6 +370,11 @@ class Router:
         if self._store_ok:
             log.warning("store unavailable (could not %s: %s); deciding on local state until it returns", what, why)
             self._store_ok = False
+
+
+def _queued_prefill(decision: Decision) -> int:
+    """The prompt tokens a dispatched request will prefill: what the placement did not expect to find cached."""
+    return max(0, decision.prompt_tokens - round(decision.predicted_cached_tokens))
 
 
 async def _one_after_another(calls: Sequence[Awaitable[object]]) -> None:

@@ -69,6 +69,17 @@ class Case:
     """The expected runner-up (None: there is none); "unchecked" skips the check."""
 
 
+# B holds 6,000 tokens of the prompt but is at capacity (3 waiting); A is as busy but has no queue.
+SATURATED_B = FleetState(
+    NOW,
+    matches={B: cached(6000)},
+    snapshots={
+        A: snap(A, running=40, extra={"mean_service_s": 30.0}),
+        B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0}),
+    },
+)
+
+
 CASES = [
     Case(
         "cached endpoint wins while it has headroom",
@@ -334,14 +345,7 @@ CASES = [
     Case(
         "cached but saturated endpoint loses when its slot wait exceeds the prefill saved",
         # B: 3 waiting, so this request is admitted after 4 departures: 3.0 s, against 0.6 s saved.
-        FleetState(
-            NOW,
-            matches={B: cached(6000)},
-            snapshots={
-                A: snap(A, running=40, extra={"mean_service_s": 30.0}),
-                B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0}),
-            },
-        ),
+        SATURATED_B,
         tokens=7200,
         config=SLOT_WAIT,
         expect=A,
@@ -406,14 +410,7 @@ CASES = [
     ),
     Case(
         "slot wait off (the default): the saturated endpoint holding the prefix keeps it",
-        FleetState(
-            NOW,
-            matches={B: cached(6000)},
-            snapshots={
-                A: snap(A, running=40, extra={"mean_service_s": 30.0}),
-                B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0}),
-            },
-        ),
+        SATURATED_B,
         tokens=7200,
         expect=B,
     ),
