@@ -173,16 +173,14 @@ async def measure_mode(
 
 
 async def _pick(router: Any, messages: list[dict[str, str]], callbacks: Any, host: Any, failure_outcome: Any) -> float:
-    from litellm_plugin.callbacks import settle
-
     """One timed Cognitora pick, then its end reported (untimed), as the proxy's callbacks would."""
     request_kwargs: dict[str, Any] = {"metadata": {}}
     start = time.perf_counter()
     await router.async_get_available_deployment(model="chat", messages=messages, request_kwargs=request_kwargs)
     elapsed = time.perf_counter() - start
-    placement = callbacks.ledger.take(request_kwargs["metadata"]["cognitora_request_id"])
-    outcome = failure_outcome(placement.decision, "benchmark: not sent")
-    await host.call(lambda core: settle(core, placement, outcome, None))
+    attempt = host.attempt(request_kwargs["metadata"]["cognitora_request_id"])
+    attempt.finish(failure_outcome("benchmark: not sent"))
+    await host.call(lambda _: attempt.settled())
     return elapsed
 
 

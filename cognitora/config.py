@@ -188,6 +188,12 @@ class PlacementConfig(_Strict):
     the router's own routing history is their only prefix index."""
     inflight_ttl_s: float = Field(default=900.0, gt=0)
     """A dispatched request stops counting as in flight after this long, even if its end is never reported."""
+    prefill_report_factor: float = Field(default=4.0, gt=0)
+    """A dispatched request whose first token is never reported stops counting as queued prefill after this many
+    times its predicted TTFT (or ``prefill_report_min_s``, whichever is longer): some gateways (LiteLLM's SDK
+    streams) have no first-token hook, and a prefill counted until the stream ends makes its engine look swamped."""
+    prefill_report_min_s: float = Field(default=10.0, gt=0)
+    """The shortest such deadline (seconds): a first token reported late must still arrive before it."""
     unhealthy_mark_ttl_s: float = Field(default=30.0, gt=0)
     """A gateway's "this endpoint failed" mark lasts this long (or until a newer healthy scrape): then the endpoint
     is tried again, so it comes back even where no scraper runs. The scraper's own health verdict still applies."""

@@ -68,6 +68,9 @@ class Decision:
     saturated: bool = False
     """No local endpoint met the request's priority SLO: it was shed (429), or placed on the fastest endpoint anyway
     (the case where bursting to a cloud target helps)."""
+    fallbacks: tuple[str, ...] = ()
+    """The other eligible endpoints, best first by the same ranking key as the pick (predicted TTFT plus the
+    recompute charge): where a gateway that retries (Envoy's ``override_host``) goes next."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
 

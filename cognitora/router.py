@@ -1,9 +1,11 @@
 """``Router``: the one seam both gateway adapters call.
 
-    decision = await router.place(request)        # no side effects
-    await router.dispatched(decision)             # the gateway sent it: count in-flight work, mark keys speculative
-    await router.first_token(decision)            # its prefill is done
-    await router.finished(decision, outcome)      # released; predicted vs achieved cache hit recorded
+    decision, attempt = await router.admit(request)   # placed, and (when placed) counted as dispatched at once
+    attempt.first_token()                             # its prefill is done
+    attempt.finish(outcome)                           # released; what was achieved beside what was predicted
+
+``place`` alone decides without side effects (``cognitora explain``); ``dispatch`` starts an attempt for a decision
+made earlier. The attempt (``cognitora.attempt``) owns the request's lifecycle: order, once, any thread, health.
 
 The Router fetches the fleet's state from the store in one call (``Store.fleet_view``: prefix matches, in-flight
 counts, snapshots; one round trip on Redis), hands it to the pure ``placement.place`` and keeps a little of its
@@ -20,15 +22,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.placement.energy import EnergyEstimator
 from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
-from cognitora.request import Outcome, RouteRequest
+from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
@@ -60,10 +63,16 @@ class RouterStats:
     finished_ok: int = 0
     finished_error: int = 0
     marked_unhealthy: int = 0
+    finished_by_kind: dict[str, int] = field(default_factory=dict)
+    """Finished attempts by ``OutcomeKind`` value."""
     hit_reports: int = 0
     """Finished requests whose response reported ``cached_tokens``: the two sums below cover exactly these."""
     predicted_cached_tokens: float = 0.0
     achieved_cached_tokens: int = 0
+    ttft_reports: int = 0
+    """Finished requests whose first token was timed: the two sums below cover exactly these."""
+    predicted_ttft_s: float = 0.0
+    achieved_ttft_s: float = 0.0
 
 
 @dataclass
@@ -156,6 +165,11 @@ class Router:
         # gather's tasks: ~65 of ~90 us of dispatched + finished). The exact class only: a subclass may suspend.
         self._store_suspends = type(store) is not MemoryStore
         self.stats = RouterStats()
+        self._attempts: dict[str, Attempt] = {}
+        self._groups: dict[str, set[str]] = {}
+        self._outcomes: deque[AttemptRecord] = deque(maxlen=RECENT_DECISIONS)
+        self._writers: set[asyncio.Task[None]] = set()
+        self._next_attempt_prune = 0.0
 
     @classmethod
     def from_config(cls, config: CognitoraConfig) -> Router:
@@ -236,50 +250,80 @@ class Router:
             self.stats.degraded += 1
         return decision
 
-    # -- the request's lifecycle ----------------------------------------------------------------------------
-    async def dispatched(self, decision: Decision) -> None:
-        """The gateway sent the request to ``decision.endpoint``: count its work and mark its prefix speculative,
-        here (``note_dispatch``) and in the shared store (``share_dispatch``)."""
-        self.note_dispatch(decision)
-        await self.share_dispatch(decision)
+    # -- the request's lifecycle (cognitora.attempt) -------------------------------------------------------------
+    async def admit(self, request: RouteRequest, *, group: str | None = None) -> tuple[Decision, Attempt | None]:
+        """Place ``request`` and, when it is placed, dispatch it, in one step on this loop: nothing else is placed
+        between the pick and its count. ``group`` names the logical request (LiteLLM's trace id): a new attempt of
+        a group means its earlier attempts are over, so those still open are finished as ``ABANDONED`` first."""
+        if group is not None:
+            self._abandon_group(group, "the gateway started another attempt of this request")
+        decision = await self.place(request)
+        if decision.endpoint is None:
+            return decision, None
+        return decision, self.dispatch(decision, group=group)
 
-    def note_dispatch(self, decision: Decision) -> None:
-        """Count a dispatch in this process at once. Adapters call it before they hand the pick to the gateway,
-        so the next request placed sees this one's queue and prefix even when the store write, or the task that
-        makes it, has not run yet (a busy gateway loop runs such tasks many requests later). Idempotent."""
-        endpoint = decision.endpoint
-        if endpoint is None or self._local.has(decision.request_id):
-            return
+    def dispatch(self, decision: Decision, *, group: str | None = None) -> Attempt:
+        """The gateway is sending ``decision``'s request to its endpoint: count its work and mark its prefix
+        speculative at once, in this process (so the next request placed sees it), and in the shared store in the
+        background. Call on the router's loop. Idempotent: the same decision gives the same attempt."""
+        known = self._attempts.get(decision.request_id)
+        if known is not None:
+            return known
+        attempt = Attempt(self, decision, group, asyncio.get_running_loop())
+        self._count(attempt)
+        return attempt
+
+    def attempt(self, request_id: str) -> Attempt | None:
+        """The open attempt of a placed request, by ``Decision.request_id`` (None once it finished)."""
+        return self._attempts.get(request_id)
+
+    def open_attempts(self) -> list[Attempt]:
+        """Attempts dispatched and not finished yet."""
+        return list(self._attempts.values())
+
+    def recent_outcomes(self) -> list[AttemptRecord]:
+        """The last ``RECENT_DECISIONS`` finished attempts, prediction beside achievement, oldest first."""
+        return list(self._outcomes)
+
+    def _count(self, attempt: Attempt) -> None:
+        decision = attempt.decision
+        endpoint = attempt.endpoint
         params = self.config.placement
         now = self._clock()
-        entry = _LocalRequest(
-            endpoint, _queued_prefill(decision), decision.expected_decode_tokens, now + params.inflight_ttl_s
-        )
+        self._prune_attempts(now)
+        self._attempts[decision.request_id] = attempt
+        if attempt.group is not None:
+            self._groups.setdefault(attempt.group, set()).add(decision.request_id)
+        prefill = _queued_prefill(decision)
+        entry = _LocalRequest(endpoint, prefill, decision.expected_decode_tokens, now + params.inflight_ttl_s)
         self._local.add(decision.request_id, entry, now)
         self.stats.dispatched += 1
+        ttl = self._history_ttl(endpoint)
         if decision.keys:
-            self._routed.add(decision.model, endpoint, decision.keys, now + self._history_ttl(endpoint))
+            self._routed.add(decision.model, endpoint, decision.keys, now + ttl)
+        # Without a first-token report (LiteLLM's SDK streams have no per-chunk hook) the prefill would count as
+        # queued until the stream ends: past a deadline well beyond the prediction, it is taken as done.
+        attempt._watch_prefill(
+            max(params.prefill_report_min_s, params.prefill_report_factor * decision.predicted_ttft_s)
+        )
+        attempt._write(lambda: self._share_dispatch(decision, endpoint, prefill, ttl), "record a dispatch")
 
-    async def share_dispatch(self, decision: Decision) -> None:
-        """Write a dispatch to the shared store: in-flight work and the speculative prefix."""
-        endpoint = decision.endpoint
-        if endpoint is None:
-            return
-        params = self.config.placement
+    async def _share_dispatch(self, decision: Decision, endpoint: str, prefill: int, ttl: float) -> None:
         calls: list[Awaitable[object]] = [
             self.store.inflight_add(
                 endpoint,
                 decision.request_id,
-                _queued_prefill(decision),
+                prefill,
                 decision.expected_decode_tokens,
-                params.inflight_ttl_s,
+                self.config.placement.inflight_ttl_s,
             )
         ]
         if decision.keys:
-            ttl = self._history_ttl(endpoint)
             calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, ttl))
-        writes = asyncio.gather(*calls) if self._store_suspends else _one_after_another(calls)
-        await self._guarded(writes, "record a dispatch")
+        if self._store_suspends:
+            await asyncio.gather(*calls)
+        else:
+            await _one_after_another(calls)
 
     def _history_ttl(self, endpoint_id: str) -> float:
         """Events confirm what an engine caches within moments; without events, routing history is all we have."""
@@ -289,39 +333,129 @@ class Router:
             return params.routing_history_ttl_s
         return params.speculative_ttl_s
 
-    async def first_token(self, decision: Decision) -> None:
-        """The first token came back: the request's prefill no longer queues ahead of others."""
-        if decision.endpoint is None:
+    def _prefill_done(self, attempt: Attempt) -> None:
+        """From the attempt: its prefill is over (first token, or its deadline passed)."""
+        if self._attempts.get(attempt.request_id) is not attempt:
             return
-        self._local.prefill_done(decision.request_id)
-        await self._guarded(
-            self.store.inflight_prefill_done(decision.endpoint, decision.request_id), "record a first token"
-        )
+        self._local.prefill_done(attempt.request_id)
+        endpoint, rid = attempt.endpoint, attempt.request_id
+        attempt._write(lambda: self.store.inflight_prefill_done(endpoint, rid), "record a first token")
 
-    async def finished(self, decision: Decision, outcome: Outcome) -> None:
-        """The request is over (success or failure): release its in-flight work; record the achieved cache hit."""
-        if decision.endpoint is None:
+    def _attempt_finished(self, attempt: Attempt, outcome: Outcome) -> None:
+        """From the attempt, once: release its work, learn from it, and decide what it says of the endpoint."""
+        if attempt.outcome is not None:
             return
-        self._local.release(decision.request_id)
+        attempt.outcome = outcome
+        attempt._cancel_overdue()
+        rid, endpoint = attempt.request_id, attempt.endpoint
+        self._forget(attempt)
+        self._local.release(rid)
+        self._learn(attempt, outcome)
+        if outcome.kind.marks_unhealthy(outcome.status):
+            reason = f"{outcome.kind.value}: {outcome.detail}" if outcome.detail else outcome.kind.value
+            self.note_unhealthy(endpoint, reason)
+            attempt._write(lambda: self._share_unhealthy(endpoint), "share an unhealthy mark")
+        attempt._write(lambda: self.store.inflight_release(endpoint, rid), "release in-flight work")
+
+    def _redispatch(self, attempt: Attempt, endpoint: str) -> Attempt:
+        """The gateway moved ``attempt``'s request to ``endpoint``: a new attempt there, with what placement
+        predicted for that endpoint, timed from the original dispatch (the client waited all along)."""
+        decision = attempt.decision
+        score = next((c for c in decision.candidates if c.endpoint == endpoint), None)
+        moved = replace(
+            decision,
+            request_id=f"{decision.request_id}.{endpoint}",
+            endpoint=endpoint,
+            url=self.endpoint_url(endpoint),
+            predicted_cached_tokens=score.cached_tokens if score is not None else 0.0,
+            predicted_ttft_s=score.predicted_ttft_s if score is not None else decision.predicted_ttft_s,
+            fallbacks=tuple(e for e in decision.fallbacks if e != endpoint),
+        )
+        new = self.dispatch(moved, group=attempt.group)
+        new.dispatched_at = attempt.dispatched_at
+        return new
+
+    def _learn(self, attempt: Attempt, outcome: Outcome) -> None:
+        decision = attempt.decision
+        stats = self.stats
         if outcome.ok:
-            self.stats.finished_ok += 1
+            stats.finished_ok += 1
         else:
-            self.stats.finished_error += 1
+            stats.finished_error += 1
+        stats.finished_by_kind[outcome.kind.value] = stats.finished_by_kind.get(outcome.kind.value, 0) + 1
         if outcome.cached_tokens is not None:
-            self.stats.hit_reports += 1
-            self.stats.predicted_cached_tokens += decision.predicted_cached_tokens
-            self.stats.achieved_cached_tokens += outcome.cached_tokens
-        await self._guarded(
-            self.store.inflight_release(decision.endpoint, decision.request_id), "release in-flight work"
+            stats.hit_reports += 1
+            stats.predicted_cached_tokens += decision.predicted_cached_tokens
+            stats.achieved_cached_tokens += outcome.cached_tokens
+        achieved_ttft = outcome.ttft_s
+        if attempt.first_token_at is not None:
+            achieved_ttft = attempt.first_token_at - attempt.dispatched_at
+        if achieved_ttft is not None:
+            stats.ttft_reports += 1
+            stats.predicted_ttft_s += decision.predicted_ttft_s
+            stats.achieved_ttft_s += achieved_ttft
+        runner_up = decision.runner_up
+        self._outcomes.append(
+            AttemptRecord(
+                request_id=decision.request_id,
+                model=decision.model,
+                endpoint=attempt.endpoint,
+                kind=outcome.kind,
+                status=outcome.status,
+                prompt_tokens=outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                predicted_cached_tokens=decision.predicted_cached_tokens,
+                achieved_cached_tokens=outcome.cached_tokens,
+                predicted_ttft_s=decision.predicted_ttft_s,
+                achieved_ttft_s=achieved_ttft,
+                runner_up=None if runner_up is None else runner_up.endpoint,
+                runner_up_predicted_ttft_s=None if runner_up is None else runner_up.predicted_ttft_s,
+                finished_at=self._clock(),
+            )
         )
+        if not outcome.ok and outcome.kind is not OutcomeKind.CLIENT_CANCELLED:
+            log.info(
+                "request %s on %s ended %s%s",
+                decision.request_id,
+                attempt.endpoint,
+                outcome.kind.value,
+                f": {outcome.detail}" if outcome.detail else "",
+            )
 
-    async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
-        """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy
-        or ``unhealthy_mark_ttl_s`` passes (then it is tried again; a new failure marks it again).
+    def _forget(self, attempt: Attempt) -> None:
+        rid = attempt.request_id
+        if self._attempts.get(rid) is attempt:
+            del self._attempts[rid]
+        if attempt.group is not None:
+            ids = self._groups.get(attempt.group)
+            if ids is not None:
+                ids.discard(rid)
+                if not ids:
+                    del self._groups[attempt.group]
 
-        The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
-        so other gateway replicas stop picking it at their next decision.
-        """
+    def _abandon_group(self, group: str, why: str) -> None:
+        for rid in list(self._groups.get(group, ())):
+            attempt = self._attempts.get(rid)
+            if attempt is not None:
+                attempt.finish(Outcome(OutcomeKind.ABANDONED, detail=why))
+
+    def _prune_attempts(self, now: float) -> None:
+        # An attempt whose end no gateway hook ever reported: its store lease expires after the same age, so
+        # finishing it here loses nothing and keeps the registry bounded.
+        if now < self._next_attempt_prune:
+            return
+        params = self.config.placement
+        self._next_attempt_prune = now + min(60.0, params.inflight_ttl_s)
+        oldest = time.monotonic() - params.inflight_ttl_s
+        for attempt in [a for a in self._attempts.values() if a.dispatched_at < oldest]:
+            attempt.finish(Outcome(OutcomeKind.ABANDONED, detail="no end reported within placement.inflight_ttl_s"))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._writers.add(task)
+        task.add_done_callback(self._writers.discard)
+
+    def note_unhealthy(self, endpoint: str, reason: str) -> None:
+        """A gateway saw ``endpoint`` fail: stop picking it in this process at once (see ``mark_unhealthy``)."""
         now = self._clock()
         self._health_marks[endpoint] = HealthMark(since=now, reason=reason)
         self.stats.marked_unhealthy += 1
@@ -329,7 +463,22 @@ class Router:
         last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
         dead = replace(last, healthy=False, last_seen=now, extra={**last.extra, SNAPSHOT_MARKED_UNHEALTHY_AT: now})
         self._snapshots[endpoint] = dead
-        await self._guarded(self.store.put_snapshot(dead), "share an unhealthy mark")
+
+    async def _share_unhealthy(self, endpoint: str) -> None:
+        dead = self._snapshots.get(endpoint)
+        if dead is not None:
+            await self.store.put_snapshot(dead)
+
+    async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
+        """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy
+        or ``unhealthy_mark_ttl_s`` passes (then it is tried again; a new failure marks it again).
+
+        The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
+        so other gateway replicas stop picking it at their next decision. Attempts whose outcome means the endpoint
+        is gone call this themselves (``OutcomeKind.marks_unhealthy``).
+        """
+        self.note_unhealthy(endpoint, reason)
+        await self._guarded(self._share_unhealthy(endpoint), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
     def endpoint_url(self, endpoint_id: str) -> str | None:
@@ -342,6 +491,9 @@ class Router:
         return list(self._recent)
 
     async def close(self) -> None:
+        """Let every attempt's store writes land, then close the store."""
+        if self._writers:
+            await asyncio.gather(*self._writers, return_exceptions=True)
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------

@@ -3,32 +3,31 @@
 The phases, in the order Envoy sends them (BUFFERED request body, see examples/envoy.yaml):
 
 1. request headers: note the path and the trusted identity headers; answer "continue" (routing waits for the body).
-2. request body: parse, place, answer with the pick (metadata + header) and, when needed, the rewritten body;
-   or answer the client directly (400 for a bad body, the core's rejection such as 429).
-3. response headers: see who answered and how; tell the core if the pick was unreachable; choose how much of the
-   response body to read (``mode_override``: STREAMED for SSE, BUFFERED for JSON, NONE when usage is not wanted).
-4. response body: usage, first token, end of stream -> the outcome.
+2. request body: parse, place and dispatch (``admit``), answer with the pick and its fallbacks (metadata + header)
+   and, when needed, the rewritten body; or answer the client directly (400 for a bad body, the core's rejection
+   such as 429).
+3. response headers: see who answered and how (a retry on a fallback becomes ``Attempt.rerouted``); choose how
+   much of the response body to read (``mode_override``: STREAMED for SSE, BUFFERED for JSON, NONE when usage is
+   not wanted).
+4. response body: usage, first token, end of stream -> the attempt's ``Outcome``.
 
-The dispatch is counted in this process at once (``note_dispatch``). Core calls that the response to Envoy does not
-depend on (the dispatch's store write, first token, finished, mark unhealthy) run in the background, in order, so
-store round trips never sit between Envoy and the engine.
+The request's lifecycle (the dispatch count, first token, finish, health marks, store writes in the background)
+is the core's ``Attempt``; this module only translates Envoy's messages onto it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
+from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Decision
-from cognitora.request import Outcome, RouteRequest
+from cognitora.request import RouteRequest
 from envoy_extproc import headers, protocol
-from envoy_extproc.lifecycle import PlacedRequest
 from envoy_extproc.openai_body import BadRequest, parse_body, rewrite_body
+from envoy_extproc.response import ResponseRead
 from envoy_extproc.settings import ExtprocSettings
 from envoy_extproc.usage import SseUsageScanner, usage_from_json
 
@@ -46,20 +45,25 @@ _READ_STREAMED_BODY = protocol.response_headers(STREAMED, _REMOVE_FROM_RESPONSE)
 _READ_BUFFERED_BODY = protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
 
 
+class PlacedAttempt(Protocol):
+    """What the adapter needs of one dispatched request (``cognitora.attempt.Attempt`` implements it)."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    def first_token(self) -> None: ...
+
+    def finish(self, outcome: Outcome) -> None: ...
+
+    def rerouted(self, endpoint: str, outcome: Outcome) -> PlacedAttempt: ...
+
+    async def settled(self) -> None: ...
+
+
 class PlacementCore(Protocol):
     """What the adapter needs from the decision core (``cognitora.router.Router`` implements it)."""
 
-    async def place(self, request: RouteRequest) -> Decision: ...
-
-    def note_dispatch(self, decision: Decision) -> None: ...
-
-    async def share_dispatch(self, decision: Decision) -> None: ...
-
-    async def first_token(self, decision: Decision) -> None: ...
-
-    async def finished(self, decision: Decision, outcome: Outcome) -> None: ...
-
-    async def mark_unhealthy(self, endpoint: str, reason: str) -> None: ...
+    async def admit(self, request: RouteRequest) -> tuple[Decision, PlacedAttempt | None]: ...
 
 
 class AddressBook:
@@ -80,13 +84,9 @@ class AddressBook:
 
 
 def fallback_order(decision: Decision, count: int) -> list[str]:
-    """The pick, then up to ``count`` runner-ups by predicted TTFT (excluded candidates never)."""
+    """The pick, then up to ``count`` of the core's fallbacks, in the core's order."""
     assert decision.endpoint is not None
-    ranked = sorted(
-        (c for c in decision.candidates if c.excluded is None and c.endpoint != decision.endpoint),
-        key=lambda c: c.predicted_ttft_s,
-    )
-    return [decision.endpoint, *(c.endpoint for c in ranked[:count])]
+    return [decision.endpoint, *decision.fallbacks[:count]]
 
 
 class Exchange:
@@ -99,9 +99,8 @@ class Exchange:
         self._path = ""
         self._placeable = False
         self._identity: dict[str, str] = {}
-        self._reports: deque[Callable[[], Awaitable[None]]] = deque()
-        self._reporter: asyncio.Task[None] | None = None
-        self.placed: PlacedRequest | None = None
+        self.attempt: PlacedAttempt | None = None
+        self.response: ResponseRead | None = None
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
 
@@ -145,7 +144,7 @@ class Exchange:
             stream=parsed.stream,
         )
         try:
-            decision = await self._core.place(request)
+            decision, attempt = await self._core.admit(request)
         except Exception:
             # The core degrades on its own when the store is down; anything else is a bug to log, and the request
             # still flows: Envoy's own load balancer (the fallback policy) picks a host.
@@ -164,25 +163,22 @@ class Exchange:
                 retry_after_s=r.retry_after_s,
                 details="cognitora_rejected",
             )
-        if decision.endpoint is None:
+        if attempt is None or decision.endpoint is None:
             return protocol.CONTINUE_REQUEST_BODY
         read_stream = parsed.stream and self._settings.usage != "none"
         include_usage = read_stream and not parsed.client_wants_usage
         new_body = rewrite_body(parsed, raw, model=decision.model, include_usage=include_usage)
-        placed = PlacedRequest(decision=decision, endpoint=decision.endpoint, stream=parsed.stream)
+        response = ResponseRead(stream=parsed.stream)
         if read_stream:
-            placed.sse = SseUsageScanner(strip_usage_chunk=include_usage)
-        self.placed = placed
-        # Counted here at once, so the next request placed sees it; the store write waits for the background.
-        self._core.note_dispatch(decision)
-        self._defer(lambda: self._core.share_dispatch(decision))
+            response.sse = SseUsageScanner(strip_usage_chunk=include_usage)
+        self.attempt, self.response = attempt, response
         order = fallback_order(decision, self._settings.fallbacks)
         return protocol.route_to([self._addresses.address(e) for e in order], new_body)
 
     # -- phase 3 ----------------------------------------------------------------------------------------------
     async def on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
-        placed = self.placed
-        if placed is None:
+        attempt, response = self.attempt, self.response
+        if attempt is None or response is None:
             return _UNPLACED_RESPONSE
         status = 0
         content_type = upstream = flags = ""
@@ -199,97 +195,84 @@ class Exchange:
                 flags = h.raw_value.decode("latin-1")
             elif key == headers.ATTEMPT_COUNT:
                 attempts = int(h.raw_value or b"1")
-        placed.status = status
-        self._note_upstream(placed, upstream, flags, attempts)
+        response.status = status
+        response.flags = frozenset(f for f in flags.split(",") if f and f != "-")
+        if response.unreachable():
+            # Envoy answers the client itself (503): the attempt is over, and the core marks the pick.
+            response.complete = True
+            self._finish()
+            return _READ_NO_BODY
+        self._note_reroute(upstream, attempts)
 
         ok = 200 <= status < 300
-        if ok and placed.sse is not None and content_type.startswith(headers.SSE_CONTENT_TYPE):
-            placed.awaiting_body = True
+        if ok and response.sse is not None and content_type.startswith(headers.SSE_CONTENT_TYPE):
+            response.awaiting_body = True
             return _READ_STREAMED_BODY
-        placed.sse = None
+        response.sse = None
         # A non-streamed answer is whole when its headers arrive (the engine sends them last): its first token is
-        # not observable, and "finished" (now, or with the body just behind) releases its prefill too, so no
-        # separate first-token report (one store write less per request).
-        if ok and not placed.stream and self._settings.usage == "all" and headers.JSON_CONTENT_TYPE in content_type:
-            placed.awaiting_body = True
+        # not observable, and the finish (now, or with the body just behind) releases its prefill too.
+        if ok and not response.stream and self._settings.usage == "all" and headers.JSON_CONTENT_TYPE in content_type:
+            response.awaiting_body = True
             return _READ_BUFFERED_BODY
-        placed.complete = True
-        if placed.stream:
-            self._first_token(placed)  # the body is not read: its headers are the best first-token estimate left
+        response.complete = True
+        if response.stream and ok:
+            self._first_token()  # the body is not read: its headers are the best first-token estimate left
         else:
-            self._finish(placed)
+            self._finish()
         return _READ_NO_BODY
 
-    def _note_upstream(self, placed: PlacedRequest, upstream: str, flags: str, attempts: int) -> None:
-        """Tell the core when the pick could not be reached, so it stops picking it at once."""
-        picked = placed.endpoint
-        if any(flag in headers.UPSTREAM_FAILURE_FLAGS for flag in flags.split(",")):
-            placed.error = f"upstream unreachable ({flags})"
-            self._defer(lambda: self._core.mark_unhealthy(picked, f"Envoy could not reach it ({flags})"))
+    def _note_reroute(self, upstream: str, attempts: int) -> None:
+        """Envoy served the request on another address than the pick (it retried on a fallback)."""
+        attempt = self.attempt
+        if attempt is None or not upstream or upstream == "-":
             return
-        if upstream and upstream != "-":
-            served = self._addresses.endpoint(upstream)
-            if served != picked:
-                placed.endpoint = served
-                if attempts > 1:
-                    reason = f"unreachable: Envoy retried the request on {served}"
-                    self._defer(lambda: self._core.mark_unhealthy(picked, reason))
+        served = self._addresses.endpoint(upstream)
+        if served == attempt.endpoint:
+            return
+        if attempts > 1:
+            failed = Outcome(OutcomeKind.CONNECT_FAILED, detail=f"unreachable: Envoy retried the request on {served}")
+        else:
+            failed = Outcome(OutcomeKind.REROUTED, detail=f"Envoy sent the request to {served}")
+        self.attempt = attempt.rerouted(served, failed)
 
     # -- phase 4 ----------------------------------------------------------------------------------------------
     async def on_response_body(self, message: protocol.HttpBody) -> protocol.ProcessingResponse:
-        placed = self.placed
-        if placed is None:
+        response = self.response
+        if self.attempt is None or response is None:
             return protocol.CONTINUE_RESPONSE_BODY
         end = message.end_of_stream
-        sse = placed.sse
+        sse = response.sse
         if sse is None:  # BUFFERED JSON: the whole body in this one message
-            placed.usage = usage_from_json(message.body)
+            response.usage = usage_from_json(message.body)
             if end:
-                placed.complete = True
-                self._finish(placed)
+                response.complete = True
+                self._finish()
             return protocol.CONTINUE_RESPONSE_BODY
         if message.body:
-            self._first_token(placed)
+            self._first_token()
         forward = sse.feed(message.body, end)
         if end:
-            placed.usage = sse.usage
-            placed.complete = True
-            self._finish(placed)
+            response.usage = sse.usage
+            response.complete = True
+            self._finish()
         return protocol.CONTINUE_RESPONSE_BODY if forward is None else protocol.replace_response_chunk(forward)
 
-    # -- lifecycle reporting --------------------------------------------------------------------------------------
-    def _first_token(self, placed: PlacedRequest) -> None:
-        if placed.first_token_at is None:
-            placed.first_token_at = time.monotonic()
-            self._defer(lambda: self._core.first_token(placed.decision))
+    # -- onto the attempt -------------------------------------------------------------------------------------
+    def _first_token(self) -> None:
+        if self.attempt is not None:
+            self.attempt.first_token()
 
-    def _finish(self, placed: PlacedRequest) -> None:
-        if not placed.reported:
-            placed.reported = True
-            outcome = placed.outcome()
-            self._defer(lambda: self._core.finished(placed.decision, outcome))
-
-    def _defer(self, call: Callable[[], Awaitable[None]]) -> None:
-        """Queue a report to the core. Reports run in order, in the background: the answer to Envoy never waits
-        for the store, and "finished" never overtakes "dispatched"."""
-        self._reports.append(call)
-        if self._reporter is None or self._reporter.done():
-            self._reporter = asyncio.create_task(self._report())
-
-    async def _report(self) -> None:
-        while self._reports:
-            call = self._reports.popleft()
-            try:
-                await call()
-            except Exception:
-                log.exception("reporting to the core failed (the request itself is unaffected)")
+    def _finish(self) -> None:
+        if self.attempt is not None and self.response is not None:
+            self.attempt.finish(self.response.outcome())
 
     async def close(self) -> None:
-        """The stream ended: report an unreported request (a client that went away, or an unread body)."""
-        placed = self.placed
-        if placed is not None and not placed.reported:
-            if placed.status is not None and not placed.awaiting_body and placed.error is None:
-                placed.complete = True  # the body was deliberately not read (--usage); the stream ended normally
-            self._finish(placed)
-        if self._reporter is not None:
-            await self._reporter
+        """The stream ended: finish an unfinished attempt (a client that went away, or an unread body), and let
+        its store writes land."""
+        attempt, response = self.attempt, self.response
+        if attempt is None or response is None:
+            return
+        if response.status is not None and not response.awaiting_body:
+            response.complete = True  # the body was deliberately not read (--usage); the stream ended normally
+        self._finish()
+        await attempt.settled()

@@ -21,8 +21,9 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from cognitora.attempt import Attempt
 from cognitora.collector import CollectorThread
 from cognitora.config import CognitoraConfig
 from cognitora.router import Router
@@ -122,20 +123,14 @@ class CoreHost:
                 "Router.completion() blocking the loop the Router was built in? Use acompletion() there."
             ) from None
 
-    def spawn(self, fn: Callable[[Router], Awaitable[Any]]) -> Spawned:
-        """Start ``fn(router)`` on the core's loop without waiting for it; ``wait_spawned`` it there later."""
-        loop = self._ensure_loop()
-        if _running_loop() is loop:
-            return loop.create_task(self._on_loop(fn))
-        return asyncio.run_coroutine_threadsafe(self._on_loop(fn), loop)
+    def attempt(self, request_id: str) -> Attempt | None:
+        """The core's open attempt ``request_id`` (None when it finished, or the core never started)."""
+        core = self._core
+        return None if core is None else core.router.attempt(request_id)
 
-    def call_from_sync_callback(self, fn: Callable[[Router], Awaitable[Any]]) -> None:
-        """From a sync LiteLLM callback: wait for ``fn`` if that is safe, else (on the core's own loop) schedule it."""
-        loop = self._ensure_loop()
-        if _running_loop() is loop:
-            loop.create_task(self._on_loop(fn))
-        else:
-            self.call_sync(fn)
+    def open_attempts(self) -> list[Attempt]:
+        core = self._core
+        return [] if core is None else core.router.open_attempts()
 
     async def _on_loop(self, fn: Callable[[Router], Awaitable[T]]) -> T:
         return await fn((await self._ensure_core()).router)
@@ -196,20 +191,6 @@ class CoreHost:
             loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=10)
             loop.close()
-
-
-Spawned = asyncio.Future[Any] | concurrent.futures.Future[Any]
-"""Work started on the core's loop by ``CoreHost.spawn``."""
-
-
-async def wait_spawned(handle: Spawned) -> None:
-    """On the core's loop: let spawned work finish first (its failure is logged, never raised here)."""
-    try:
-        await (asyncio.wrap_future(handle) if isinstance(handle, concurrent.futures.Future) else handle)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.warning("cognitora: background core call failed: %s", exc)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -5,12 +5,11 @@ Per attempt (LiteLLM calls the strategy again for each retry of a request):
 1. LiteLLM's own ``async_get_healthy_deployments`` narrows the group (cooldowns, tags, ``order``, context window,
    team-only models); we keep all of that.
 2. The healthy deployments with an ``api_base`` become the request's candidate endpoints; the core places the
-   request among them (``Router.place``); the pick is counted as dispatched at once in this process
-   (``Router.note_dispatch``, so the next request placed sees it) and in the store (``Router.share_dispatch``,
-   whose write runs while LiteLLM calls the engine).
+   request among them and counts it as dispatched in the same step (``Router.admit``, grouped by LiteLLM's trace
+   id so a retry finishes the attempts before it that no callback reported).
 3. The strategy returns the deployment whose endpoint is the Decision's, or raises the LiteLLM error that matches
-   a Rejection's status. The attempt's placement id goes into the request metadata for the callbacks
-   (``litellm_plugin.callbacks``), which report its end.
+   a Rejection's status. The attempt's id goes into the request metadata for the callbacks
+   (``litellm_plugin.callbacks``), which translate LiteLLM's hooks onto the core's ``Attempt``.
 
 A model group with no engine of the fleet (only hosted providers) is not Cognitora's to place: LiteLLM's default
 (``simple-shuffle``) picks there, as it would without the plugin.
@@ -27,22 +26,13 @@ import litellm
 from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.types.router import CustomRoutingStrategyBase
 
-from cognitora.decision import Decision
-from cognitora.request import RouteRequest
+from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.decision import Rejection
 from cognitora.router import Router
 from litellm_plugin.callbacks import cognitora as callbacks
-from litellm_plugin.callbacks import settle
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
-from litellm_plugin.ledger import Placement
 from litellm_plugin.runtime import CoreHost
-from litellm_plugin.translate import (
-    PLACEMENT_KEY,
-    failure_outcome,
-    rejection_error,
-    route_request,
-    trace_id,
-    writable_metadata,
-)
+from litellm_plugin.translate import PLACEMENT_KEY, rejection_error, route_request, trace_id, writable_metadata
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -64,9 +54,11 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         host = CoreHost.for_current_context(fleet.config)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
+        callbacks.watch(host)
         return cls(router, fleet, host)
 
     def close(self) -> None:
+        callbacks.unwatch(self.host)
         self.host.close()
 
     # -- LiteLLM's seam ----------------------------------------------------------------------------------------
@@ -118,7 +110,6 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         request_kwargs: dict[str, Any],
     ) -> dict[str, Any]:
         trace = trace_id(request_kwargs)
-        await self._settle_earlier_attempts(trace)
 
         group = str(healthy[0].get("model_name", model)) if healthy else model
         by_endpoint: dict[str, dict[str, Any]] = {}
@@ -130,19 +121,16 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             return self._litellm_default(model, healthy, request_kwargs)
 
         req = route_request(group, messages, input, request_kwargs, list(by_endpoint))
-        decision = await self.host.call(lambda router: _place_and_note(router, req))
-        if decision.rejection is not None:
-            raise rejection_error(decision.rejection, model)
-        chosen = by_endpoint.get(decision.endpoint or "")
+        decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
+        if decision.rejection is not None or attempt is None:
+            raise rejection_error(decision.rejection or _NO_PICK, model)
+        chosen = by_endpoint.get(attempt.endpoint)
         if chosen is None:
+            attempt.finish(Outcome(OutcomeKind.FAILED, detail="placed outside LiteLLM's healthy deployments"))
             raise RuntimeError(
                 f"cognitora placed {req.request_id} on {decision.endpoint!r}, which is not among LiteLLM's healthy "
                 f"deployments {sorted(by_endpoint)}: a core bug, please report it with this message"
             )
-        # Counted in this process with the placement itself (_place_and_note); the store write goes out while
-        # LiteLLM calls the engine, and is settled before the attempt's release.
-        dispatch = self.host.spawn(lambda router: router.share_dispatch(decision))
-        callbacks.ledger.open(Placement(decision=decision, host=self.host, trace_id=trace, dispatch=dispatch))
         writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
         return chosen
 
@@ -169,18 +157,5 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         )
         return chosen
 
-    async def _settle_earlier_attempts(self, trace: str | None) -> None:
-        # LiteLLM re-enters the strategy only after an attempt of this request failed. Attempts still open here
-        # ended without any callback (e.g. a pre-call check refused them): release their in-flight work now.
-        for earlier in callbacks.ledger.take_trace(trace):
-            outcome = failure_outcome(earlier.decision, "attempt ended without a result; LiteLLM retried")
-            await earlier.host.call(lambda router, p=earlier, o=outcome: settle(router, p, o, None))  # type: ignore[misc]
 
-
-async def _place_and_note(router: Router, req: RouteRequest) -> Decision:
-    # One step on the core's loop: nothing can be placed between this placement and its local count, however
-    # busy the proxy's loop is (a spawned task would run many requests later).
-    decision = await router.place(req)
-    if decision.rejection is None:
-        router.note_dispatch(decision)
-    return decision
+_NO_PICK = Rejection(503, "no endpoint was picked", 5)

@@ -8,15 +8,17 @@ metadata is never read.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import litellm
 
+from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
-from cognitora.decision import Decision, Rejection
-from cognitora.request import Outcome, RouteRequest, new_request_id
+from cognitora.decision import Rejection
+from cognitora.request import RouteRequest, new_request_id
 
 PLACEMENT_KEY = "cognitora_request_id"
 """Metadata key the strategy writes on each attempt, so the callbacks find that attempt's decision."""
@@ -155,7 +157,7 @@ def _ttft_s(kwargs: Mapping[str, Any]) -> float | None:
     return None
 
 
-def success_outcome(decision: Decision, kwargs: Mapping[str, Any], response: Any) -> Outcome:
+def success_outcome(kwargs: Mapping[str, Any], response: Any) -> Outcome:
     """A finished request: usage from the response (streamed: the assembled one), achieved cache hit included."""
     usage = _get(response, "usage")
     logged = kwargs.get("standard_logging_object")
@@ -167,37 +169,42 @@ def success_outcome(decision: Decision, kwargs: Mapping[str, Any], response: Any
     details = _get(usage, "prompt_tokens_details")
     cached = _int_or_none(_get(details, "cached_tokens")) if details is not None else None
     return Outcome(
-        request_id=decision.request_id,
-        endpoint=decision.endpoint or "",
-        ok=True,
-        prompt_tokens=prompt_tokens or 0,
-        completion_tokens=completion_tokens or 0,
+        OutcomeKind.COMPLETED,
+        status=200,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         cached_tokens=cached,
         ttft_s=_ttft_s(kwargs),
     )
 
 
-def failure_outcome(decision: Decision, error: BaseException | str) -> Outcome:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return Outcome(request_id=decision.request_id, endpoint=decision.endpoint or "", ok=False, error=text[:500])
-
-
-def unreachable_reason(error: BaseException | None) -> str | None:
-    """Why ``error`` means the engine itself is gone (connection refused or reset, 502/503), or None.
-
-    A timeout is not one: a slow engine is alive, and placement already prices its queue.
-    """
-    if error is None:
-        return None
-    if isinstance(error, litellm.Timeout):
-        return None
-    if isinstance(error, litellm.APIConnectionError | litellm.ServiceUnavailableError | litellm.BadGatewayError):
-        return f"{type(error).__name__}: {str(error)[:200]}"
-    # LiteLLM 1.108 wraps the OpenAI client's APIConnectionError (refused, reset, DNS) for OpenAI-compatible
-    # engines as InternalServerError; the client's own message is the only mark left of it.
-    if isinstance(error, litellm.InternalServerError) and CONNECTION_ERROR_TEXT in str(error):
-        return f"connection failed: {str(error)[:200]}"
-    return None
+def failure_outcome(error: BaseException | str | None) -> Outcome:
+    """How an attempt that raised ``error`` ended, in the core's terms (what that means for the engine is the
+    core's call: ``OutcomeKind.marks_unhealthy``)."""
+    if error is None or isinstance(error, str):
+        return Outcome(OutcomeKind.FAILED, detail=(error or "request failed")[:500])
+    detail = f"{type(error).__name__}: {str(error)[:400]}"
+    status = _int_or_none(getattr(error, "status_code", None))
+    kind = OutcomeKind.FAILED
+    if isinstance(error, asyncio.CancelledError):
+        kind = OutcomeKind.CLIENT_CANCELLED
+    elif isinstance(error, litellm.Timeout):
+        kind = OutcomeKind.TIMEOUT
+    elif isinstance(error, litellm.APIConnectionError) or (
+        # LiteLLM 1.108 wraps the OpenAI client's APIConnectionError (refused, reset, DNS) for OpenAI-compatible
+        # engines as InternalServerError; the client's own message is the only mark left of it.
+        isinstance(error, litellm.InternalServerError) and CONNECTION_ERROR_TEXT in str(error)
+    ):
+        kind, status = OutcomeKind.CONNECT_FAILED, None
+    elif isinstance(error, litellm.ServiceUnavailableError):
+        kind, status = OutcomeKind.UPSTREAM_ERROR, 503
+    elif isinstance(error, litellm.BadGatewayError):
+        kind, status = OutcomeKind.UPSTREAM_ERROR, 502
+    elif status is not None and status >= 500:
+        kind = OutcomeKind.UPSTREAM_ERROR
+    elif status is not None and status >= 400:
+        kind = OutcomeKind.REJECTED
+    return Outcome(kind, status=status, detail=detail)
 
 
 # -- Rejection -> LiteLLM's error ------------------------------------------------------------------------------

@@ -22,9 +22,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from cognitora.decision import CandidateScore, Decision, Rejection
+from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.decision import Decision, Rejection
 from cognitora.process import ManagedProcess, free_port, wait_until
-from cognitora.request import Outcome, RouteRequest
+from cognitora.request import RouteRequest
 from envoy_extproc.launch import render_config, start_envoy
 from envoy_extproc.processor import AddressBook
 from envoy_extproc.server import start_server
@@ -93,6 +94,55 @@ async def start_engine(name: str, port: int) -> web.AppRunner:
 
 
 @dataclass
+class Ended:
+    """One attempt's end as the adapter reported it."""
+
+    endpoint: str
+    outcome: Outcome
+    first_token: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.ok
+
+
+class RecordingAttempt:
+    """Stands in for the core's Attempt: records what the adapter reports on it."""
+
+    def __init__(self, core: RecordingCore, request_id: str, endpoint: str) -> None:
+        self.core, self.request_id, self.endpoint = core, request_id, endpoint
+        self.saw_first_token = False
+        self.finished = False
+
+    def first_token(self) -> None:
+        if self.saw_first_token or self.finished:
+            return
+        self.saw_first_token = True
+        self.core.events.append(("first_token", self.request_id))
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.finished:
+            return  # the core's contract: the first finish wins
+        self.finished = True
+        self.core.events.append(("finished", self.request_id))
+        self.core.outcomes.append(Ended(self.endpoint, outcome, self.saw_first_token))
+        if outcome.kind.marks_unhealthy(outcome.status):
+            self.core.unhealthy.append((self.endpoint, outcome.detail))
+
+    def rerouted(self, endpoint: str, outcome: Outcome) -> RecordingAttempt:
+        self.finished = True
+        self.core.events.append(("rerouted", self.request_id))
+        if outcome.kind.marks_unhealthy(outcome.status):
+            self.core.unhealthy.append((self.endpoint, outcome.detail))
+        moved = RecordingAttempt(self.core, self.request_id, endpoint)
+        moved.saw_first_token = self.saw_first_token
+        return moved
+
+    async def settled(self) -> None:
+        return None
+
+
+@dataclass
 class RecordingCore:
     """Stands in for the Router: picks what the test says, records every call the adapter makes."""
 
@@ -103,39 +153,26 @@ class RecordingCore:
     fail: bool = False
     placed: list[RouteRequest] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[Ended] = field(default_factory=list)
     unhealthy: list[tuple[str, str]] = field(default_factory=list)
 
-    async def place(self, request: RouteRequest) -> Decision:
+    async def admit(self, request: RouteRequest) -> tuple[Decision, RecordingAttempt | None]:
         self.placed.append(request)
         if self.fail:
             raise RuntimeError("placement bug")
-        candidates = () if self.runner_up is None else (CandidateScore(self.runner_up, 0, 0, 1e4, 0.5),)
-        return Decision(
+        decision = Decision(
             request_id=request.request_id,
             model=self.model or request.model,
             endpoint=None if self.rejection else self.pick,
             url=None,
             prompt_tokens=10,
-            candidates=candidates,
+            fallbacks=() if self.runner_up is None else (self.runner_up,),
             rejection=self.rejection,
         )
-
-    def note_dispatch(self, decision: Decision) -> None:
-        self.events.append(("dispatched", decision.request_id))
-
-    async def share_dispatch(self, decision: Decision) -> None:
-        self.events.append(("shared", decision.request_id))
-
-    async def first_token(self, decision: Decision) -> None:
-        self.events.append(("first_token", decision.request_id))
-
-    async def finished(self, decision: Decision, outcome: Outcome) -> None:
-        self.events.append(("finished", decision.request_id))
-        self.outcomes.append(outcome)
-
-    async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
-        self.unhealthy.append((endpoint, reason))
+        if decision.endpoint is None:
+            return decision, None
+        self.events.append(("dispatched", request.request_id))
+        return decision, RecordingAttempt(self, request.request_id, decision.endpoint)
 
     def reset(self, pick: str) -> None:
         """Forget everything recorded; pick ``pick`` (the object itself stays: the server holds it)."""
@@ -149,7 +186,7 @@ class Stack:
     engines: dict[str, str]
     """name -> IP:port; "dead" is listed in Envoy's cluster but nothing listens there."""
 
-    def wait_outcomes(self, count: int) -> list[Outcome]:
+    def wait_outcomes(self, count: int) -> list[Ended]:
         wait_until(lambda: len(self.core.outcomes) >= count, 10.0, f"{count} outcome(s) reported")
         return self.core.outcomes
 
@@ -197,9 +234,13 @@ def test_each_request_goes_to_the_pick_and_its_usage_comes_back(stack: Stack) ->
         assert "x-cognitora-response-flags" not in r.headers
         (outcome,) = stack.wait_outcomes(1)
         assert outcome.ok and outcome.endpoint == stack.engines[name]
-        assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens) == (12, 3, 8)
-        assert outcome.ttft_s is None  # not observable without streaming
-        assert [e for e, _ in stack.core.events] == ["dispatched", "shared", "finished"]
+        assert (outcome.outcome.prompt_tokens, outcome.outcome.completion_tokens, outcome.outcome.cached_tokens) == (
+            12,
+            3,
+            8,
+        )
+        assert not outcome.first_token  # not observable without streaming
+        assert [e for e, _ in stack.core.events] == ["dispatched", "finished"]
 
 
 def test_model_rewrite_arrives_with_a_matching_content_length(stack: Stack) -> None:
@@ -224,9 +265,9 @@ def test_stream_usage_is_read_without_handing_the_client_a_chunk_it_did_not_ask_
     chunks = [json.loads(e) for e in events[:-1]]
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["Hel", "lo"]  # no usage-only chunk
     (outcome,) = stack.wait_outcomes(1)
-    assert outcome.ok and outcome.cached_tokens == 8 and outcome.completion_tokens == 3
-    assert outcome.ttft_s is not None and outcome.ttft_s >= 0
-    assert [e for e, _ in stack.core.events] == ["dispatched", "shared", "first_token", "finished"]
+    assert outcome.ok and outcome.outcome.cached_tokens == 8 and outcome.outcome.completion_tokens == 3
+    assert outcome.first_token
+    assert [e for e, _ in stack.core.events] == ["dispatched", "first_token", "finished"]
 
 
 def test_stream_usage_chunk_reaches_a_client_that_asked_for_it(stack: Stack) -> None:
@@ -234,7 +275,7 @@ def test_stream_usage_chunk_reaches_a_client_that_asked_for_it(stack: Stack) -> 
     _, events = read_stream(stack, chat_body(stream=True, stream_options={"include_usage": True}))
     usage_chunks = [json.loads(e) for e in events[:-1] if json.loads(e)["choices"] == []]
     assert usage_chunks == [{"choices": [], "usage": USAGE}]
-    assert stack.wait_outcomes(1)[0].cached_tokens == 8
+    assert stack.wait_outcomes(1)[0].outcome.cached_tokens == 8
 
 
 def test_client_gone_mid_stream_is_reported_as_incomplete(stack: Stack) -> None:
@@ -244,8 +285,8 @@ def test_client_gone_mid_stream_is_reported_as_incomplete(stack: Stack) -> None:
         first = next(r.iter_lines())
         assert first.startswith("data: ")
     (outcome,) = stack.wait_outcomes(1)  # reported although the stream never ended
-    assert not outcome.ok and outcome.error == "response incomplete"
-    assert outcome.ttft_s is not None  # the first token did arrive
+    assert outcome.outcome.kind is OutcomeKind.CLIENT_CANCELLED
+    assert outcome.first_token  # the first token did arrive
 
 
 @pytest.mark.parametrize(
@@ -406,7 +447,8 @@ def test_every_address_unreachable_is_a_json_503_and_the_pick_is_marked(tmp_path
     assert r.status_code == 503
     assert r.json()["error"]["type"] == "server_error"
     assert core.unhealthy and core.unhealthy[0][0] == dead[0]
-    assert not core.outcomes[0].ok and "unreachable" in (core.outcomes[0].error or "")
+    assert core.outcomes[0].outcome.kind is OutcomeKind.CONNECT_FAILED
+    assert "could not reach" in core.outcomes[0].outcome.detail
 
 
 def test_engine_addresses_can_be_kept_from_clients(tmp_path: Path) -> None:

@@ -6,24 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from cognitora.decision import CandidateScore, Decision
+from cognitora.decision import Decision
 from envoy_extproc.processor import AddressBook, fallback_order
 from envoy_extproc.server import address_book
 from envoy_extproc.settings import parse_settings
 
 
-def decision(*candidates: CandidateScore) -> Decision:
-    return Decision("r", "m", endpoint="10.0.0.1:8000", url=None, prompt_tokens=10, candidates=candidates)
-
-
-def test_fallbacks_are_ranked_runner_ups_never_excluded_ones() -> None:
-    d = decision(
-        CandidateScore("10.0.0.1:8000", 0, 0, 1, 0.01),
-        CandidateScore("10.0.0.2:8000", 0, 0, 1, 0.30),
-        CandidateScore("10.0.0.3:8000", 0, 0, 1, 0.02, excluded="unhealthy"),
-        CandidateScore("10.0.0.4:8000", 0, 0, 1, 0.10),
+def test_fallbacks_are_the_cores_in_its_order() -> None:
+    d = Decision(
+        "r", "m", endpoint="10.0.0.1:8000", url=None, prompt_tokens=10, fallbacks=("10.0.0.4:8000", "10.0.0.2:8000")
     )
     assert fallback_order(d, 2) == ["10.0.0.1:8000", "10.0.0.4:8000", "10.0.0.2:8000"]
+    assert fallback_order(d, 1) == ["10.0.0.1:8000", "10.0.0.4:8000"]
     assert fallback_order(d, 0) == ["10.0.0.1:8000"]
 
 

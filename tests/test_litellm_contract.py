@@ -23,8 +23,9 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.router import CustomRoutingStrategyBase
 
 import litellm_plugin
+from cognitora.attempt import OutcomeKind
 from cognitora.process import free_port
-from litellm_plugin.translate import unreachable_reason
+from litellm_plugin.translate import failure_outcome
 
 SEE = "see docs/litellm.md ('What breaks on upgrade')"
 
@@ -272,11 +273,11 @@ async def test_failure_hook_runs_before_the_retry_reenters_the_strategy() -> Non
     )
     _requires(events[0][2] == "t1", "request_kwargs['metadata'] no longer carries the caller's metadata")
     _requires(events[0][3] == "True", "request_kwargs no longer carries litellm_trace_id (Router)")
-    reason = unreachable_reason(recorder.last_error)
+    outcome = failure_outcome(recorder.last_error)
     _requires(
-        reason is not None,
+        outcome.kind is OutcomeKind.CONNECT_FAILED,
         f"a refused connection now surfaces as {type(recorder.last_error).__name__}: {recorder.last_error}; "
-        "update litellm_plugin.translate.unreachable_reason",
+        "update litellm_plugin.translate.failure_outcome",
     )
 
 

@@ -120,7 +120,7 @@ def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFle
                 text += chunk.choices[0].delta.content or ""
             again = await router.acompletion(model="chat", messages=_messages("And async?"), max_tokens=4)
             async with asyncio.timeout(10):  # the stream's end is reported by a logging task on this loop
-                while len(callbacks.ledger):
+                while callbacks.open_attempts():
                     await asyncio.sleep(0.02)
             return text, _cached(again)
 
@@ -131,7 +131,7 @@ def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFle
         _wait(lambda: _core_stats(router).finished_ok == 7, f"every attempt reported finished: {_core_stats(router)}")
         # The core heard the achieved hits: at least the >= 3 later ones plus the last async one.
         assert _core_stats(router).achieved_cached_tokens >= 4 * 600
-        assert len(callbacks.ledger) == 0
+        assert callbacks.open_attempts() == []
     finally:
         router.update_settings(routing_strategy="simple-shuffle")  # uninstalls: stops the core's thread
     assert "async_get_available_deployment" not in vars(router)
@@ -184,7 +184,7 @@ async def test_async_router_in_redis_mode_with_a_dead_engine_and_refusals(
 
         with pytest.raises(litellm.BadRequestError):
             await router.acompletion(model="no-such-model", messages=_messages("hi"), max_tokens=4)
-        assert len(callbacks.ledger) == 0
+        assert callbacks.open_attempts() == []
     finally:
         router.update_settings(routing_strategy="simple-shuffle")
         await collector.stop()

@@ -15,8 +15,9 @@ import litellm
 import pytest
 from litellm.types.utils import ModelResponse, PromptTokensDetailsWrapper, Usage
 
+from cognitora.attempt import OutcomeKind
 from cognitora.config import ConfigError, EngineKind, Role
-from cognitora.decision import Decision, Rejection
+from cognitora.decision import Rejection
 from litellm_plugin.fleet import build_fleet, endpoint_id, engine_url
 from litellm_plugin.translate import (
     PLACEMENT_KEY,
@@ -25,7 +26,6 @@ from litellm_plugin.translate import (
     rejection_error,
     route_request,
     success_outcome,
-    unreachable_reason,
 )
 
 
@@ -149,10 +149,6 @@ def test_route_request_reads_only_authenticated_identity() -> None:
     assert route_request("chat", messages, None, kwargs, []).request_id != req.request_id
 
 
-def _decision() -> Decision:
-    return Decision(request_id="r1", model="chat", endpoint="a:1", url="http://a:1", prompt_tokens=100)
-
-
 def test_success_outcome_carries_usage_cached_tokens_and_ttft() -> None:
     response = ModelResponse(
         usage=Usage(
@@ -164,24 +160,30 @@ def test_success_outcome_carries_usage_cached_tokens_and_ttft() -> None:
     )
     start = datetime.datetime(2026, 1, 1, 0, 0, 0)
     kwargs = {"api_call_start_time": start, "completion_start_time": start + datetime.timedelta(milliseconds=250)}
-    outcome = success_outcome(_decision(), kwargs, response)
-    assert (outcome.ok, outcome.endpoint, outcome.request_id) == (True, "a:1", "r1")
+    outcome = success_outcome(kwargs, response)
+    assert outcome.ok and outcome.kind is OutcomeKind.COMPLETED
     assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens) == (100, 7, 96)
     assert outcome.ttft_s == pytest.approx(0.25)
-    bare = success_outcome(_decision(), {"standard_logging_object": {"prompt_tokens": 5, "completion_tokens": 2}}, None)
+    bare = success_outcome({"standard_logging_object": {"prompt_tokens": 5, "completion_tokens": 2}}, None)
     assert (bare.prompt_tokens, bare.completion_tokens, bare.cached_tokens, bare.ttft_s) == (5, 2, None, None)
 
 
-def test_failure_outcome_and_unreachable_engines() -> None:
-    refused = litellm.InternalServerError("OpenAIException - Connection error.", "openai", "x")
-    assert unreachable_reason(refused) is not None
-    assert unreachable_reason(litellm.APIConnectionError("reset", "openai", "x")) is not None
-    assert unreachable_reason(litellm.ServiceUnavailableError("down", "openai", "x")) is not None
-    assert unreachable_reason(litellm.Timeout("slow", "x", "openai")) is None
-    assert unreachable_reason(litellm.BadRequestError("bad", "x", "openai")) is None
-    assert unreachable_reason(litellm.InternalServerError("model crashed", "openai", "x")) is None
-    outcome = failure_outcome(_decision(), refused)
-    assert outcome.ok is False and "Connection error" in (outcome.error or "")
+def test_failure_outcomes_say_how_the_attempt_ended_and_the_core_decides_health() -> None:
+    refused = failure_outcome(litellm.InternalServerError("OpenAIException - Connection error.", "openai", "x"))
+    assert refused.kind is OutcomeKind.CONNECT_FAILED and "Connection error" in refused.detail
+    cases = {
+        litellm.APIConnectionError("reset", "openai", "x"): (OutcomeKind.CONNECT_FAILED, True),
+        litellm.ServiceUnavailableError("down", "openai", "x"): (OutcomeKind.UPSTREAM_ERROR, True),
+        litellm.Timeout("slow", "x", "openai"): (OutcomeKind.TIMEOUT, False),
+        litellm.BadRequestError("bad", "x", "openai"): (OutcomeKind.REJECTED, False),
+        litellm.InternalServerError("model crashed", "openai", "x"): (OutcomeKind.UPSTREAM_ERROR, False),
+    }
+    for error, (kind, marks) in cases.items():
+        outcome = failure_outcome(error)
+        assert outcome.kind is kind, (error, outcome)
+        assert outcome.kind.marks_unhealthy(outcome.status) is marks, (error, outcome)
+    assert refused.kind.marks_unhealthy(refused.status)
+    assert failure_outcome(None).kind is OutcomeKind.FAILED
 
 
 def test_rejections_become_litellm_errors_with_their_status() -> None:

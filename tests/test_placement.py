@@ -658,8 +658,7 @@ def support_chat(system: str, question: str) -> RouteRequest:
 
 
 async def place_and_dispatch(router: Router, req: RouteRequest) -> Decision:
-    decision = await router.place(req)
-    await router.dispatched(decision)
+    decision, _ = await router.admit(req)
     return decision
 
 

@@ -13,11 +13,12 @@ import httpx
 import pytest
 
 from cognitora import explain
+from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.collector import Collector
 from cognitora.config import CognitoraConfig, config_from_dict, load_config
 from cognitora.decision import Decision
 from cognitora.process import free_port
-from cognitora.request import Outcome, RouteRequest
+from cognitora.request import RouteRequest
 from cognitora.router import Router
 from cognitora.sim.launch import start_fleet
 from kvstate.memory_store import MemoryStore
@@ -79,8 +80,9 @@ async def test_dispatched_prompt_makes_the_same_prompt_prefer_that_endpoint(
     # Both endpoints idle and empty: force the first request onto B.
     first = await router.place(chat(candidates=[B]))
     assert first.endpoint == B and first.exact_keys and len(first.keys) > 20
-    await router.dispatched(first)
-    await router.first_token(first)
+    attempt = router.dispatch(first)
+    attempt.first_token()
+    await attempt.settled()
 
     again = await router.place(chat())
     assert again.endpoint == B, again.explain()
@@ -99,7 +101,8 @@ async def test_undispatched_decision_leaves_no_trace(config: CognitoraConfig, st
 async def test_finished_releases_in_flight_work(config: CognitoraConfig, store: Store) -> None:
     router = Router(config, store)
     decision = await router.place(chat(max_tokens=50, candidates=[A]))
-    await router.dispatched(decision)
+    attempt = router.dispatch(decision)
+    await attempt.settled()
     assert (await store.inflight([A]))[A].requests == 1
 
     # While A works on its prefill, a different prompt goes to idle B.
@@ -110,8 +113,8 @@ async def test_finished_releases_in_flight_work(config: CognitoraConfig, store: 
     assert busy.endpoint == B, busy.explain()
     assert {c.endpoint: c.cached_tokens for c in busy.candidates}[A] > 0
 
-    outcome = Outcome(decision.request_id, A, ok=True, prompt_tokens=decision.prompt_tokens, cached_tokens=0)
-    await router.finished(decision, outcome)
+    attempt.finish(Outcome(OutcomeKind.COMPLETED, prompt_tokens=decision.prompt_tokens, cached_tokens=0))
+    await attempt.settled()
     assert (await store.inflight([A]))[A].requests == 0
     after = await router.place(chat("Something unrelated entirely?"))
     assert {c.endpoint: c.queued_prefill_tokens for c in after.candidates} == {A: 0, B: 0}
@@ -148,7 +151,8 @@ async def test_redis_unreachable_still_places_degraded(smollm2_dir: Path) -> Non
         decision = await router.place(chat(candidates=[A]))
         assert decision.endpoint == A and decision.degraded
         assert "degraded" in decision.explain()
-        await router.dispatched(decision)  # logs, counts, does not raise
+        attempt = router.dispatch(decision)
+        await attempt.settled()  # logs, counts, does not raise
 
         # Its own in-flight count still steers the next request away from the endpoint it just loaded.
         other = await router.place(chat("A different question"))
@@ -156,7 +160,8 @@ async def test_redis_unreachable_still_places_degraded(smollm2_dir: Path) -> Non
 
         await router.mark_unhealthy(B, "HTTP 503")
         assert (await router.place(chat("Third"))).endpoint == A
-        await router.finished(decision, Outcome(decision.request_id, A, ok=False, error="boom"))
+        attempt.finish(Outcome(OutcomeKind.FAILED, detail="boom"))
+        await attempt.settled()
         assert router.stats.degraded == 3 and router.stats.store_errors >= 4
     finally:
         await router.close()
@@ -172,8 +177,9 @@ async def test_unknown_model_and_bad_prompt_are_rejections(config: CognitoraConf
     assert "neither 'messages' nor 'prompt'" in empty.rejection.message
     bad = await router.place(RouteRequest(model=MODEL, messages=[{"role": "user", "content": 42}]))
     assert bad.rejection is not None and bad.rejection.status == 400
-    await router.dispatched(unknown)  # a rejection is never dispatched: a no-op, not an error
-    assert [d.rejection.status for d in router.recent_decisions() if d.rejection] == [404, 400, 400]
+    decision, attempt = await router.admit(RouteRequest(model="gpt-9", prompt="hi"))
+    assert attempt is None and decision.rejection is not None  # a rejection is never dispatched
+    assert [d.rejection.status for d in router.recent_decisions() if d.rejection] == [404, 400, 400, 404]
 
 
 async def test_keys_are_token_exact_with_the_models_tokenizer(config: CognitoraConfig, smollm2_dir: Path) -> None:
@@ -296,8 +302,9 @@ async def test_routing_history_outlives_speculation_only_where_no_events_come(sm
     router = Router(config, store, clock=lambda: clock[0])
     for endpoint in (A, B):
         decision = await router.place(chat(candidates=[endpoint]))
-        await router.dispatched(decision)
-        await router.finished(decision, Outcome(decision.request_id, endpoint, ok=True))
+        attempt = router.dispatch(decision)
+        attempt.finish(Outcome(OutcomeKind.COMPLETED))
+        await attempt.settled()
     keys = decision.keys
     clock[0] += 60
     held = await store.match_prefix(MODEL, list(keys), [A, B])
@@ -332,15 +339,15 @@ async def test_closed_loop_with_the_simulated_fleet_predicts_the_achieved_hit(
     async def serve(req: RouteRequest) -> tuple[Decision, int]:
         decision = await router.place(req)
         assert decision.url is not None, decision.explain()
-        await router.dispatched(decision)
+        attempt = router.dispatch(decision)
         async with httpx.AsyncClient(timeout=30) as client:
             body = {"model": MODEL, "messages": list(req.messages or []), "max_tokens": 4}
             response = await client.post(f"{decision.url}/v1/chat/completions", json=body)
         assert response.status_code == 200, response.text
         usage = response.json()["usage"]
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        outcome = Outcome(decision.request_id, decision.endpoint or "", ok=True, cached_tokens=cached)
-        await router.finished(decision, outcome)
+        attempt.finish(Outcome(OutcomeKind.COMPLETED, cached_tokens=cached))
+        await attempt.settled()
         return decision, cached
 
     try:

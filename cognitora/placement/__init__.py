@@ -104,6 +104,7 @@ def place(
         predicted_cached_tokens=chosen.cached_tokens,
         predicted_ttft_s=chosen.predicted_ttft_s,
         runner_up=outcome.runner_up,
+        fallbacks=tuple(c.endpoint for c in ranked if c.endpoint != chosen.endpoint),
         reason="; ".join([outcome.reason, *filtered.notes]),
         saturated=outcome.saturated,
     )
