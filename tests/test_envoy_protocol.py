@@ -70,6 +70,8 @@ async def start_engine(name: str, port: int) -> web.AppRunner:
             return web.json_response({"choices": [{"message": {"content": "ok"}}], "usage": USAGE, "seen": seen})
         response = web.StreamResponse(headers={"content-type": "text/event-stream", "x-seen": json.dumps(seen)})
         await response.prepare(request)
+        if body["model"] == "late-first":  # headers now, the first token much later
+            await asyncio.sleep(1.5)
         words = ("Hel", "lo") if body["model"] != "slow-stream" else ("tok",) * 50
         for word in words:
             await response.write(f'data: {{"choices":[{{"delta":{{"content":"{word}"}}}}]}}\n\n'.encode())
@@ -482,3 +484,80 @@ def test_engine_addresses_can_be_kept_from_clients(tmp_path: Path) -> None:
     assert r.status_code == 200 and "x-cognitora-upstream-host" not in r.headers
     assert core.outcomes[0].endpoint == f"127.0.0.1:{port}"  # the service saw who answered
     assert core.unhealthy and core.unhealthy[0][0] == f"127.0.0.1:{dead}"
+
+
+def test_the_real_core_is_left_with_nothing_counted_however_the_request_ends(tmp_path: Path) -> None:
+    """The real Router behind Envoy: a stream the client abandons, a pick that refuses the connection, and a stream
+    whose first token comes after the core's deadline for it: every attempt ends, every count returns to zero."""
+    from cognitora.config import config_from_dict
+    from cognitora.router import Router
+    from kvstate.memory_store import MemoryStore
+    from kvstate.store import InFlight
+
+    bg = BackgroundLoop()
+    live, dead = free_port(), free_port()
+    runner = bg.run(start_engine("live", live))
+    live_ep, dead_ep = f"127.0.0.1:{live}", f"127.0.0.1:{dead}"
+    config = config_from_dict(
+        {
+            "placement": {"prefill_report_min_s": 0.3, "prefill_report_factor": 1.0},
+            "models": [
+                {
+                    "name": name,
+                    "endpoints": [
+                        # The dead one looks far faster (beyond the tie band): the core picks it until marked.
+                        {"url": f"http://{dead_ep}", "prefill_tokens_per_s": 1e6},
+                        {"url": f"http://{live_ep}", "prefill_tokens_per_s": 10},
+                    ],
+                }
+                for name in ("m", "slow-stream", "late-first")
+            ],
+        }
+    )
+    store = MemoryStore()
+    router = Router(config, store)
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server = bg.run(start_server(router, settings, AddressBook({})))
+    listen, admin = free_port(), free_port()
+    envoy = start_envoy(
+        render_config(listen_port=listen, admin_port=admin, extproc_port=server.port, engines=[dead_ep, live_ep]),
+        tmp_path,
+        admin,
+    )
+    url = f"http://127.0.0.1:{listen}/v1/chat/completions"
+
+    def settled() -> bool:
+        counts = bg.run(store.inflight([live_ep, dead_ep]))
+        return not router.open_attempts() and counts == {live_ep: InFlight(), dead_ep: InFlight()}
+
+    try:
+        # 1. The pick refuses the connection: Envoy retries on the fallback, the core marks the pick.
+        r = httpx.post(url, json=chat_body(), timeout=10)
+        assert r.status_code == 200 and r.json()["seen"]["served"] == "live"
+        wait_until(settled, 10.0, "every count back to zero after the refused connection")
+        kinds = [o.kind for o in router.recent_outcomes()]
+        assert kinds == [OutcomeKind.CONNECT_FAILED, OutcomeKind.COMPLETED]
+        assert router.stats.marked_unhealthy == 1
+
+        # 2. The client abandons a stream after its first chunk.
+        with httpx.stream("POST", url, json=chat_body(model="slow-stream", stream=True), timeout=10) as stream:
+            assert next(stream.iter_lines()).startswith("data: ")
+        wait_until(settled, 10.0, "every count back to zero after the abandoned stream")
+        assert router.recent_outcomes()[-1].kind is OutcomeKind.CLIENT_CANCELLED
+
+        # 3. A stream whose first token is late: its prefill stops counting at the deadline, before the token.
+        with httpx.stream("POST", url, json=chat_body(model="late-first", stream=True), timeout=10) as stream:
+            wait_until(
+                lambda: bg.run(store.inflight([live_ep]))[live_ep] == InFlight(1, 0, 0),
+                1.2,
+                "the prefill deadline while the engine has sent no token",
+            )
+            assert stream.read()
+        wait_until(settled, 10.0, "every count back to zero after the late stream")
+        assert router.recent_outcomes()[-1].kind is OutcomeKind.COMPLETED
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        bg.run(router.close())
+        bg.run(runner.cleanup())
+        bg.close()

@@ -27,6 +27,7 @@ import yaml
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
 from kvstate.redis_store import RedisStore
+from kvstate.store import InFlight
 
 pytestmark = pytest.mark.e2e
 
@@ -354,6 +355,38 @@ async def check_stream_prefill_released_at_first_token(
         await store.close()
 
 
+async def check_abandoned_stream_is_released(proxy: Proxy, fleet: SimFleet, redis_url: str, key_prefix: str) -> None:
+    """A client that walks away from a long stream: the proxy closes the stream, and the core's count of that
+    request (in the store every gateway reads) returns to zero at once, not after the in-flight lease."""
+    store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    body = {
+        "model": "chat",
+        "messages": [{"role": "system", "content": system_prompt(1, "abandon")}, {"role": "user", "content": "go"}],
+        "max_tokens": 4000,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    try:
+        async with (
+            httpx.AsyncClient(timeout=60) as client,
+            client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp,
+        ):
+            assert resp.status_code == 200
+            engine = resp.headers["x-litellm-model-api-base"].removesuffix("/v1")
+            endpoint = fleet.endpoint_ids[fleet.urls.index(engine)]
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    break
+            assert (await store.inflight([endpoint]))[endpoint].requests == 1
+            # The connection is closed here, thousands of tokens before the stream's end.
+        deadline = asyncio.get_running_loop().time() + 15
+        while (work := await store.inflight(fleet.endpoint_ids)) != {e: InFlight() for e in fleet.endpoint_ids}:
+            assert asyncio.get_running_loop().time() < deadline, f"the abandoned stream is still counted: {work}"
+            await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+
+
 def test_proxy_embedded_mode(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, fleet, smollm2_dir, redis_url=None, key_prefix="", batch_key=True)
     proxy = Proxy(config, tmp_path, salt="embedded")
@@ -391,6 +424,7 @@ def test_proxy_redis_mode_with_collector_beside_it(
             figures = asyncio.run(check_gateway(proxy, fleet, chaos=False))
             print("redis", figures)
             asyncio.run(check_stream_prefill_released_at_first_token(proxy, fleet, redis_server_url, key_prefix))
+            asyncio.run(check_abandoned_stream_is_released(proxy, fleet, redis_server_url, key_prefix))
         except BaseException:
             print(proxy.process.log_tail(80))
             raise

@@ -23,7 +23,7 @@ import litellm_plugin  # noqa: F401  (registers the 'cognitora' strategy name)
 from cognitora.collector import Collector
 from cognitora.process import free_port
 from cognitora.sim.launch import SimFleet, start_fleet
-from kvstate.store import open_store
+from kvstate.store import InFlight, open_store
 from litellm_plugin.callbacks import cognitora as callbacks
 
 SYSTEM = "You are the support assistant of the Acme Rocket Company. " * 60  # ~700 tokens shared by every request
@@ -202,3 +202,41 @@ def _wait(condition: Any, what: str, timeout_s: float = 10.0) -> None:
     from cognitora.process import wait_until
 
     wait_until(condition, timeout_s, what)
+
+
+async def test_sdk_stream_without_a_first_token_hook_stops_queueing_at_its_deadline(
+    fleet: SimFleet, smollm2_dir: Path
+) -> None:
+    """LiteLLM's SDK streams report no first token: the core stops counting the prefill after its deadline rather
+    than for the stream's whole life; the stream's end (read by the caller) releases the rest."""
+    args = _args(smollm2_dir, placement={"prefill_report_min_s": 0.4, "prefill_report_factor": 1.0})
+    router = litellm.Router(model_list=_model_list(fleet), routing_strategy="cognitora", routing_strategy_args=args)
+    host = router._cognitora_strategy.host  # type: ignore[attr-defined]
+
+    async def inflight(core: Any) -> Any:
+        return await core.store.inflight(fleet.endpoint_ids)
+
+    try:
+        stream = await router.acompletion(
+            model="chat", messages=_messages("Tell me a long story."), max_tokens=400, stream=True
+        )
+        first = await stream.__anext__()  # the first chunk is here; the SDK tells no hook about it
+        assert first is not None
+        queued = await host.call(inflight)
+        assert sum(w.requests for w in queued.values()) == 1
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            work = await host.call(inflight)
+            if sum(w.prefill_tokens for w in work.values()) == 0:
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"prefill still queued mid-stream: {work}"
+            await asyncio.sleep(0.05)
+        assert sum(w.requests for w in work.values()) == 1  # the stream itself still counts
+        async for _ in stream:
+            pass
+        async with asyncio.timeout(10):  # the stream's end is reported by a logging task on this loop
+            while callbacks.open_attempts() or set((await host.call(inflight)).values()) != {InFlight()}:
+                await asyncio.sleep(0.05)
+        assert set((await host.call(inflight)).values()) == {InFlight()}
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
