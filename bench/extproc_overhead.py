@@ -96,26 +96,33 @@ def serve_backend(ports: list[int]) -> None:
 # -- an ext_proc with a trivial core (its own process): the hop's own cost, without placement -------------------
 
 
+class _NoAttempt:
+    """Nothing to count: the trivial core keeps no state."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def first_token(self) -> None: ...
+
+    def finish(self, outcome: Any) -> None: ...
+
+    def rerouted(self, endpoint: str, outcome: Any) -> _NoAttempt:
+        return _NoAttempt(endpoint)
+
+    async def settled(self) -> None: ...
+
+
 class FirstEndpointCore:
     """Always the first endpoint; no store. Measures the ext_proc transport and translation alone."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
-    async def place(self, request: Any) -> Any:
+    async def admit(self, request: Any) -> tuple[Any, _NoAttempt]:
         from cognitora.decision import Decision
 
-        return Decision(request.request_id, request.model, self.endpoint, None, prompt_tokens=20)
-
-    def note_dispatch(self, decision: Any) -> None: ...
-
-    async def share_dispatch(self, decision: Any) -> None: ...
-
-    async def first_token(self, decision: Any) -> None: ...
-
-    async def finished(self, decision: Any, outcome: Any) -> None: ...
-
-    async def mark_unhealthy(self, endpoint: str, reason: str) -> None: ...
+        decision = Decision(request.request_id, request.model, self.endpoint, None, prompt_tokens=20)
+        return decision, _NoAttempt(self.endpoint)
 
 
 def serve_trivial_extproc(port: int, endpoint: str, profile: Path | None) -> None:
