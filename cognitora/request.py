@@ -1,4 +1,4 @@
-"""What the adapters hand the core: a ``RouteRequest`` in, an ``Outcome`` back when the response is done."""
+"""What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.attempt.Outcome``)."""
 
 from __future__ import annotations
 
@@ -33,18 +33,8 @@ class RouteRequest:
     max_tokens: int | None = None
     stream: bool = False
     candidates: Sequence[str] | None = None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What came back for a placed request: the adapter reports it once, at the end (success or failure)."""
-
-    request_id: str
-    endpoint: str
-    ok: bool
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int | None = None
-    """Achieved prefix-cache hit, from ``usage.prompt_tokens_details.cached_tokens``."""
-    ttft_s: float | None = None
-    error: str | None = None
+    pinned_endpoint: str | None = None
+    """The endpoint the client named (LiteLLM: a deployment id as ``model``). Honoured only with ``may_pin``;
+    otherwise the request is placed like any other of its model (a client never skips placement or shedding)."""
+    may_pin: bool = False
+    """A trusted source (an admin-set key flag) lets this request's ``pinned_endpoint`` decide."""

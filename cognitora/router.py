@@ -179,6 +179,8 @@ class Router:
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:
         """Where ``req`` should go, and why. Reads the store; writes nothing."""
+        if req.pinned_endpoint is not None and req.may_pin:
+            req = replace(req, candidates=(req.pinned_endpoint,))
         model = self.config.model(req.model)
         if model is None:
             return self._record(unknown_model(req, self.config))
@@ -187,7 +189,11 @@ class Router:
         except PromptError as exc:
             return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
         state = await self._fleet_state(model, prompt)
-        return self._record(place(req, prompt, self.config, state))
+        decision = place(req, prompt, self.config, state)
+        if req.pinned_endpoint is not None and not req.may_pin:
+            note = f"the request named {req.pinned_endpoint}: placed like its model (this key may not pin an engine)"
+            decision = replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
+        return self._record(decision)
 
     def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
         keyer = self._keyers[model.name]

@@ -80,8 +80,31 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             specific_deployment=specific_deployment,
         )
         if isinstance(healthy, dict):
-            return healthy  # the caller named one deployment: nothing to place
+            return await self._named_deployment(healthy, messages, input, request_kwargs)
         return await self._choose(model, healthy, messages, input, request_kwargs)
+
+    async def _named_deployment(
+        self,
+        named: dict[str, Any],
+        messages: list[dict[str, str]] | None,
+        input: str | list[Any] | None,
+        request_kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The client named a deployment id (``"model": "engine-2"``). For an engine of the fleet, that must not
+        skip placement, counting and shedding: the request is placed in the deployment's model group, on the named
+        engine only if the core allows this key to pin (``RouteRequest.pinned_endpoint``)."""
+        group = str(named.get("model_name", ""))
+        pinned = self._endpoint_of(named)
+        if pinned is None or group not in self._managed_models:
+            return named  # not one of the fleet's engines: LiteLLM's own behaviour
+        healthy = await self.router.async_get_healthy_deployments(
+            model=group, request_kwargs=request_kwargs, messages=messages, input=input
+        )
+        if isinstance(healthy, dict) or not healthy:
+            healthy = [named]
+        elif all(self._endpoint_of(d) != pinned for d in healthy):
+            healthy = [*healthy, named]
+        return await self._choose(group, healthy, messages, input, request_kwargs, pinned=pinned)
 
     def get_available_deployment(  # type: ignore[override]
         self,
@@ -108,6 +131,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         messages: list[dict[str, str]] | None,
         input: str | list[Any] | None,
         request_kwargs: dict[str, Any],
+        pinned: str | None = None,
     ) -> dict[str, Any]:
         trace = trace_id(request_kwargs)
 
@@ -120,7 +144,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         if group not in self._managed_models or not by_endpoint:
             return self._litellm_default(model, healthy, request_kwargs)
 
-        req = route_request(group, messages, input, request_kwargs, list(by_endpoint))
+        req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
         decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)

@@ -26,6 +26,10 @@ PLACEMENT_KEY = "cognitora_request_id"
 PRIORITY_KEY = "cognitora_priority"
 """Key (or team) ``metadata`` entry naming the request's priority class: set by an admin, never by the client."""
 
+ALLOW_PINNING_KEY = "cognitora_allow_pinning"
+"""Key (or team) ``metadata`` entry that lets a key's requests name one engine's deployment id and be served there
+(``true``): set by an admin, never by the client. Without it a named engine is placed like its model group."""
+
 CONNECTION_ERROR_TEXT = "Connection error"
 """What the OpenAI client says when it cannot reach a server (refused, reset); LiteLLM keeps it in the message."""
 
@@ -84,14 +88,18 @@ def _first_str(meta: Mapping[str, Any], *keys: str) -> str | None:
     return None
 
 
-def _priority(meta: Mapping[str, Any]) -> str:
+def _admin_set(meta: Mapping[str, Any], name: str) -> Any:
+    """A value an admin set on the authenticated key (or its team), never one the client sent."""
     for key in ("user_api_key_metadata", "user_api_key_team_metadata"):
         admin_set = meta.get(key)
-        if isinstance(admin_set, Mapping):
-            value = admin_set.get(PRIORITY_KEY)
-            if isinstance(value, str) and value:
-                return value
-    return DEFAULT_PRIORITY
+        if isinstance(admin_set, Mapping) and name in admin_set:
+            return admin_set[name]
+    return None
+
+
+def _priority(meta: Mapping[str, Any]) -> str:
+    value = _admin_set(meta, PRIORITY_KEY)
+    return value if isinstance(value, str) and value else DEFAULT_PRIORITY
 
 
 def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
@@ -108,6 +116,7 @@ def route_request(
     input: str | list[Any] | None,
     request_kwargs: Mapping[str, Any],
     candidates: Sequence[str],
+    pinned_endpoint: str | None = None,
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids."""
     meta = metadata_of(request_kwargs)
@@ -126,6 +135,8 @@ def route_request(
         max_tokens=_max_tokens(request_kwargs),
         stream=bool(request_kwargs.get("stream")),
         candidates=tuple(candidates),
+        pinned_endpoint=pinned_endpoint,
+        may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
     )
 
 

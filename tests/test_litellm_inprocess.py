@@ -240,3 +240,39 @@ async def test_sdk_stream_without_a_first_token_hook_stops_queueing_at_its_deadl
         assert set((await host.call(inflight)).values()) == {InFlight()}
     finally:
         router.update_settings(routing_strategy="simple-shuffle")
+
+
+async def test_a_client_naming_an_engines_deployment_id_is_still_placed_and_shed(
+    fleet: SimFleet, smollm2_dir: Path
+) -> None:
+    """``"model": "engine-1"`` used to go straight to that engine: unplaced, uncounted, never shed. Now it is placed
+    within its model group, unless an admin lets the key pin engines."""
+    args = _args(
+        smollm2_dir,
+        placement={"priorities": {"default": {"ttft_slo_s": 5.0}, "batch": {"ttft_slo_s": 1e-9, "sheddable": True}}},
+    )
+    router = litellm.Router(model_list=_model_list(fleet), routing_strategy="cognitora", routing_strategy_args=args)
+    host = router._cognitora_strategy.host  # type: ignore[attr-defined]
+
+    async def decisions(core: Any) -> Any:
+        return core.recent_decisions()
+
+    try:
+        batch = {"user_api_key_metadata": {"cognitora_priority": "batch"}}
+        with pytest.raises(litellm.RateLimitError):
+            await router.acompletion(model="engine-1", messages=_messages("bulk"), max_tokens=2, metadata=batch)
+
+        served = await router.acompletion(model="engine-1", messages=_messages("named"), max_tokens=2)
+        (shed, placed) = (await host.call(decisions))[-2:]
+        assert shed.rejection is not None and shed.rejection.status == 429
+        assert placed.model == "chat" and placed.endpoint is not None
+        assert "may not pin" in placed.reason
+        assert fleet.urls[fleet.endpoint_ids.index(placed.endpoint)] in _served_by(served)
+
+        pins = {"user_api_key_metadata": {"cognitora_allow_pinning": True}}
+        for _ in range(3):
+            pinned = await router.acompletion(model="engine-1", messages=_messages("pin"), max_tokens=2, metadata=pins)
+            assert fleet.urls[1] in _served_by(pinned)
+        assert all(d.endpoint == fleet.endpoint_ids[1] for d in (await host.call(decisions))[-3:])
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
