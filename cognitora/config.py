@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -223,6 +223,10 @@ class PlacementConfig(_Strict):
     one of equally good endpoints. Shorter prompts use their last full block."""
     store_timeout_s: float = Field(default=0.25, gt=0)
     """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
+    on_error: Literal["fallback", "reject"] = "fallback"
+    """When placement itself fails (a bug, never a bad request or the store being down): ``fallback`` serves the
+    request on the eligible endpoint with the least work in flight (still counted), ``reject`` answers 503. Either
+    way the error is counted and logged at most once a minute."""
     priorities: dict[str, PriorityClass] = Field(default_factory=_default_priorities)
     """Priority classes by name; requests name one (default ``default``)."""
 

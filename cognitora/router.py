@@ -21,13 +21,14 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
+from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.placement.energy import EnergyEstimator
 from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
@@ -57,6 +58,8 @@ class RouterStats:
     rejected: int = 0
     degraded: int = 0
     """Decisions made without the store."""
+    internal_errors: int = 0
+    """Placements that raised (a bug): answered by ``placement.on_error`` (cognitora.failsafe)."""
     store_errors: int = 0
     """Store calls that failed or timed out (reads and writes)."""
     dispatched: int = 0
@@ -170,6 +173,7 @@ class Router:
         self._outcomes: deque[AttemptRecord] = deque(maxlen=RECENT_DECISIONS)
         self._writers: set[asyncio.Task[None]] = set()
         self._next_attempt_prune = 0.0
+        self._error_log = RateLimitedLog(log)
 
     @classmethod
     def from_config(cls, config: CognitoraConfig) -> Router:
@@ -184,10 +188,17 @@ class Router:
         model = self.config.model(req.model)
         if model is None:
             return self._record(unknown_model(req, self.config))
+        bad_text = _invalid_unicode(req)
+        if bad_text is not None:
+            return self._record(reject(req, 400, f"{bad_text} is not valid Unicode (a lone surrogate): fix the client"))
         try:
             prompt = self._prompt_keys(model, req)
         except PromptError as exc:
             return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
+        except UnicodeError as exc:
+            return self._record(reject(req, 400, f"the prompt is not valid Unicode: {exc}"))
+        except RecursionError:
+            return self._record(reject(req, 400, "the prompt is nested too deeply to read"))
         state = await self._fleet_state(model, prompt)
         decision = place(req, prompt, self.config, state)
         if req.pinned_endpoint is not None and not req.may_pin:
@@ -263,10 +274,20 @@ class Router:
         a group means its earlier attempts are over, so those still open are finished as ``ABANDONED`` first."""
         if group is not None:
             self._abandon_group(group, "the gateway started another attempt of this request")
-        decision = await self.place(request)
+        try:
+            decision = await self.place(request)
+        except Exception as exc:
+            decision = self._placement_failed(request, exc)
         if decision.endpoint is None:
             return decision, None
         return decision, self.dispatch(decision, group=group)
+
+    def _placement_failed(self, request: RouteRequest, exc: Exception) -> Decision:
+        """Placement raised (a bug): ``placement.on_error`` decides (cognitora.failsafe); counted, logged rarely."""
+        self.stats.internal_errors += 1
+        self._error_log.error(f"placement of a request for model {request.model!r} failed", exc)
+        local = self._local.totals(self._endpoint_ids.get(request.model, []), self._clock())
+        return self._record(fallback_decision(request, self.config, exc, local, self._health_marks))
 
     def dispatch(self, decision: Decision, *, group: str | None = None) -> Attempt:
         """The gateway is sending ``decision``'s request to its endpoint: count its work and mark its prefix
@@ -528,6 +549,24 @@ class Router:
         if self._store_ok:
             log.warning("store unavailable (could not %s: %s); deciding on local state until it returns", what, why)
             self._store_ok = False
+
+
+def _invalid_unicode(req: RouteRequest) -> str | None:
+    """Where the request's text holds a lone surrogate (JSON's "\\ud800" decodes to one; no engine can tokenize it),
+    or None. Iterative: a deeply nested body must not overflow the stack here."""
+    todo: list[tuple[str, object]] = [("messages", req.messages), ("prompt", req.prompt)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(value, Mapping):
+            todo.extend((f"{where}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            todo.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 def _queued_prefill(decision: Decision) -> int:

@@ -45,6 +45,8 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply to parse; send a plain OpenAI request") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, got a JSON {type(data).__name__}")
     model = data.get("model")

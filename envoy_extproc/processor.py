@@ -143,13 +143,9 @@ class Exchange:
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
         )
-        try:
-            decision, attempt = await self._core.admit(request)
-        except Exception:
-            # The core degrades on its own when the store is down; anything else is a bug to log, and the request
-            # still flows: Envoy's own load balancer (the fallback policy) picks a host.
-            log.exception("placement failed; the request goes on without a pick")
-            return protocol.CONTINUE_REQUEST_BODY
+        # The core answers every failure of its own (store down: degraded; a placement bug: placement.on_error), so
+        # an exception here is not caught: the service answers this phase with a 503 (server.py), never unplaced.
+        decision, attempt = await self._core.admit(request)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("request %s (team %s):\n%s", request.request_id, request.team, decision.explain())
         if decision.rejection is not None:
@@ -164,7 +160,7 @@ class Exchange:
                 details="cognitora_rejected",
             )
         if attempt is None or decision.endpoint is None:
-            return protocol.CONTINUE_REQUEST_BODY
+            raise RuntimeError(f"the core placed request {request.request_id} nowhere and rejected nothing")
         read_stream = parsed.stream and self._settings.usage != "none"
         include_usage = read_stream and not parsed.client_wants_usage
         new_body = rewrite_body(parsed, raw, model=decision.model, include_usage=include_usage)

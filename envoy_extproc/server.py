@@ -22,11 +22,15 @@ from urllib.parse import urlsplit
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from cognitora.failsafe import RateLimitedLog
 from envoy_extproc import protocol
 from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
 from envoy_extproc.settings import ExtprocSettings, parse_settings
 
 log = logging.getLogger("cognitora.extproc")
+
+_FAIL_CLOSED = frozenset({"request_headers", "request_body"})
+"""Phases whose failure answers the client 503: the request has not been placed yet."""
 
 _PASS_THROUGH = {
     "request_headers": protocol.CONTINUE_REQUEST_HEADERS,
@@ -46,6 +50,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         self._settings = settings
         self._addresses = addresses
         self._closing: set[asyncio.Task[None]] = set()
+        self._errors = 0
+        """Phases that raised (each one logged with its traceback at most once a minute)."""
+        self._error_log = RateLimitedLog(log)
 
     async def Process(  # the gRPC method's name
         self, request_iterator: AsyncIterator[protocol.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -85,9 +92,21 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 return await exchange.on_response_headers(message.response_headers)
             if kind == "response_body":
                 return await exchange.on_response_body(message.response_body)
-        except Exception:
-            # One bad message must not fail the request or the service: let this phase pass through.
-            log.exception("ext_proc %s phase failed; passing the message through unchanged", kind)
+        except Exception as exc:
+            self._errors += 1
+            self._error_log.error(f"ext_proc {kind} phase failed", exc)
+            if kind in _FAIL_CLOSED:
+                # A request the service could not place must not reach an engine unplaced (uncounted, unshed).
+                exchange.closed = True
+                return protocol.openai_error(
+                    503,
+                    "the gateway could not place this request (an internal error, logged): retry shortly",
+                    error_type="server_error",
+                    code="503",
+                    retry_after_s=1,
+                    details="cognitora_internal_error",
+                )
+        # Past placement, one bad message must not fail the request or the service: let this phase pass through.
         return _PASS_THROUGH.get(kind or "", protocol.CONTINUE_REQUEST_HEADERS)
 
 

@@ -361,12 +361,14 @@ def test_unreachable_pick_is_retried_on_the_runner_up_and_marked_unhealthy(stack
     assert stack.core.unhealthy[0][0] == stack.engines["dead"]
 
 
-def test_placement_failure_still_serves_the_request(stack: Stack) -> None:
+def test_an_adapter_that_cannot_place_fails_closed_with_a_json_503(stack: Stack) -> None:
+    """The core answers its own failures (placement.on_error); if placing still raises, nothing goes unplaced."""
     stack.core.reset(stack.engines["a"])
     stack.core.fail = True
     r = post(stack, chat_body())
-    assert r.status_code == 200
-    assert r.json()["seen"]["served"] in {"a", "b"}
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "server_error" and "retry" in r.json()["error"]["message"]
+    assert stack.core.events == []  # nothing was dispatched
 
 
 def test_other_paths_pass_through_unplaced(stack: Stack) -> None:
@@ -531,6 +533,15 @@ def test_the_real_core_is_left_with_nothing_counted_however_the_request_ends(tmp
         return not router.open_attempts() and counts == {live_ep: InFlight(), dead_ep: InFlight()}
 
     try:
+        # 0. Input that used to make placement raise (and so go on unplaced, skipping shedding) is a 400.
+        surrogate = b'{"model": "m", "messages": [{"role": "user", "content": "x\\ud800y"}]}'
+        r = httpx.post(url, content=surrogate, headers={"content-type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"], r.text
+        nested = b'{"model": "m", "messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+        r = httpx.post(url, content=nested, headers={"content-type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
+        assert router.stats.internal_errors == 0 and not router.open_attempts()
+
         # 1. The pick refuses the connection: Envoy retries on the fallback, the core marks the pick.
         r = httpx.post(url, json=chat_body(), timeout=10)
         assert r.status_code == 200 and r.json()["seen"]["served"] == "live"

@@ -1,0 +1,98 @@
+"""What the core does when its own placement fails (a bug, not a bad request, not the store being down).
+
+``placement.on_error`` is the operator's choice:
+
+- ``fallback`` (default): the request is still served and still counted, on the eligible endpoint with the least
+  work this router knows of (no store read, no prompt keys): a pick as good as least-request, never a silent bypass
+  of counting. Shedding needs the predicted TTFT, so a fallback pick is never shed.
+- ``reject``: 503 with ``Retry-After``, so nothing reaches an engine the core did not place.
+
+Either way the error is counted (``RouterStats.internal_errors``) and logged with its traceback at most once per
+``LOG_INTERVAL_S``, with a count of what was suppressed: a client cannot flood the log with one bad request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cognitora.config import CognitoraConfig
+from cognitora.decision import Decision, Rejection
+from cognitora.placement.state import HealthMark
+from cognitora.request import RouteRequest
+from kvstate.store import InFlight
+
+LOG_INTERVAL_S = 60.0
+"""At most one traceback per this many seconds per kind of error."""
+
+ERROR_RETRY_AFTER_S = 1
+
+
+@dataclass
+class RateLimitedLog:
+    """Logs an error with its traceback once per interval; counts what it kept quiet about in between."""
+
+    logger: logging.Logger
+    interval_s: float = LOG_INTERVAL_S
+    clock: Callable[[], float] = time.monotonic
+    _next: float = 0.0
+    _suppressed: int = 0
+
+    def error(self, message: str, exc: BaseException) -> None:
+        now = self.clock()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        more = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
+        self.logger.error("%s%s", message, more, exc_info=exc)
+        self._suppressed = 0
+        self._next = now + self.interval_s
+
+
+def fallback_decision(
+    req: RouteRequest,
+    config: CognitoraConfig,
+    error: BaseException,
+    local: Mapping[str, InFlight],
+    marks: Mapping[str, HealthMark],
+) -> Decision:
+    """The decision ``placement.on_error`` asks for after ``error`` broke the real placement of ``req``."""
+    why = f"placement failed ({type(error).__name__}); the error is logged"
+    if config.placement.on_error == "reject":
+        message = f"{why}: retry shortly, or tell the operator if it persists"
+        return _rejected(req, message)
+    model = config.model(req.model)
+    if model is None:
+        return _rejected(req, f"{why}, and model {req.model!r} is not configured")
+    allowed: Sequence[str] | None = req.candidates
+    eligible = [e.id for e in model.endpoints if (allowed is None or e.id in allowed) and e.id not in marks]
+    if not eligible:
+        return _rejected(req, f"{why}, and no endpoint is eligible for a fallback pick")
+    chosen = min(eligible, key=lambda e: (local.get(e, InFlight()).requests, eligible.index(e)))
+    endpoint = config.endpoint(chosen)
+    return Decision(
+        request_id=req.request_id,
+        model=req.model,
+        endpoint=chosen,
+        url=None if endpoint is None else endpoint.url,
+        prompt_tokens=0,
+        reason=f"{why}: fallback pick, the eligible endpoint with the least work in flight here",
+        degraded=True,
+        exact_keys=False,
+        expected_decode_tokens=req.max_tokens or 0,
+        fallbacks=tuple(e for e in sorted(eligible, key=lambda e: local.get(e, InFlight()).requests) if e != chosen),
+    )
+
+
+def _rejected(req: RouteRequest, message: str) -> Decision:
+    return Decision(
+        request_id=req.request_id,
+        model=req.model,
+        endpoint=None,
+        url=None,
+        prompt_tokens=0,
+        reason=message,
+        rejection=Rejection(503, message, ERROR_RETRY_AFTER_S),
+    )
