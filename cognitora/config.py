@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.redaction import redact
+
 __all__ = [
     "DEFAULT_PRIORITY",
     "CognitoraConfig",
@@ -46,7 +48,13 @@ DEFAULT_PRIORITY = "default"
 
 
 class ConfigError(ValueError):
-    """The configuration is wrong. The message names the source, the key path and what is expected."""
+    """The configuration is wrong. The message names the source, the key path and what is expected.
+
+    Its text is redacted (``cognitora.redaction``): an error that quotes a bad ``redis_url`` or a secret's value
+    shows ``****`` where the password was, wherever it is printed or logged."""
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
 
 class EngineKind(StrEnum):

@@ -19,6 +19,7 @@ from typing import Any
 
 from cognitora.config import DEFAULT_PRIORITY, ConfigError, load_config
 from cognitora.decision import Decision
+from cognitora.redaction import redact_url
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 
@@ -76,7 +77,7 @@ def describe_store(router: Router) -> str:
     url = router.config.redis_url
     if url is None:
         return "store: in-process and empty (no redis_url in the config): no cache or load state, priors only"
-    return f"store: Redis {url} (key prefix {router.config.key_prefix!r})"
+    return f"store: Redis {redact_url(url)} (key prefix {router.config.key_prefix!r})"
 
 
 async def _run(args: argparse.Namespace) -> int:

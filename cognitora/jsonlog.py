@@ -3,7 +3,8 @@
 ``log.warning("endpoint unhealthy", extra={"endpoint": "10.0.0.5:8000"})`` becomes
 ``{"ts": "2026-11-30T04:00:00.123Z", "level": "WARNING", "logger": "kvstate.scrape", "msg": "endpoint unhealthy",
 "endpoint": "10.0.0.5:8000"}``. Exceptions add ``exc``. Passwords in URLs (``redis://:secret@host``) are masked
-wherever they appear, in the message or in a field, so a log line never carries a credential.
+and every secret the config registered (``cognitora.redaction``) are masked wherever they appear, in the message or
+in a field, so a log line never carries a credential.
 """
 
 from __future__ import annotations
@@ -11,21 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from cognitora.redaction import redact
+
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<password>[^@/\s]+)@")
-MASK = "****"
-
-
-def mask_secrets(text: str) -> str:
-    """Replace the password of every ``scheme://user:password@`` in ``text`` by ``****``."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+mask_secrets = redact
+"""Masks URL passwords and registered secrets (``cognitora.redaction``)."""
 
 
 def _clean(value: Any) -> Any:

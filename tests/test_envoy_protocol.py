@@ -572,3 +572,35 @@ def test_the_real_core_is_left_with_nothing_counted_however_the_request_ends(tmp
         bg.run(router.close())
         bg.run(runner.cleanup())
         bg.close()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/%761/chat/completions",
+        "/v1//chat/completions",
+        "/v1/./chat/completions",
+        "/x/../v1/chat/completions",
+        "/v1/chat%2Fcompletions",
+        "/v1/chat/completions/",
+        "/V1/chat/completions",
+    ],
+)
+def test_no_spelling_of_an_inference_path_reaches_an_engine_unplaced(stack: Stack, path: str) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = httpx.post(f"{stack.url}{path}", json=chat_body(), timeout=10)
+    if r.status_code == 200:
+        assert len(stack.core.placed) == 1, f"{path} was served without placement"
+    else:
+        assert r.status_code in (400, 404), (path, r.status_code, r.text)
+        assert stack.core.placed == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/metrics"), ("POST", "/sim/fault"), ("POST", "/reset_prefix_cache"), ("GET", "/")]
+)
+def test_engine_administration_is_not_reachable_through_the_gateway(stack: Stack, method: str, path: str) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = httpx.request(method, f"{stack.url}{path}", timeout=10)
+    assert r.status_code == 404 and r.headers["content-type"] == "application/json"
+    assert "not an inference path" in r.json()["error"]["message"]

@@ -1,0 +1,59 @@
+"""The one place secrets are masked: every log line, ``cognitora explain``, config errors and metric labels go
+through ``redact`` before a person (or a log shipper) sees them.
+
+Two kinds of secret are masked:
+
+- a URL's password (``redis://:secret@host``, ``rediss://user:secret@host``), wherever it appears in a text;
+- every value registered with ``register_secret``: what the config loader read from ``os.environ/NAME`` or from a
+  key that names a password or API key. A registered value is masked even where no URL surrounds it (a traceback
+  that echoes a header, a config error that quotes a value).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from urllib.parse import urlsplit, urlunsplit
+
+MASK = "****"
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<password>[^@/\s]+)@")
+_MIN_SECRET_CHARS = 4
+"""Shorter values are not registered: masking every "a" or "123" in every log line would hide what matters."""
+
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+_lock = threading.Lock()
+
+
+def register_secret(value: str | None) -> None:
+    """Mask ``value`` in everything ``redact`` sees from now on (process-wide)."""
+    global _pattern
+    if not value or len(value) < _MIN_SECRET_CHARS:
+        return
+    with _lock:
+        if value in _secrets:
+            return
+        _secrets.add(value)
+        ordered = sorted(_secrets, key=len, reverse=True)  # the longest first: a secret that contains another
+        _pattern = re.compile("|".join(re.escape(s) for s in ordered))
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL password and every registered secret replaced by ``****``."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    pattern = _pattern
+    return text if pattern is None else pattern.sub(MASK, text)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to print: its password masked (and any registered secret in it)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return redact(url)
+    if parts.password is None:
+        return redact(url)
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:{MASK}@{host}" + (f":{parts.port}" if parts.port else "")
+    return redact(urlunsplit(parts._replace(netloc=netloc)))
