@@ -147,7 +147,7 @@ class ThreeReads:
 def timed_fleet_view_script() -> str:
     """``FLEET_VIEW`` returning its own run time in microseconds (the Redis server's clock) instead of its reply."""
     head, body = redis_scripts.FLEET_VIEW.split("\n", 1)
-    last = "return {matched, inflight, version, snapshots}"
+    last = "return {matched, inflight, version, snapshots, marks}"
     assert head.startswith("#!lua") and body.rstrip().endswith(last), "FLEET_VIEW changed shape"
     start = "local __t = redis.call('TIME')\nlocal __t0 = tonumber(__t[1]) * 1000000 + tonumber(__t[2])\n"
     end = "local __u = redis.call('TIME')\nreturn tonumber(__u[1]) * 1000000 + tonumber(__u[2]) - __t0\n"
@@ -182,7 +182,8 @@ def snapshot(endpoint: str, now: float) -> EndpointSnapshot:
         power_watts=300.0,
         energy_joules=now,
         block_size=16,
-        extra={"prompt_tokens_total": now, "generation_tokens_total": now / 10},
+        prompt_tokens_total=now,
+        generation_tokens_total=now / 10,
     )
 
 

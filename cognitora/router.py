@@ -19,15 +19,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
-from cognitora.placement.energy import EnergyEstimator
-from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import Outcome, RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
@@ -149,7 +147,6 @@ class Router:
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
         self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
-        self._energy = EnergyEstimator()
         self._store_ok = True
         # The in-process store's methods never suspend (kvstate/memory_store.py): a timeout around them cannot
         # fire and running its writes concurrently gains nothing, so its calls skip both (asyncio.timeout and
@@ -196,15 +193,10 @@ class Router:
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
                 health_marks=dict(self._health_marks),
-                learned_joules_per_token=self._energy.joules_per_token(),
                 degraded=True,
             )
         snapshots = view.snapshots
-        known = self._snapshots
-        for endpoint, snap in snapshots.items():
-            if known.get(endpoint) is not snap:  # a store may hand back the same snapshot until a newer one comes
-                known[endpoint] = snap
-                self._energy.observe(snap)
+        self._snapshots.update(snapshots)
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
@@ -215,8 +207,7 @@ class Router:
             matches=merge_matches(view.matches, routed),
             inflight=inflight,
             snapshots=snapshots,
-            health_marks=dict(self._health_marks),
-            learned_joules_per_token=self._energy.joules_per_token(),
+            health_marks=_newest_marks(view.health_marks, self._health_marks),
         )
 
     def _forget_healed(self, snapshots: dict[str, EndpointSnapshot], now: float) -> None:
@@ -319,17 +310,16 @@ class Router:
         """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy
         or ``unhealthy_mark_ttl_s`` passes (then it is tried again; a new failure marks it again).
 
-        The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
-        so other gateway replicas stop picking it at their next decision.
+        The mark takes effect in this process at once; it is also written to the store as a health mark with the
+        same time to live, so other gateway replicas stop picking it at their next decision. The endpoint's
+        snapshot is left alone: its load figures stay as old as they are.
         """
         now = self._clock()
         self._health_marks[endpoint] = HealthMark(since=now, reason=reason)
         self.stats.marked_unhealthy += 1
         log.warning("endpoint %s marked unhealthy: %s", endpoint, reason)
-        last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
-        dead = replace(last, healthy=False, last_seen=now, extra={**last.extra, SNAPSHOT_MARKED_UNHEALTHY_AT: now})
-        self._snapshots[endpoint] = dead
-        await self._guarded(self.store.put_snapshot(dead), "share an unhealthy mark")
+        ttl_s = self.config.placement.unhealthy_mark_ttl_s
+        await self._guarded(self.store.mark_unhealthy(endpoint, reason, ttl_s), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
     def endpoint_url(self, endpoint_id: str) -> str | None:
@@ -370,6 +360,18 @@ class Router:
         if self._store_ok:
             log.warning("store unavailable (could not %s: %s); deciding on local state until it returns", what, why)
             self._store_ok = False
+
+
+def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMark]) -> dict[str, HealthMark]:
+    """The store's marks and this router's own, the newest per endpoint (ours may not have reached the store)."""
+    if not local:
+        return dict(shared)
+    out = dict(shared)
+    for endpoint, mark in local.items():
+        other = out.get(endpoint)
+        if other is None or mark.since > other.since:
+            out[endpoint] = mark
+    return out
 
 
 def _queued_prefill(decision: Decision) -> int:

@@ -20,6 +20,7 @@ Redis Cluster slot and can run as one server-side script. Endpoint-level keys ar
 | ``{p}:snapshot_endpoints`` | SET | endpoints with a snapshot |
 | ``{p}:snapshot_version`` | STRING | random token, replaced on every snapshot write: readers that hold the |
 | | | snapshots of this version skip reading them again |
+| ``{p}:health`` | HASH | endpoint -> ``"<expiry ms> <since ms> <reason>"``: gateways' health marks |
 
 Braces inside a model or endpoint name would move the hash tag, so they are percent-escaped.
 """
@@ -98,3 +99,6 @@ class RedisKeys:
 
     def snapshot_version(self) -> str:
         return f"{self.prefix}:snapshot_version"
+
+    def health(self) -> str:
+        return f"{self.prefix}:health"

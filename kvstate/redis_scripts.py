@@ -404,29 +404,91 @@ return {#vals, p, d}
 """
 )
 
+_HEALTH_FN = """
+-- A health mark is a field of one hash: endpoint -> '<expiry ms> <since ms> <reason>' (server clock). Expired
+-- fields are skipped by readers and swept by the next mark.
+local function live_mark(v, now)
+  if not v then return nil end
+  local expiry, since, reason = string.match(v, '^(%d+) (%d+) (.*)$')
+  if expiry and tonumber(expiry) > now then return {since, reason} end
+  return nil
+end
+"""
+
+MARK_UNHEALTHY = (
+    _COMMON
+    + _HEALTH_FN
+    + """
+-- KEYS: health hash. ARGV: endpoint, ttl ms, reason. The hash lives as long as its longest-lived mark.
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+local all = rcall('HGETALL', KEYS[1])
+local longest = ttl
+for j = 1, #all, 2 do
+  local v = all[j + 1]
+  if live_mark(v, now) then
+    local left = tonumber(string.match(v, '^(%d+)')) - now
+    if left > longest then longest = left end
+  else
+    rcall('HDEL', KEYS[1], all[j])
+  end
+end
+rcall('HSET', KEYS[1], ARGV[1], sformat('%.0f %.0f ', now + ttl, now) .. ARGV[3])
+rcall('PEXPIRE', KEYS[1], longest)
+return 1
+"""
+)
+
+HEALTH_READ = (
+    "#!lua flags=no-writes\n"
+    + _COMMON
+    + _HEALTH_FN
+    + """
+-- KEYS: health hash. ARGV: endpoints (none: every endpoint). Returns a flat list endpoint, since ms, reason.
+local now = now_ms()
+local out = {}
+if #ARGV == 0 then
+  local all = rcall('HGETALL', KEYS[1])
+  for j = 1, #all, 2 do
+    local mark = live_mark(all[j + 1], now)
+    if mark then out[#out + 1] = all[j]; out[#out + 1] = mark[1]; out[#out + 1] = mark[2] end
+  end
+else
+  local vals = rcall('HMGET', KEYS[1], unpack(ARGV))
+  for j = 1, #ARGV do
+    local mark = live_mark(vals[j], now)
+    if mark then out[#out + 1] = ARGV[j]; out[#out + 1] = mark[1]; out[#out + 1] = mark[2] end
+  end
+end
+return out
+"""
+)
+
 FLEET_VIEW = (
     "#!lua flags=no-writes\n"
     + _COMMON
     + _MATCH_FN
+    + _HEALTH_FN
     + """
--- Everything one placement reads, in one call: the prefix match, each endpoint's in-flight totals and, unless the
--- caller already holds the current ones, the endpoints' snapshots.
--- KEYS: first block string, ids hash, names hash, snapshot version, then per endpoint (in ARGV order): in-flight
---       zset, in-flight tokens hash, snapshot hash.
+-- Everything one placement reads, in one call: the prefix match, each endpoint's in-flight totals, the live health
+-- marks and, unless the caller already holds the current ones, the endpoints' snapshots.
+-- KEYS: first block string, ids hash, names hash, snapshot version, health hash, then per endpoint (in ARGV order):
+--       in-flight zset, in-flight tokens hash, snapshot hash.
 -- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, the snapshot
 --       version the caller holds ('' for none), endpoints...
 -- Returns {match (as MATCH), in-flight {requests, prefill, decode} per endpoint flattened, snapshot version,
---          HGETALL per endpoint or 0 when the caller's version is current}.
+--          HGETALL per endpoint or 0 when the caller's version is current, marks (as HEALTH_READ)}.
 -- Read-only: expired in-flight members are skipped here and swept by the next INFLIGHT_ADD on their endpoint.
 local mw = {}
 for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
 local endpoints = {}
 for i = 13, #ARGV do endpoints[#endpoints + 1] = ARGV[i] end
 local matched = match(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), endpoints)
-local live_after = sformat('(%.0f', now_ms())
+local now = now_ms()
+local live_after = sformat('(%.0f', now)
 local inflight = {}
 for i = 1, #endpoints do
-  local zset, tokens = KEYS[2 + 3 * i], KEYS[3 + 3 * i]
+  local zset, tokens = KEYS[3 + 3 * i], KEYS[4 + 3 * i]
   local requests, p, d = 0, 0, 0
   local live = rcall('ZRANGEBYSCORE', zset, live_after, '+inf')
   for j = 1, #live, 1000 do
@@ -448,8 +510,16 @@ local version = rcall('GET', KEYS[4]) or ''
 local snapshots = 0
 if version == '' or version ~= ARGV[12] then
   snapshots = {}
-  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[4 + 3 * i]) end
+  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[5 + 3 * i]) end
 end
-return {matched, inflight, version, snapshots}
+local marks = {}
+if #endpoints > 0 then
+  local vals = rcall('HMGET', KEYS[5], unpack(endpoints))
+  for j = 1, #endpoints do
+    local mark = live_mark(vals[j], now)
+    if mark then marks[#marks + 1] = endpoints[j]; marks[#marks + 1] = mark[1]; marks[#marks + 1] = mark[2] end
+  end
+end
+return {matched, inflight, version, snapshots, marks}
 """
 )

@@ -20,9 +20,7 @@ is atomic; time comes from the Redis server (``TIME``), so gateways with skewed 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import json
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
@@ -39,10 +37,12 @@ from kvstate import redis_scripts as scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import mask_weights
 from kvstate.redis_keys import RedisKeys
+from kvstate.redis_snapshot import decode_snapshot, encode_snapshot
 from kvstate.store import (
     SPECULATIVE_WEIGHT,
     EndpointSnapshot,
     FleetView,
+    HealthMark,
     InFlight,
     PrefixMatch,
     StoreUnavailable,
@@ -89,53 +89,20 @@ def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+def _marks(flat: Sequence[Any]) -> dict[str, HealthMark]:
+    """A flat endpoint, since (ms), reason list from a script as marks."""
+    return {
+        _text(flat[i]): HealthMark(since=int(flat[i + 1]) / 1000, reason=_text(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    }
+
+
 def _describe(client: aioredis.Redis) -> str:
     """``redis://host:port/db`` of a client, without credentials, for error messages."""
     kwargs = client.connection_pool.connection_kwargs
     if kwargs.get("path"):
         return f"unix://{kwargs['path']}"
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-
-
-_SNAPSHOT_FIELDS = {f.name: f for f in dataclasses.fields(EndpointSnapshot)}
-
-
-def _encode_snapshot(snapshot: EndpointSnapshot) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in _SNAPSHOT_FIELDS:
-        value = getattr(snapshot, name)
-        if isinstance(value, bool):
-            out[name] = "1" if value else "0"
-        elif isinstance(value, dict):
-            out[name] = json.dumps(value)
-        else:
-            out[name] = repr(value) if isinstance(value, float) else str(value)
-    return out
-
-
-def _decode_snapshot(endpoint: str, raw: dict[Any, Any]) -> EndpointSnapshot:
-    """Lenient: fields this version does not know are ignored, missing ones keep their defaults."""
-    values: dict[str, Any] = {"endpoint": endpoint}
-    for key, value in raw.items():
-        name, text = _text(key), _text(value)
-        f = _SNAPSHOT_FIELDS.get(name)
-        if f is None or name == "endpoint":
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        try:
-            if name == "extra":
-                values[name] = {str(k): float(v) for k, v in json.loads(text).items()}
-            elif isinstance(default, bool):
-                values[name] = text == "1"
-            elif isinstance(default, int):
-                values[name] = int(float(text))
-            elif isinstance(default, float):
-                values[name] = float(text)
-            else:
-                values[name] = text
-        except (ValueError, AttributeError):
-            continue  # one bad field from another writer must not hide the rest of the snapshot
-    return EndpointSnapshot(**values)
 
 
 class RedisStore:
@@ -171,6 +138,8 @@ class RedisStore:
         self._inflight_prefill_done = _Script(scripts.INFLIGHT_PREFILL_DONE)
         self._inflight_read = _Script(scripts.INFLIGHT_READ)
         self._fleet_view = _Script(scripts.FLEET_VIEW)
+        self._mark_unhealthy = _Script(scripts.MARK_UNHEALTHY)
+        self._health_read = _Script(scripts.HEALTH_READ)
         self._fleet_calls: dict[tuple[str, tuple[str, ...]], tuple[list[str], list[str], list[str]]] = {}
         # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
         self._snapshot_version = ""
@@ -378,7 +347,8 @@ class RedisStore:
         key = self.keys.snapshot(snapshot.endpoint)
         with self._unavailable("put_snapshot"):
             pipe = self._client.pipeline(transaction=False)
-            pipe.hset(key, mapping=_encode_snapshot(snapshot))  # type: ignore[arg-type]
+            pipe.delete(key)  # a field this snapshot leaves out must not survive from an older one
+            pipe.hset(key, items=encode_snapshot(snapshot))
             pipe.sadd(self.keys.snapshot_endpoints(), snapshot.endpoint)
             # after the HSET, in the same ordered pipeline: a reader that sees the new token sees the new snapshot
             pipe.set(self.keys.snapshot_version(), uuid.uuid4().hex)
@@ -394,7 +364,21 @@ class RedisStore:
             for endpoint in endpoints:
                 pipe.hgetall(self.keys.snapshot(endpoint))
             rows = await pipe.execute()
-        return {e: _decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+        return {e: decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+
+    # -- gateway health marks ---------------------------------------------------------------------------------
+    async def mark_unhealthy(self, endpoint: str, reason: str, ttl_s: float) -> None:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        with self._unavailable("mark_unhealthy"):
+            await self._run(self._mark_unhealthy, [self.keys.health()], [endpoint, ttl_ms, reason])
+
+    async def health_marks(self, endpoints: Sequence[str] | None = None) -> dict[str, HealthMark]:
+        if endpoints is not None and not endpoints:
+            return {}
+        wanted = [] if endpoints is None else list(dict.fromkeys(endpoints))
+        with self._unavailable("health_marks"):
+            flat = await self._run(self._health_read, [self.keys.health()], wanted)
+        return _marks(flat)
 
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
@@ -402,7 +386,7 @@ class RedisStore:
         cached = self._snapshot_cache
         zkeys, args = self.fleet_view_script_call(model, keys, endpoints, all(e in cached for e in known))
         with self._unavailable("fleet_view"):
-            flat, counts, version, rows = await self._run(self._fleet_view, zkeys, args)
+            flat, counts, version, rows, marks = await self._run(self._fleet_view, zkeys, args)
         matches = {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
         }
@@ -414,13 +398,13 @@ class RedisStore:
                 self._snapshot_version = version
             cached = self._snapshot_cache  # (a concurrent call may have replaced it while this one waited)
             for e, raw in zip(known, rows, strict=True):
-                cached[e] = _decode_snapshot(e, _pairs(raw)) if raw else None
+                cached[e] = decode_snapshot(e, _pairs(raw)) if raw else None
         snapshots = {}
         for e in known:
             snap = cached[e]
             if snap is not None:
                 snapshots[e] = snap
-        return FleetView(matches, inflight, snapshots)
+        return FleetView(matches, inflight, snapshots, _marks(marks))
 
     def fleet_view_script_call(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
@@ -444,7 +428,7 @@ class RedisStore:
         if call is None:
             k = self.keys
             known = list(dict.fromkeys(endpoints))
-            endpoint_keys = [k.endpoint_ids(model), k.endpoint_names(model), k.snapshot_version()]
+            endpoint_keys = [k.endpoint_ids(model), k.endpoint_names(model), k.snapshot_version(), k.health()]
             for e in known:
                 endpoint_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
             tail = [k.endpoint_speculative(model, ""), *self._match_weights]
@@ -481,5 +465,5 @@ class RedisStore:
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version())
+            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
             self._known_models.clear()

@@ -141,6 +141,19 @@ async def test_mark_unhealthy_takes_effect_at_once_until_a_newer_healthy_scrape(
     assert (await replica.place(chat())).endpoint == A
 
 
+async def test_mark_unhealthy_is_a_mark_and_leaves_the_snapshot_and_its_age_alone(
+    config: CognitoraConfig, store: Store
+) -> None:
+    router = Router(config, store)
+    old = EndpointSnapshot(A, last_seen=time.time() - 3600, running=50, waiting=20)
+    await store.put_snapshot(old)
+    await router.mark_unhealthy(A, "connection refused")
+    await router.mark_unhealthy(B, "reset")
+    assert await store.snapshots() == {A: old}  # no snapshot refreshed, none made up for B
+    marks = await store.health_marks([A, B])
+    assert {e: m.reason for e, m in marks.items()} == {A: "connection refused", B: "reset"}
+
+
 async def test_redis_unreachable_still_places_degraded(smollm2_dir: Path) -> None:
     config = make_config(smollm2_dir, redis_url=f"redis://127.0.0.1:{free_port()}/0")
     router = Router.from_config(config)
