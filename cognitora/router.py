@@ -156,8 +156,9 @@ class Router:
 
     @classmethod
     def from_config(cls, config: CognitoraConfig) -> Router:
-        """A router over the store the config names: Redis at ``redis_url``, else an in-process store."""
-        return cls(config, open_store(config.redis_url, config.key_prefix))
+        """A router over the store the config names: Redis (or a Redis Cluster) at ``redis_url``, else an
+        in-process store."""
+        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster))
 
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:

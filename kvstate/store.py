@@ -216,12 +216,13 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-def open_store(redis_url: str | None, key_prefix: str = "cog") -> Store:
-    """The store a process should use: Redis when a URL is configured, else an in-process ``MemoryStore``."""
+def open_store(redis_url: str | None, key_prefix: str = "cog", cluster: bool = False) -> Store:
+    """The store a process should use: Redis when a URL is configured (a Redis Cluster client when ``cluster``:
+    the URL is then one of its nodes), else an in-process ``MemoryStore``."""
     if redis_url is None:
         from kvstate.memory_store import MemoryStore
 
         return MemoryStore()
     from kvstate.redis_store import RedisStore
 
-    return RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    return RedisStore.from_url(redis_url, key_prefix=key_prefix, cluster=cluster)

@@ -1,4 +1,5 @@
-"""One contract for every ``Store`` backend: ``MemoryStore`` and ``RedisStore`` (against a real Redis)."""
+"""One contract for every ``Store`` backend: ``MemoryStore``, and ``RedisStore`` against a real Redis and against
+a real 3-master Redis Cluster that the tests start themselves (``tests/redis_cluster.py``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
-from cognitora.process import free_port
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
 from kvstate.store import (
@@ -20,9 +20,7 @@ from kvstate.store import (
     InFlight,
     PrefixMatch,
     Store,
-    StoreUnavailable,
     Tier,
-    open_store,
 )
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
@@ -61,22 +59,23 @@ class Backend:
                 await asyncio.sleep(0.05)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         clock = FakeClock()
         yield Backend("memory", lambda **kw: MemoryStore(clock=clock, **kw), clock)
         return
-    url = request.getfixturevalue("redis_server_url")
+    cluster = request.param == "cluster"
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_server_url")
     prefix = request.getfixturevalue("key_prefix")
     made: list[RedisStore] = []
 
-    def make(**kw: object) -> Store:
-        store = RedisStore.from_url(url, key_prefix=prefix, socket_timeout_s=REDIS_TIMEOUT_S, **kw)  # type: ignore[arg-type]
+    def make(**kw: Any) -> Store:
+        store = RedisStore.from_url(url, key_prefix=prefix, socket_timeout_s=REDIS_TIMEOUT_S, cluster=cluster, **kw)
         made.append(store)
         return store
 
-    yield Backend("redis", make, None)
+    yield Backend(request.param, make, None)
     for store in made:
         await store.delete_everything()
         await store.close()
@@ -483,78 +482,3 @@ async def test_fleet_view_counts_only_live_inflight_work(backend: Backend) -> No
 async def test_ping_and_close(store: Store) -> None:
     assert await store.ping() is True
     await store.close()
-
-
-async def test_open_store_picks_the_backend(redis_server_url: str, key_prefix: str) -> None:
-    assert isinstance(open_store(None), MemoryStore)
-    store = open_store(redis_server_url, key_prefix)
-    try:
-        assert isinstance(store, RedisStore)
-        await store.add_blocks(M, A, CHAIN[:2])
-        assert only(await store.match_prefix(M, CHAIN), A).blocks == 2
-    finally:
-        assert isinstance(store, RedisStore)
-        await store.delete_everything()
-        await store.close()
-
-
-async def test_dead_redis_is_store_unavailable_quickly() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    store = RedisStore.from_url(url)
-    started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}"):
-        await store.match_prefix(M, CHAIN)
-    with pytest.raises(StoreUnavailable, match="redis-server is running"):
-        await store.inflight_add(A, "r1", 1, 1, ttl_s=1)
-    assert await store.ping() is False
-    assert time.monotonic() - started < 3.0
-    await store.close()
-
-
-async def test_redis_store_on_a_caller_client_with_decoded_responses(redis_server_url: str, key_prefix: str) -> None:
-    client = aioredis.Redis.from_url(redis_server_url, decode_responses=True)
-    store = RedisStore(client, key_prefix=key_prefix)
-    try:
-        await store.add_blocks(M, A, CHAIN[:5], Tier.CPU)
-        assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(5, pytest.approx(4.0))}  # type: ignore[arg-type]
-        await store.inflight_add(A, "r1", 10, 2, ttl_s=60)
-        assert (await store.inflight([A]))[A] == InFlight(1, 10, 2)
-        await store.put_snapshot(EndpointSnapshot(endpoint=A, running=2, joules_per_token=1.5))
-        assert (await store.snapshots())[A] == EndpointSnapshot(endpoint=A, running=2, joules_per_token=1.5)
-        await store.mark_unhealthy(A, "reset", ttl_s=60)
-        assert (await store.health_marks([A]))[A].reason == "reset"
-        await store.delete_everything()
-        await store.close()  # the caller's client stays open
-        assert await client.ping()
-    finally:
-        await client.aclose()
-
-
-async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
-    try:
-        with pytest.raises(ValueError, match="unsigned 64-bit"):
-            await store.add_blocks(M, A, [1, -5])
-        with pytest.raises(ValueError, match="unsigned 64-bit"):
-            await store.match_prefix(M, [2**64])
-    finally:
-        await store.delete_everything()
-        await store.close()
-
-
-async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
-    await store.add_blocks(M, A, CHAIN)
-    await store.add_blocks("other-model", B, CHAIN, Tier.CPU)
-    await store.add_speculative(M, C, CHAIN, ttl_s=60)
-    await store.inflight_add(A, "r1", 1, 1, ttl_s=60)
-    await store.put_snapshot(EndpointSnapshot(endpoint=C))
-    await store.mark_unhealthy(B, "reset", ttl_s=60)
-    raw = aioredis.Redis.from_url(redis_server_url)
-    try:
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)]
-        await store.delete_everything()
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)] == []
-    finally:
-        await raw.aclose()
-        await store.close()
