@@ -65,7 +65,7 @@ FLEET_CALLS_KEPT = 64
 """Endpoint lists whose ``fleet_view`` script keys are kept built (a router asks for one per model)."""
 
 Client = aioredis.Redis | RedisCluster
-"""The two clients a ``RedisStore`` runs on: one Redis (or a proxy in front of many), or a Redis Cluster."""
+"""The two clients a ``RedisStore`` runs on: one Redis, or a Redis Cluster."""
 
 _UNAVAILABLE = (
     RedisConnectionError,
