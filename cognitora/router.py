@@ -146,6 +146,8 @@ class Router:
         self._routed = RoutedPrefixes()
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
+        self._shared_marks: dict[str, HealthMark] = {}
+        """Other gateways' marks as of the last store read: still honoured while the store cannot be read."""
         self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
         self._store_ok = True
         # The in-process store's methods never suspend (kvstate/memory_store.py): a timeout around them cannot
@@ -193,11 +195,18 @@ class Router:
                 matches=routed,
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
-                health_marks=dict(self._health_marks),
+                health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 degraded=True,
             )
         snapshots = view.snapshots
         self._snapshots.update(snapshots)
+        if view.health_marks or self._shared_marks:  # (nearly always neither: skip the loop)
+            for endpoint in ids:
+                mark = view.health_marks.get(endpoint)
+                if mark is None:
+                    self._shared_marks.pop(endpoint, None)
+                else:
+                    self._shared_marks[endpoint] = mark
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
