@@ -9,7 +9,7 @@ each endpoint's snapshot once a second (through its own store, as the collector 
 - ``Router.place`` end to end (keys + the store read + placement), on ``MemoryStore`` and ``RedisStore``;
 - on Redis, the same side by side, interleaved sample by sample: the router reading the fleet with the three calls
   it used to make concurrently (``match_prefix``, ``inflight``, ``snapshots``: three round trips) against one
-  ``fleet_view`` (one script call), and those store reads alone;
+  ``fleet_view`` (two scripts, one per hash slot, in one pipelined round trip), and those store reads alone;
 - the Router's other parts alone: tokenizing and keying the chat, and ``placement.place`` (the pure decision, state
   already fetched).
 
@@ -40,7 +40,6 @@ from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.placement import FleetState, place
 from cognitora.request import RouteRequest
 from cognitora.router import Router
-from kvstate import redis_scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
@@ -144,27 +143,35 @@ class ThreeReads:
         return FleetView(matches, inflight, snapshots)
 
 
-def timed_fleet_view_script() -> str:
-    """``FLEET_VIEW`` returning its own run time in microseconds (the Redis server's clock) instead of its reply."""
-    head, body = redis_scripts.FLEET_VIEW.split("\n", 1)
-    last = "return {matched, inflight, version, snapshots}"
-    assert head.startswith("#!lua") and body.rstrip().endswith(last), "FLEET_VIEW changed shape"
+def timed_script(source: str) -> str:
+    """A ``fleet_view`` script returning its own run time in microseconds (the Redis server's clock) instead of
+    its reply: its last line, ``return ...``, is replaced by the timing."""
+    head, body = source.split("\n", 1)
+    lines = body.rstrip().split("\n")
+    assert head.startswith("#!lua") and lines[-1].startswith("return "), "a fleet_view script changed shape"
     start = "local __t = redis.call('TIME')\nlocal __t0 = tonumber(__t[1]) * 1000000 + tonumber(__t[2])\n"
     end = "local __u = redis.call('TIME')\nreturn tonumber(__u[1]) * 1000000 + tonumber(__u[2]) - __t0\n"
-    return head + "\n" + start + body.rstrip()[: -len(last)] + end
+    return head + "\n" + start + "\n".join(lines[:-1]) + "\n" + end
 
 
 async def bench_script(store: RedisStore, keys: list[BlockKey], n: int) -> list[str]:
-    """The ``fleet_view`` script's run time inside redis-server: the part the client cannot speed up."""
+    """The ``fleet_view`` scripts' run time inside redis-server (the match and the fleet state, summed per call):
+    the part the client cannot speed up."""
     client = aioredis.Redis.from_url(store.url)
     try:
-        sha = await client.script_load(timed_fleet_view_script())
         await store.fleet_view(MODEL, keys, ENDPOINTS)  # holds the current snapshots now
         rows = []
         for label, current in (("snapshots current", True), ("snapshots sent", False)):
-            zkeys, args = store.fleet_view_script_call(MODEL, keys, ENDPOINTS, current)
-            samples = [int(await client.evalsha(sha, len(zkeys), *zkeys, *args)) / 1000 for _ in range(n)]
-            rows.append(row(f"fleet_view script alone, redis-server clock ({label})", Samples(samples, [])))
+            calls = []
+            for source, zkeys, args in store.fleet_view_script_calls(MODEL, keys, ENDPOINTS, current):
+                calls.append((await client.script_load(timed_script(source)), zkeys, args))
+            samples = []
+            for _ in range(n):
+                total = 0
+                for sha, zkeys, args in calls:
+                    total += int(await client.evalsha(sha, len(zkeys), *zkeys, *args))
+                samples.append(total / 1000)
+            rows.append(row(f"fleet_view scripts alone, redis-server clock ({label})", Samples(samples, [])))
     finally:
         await client.aclose()
     return rows
@@ -182,7 +189,8 @@ def snapshot(endpoint: str, now: float) -> EndpointSnapshot:
         power_watts=300.0,
         energy_joules=now,
         block_size=16,
-        extra={"prompt_tokens_total": now, "generation_tokens_total": now / 10},
+        prompt_tokens_total=now,
+        generation_tokens_total=now / 10,
     )
 
 
@@ -318,8 +326,9 @@ def main() -> None:
             "",
             "16 endpoints, every one with a snapshot, rewritten one endpoint at a time once a second by a scraper "
             "on its own store (as the collector does). *Three reads (before)*: the router's store read as it was, "
-            "`match_prefix`, `inflight` and `snapshots` concurrently (three round trips). *fleet_view (after)*: one "
-            "script call, snapshots resent only when one changed. *Own CPU*: this thread's CPU time per call "
+            "`match_prefix`, `inflight` and `snapshots` concurrently (three round trips). *fleet_view (after)*: two "
+            "scripts (the match in the model's hash slot, the fleet state in the fleet's) in one pipelined round "
+            "trip, snapshots resent only when one changed. *Own CPU*: this thread's CPU time per call "
             "(client side only for Redis; the script runs in redis-server).",
             "",
             *lines,

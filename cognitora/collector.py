@@ -272,7 +272,7 @@ async def _ping(store: Store) -> bool:
 
 
 async def _run(config: CognitoraConfig, stats_interval_s: float) -> None:
-    store = open_store(config.redis_url, config.key_prefix)
+    store = open_store(config.redis_url, config.key_prefix, config.redis_cluster)
     try:
         await serve(config, store, stats_interval_s)
     finally:

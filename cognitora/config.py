@@ -261,6 +261,9 @@ class CognitoraConfig(_Strict):
     """Redis shared by gateway replicas and the collector; absent: an in-process store (one gateway process)."""
     key_prefix: str = Field(default="cog", min_length=1)
     """Prefix of every Redis key Cognitora writes."""
+    redis_cluster: bool = False
+    """`redis_url` names one node of a Redis Cluster: use the cluster client, which finds the other nodes. Every
+    script's keys share one hash slot (docs/store.md), so the store works on a Cluster as on one Redis."""
     models: list[ModelConfig] = Field(min_length=1)
     """The models served, each with its endpoints."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)

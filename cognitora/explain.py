@@ -77,7 +77,8 @@ def describe_store(router: Router) -> str:
     url = router.config.redis_url
     if url is None:
         return "store: in-process and empty (no redis_url in the config): no cache or load state, priors only"
-    return f"store: Redis {redact_url(url)} (key prefix {router.config.key_prefix!r})"
+    kind = "Redis Cluster" if router.config.redis_cluster else "Redis"
+    return f"store: {kind} {redact_url(url)} (key prefix {router.config.key_prefix!r})"
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -30,8 +30,6 @@ from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
-from cognitora.placement.energy import EnergyEstimator
-from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
@@ -160,8 +158,9 @@ class Router:
         self._routed = RoutedPrefixes()
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
+        self._shared_marks: dict[str, HealthMark] = {}
+        """Other gateways' marks as of the last store read: still honoured while the store cannot be read."""
         self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
-        self._energy = EnergyEstimator()
         self._store_ok = True
         # The in-process store's methods never suspend (kvstate/memory_store.py): a timeout around them cannot
         # fire and running its writes concurrently gains nothing, so its calls skip both (asyncio.timeout and
@@ -177,8 +176,9 @@ class Router:
 
     @classmethod
     def from_config(cls, config: CognitoraConfig) -> Router:
-        """A router over the store the config names: Redis at ``redis_url``, else an in-process store."""
-        return cls(config, open_store(config.redis_url, config.key_prefix))
+        """A router over the store the config names: Redis (or a Redis Cluster) at ``redis_url``, else an
+        in-process store."""
+        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster))
 
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:
@@ -226,16 +226,18 @@ class Router:
                 matches=routed,
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
-                health_marks=dict(self._health_marks),
-                learned_joules_per_token=self._energy.joules_per_token(),
+                health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 degraded=True,
             )
         snapshots = view.snapshots
-        known = self._snapshots
-        for endpoint, snap in snapshots.items():
-            if known.get(endpoint) is not snap:  # a store may hand back the same snapshot until a newer one comes
-                known[endpoint] = snap
-                self._energy.observe(snap)
+        self._snapshots.update(snapshots)
+        if view.health_marks or self._shared_marks:  # (nearly always neither: skip the loop)
+            for endpoint in ids:
+                mark = view.health_marks.get(endpoint)
+                if mark is None:
+                    self._shared_marks.pop(endpoint, None)
+                else:
+                    self._shared_marks[endpoint] = mark
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
@@ -246,8 +248,7 @@ class Router:
             matches=merge_matches(view.matches, routed),
             inflight=inflight,
             snapshots=snapshots,
-            health_marks=dict(self._health_marks),
-            learned_joules_per_token=self._energy.joules_per_token(),
+            health_marks=_newest_marks(view.health_marks, self._health_marks),
         )
 
     def _forget_healed(self, snapshots: dict[str, EndpointSnapshot], now: float) -> None:
@@ -381,7 +382,7 @@ class Router:
         if outcome.kind.marks_unhealthy(outcome.status):
             reason = f"{outcome.kind.value}: {outcome.detail}" if outcome.detail else outcome.kind.value
             self.note_unhealthy(endpoint, reason)
-            attempt._write(lambda: self._share_unhealthy(endpoint), "share an unhealthy mark")
+            attempt._write(lambda: self._share_unhealthy(endpoint, reason), "share an unhealthy mark")
         attempt._write(lambda: self.store.inflight_release(endpoint, rid), "release in-flight work")
 
     def _redispatch(self, attempt: Attempt, endpoint: str) -> Attempt:
@@ -487,25 +488,21 @@ class Router:
         self._health_marks[endpoint] = HealthMark(since=now, reason=reason)
         self.stats.marked_unhealthy += 1
         log.warning("endpoint %s marked unhealthy: %s", endpoint, reason)
-        last = self._snapshots.get(endpoint) or EndpointSnapshot(endpoint=endpoint)
-        dead = replace(last, healthy=False, last_seen=now, extra={**last.extra, SNAPSHOT_MARKED_UNHEALTHY_AT: now})
-        self._snapshots[endpoint] = dead
 
-    async def _share_unhealthy(self, endpoint: str) -> None:
-        dead = self._snapshots.get(endpoint)
-        if dead is not None:
-            await self.store.put_snapshot(dead)
+    async def _share_unhealthy(self, endpoint: str, reason: str) -> None:
+        await self.store.mark_unhealthy(endpoint, reason, self.config.placement.unhealthy_mark_ttl_s)
 
     async def mark_unhealthy(self, endpoint: str, reason: str) -> None:
         """A gateway saw ``endpoint`` fail: stop picking it now, until a scrape newer than this says it is healthy
         or ``unhealthy_mark_ttl_s`` passes (then it is tried again; a new failure marks it again).
 
-        The mark takes effect in this process at once; it is also written to the store as an unhealthy snapshot,
-        so other gateway replicas stop picking it at their next decision. Attempts whose outcome means the endpoint
-        is gone call this themselves (``OutcomeKind.marks_unhealthy``).
+        The mark takes effect in this process at once; it is also written to the store as a health mark with the
+        same time to live, so other gateway replicas stop picking it at their next decision. The endpoint's
+        snapshot is left alone: its load figures stay as old as they are. Attempts whose outcome means the endpoint
+        is gone do this themselves (``OutcomeKind.marks_unhealthy``).
         """
         self.note_unhealthy(endpoint, reason)
-        await self._guarded(self._share_unhealthy(endpoint), "share an unhealthy mark")
+        await self._guarded(self._share_unhealthy(endpoint, reason), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
     def endpoint_url(self, endpoint_id: str) -> str | None:
@@ -567,6 +564,18 @@ def _invalid_unicode(req: RouteRequest) -> str | None:
         elif isinstance(value, list | tuple):
             todo.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
     return None
+
+
+def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMark]) -> dict[str, HealthMark]:
+    """The store's marks and this router's own, the newest per endpoint (ours may not have reached the store)."""
+    if not local:
+        return dict(shared)
+    out = dict(shared)
+    for endpoint, mark in local.items():
+        other = out.get(endpoint)
+        if other is None or mark.since > other.since:
+            out[endpoint] = mark
+    return out
 
 
 def _queued_prefill(decision: Decision) -> int:

@@ -23,8 +23,8 @@ import functools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from kvstate.keys import BlockKey
@@ -33,6 +33,7 @@ from kvstate.store import (
     SPECULATIVE_WEIGHT,
     EndpointSnapshot,
     FleetView,
+    HealthMark,
     InFlight,
     PrefixMatch,
     Tier,
@@ -182,6 +183,8 @@ class MemoryStore:
         self._models: dict[str, _ModelIndex] = {}
         self._inflight: dict[str, dict[str, _Request]] = {}
         self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._health: dict[str, tuple[float, HealthMark]] = {}
+        """endpoint -> (expiry, mark)."""
         self._lock = threading.RLock()
 
     def _index(self, model: str) -> _ModelIndex:
@@ -378,7 +381,7 @@ class MemoryStore:
     # -- endpoint snapshots ---------------------------------------------------------------------------------
     @_exclusive
     async def put_snapshot(self, snapshot: EndpointSnapshot) -> None:
-        self._snapshots[snapshot.endpoint] = replace(snapshot, extra=dict(snapshot.extra))
+        self._snapshots[snapshot.endpoint] = snapshot  # frozen, every field immutable: no copy needed
 
     @_exclusive
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
@@ -387,19 +390,46 @@ class MemoryStore:
         for endpoint in wanted:
             snap = self._snapshots.get(endpoint)
             if snap is not None:
-                out[endpoint] = replace(snap, extra=dict(snap.extra))
+                out[endpoint] = snap
+        return out
+
+    # -- gateway health marks ---------------------------------------------------------------------------------
+    @_exclusive
+    async def mark_unhealthy(self, endpoint: str, reason: str, ttl_s: float) -> None:
+        now = self._clock()
+        self._health[endpoint] = (now + ttl_s, HealthMark(since=now, reason=reason))
+
+    @_exclusive
+    async def health_marks(self, endpoints: Sequence[str] | None = None) -> dict[str, HealthMark]:
+        return self._live_marks(self._health.keys() if endpoints is None else endpoints)
+
+    def _live_marks(self, endpoints: Iterable[str]) -> dict[str, HealthMark]:
+        """The live marks of ``endpoints``; expired ones are forgotten on the way."""
+        health = self._health
+        if not health:
+            return {}
+        now = self._clock()
+        out: dict[str, HealthMark] = {}
+        for endpoint in list(endpoints):
+            entry = health.get(endpoint)
+            if entry is None:
+                continue
+            if entry[0] <= now:
+                del health[endpoint]
+            else:
+                out[endpoint] = entry[1]
         return out
 
     # -- everything placement reads ---------------------------------------------------------------------------
     @_exclusive
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        """The three reads in turn: they cost no round trip here, and since none of them suspends, nothing
-        changes in between. Snapshots are the stored objects, not copies (``put_snapshot`` stored a copy; the
-        caller treats them as read-only), so a reader can tell an unchanged snapshot by identity."""
+        """The four reads in turn: they cost no round trip here, and since none of them suspends, nothing
+        changes in between. Snapshots are the stored (frozen) objects, so a reader can tell an unchanged snapshot by
+        identity."""
         matches = await self.match_prefix(model, keys, endpoints) if keys and endpoints else {}
         stored = self._snapshots
         snapshots = {e: stored[e] for e in endpoints if e in stored}
-        return FleetView(matches, await self.inflight(endpoints), snapshots)
+        return FleetView(matches, await self.inflight(endpoints), snapshots, self._live_marks(endpoints))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:

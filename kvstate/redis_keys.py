@@ -1,8 +1,13 @@
 """Every Redis key ``RedisStore`` uses, built in one place under one configurable prefix.
 
-Model-level keys are hash-tagged by model (``{prefix}:{<model>}:...``) so one model's prefix lookup touches one
-Redis Cluster slot and can run as one server-side script. Endpoint-level keys are hash-tagged by endpoint
-(``{prefix}:ep:{<endpoint>}:...``) so an endpoint's in-flight ZSET and HASH are updated atomically together.
+Two kinds of hash slot, so that every script and pipeline-transaction touches exactly one slot and runs on one
+Redis Cluster node (docs/store.md, "Redis layout", says why it is these two):
+
+- **model slot**, hash tag the model: ``{p}:{<model>}:...``. The block index: what every endpoint holds of that
+  model's key space. It is most of the data and most of the writes, so models spread over the cluster's nodes.
+- **fleet slot**, hash tag the prefix: ``{p}:fleet:{<p>}:...``. What is per endpoint rather than per model
+  (in-flight work, snapshots, health marks) and the registries. An engine's queue is one queue whatever model or
+  LoRA a request names, so these cannot be split by model without writing each of them once per model.
 
 | key | type | content |
 |---|---|---|
@@ -13,15 +18,18 @@ Redis Cluster slot and can run as one server-side script. Endpoint-level keys ar
 | ``{p}:{m}:s:<endpoint>`` | ZSET | speculative block keys (hex) on ``endpoint``, scored by expiry (ms) |
 | ``{p}:{m}:ids`` / ``names`` | HASH | endpoint -> small integer id / id -> endpoint |
 | ``{p}:{m}:free_ids`` | ZSET | ids of purged endpoints, reused smallest first (block strings stay short) |
-| ``{p}:models`` | SET | models with any block (``clear_endpoint`` without a model walks them) |
-| ``{p}:ep:{e}:inflight`` | ZSET | in-flight request ids, scored by expiry (ms, server clock) |
-| ``{p}:ep:{e}:inflight:tokens`` | HASH | request id -> ``"<prefill> <decode>"`` |
-| ``{p}:ep:{e}:snapshot`` | HASH | ``EndpointSnapshot`` fields |
-| ``{p}:snapshot_endpoints`` | SET | endpoints with a snapshot |
-| ``{p}:snapshot_version`` | STRING | random token, replaced on every snapshot write: readers that hold the |
+| ``F:models`` | SET | models with any block (``clear_endpoint`` without a model walks them) |
+| ``F:inflight:<e>`` | ZSET | in-flight request ids on endpoint ``e``, scored by expiry (ms, server clock) |
+| ``F:inflight_tokens:<e>`` | HASH | request id -> ``"<prefill> <decode>"`` |
+| ``F:snapshot:<e>`` | HASH | ``EndpointSnapshot`` fields (``kvstate.redis_snapshot``) |
+| ``F:snapshot_endpoints`` | SET | endpoints with a snapshot |
+| ``F:snapshot_version`` | STRING | random token, replaced on every snapshot write: readers that hold the |
 | | | snapshots of this version skip reading them again |
+| ``F:health`` | HASH | endpoint -> ``"<expiry ms> <since ms> <reason>"``: gateways' health marks |
 
-Braces inside a model or endpoint name would move the hash tag, so they are percent-escaped.
+``F`` is ``{p}:fleet:{<p>}``. Only the first ``{...}`` of a key is its hash tag, so what follows it (an endpoint
+name) never moves a key to another slot; braces inside a model name would, so they are percent-escaped. A fleet
+key can never be a model key: those have ``{`` right after the prefix.
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ class RedisKeys:
         if not prefix or any(c in prefix for c in "{} "):
             raise ValueError(f"key prefix must be non-empty without braces or spaces, got {prefix!r}")
         self.prefix = prefix
+        self._fleet = f"{prefix}:fleet:{{{prefix}}}"
 
-    # -- model level (hash-tagged by model) ---------------------------------------------------------------
+    # -- model slot (hash-tagged by model) ----------------------------------------------------------------
     def model_base(self, model: str) -> str:
         return f"{self.prefix}:{{{_tag(model)}}}"
 
@@ -77,24 +86,27 @@ class RedisKeys:
     def free_ids(self, model: str) -> str:
         return f"{self.model_base(model)}:free_ids"
 
-    def models(self) -> str:
-        return f"{self.prefix}:models"
+    # -- fleet slot (hash-tagged by the prefix) -----------------------------------------------------------
+    def fleet_base(self) -> str:
+        return self._fleet
 
-    # -- endpoint level (hash-tagged by endpoint) ---------------------------------------------------------
-    def endpoint_base(self, endpoint: str) -> str:
-        return f"{self.prefix}:ep:{{{_tag(endpoint)}}}"
+    def models(self) -> str:
+        return f"{self._fleet}:models"
 
     def inflight(self, endpoint: str) -> str:
-        return f"{self.endpoint_base(endpoint)}:inflight"
+        return f"{self._fleet}:inflight:{endpoint}"
 
     def inflight_tokens(self, endpoint: str) -> str:
-        return f"{self.endpoint_base(endpoint)}:inflight:tokens"
+        return f"{self._fleet}:inflight_tokens:{endpoint}"
 
     def snapshot(self, endpoint: str) -> str:
-        return f"{self.endpoint_base(endpoint)}:snapshot"
+        return f"{self._fleet}:snapshot:{endpoint}"
 
     def snapshot_endpoints(self) -> str:
-        return f"{self.prefix}:snapshot_endpoints"
+        return f"{self._fleet}:snapshot_endpoints"
 
     def snapshot_version(self) -> str:
-        return f"{self.prefix}:snapshot_version"
+        return f"{self._fleet}:snapshot_version"
+
+    def health(self) -> str:
+        return f"{self._fleet}:health"

@@ -1,4 +1,9 @@
-"""The Lua scripts behind ``RedisStore``: every multi-key update is one script, hence atomic.
+"""The Lua scripts of ``RedisStore``'s block index: every multi-key update is one script, hence atomic.
+
+Each script touches the keys of one model's slot only (``kvstate.redis_keys``), declared or not: block strings are
+reached from the block base, never declared one by one, and share the model's hash tag, so every script here runs
+on one Redis Cluster node. The fleet slot's scripts (in-flight work, snapshots, health marks) are in
+``kvstate.redis_fleet_scripts``.
 
 Block strings (``kvstate.redis_keys``): byte ``id`` of ``{p}:{m}:b:<hex>`` describes endpoint ``id``; its low nibble,
 read with ``BITFIELD GET u4 <id*8+4>``, is ``spec*8 + disk*4 + cpu*2 + gpu*1``. ``SETBIT`` addresses bits from the
@@ -15,7 +20,7 @@ numbers format with 14 significant digits, so scores and expiries are formatted 
 
 from __future__ import annotations
 
-_COMMON = """
+PRELUDE = """
 -- Redis 7 guards the globals table, so every global lookup is slow: the hot loops use these locals instead.
 local rcall, ssub, sbyte, sformat = redis.call, string.sub, string.byte, string.format
 local function now_ms()
@@ -140,7 +145,7 @@ end
 
 MATCH = (
     "#!lua flags=no-writes\n"
-    + _COMMON
+    + PRELUDE
     + _MATCH_FN
     + """
 -- KEYS: first block string (routes to the model's slot), ids hash, names hash.
@@ -159,7 +164,7 @@ return out
 )
 
 ADD = (
-    _COMMON
+    PRELUDE
     + _ENDPOINT_ID
     + """
 -- KEYS: endpoint block zset, endpoint speculative zset, ids, names, free ids.
@@ -203,7 +208,7 @@ return n
 )
 
 ADD_SPECULATIVE = (
-    _COMMON
+    PRELUDE
     + _ENDPOINT_ID
     + """
 -- A request was routed to the endpoint: blocks it holds are used again (their age in the block zset is refreshed,
@@ -270,7 +275,7 @@ return n
 )
 
 REMOVE = (
-    _COMMON
+    PRELUDE
     + """
 -- KEYS: endpoint block zset, endpoint speculative zset, ids. ARGV: block base, endpoint, tier (-1: all), hex chain.
 local base, ep, tier, blob = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -311,7 +316,7 @@ return n
 )
 
 CLEAR_CHUNK = (
-    _COMMON
+    PRELUDE
     + """
 -- KEYS: endpoint block zset, endpoint speculative zset, ids, names, free ids. ARGV: block base, endpoint, chunk.
 -- Purges up to ``chunk`` entries of each zset and returns how many remain (the caller loops until 0, so no single
@@ -346,110 +351,5 @@ if left == 0 then
   rcall('ZADD', KEYS[5], id, id)
 end
 return left
-"""
-)
-
-_INFLIGHT_SWEEP = (
-    _COMMON
-    + """
-local function sweep(z, h, now)
-  local expired = rcall('ZRANGEBYSCORE', z, '-inf', now)
-  for j = 1, #expired, 1000 do
-    rcall('HDEL', h, unpack(expired, j, math.min(j + 999, #expired)))
-  end
-  if #expired > 0 then rcall('ZREMRANGEBYSCORE', z, '-inf', now) end
-end
-"""
-)
-
-INFLIGHT_ADD = (
-    _INFLIGHT_SWEEP
-    + """
--- KEYS: inflight zset, inflight tokens hash. ARGV: request id, prefill tokens, decode tokens, ttl ms.
-local now = now_ms()
-sweep(KEYS[1], KEYS[2], now)
-local ttl = tonumber(ARGV[4])
-rcall('ZADD', KEYS[1], sformat('%.0f', now + ttl), ARGV[1])
-rcall('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
--- the keys outlive their longest-lived member, so an abandoned endpoint leaves nothing behind
-if rcall('PTTL', KEYS[1]) < ttl then
-  rcall('PEXPIRE', KEYS[1], ttl)
-  rcall('PEXPIRE', KEYS[2], ttl)
-end
-return 1
-"""
-)
-
-INFLIGHT_PREFILL_DONE = """
--- KEYS: inflight zset, inflight tokens hash. ARGV: request id.
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if not v then return 0 end
-local decode = string.match(v, ' (%d+)$') or '0'
-redis.call('HSET', KEYS[2], ARGV[1], '0 ' .. decode)
-return 1
-"""
-
-INFLIGHT_READ = (
-    _INFLIGHT_SWEEP
-    + """
--- KEYS: inflight zset, inflight tokens hash. Returns {requests, prefill tokens, decode tokens}; drops expired ones.
-sweep(KEYS[1], KEYS[2], now_ms())
-local vals = rcall('HVALS', KEYS[2])
-local p, d = 0, 0
-for _, v in ipairs(vals) do
-  local a, b = string.match(v, '^(%d+) (%d+)$')
-  p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
-end
-return {#vals, p, d}
-"""
-)
-
-FLEET_VIEW = (
-    "#!lua flags=no-writes\n"
-    + _COMMON
-    + _MATCH_FN
-    + """
--- Everything one placement reads, in one call: the prefix match, each endpoint's in-flight totals and, unless the
--- caller already holds the current ones, the endpoints' snapshots.
--- KEYS: first block string, ids hash, names hash, snapshot version, then per endpoint (in ARGV order): in-flight
---       zset, in-flight tokens hash, snapshot hash.
--- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, the snapshot
---       version the caller holds ('' for none), endpoints...
--- Returns {match (as MATCH), in-flight {requests, prefill, decode} per endpoint flattened, snapshot version,
---          HGETALL per endpoint or 0 when the caller's version is current}.
--- Read-only: expired in-flight members are skipped here and swept by the next INFLIGHT_ADD on their endpoint.
-local mw = {}
-for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
-local endpoints = {}
-for i = 13, #ARGV do endpoints[#endpoints + 1] = ARGV[i] end
-local matched = match(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), endpoints)
-local live_after = sformat('(%.0f', now_ms())
-local inflight = {}
-for i = 1, #endpoints do
-  local zset, tokens = KEYS[2 + 3 * i], KEYS[3 + 3 * i]
-  local requests, p, d = 0, 0, 0
-  local live = rcall('ZRANGEBYSCORE', zset, live_after, '+inf')
-  for j = 1, #live, 1000 do
-    local vals = rcall('HMGET', tokens, unpack(live, j, math.min(j + 999, #live)))
-    for k = 1, #vals do
-      local v = vals[k]
-      if v then
-        local a, b = string.match(v, '^(%d+) (%d+)$')
-        requests = requests + 1
-        p = p + (tonumber(a) or 0); d = d + (tonumber(b) or 0)
-      end
-    end
-  end
-  inflight[#inflight + 1] = requests
-  inflight[#inflight + 1] = p
-  inflight[#inflight + 1] = d
-end
-local version = rcall('GET', KEYS[4]) or ''
-local snapshots = 0
-if version == '' or version ~= ARGV[12] then
-  snapshots = {}
-  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[4 + 3 * i]) end
-end
-return {matched, inflight, version, snapshots}
 """
 )

@@ -1,7 +1,9 @@
-"""``RedisStore``: the ``Store`` shared by gateway replicas and the collector.
+"""``RedisStore``: the ``Store`` shared by gateway replicas and the collector, on one Redis or a Redis Cluster.
 
-Key layout: ``kvstate.redis_keys``; the Lua: ``kvstate.redis_scripts``. Every multi-key update is one script, so it
-is atomic; time comes from the Redis server (``TIME``), so gateways with skewed clocks agree on what has expired.
+Key layout: ``kvstate.redis_keys`` (two kinds of slot: a model's block index, and the fleet's per-endpoint state);
+the Lua: ``kvstate.redis_scripts`` (block index) and ``kvstate.redis_fleet_scripts`` (fleet). Every multi-key
+update is one script whose keys share one hash slot, so it is atomic and runs on one Cluster node; time comes from
+the Redis server (``TIME``), so gateways with skewed clocks agree on what has expired.
 
 - ``match_prefix`` is one read-only script call however long the prompt: it reads the block strings along the key
   chain (one byte per endpoint) and stops at the first block no remaining endpoint holds.
@@ -10,9 +12,11 @@ is atomic; time comes from the Redis server (``TIME``), so gateways with skewed 
   timestamp and are swept on the endpoint's next speculative write or purge.
 - ``clear_endpoint`` walks that endpoint's own key sets in chunks, never the keyspace.
 - In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
-- ``fleet_view`` (what the router reads per decision) is one read-only script call: the match, the in-flight
-  totals and the snapshots together. Snapshots are sent back only when they changed since this store last read
-  them: every ``put_snapshot`` replaces a version token, and the caller passes the token it holds.
+- ``fleet_view`` (what the router reads per decision) is two read-only scripts in one pipeline, one per slot: the
+  match in the model's slot, and the in-flight totals, health marks and snapshots in the fleet slot. One round
+  trip on one Redis; on a Cluster the two go to their nodes concurrently. Snapshots are sent back only when they
+  changed since this store last read them: every ``put_snapshot`` replaces a version token, and the caller passes
+  the token it holds.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
 """
@@ -20,29 +24,31 @@ is atomic; time comes from the Redis server (``TIME``), so gateways with skewed 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import json
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from kvstate import redis_fleet_scripts as fleet_scripts
 from kvstate import redis_scripts as scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import mask_weights
 from kvstate.redis_keys import RedisKeys
+from kvstate.redis_snapshot import decode_snapshot, encode_snapshot
 from kvstate.store import (
     SPECULATIVE_WEIGHT,
     EndpointSnapshot,
     FleetView,
+    HealthMark,
     InFlight,
     PrefixMatch,
     StoreUnavailable,
@@ -56,7 +62,20 @@ CHUNK = 2000
 """Blocks per script call in bulk writes and purges, so no single script blocks Redis for long."""
 
 FLEET_CALLS_KEPT = 64
-"""(model, endpoints) combinations whose ``fleet_view`` script keys are kept built (a router asks for a few)."""
+"""Endpoint lists whose ``fleet_view`` script keys are kept built (a router asks for one per model)."""
+
+Client = aioredis.Redis | RedisCluster
+"""The two clients a ``RedisStore`` runs on: one Redis, or a Redis Cluster."""
+
+_UNAVAILABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    # a Cluster that is up but cannot serve (failover in progress, a slot without a node): unavailable too
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
 
 
 class _Script:
@@ -89,64 +108,40 @@ def _pairs(flat: Sequence[Any]) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _describe(client: aioredis.Redis) -> str:
-    """``redis://host:port/db`` of a client, without credentials, for error messages."""
+def _marks(flat: Sequence[Any]) -> dict[str, HealthMark]:
+    """A flat endpoint, since (ms), reason list from a script as marks."""
+    return {
+        _text(flat[i]): HealthMark(since=int(flat[i + 1]) / 1000, reason=_text(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    }
+
+
+def _url_of(client: Client) -> str:
+    """``redis://host:port/db`` of a client, without credentials; of a Cluster, its first node's."""
+    if isinstance(client, RedisCluster):
+        return f"redis://{next(iter(client.nodes_manager.startup_nodes))}"
     kwargs = client.connection_pool.connection_kwargs
     if kwargs.get("path"):
         return f"unix://{kwargs['path']}"
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
-_SNAPSHOT_FIELDS = {f.name: f for f in dataclasses.fields(EndpointSnapshot)}
-
-
-def _encode_snapshot(snapshot: EndpointSnapshot) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in _SNAPSHOT_FIELDS:
-        value = getattr(snapshot, name)
-        if isinstance(value, bool):
-            out[name] = "1" if value else "0"
-        elif isinstance(value, dict):
-            out[name] = json.dumps(value)
-        else:
-            out[name] = repr(value) if isinstance(value, float) else str(value)
-    return out
-
-
-def _decode_snapshot(endpoint: str, raw: dict[Any, Any]) -> EndpointSnapshot:
-    """Lenient: fields this version does not know are ignored, missing ones keep their defaults."""
-    values: dict[str, Any] = {"endpoint": endpoint}
-    for key, value in raw.items():
-        name, text = _text(key), _text(value)
-        f = _SNAPSHOT_FIELDS.get(name)
-        if f is None or name == "endpoint":
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        try:
-            if name == "extra":
-                values[name] = {str(k): float(v) for k, v in json.loads(text).items()}
-            elif isinstance(default, bool):
-                values[name] = text == "1"
-            elif isinstance(default, int):
-                values[name] = int(float(text))
-            elif isinstance(default, float):
-                values[name] = float(text)
-            else:
-                values[name] = text
-        except (ValueError, AttributeError):
-            continue  # one bad field from another writer must not hide the rest of the snapshot
-    return EndpointSnapshot(**values)
+def _describe(client: Client) -> str:
+    """Where the store's data is, for error messages."""
+    if isinstance(client, RedisCluster):
+        return "Redis Cluster at " + ", ".join(f"redis://{name}" for name in client.nodes_manager.startup_nodes)
+    return f"Redis at {_url_of(client)}"
 
 
 class RedisStore:
-    """``Store`` on Redis (7.0+). See the module docstring and ``kvstate.redis_keys`` for the layout.
+    """``Store`` on Redis (7.0+) or a Redis Cluster. See the module docstring and ``kvstate.redis_keys``.
 
     A store built by ``from_url`` owns its client and closes it in ``close()``; a client passed in is left open.
     """
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: Client,
         key_prefix: str = "cog",
         tier_weights: dict[Tier, float] | None = None,
         max_blocks_per_endpoint: int = 2_000_000,
@@ -159,7 +154,8 @@ class RedisStore:
         self._owns_client = owns_client
         self.keys = RedisKeys(key_prefix)
         self._cap = max_blocks_per_endpoint
-        self._url = _describe(client)
+        self._url = _url_of(client)
+        self._where = _describe(client)
         self._known_models: set[str] = set()
         self._match_weights = [repr(w) for w in mask_weights(tier_weights)[1:]] + [repr(SPECULATIVE_WEIGHT)]
         self._match = _Script(scripts.MATCH)
@@ -167,11 +163,15 @@ class RedisStore:
         self._add_speculative = _Script(scripts.ADD_SPECULATIVE)
         self._remove = _Script(scripts.REMOVE)
         self._clear_chunk = _Script(scripts.CLEAR_CHUNK)
-        self._inflight_add = _Script(scripts.INFLIGHT_ADD)
-        self._inflight_prefill_done = _Script(scripts.INFLIGHT_PREFILL_DONE)
-        self._inflight_read = _Script(scripts.INFLIGHT_READ)
-        self._fleet_view = _Script(scripts.FLEET_VIEW)
-        self._fleet_calls: dict[tuple[str, tuple[str, ...]], tuple[list[str], list[str], list[str]]] = {}
+        self._inflight_add = _Script(fleet_scripts.INFLIGHT_ADD)
+        self._inflight_prefill_done = _Script(fleet_scripts.INFLIGHT_PREFILL_DONE)
+        self._inflight_read = _Script(fleet_scripts.INFLIGHT_READ)
+        self._inflight_release = _Script(fleet_scripts.INFLIGHT_RELEASE)
+        self._put_snapshot = _Script(fleet_scripts.PUT_SNAPSHOT)
+        self._fleet_state = _Script(fleet_scripts.FLEET_STATE)
+        self._mark_unhealthy = _Script(fleet_scripts.MARK_UNHEALTHY)
+        self._health_read = _Script(fleet_scripts.HEALTH_READ)
+        self._fleet_calls: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
         self._snapshot_version = ""
         self._snapshot_cache: dict[str, EndpointSnapshot | None] = {}
@@ -184,28 +184,57 @@ class RedisStore:
         tier_weights: dict[Tier, float] | None = None,
         max_blocks_per_endpoint: int = 2_000_000,
         socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+        *,
+        cluster: bool = False,
     ) -> RedisStore:
-        """A store with its own client: short timeouts and one immediate retry (a dropped idle connection)."""
-        client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            retry=Retry(NoBackoff(), 1),
-        )
+        """A store with its own client: short timeouts and one immediate retry (a dropped idle connection).
+
+        ``cluster``: ``url`` is one node of a Redis Cluster (the client discovers the others and follows slot
+        moves); a plain client would answer MOVED for every key another node serves.
+        """
+        client: Client
+        if cluster:
+            client = RedisCluster.from_url(
+                url,
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 1),
+            )
+        else:
+            client = aioredis.Redis.from_url(
+                url,
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 1),
+            )
         return cls(client, key_prefix, tier_weights, max_blocks_per_endpoint, owns_client=True)
 
     @property
     def url(self) -> str:
+        """The URL of the store's Redis (of a Cluster: one node's), without credentials."""
         return self._url
+
+    @property
+    def cluster(self) -> bool:
+        return isinstance(self._client, RedisCluster)
 
     @contextlib.contextmanager
     def _unavailable(self, what: str) -> Iterator[None]:
         try:
             yield
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(
-                f"Redis at {self._url} did not answer ({what}: {exc.__class__.__name__}: {exc}); "
+                f"{self._where} did not answer ({what}: {exc.__class__.__name__}: {exc}); "
                 "check that redis-server is running and that the configured redis URL points at it"
+            ) from exc
+        except RedisClusterException as exc:
+            # The cluster client wraps "no node reachable" in its own exception; the same class also reports
+            # client-side misuse (keys of one call in several slots), which is a bug to show as it is.
+            if not isinstance(exc.__cause__, _UNAVAILABLE):
+                raise
+            raise StoreUnavailable(
+                f"{self._where} did not answer ({what}: {exc}); check that the cluster's nodes are running and "
+                "that the configured redis URL points at one of them"
             ) from exc
 
     async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -217,15 +246,21 @@ class RedisStore:
             return await self._client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def _run_many(self, calls: Sequence[_Call], then: Sequence[tuple[str, ...]] = ()) -> list[Any]:
-        """Script calls, then plain commands, in one pipelined round trip.
+        """Script calls, then plain commands, in one pipelined round trip (on a Cluster: one pipeline per node,
+        sent concurrently; each call's keys are in one slot, so each goes whole to one node).
 
         redis-py's own pipelined scripts cost an extra SCRIPT EXISTS round trip per execute; instead we load on
-        a NoScriptError and run again (every script here is idempotent).
+        a NoScriptError and run again (every script here is idempotent, and a read-only one harmless to rerun).
         """
+        if len(calls) == 1 and not then:
+            script, keys, args = calls[0]
+            return [await self._run(script, keys, args)]  # no pipeline object for one call
         for attempt in range(2):
             pipe = self._client.pipeline(transaction=False)
             for script, keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                # not ``pipe.evalsha``: the Cluster pipeline blocks that method, but routes the command itself by
+                # its keys (all of one call's keys are in one slot, so it goes whole to one node)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             for command in then:
                 pipe.execute_command(*command)
             try:
@@ -359,12 +394,8 @@ class RedisStore:
             await self._run(self._inflight_prefill_done, self._inflight_keys(endpoint), [request_id])
 
     async def inflight_release(self, endpoint: str, request_id: str) -> None:
-        zset, tokens = self._inflight_keys(endpoint)
         with self._unavailable("inflight_release"):
-            pipe = self._client.pipeline(transaction=True)
-            pipe.zrem(zset, request_id)
-            pipe.hdel(tokens, request_id)
-            await pipe.execute()
+            await self._run(self._inflight_release, self._inflight_keys(endpoint), [request_id])
 
     async def inflight(self, endpoints: Sequence[str]) -> dict[str, InFlight]:
         if not endpoints:
@@ -375,14 +406,11 @@ class RedisStore:
 
     # -- endpoint snapshots ---------------------------------------------------------------------------------
     async def put_snapshot(self, snapshot: EndpointSnapshot) -> None:
-        key = self.keys.snapshot(snapshot.endpoint)
+        k = self.keys
+        zkeys = [k.snapshot(snapshot.endpoint), k.snapshot_endpoints(), k.snapshot_version()]
+        args = [snapshot.endpoint, uuid.uuid4().hex, *encode_snapshot(snapshot)]
         with self._unavailable("put_snapshot"):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.hset(key, mapping=_encode_snapshot(snapshot))  # type: ignore[arg-type]
-            pipe.sadd(self.keys.snapshot_endpoints(), snapshot.endpoint)
-            # after the HSET, in the same ordered pipeline: a reader that sees the new token sees the new snapshot
-            pipe.set(self.keys.snapshot_version(), uuid.uuid4().hex)
-            await pipe.execute()
+            await self._run(self._put_snapshot, zkeys, args)
 
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
         with self._unavailable("snapshots"):
@@ -394,15 +422,33 @@ class RedisStore:
             for endpoint in endpoints:
                 pipe.hgetall(self.keys.snapshot(endpoint))
             rows = await pipe.execute()
-        return {e: _decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+        return {e: decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
+
+    # -- gateway health marks ---------------------------------------------------------------------------------
+    async def mark_unhealthy(self, endpoint: str, reason: str, ttl_s: float) -> None:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        with self._unavailable("mark_unhealthy"):
+            await self._run(self._mark_unhealthy, [self.keys.health()], [endpoint, ttl_ms, reason])
+
+    async def health_marks(self, endpoints: Sequence[str] | None = None) -> dict[str, HealthMark]:
+        if endpoints is not None and not endpoints:
+            return {}
+        wanted = [] if endpoints is None else list(dict.fromkeys(endpoints))
+        with self._unavailable("health_marks"):
+            flat = await self._run(self._health_read, [self.keys.health()], wanted)
+        return _marks(flat)
 
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        known = self._fleet_call(model, endpoints)[0]
+        known = self._fleet_call(endpoints)[0]
+        if not known:
+            return FleetView({}, {}, {})
         cached = self._snapshot_cache
-        zkeys, args = self.fleet_view_script_call(model, keys, endpoints, all(e in cached for e in known))
+        calls = self._fleet_view_calls(model, keys, endpoints, all(e in cached for e in known))
         with self._unavailable("fleet_view"):
-            flat, counts, version, rows = await self._run(self._fleet_view, zkeys, args)
+            replies = await self._run_many(calls)
+        counts, version, rows, marks = replies[-1]
+        flat = replies[0] if len(replies) == 2 else []
         matches = {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
         }
@@ -414,50 +460,61 @@ class RedisStore:
                 self._snapshot_version = version
             cached = self._snapshot_cache  # (a concurrent call may have replaced it while this one waited)
             for e, raw in zip(known, rows, strict=True):
-                cached[e] = _decode_snapshot(e, _pairs(raw)) if raw else None
+                cached[e] = decode_snapshot(e, _pairs(raw)) if raw else None
         snapshots = {}
         for e in known:
             snap = cached[e]
             if snap is not None:
                 snapshots[e] = snap
-        return FleetView(matches, inflight, snapshots)
+        return FleetView(matches, inflight, snapshots, _marks(marks))
 
-    def fleet_view_script_call(
+    def fleet_view_script_calls(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of ``redis_scripts.FLEET_VIEW`` (the benchmark times the script on its own).
+    ) -> list[tuple[str, list[str], list[Any]]]:
+        """The script calls of one ``fleet_view``, as (Lua source, KEYS, ARGV): ``redis_scripts.MATCH`` in the
+        model's slot (absent when there are no keys), then ``redis_fleet_scripts.FLEET_STATE`` in the fleet slot.
+        The benchmark times the scripts on their own.
 
         ``snapshots_held``: this store holds the snapshots of every endpoint asked for, as of the version it last
         read, so the script sends them only if that version is no longer current.
         """
-        known, endpoint_keys, tail = self._fleet_call(model, endpoints)
-        k = self.keys
-        first = k.block(model, keys[0]) if keys else k.endpoint_ids(model)  # only routes the call to the model's slot
-        have = self._snapshot_version if snapshots_held else ""
-        return [first, *endpoint_keys], [k.block_base(model), _hex_chain(keys), *tail, have, *known]
+        return [
+            (script.source, list(zkeys), list(args))
+            for script, zkeys, args in self._fleet_view_calls(model, keys, endpoints, snapshots_held)
+        ]
 
-    def _fleet_call(self, model: str, endpoints: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-        """The parts of a ``FLEET_VIEW`` call that depend only on (model, endpoints), built once: the endpoints
-        without repeats, KEYS after the first, and ARGV from the speculative base to the weights."""
-        key = (model, tuple(endpoints))
+    def _fleet_view_calls(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
+    ) -> list[_Call]:
+        known, state_keys = self._fleet_call(endpoints)
+        have = self._snapshot_version if snapshots_held else ""
+        state: _Call = (self._fleet_state, state_keys, [have, *known])
+        if not keys or not known:
+            return [state]
+        zkeys, args = self.match_script_call(model, keys, known)
+        return [(self._match, zkeys, args), state]
+
+    def _fleet_call(self, endpoints: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The endpoints without repeats and the KEYS of their ``FLEET_STATE`` call, built once per list."""
+        key = tuple(endpoints)
         call = self._fleet_calls.get(key)
         if call is None:
             k = self.keys
             known = list(dict.fromkeys(endpoints))
-            endpoint_keys = [k.endpoint_ids(model), k.endpoint_names(model), k.snapshot_version()]
+            state_keys = [k.snapshot_version(), k.health()]
             for e in known:
-                endpoint_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
-            tail = [k.endpoint_speculative(model, ""), *self._match_weights]
+                state_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
             if len(self._fleet_calls) >= FLEET_CALLS_KEPT:
                 self._fleet_calls.clear()
-            call = self._fleet_calls[key] = (known, endpoint_keys, tail)
+            call = self._fleet_calls[key] = (known, state_keys)
         return call
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:
         try:
-            return bool(await self._client.ping())
-        except (RedisConnectionError, RedisTimeoutError, OSError):
+            with self._unavailable("ping"):
+                return bool(await self._client.ping())
+        except StoreUnavailable:
             return False
 
     async def close(self) -> None:
@@ -481,5 +538,5 @@ class RedisStore:
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version())
+            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
             self._known_models.clear()

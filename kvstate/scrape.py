@@ -10,7 +10,9 @@ What a round does, per endpoint (all endpoints concurrently, each on its own fix
    default) and a single blip never flips it.
 3. Load: the metrics body is parsed by the engine's module (``kvstate.engines``) into an ``EngineLoad``. A body
    that is not Prometheus text is counted (``stats.garbage``) and the last good load is kept.
-4. Rates: ``RateEstimator`` learns prefill and decode throughput from counter deltas (see its docstring).
+4. Rates: ``RateEstimator`` learns prefill and decode throughput and the mean service time from counter deltas
+   (see its docstring); ``kvstate.energy.EnergyEstimator`` learns the marginal energy per token from the power
+   meter. Both are learned here, once per fleet, and reach every gateway replica through the snapshot.
 5. Store: ``put_snapshot``. When the store is unreachable the outage is logged once, scraping goes on, and the
    first successful write logs the recovery.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from kvstate.energy import EnergyEstimator
 from kvstate.engines import (
     ENGINES,
     EngineLoad,
@@ -35,12 +38,7 @@ from kvstate.engines import (
     dcgm,
     parse_prometheus_text,
 )
-from kvstate.store import (
-    SNAPSHOT_MEAN_SERVICE_S,
-    SNAPSHOT_REQUESTS_FINISHED_TOTAL,
-    EndpointSnapshot,
-    Store,
-)
+from kvstate.store import EndpointSnapshot, Store
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +284,7 @@ class _Endpoint:
     spec: EngineSpec
     root: str
     estimator: RateEstimator
+    energy: EnergyEstimator = field(default_factory=EnergyEstimator)
     healthy: bool | None = None
     """None until the first decision (never scraped successfully, and fewer than N failures so far)."""
     consecutive_failures: int = 0
@@ -513,23 +512,11 @@ class Scraper:
             endpoint.healthy = False
 
     def _snapshot_of(self, endpoint: _Endpoint) -> EndpointSnapshot:
+        """What this round saw and learned, energy per token included (learned from this very snapshot)."""
         load, spec = endpoint.load, endpoint.spec
         watts = endpoint.power.power_watts if endpoint.power.power_watts is not None else load.power_watts
         joules = endpoint.power.energy_joules if endpoint.power.energy_joules is not None else load.energy_joules
-        extra = {"consecutive_failures": float(endpoint.consecutive_failures)}
-        for name in (
-            "prompt_tokens_total",
-            "generation_tokens_total",
-            "prefix_cache_hits_total",
-            "prefix_cache_queries_total",
-            SNAPSHOT_REQUESTS_FINISHED_TOTAL,
-        ):
-            value = getattr(load, name)
-            if value is not None:
-                extra[name] = float(value)
-        if endpoint.estimator.mean_service_s > 0:
-            extra[SNAPSHOT_MEAN_SERVICE_S] = endpoint.estimator.mean_service_s
-        return EndpointSnapshot(
+        seen = EndpointSnapshot(
             endpoint=endpoint.target.endpoint_id,
             healthy=bool(endpoint.healthy),
             last_seen=endpoint.last_seen,
@@ -541,8 +528,16 @@ class Scraper:
             power_watts=watts or 0.0,
             energy_joules=joules or 0.0,
             block_size=load.block_size or spec.default_block_size or 0,
-            extra=extra,
+            consecutive_failures=endpoint.consecutive_failures,
+            mean_service_s=endpoint.estimator.mean_service_s or None,
+            prompt_tokens_total=load.prompt_tokens_total,
+            generation_tokens_total=load.generation_tokens_total,
+            prefix_cache_hits_total=load.prefix_cache_hits_total,
+            prefix_cache_queries_total=load.prefix_cache_queries_total,
+            requests_finished_total=load.requests_finished_total,
         )
+        endpoint.energy.observe(seen)
+        return replace(seen, joules_per_token=endpoint.energy.joules_per_token)
 
     async def _put(self, snapshot: EndpointSnapshot) -> None:
         try:

@@ -63,10 +63,15 @@ class InFlight:
 
 @dataclass(frozen=True)
 class EndpointSnapshot:
-    """The latest scraped view of one endpoint (written by the scraper, read by placement)."""
+    """The latest scraped view of one endpoint (written by the scraper, read by placement).
+
+    Every field is named and typed here, once: the scraper fills them, both stores keep them, placement reads them.
+    A ``None`` is "not known": the engine does not expose that counter, or the scraper has not learned it yet.
+    """
 
     endpoint: str
     healthy: bool = True
+    """The scraper's verdict (``kvstate.scrape``). A gateway's own verdict is a ``HealthMark``, kept apart."""
     last_seen: float = 0.0
     """Unix time of the last successful scrape."""
     running: int = 0
@@ -80,7 +85,33 @@ class EndpointSnapshot:
     energy_joules: float = 0.0
     """Cumulative energy counter, as the engine's power meter reports it."""
     block_size: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    """Health rounds failed in a row (0 after a good one)."""
+    mean_service_s: float | None = None
+    """The learned mean time (s) a request holds a batch slot (``RateEstimator``). Placement's slot-wait term
+    divides it into the running count for a departure rate."""
+    joules_per_token: float | None = None
+    """The learned marginal energy per token (J, prompt and generated alike) from the endpoint's own power meter
+    (``kvstate.energy``): learned once, by the scraper, for every gateway replica."""
+    prompt_tokens_total: float | None = None
+    """The engine's cumulative counters, when it exposes them."""
+    generation_tokens_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    requests_finished_total: float | None = None
+    """Finished requests, every finish reason (vLLM ``vllm:request_success``)."""
+
+
+@dataclass(frozen=True)
+class HealthMark:
+    """A gateway saw the endpoint fail (connection refused, reset): placement skips it until a healthy snapshot
+    newer than ``since`` arrives, or the mark's time to live passes.
+
+    Its own record, apart from the scraper's snapshot: a mark never makes an old snapshot look fresh."""
+
+    since: float
+    """Unix time the failure was seen (in the store: by the store's clock, the Redis server's on Redis)."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -93,14 +124,8 @@ class FleetView:
     """As ``inflight``: every endpoint asked for is present."""
     snapshots: dict[str, EndpointSnapshot]
     """As ``snapshots``: endpoints without a snapshot are absent."""
-
-
-# Keys of ``EndpointSnapshot.extra`` the scraper writes and placement reads: the wire names between them.
-SNAPSHOT_MEAN_SERVICE_S = "mean_service_s"
-"""Key in ``EndpointSnapshot.extra``: the learned mean time (s) a request holds a batch slot (``RateEstimator``);
-absent until learned. Placement's slot-wait term divides it into the running count for a departure rate."""
-SNAPSHOT_REQUESTS_FINISHED_TOTAL = "requests_finished_total"
-"""Key in ``EndpointSnapshot.extra``: the engine's cumulative count of finished requests, when it exposes one."""
+    health_marks: dict[str, HealthMark] = field(default_factory=dict)
+    """As ``health_marks``: endpoints without a live mark are absent."""
 
 
 @runtime_checkable
@@ -162,12 +187,24 @@ class Store(Protocol):
         """Latest snapshots (None: all known endpoints)."""
         ...
 
+    # -- gateway health marks ---------------------------------------------------------------------------------
+    async def mark_unhealthy(self, endpoint: str, reason: str, ttl_s: float) -> None:
+        """A gateway saw ``endpoint`` fail: every reader sees the mark (``since`` now, by the store's clock) until
+        ``ttl_s`` passes. A new mark replaces the endpoint's previous one. Snapshots are left untouched."""
+        ...
+
+    async def health_marks(self, endpoints: Sequence[str] | None = None) -> dict[str, HealthMark]:
+        """Live marks (None: of every endpoint); endpoints without one are absent. Whether a healthy snapshot newer
+        than a mark has healed it is placement's rule (``cognitora.placement.filters``), not the store's."""
+        ...
+
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)`` and ``snapshots(endpoints)`` together.
+        """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)``, ``snapshots(endpoints)`` and
+        ``health_marks(endpoints)`` together.
 
-        The router's read for every decision: one round trip on Redis (one script, so the three parts are read at
-        one instant), where the three calls cost three. Empty ``keys`` give no matches.
+        The router's read for every decision: one round trip on Redis, where the four calls cost four. Empty
+        ``keys`` give no matches.
         """
         ...
 
@@ -179,12 +216,13 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
-def open_store(redis_url: str | None, key_prefix: str = "cog") -> Store:
-    """The store a process should use: Redis when a URL is configured, else an in-process ``MemoryStore``."""
+def open_store(redis_url: str | None, key_prefix: str = "cog", cluster: bool = False) -> Store:
+    """The store a process should use: Redis when a URL is configured (a Redis Cluster client when ``cluster``:
+    the URL is then one of its nodes), else an in-process ``MemoryStore``."""
     if redis_url is None:
         from kvstate.memory_store import MemoryStore
 
         return MemoryStore()
     from kvstate.redis_store import RedisStore
 
-    return RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    return RedisStore.from_url(redis_url, key_prefix=key_prefix, cluster=cluster)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_cluster import redis_cluster
 from tests.redis_server import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +36,10 @@ def smollm2_dir() -> Path:
     if not (SMOLLM2 / "tokenizer.json").exists():
         pytest.fail(f"missing {SMOLLM2}/tokenizer.json: the shared model files must sit beside the checkout")
     return SMOLLM2
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A real 3-master Redis Cluster started for this session (see tests/redis_cluster.py); never skipped."""
+    with redis_cluster() as url:
+        yield url

@@ -339,7 +339,7 @@ async def test_collector_with_the_simulated_fleet(
 
         async def tokens_counted() -> bool:
             snap = (await store.snapshots([first]))[first]
-            return snap.extra.get("prompt_tokens_total", 0) >= len(keys) * BLOCK and snap.energy_joules > 0
+            return (snap.prompt_tokens_total or 0) >= len(keys) * BLOCK and snap.energy_joules > 0
 
         await eventually(tokens_counted, 10, "the served prompt in the scraped counters")
 

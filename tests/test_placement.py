@@ -11,9 +11,7 @@ import pytest
 
 from cognitora.config import CognitoraConfig, Role, config_from_dict
 from cognitora.decision import Decision
-from cognitora.placement import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark, place
-from cognitora.placement.energy import EnergyEstimator
-from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
+from cognitora.placement import FleetState, HealthMark, place
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
@@ -74,8 +72,8 @@ SATURATED_B = FleetState(
     NOW,
     matches={B: cached(6000)},
     snapshots={
-        A: snap(A, running=40, extra={"mean_service_s": 30.0}),
-        B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0}),
+        A: snap(A, running=40, mean_service_s=30.0),
+        B: snap(B, running=40, waiting=3, mean_service_s=30.0),
     },
 )
 
@@ -139,26 +137,14 @@ CASES = [
         expect=A,
     ),
     Case(
-        "another gateway's mark (an unhealthy snapshot it wrote) is honoured",
+        "a mark says nothing of load: a healthy snapshot older than the mark does not bring the endpoint back",
         FleetState(
             NOW,
             matches={A: cached(4096)},
-            snapshots={A: snap(A, healthy=False, extra={SNAPSHOT_MARKED_UNHEALTHY_AT: NOW - 1})},
+            snapshots={A: EndpointSnapshot(A, last_seen=NOW - 2)},
+            health_marks={A: HealthMark(NOW - 1, "connection refused")},
         ),
         expect=B,
-    ),
-    Case(
-        "... and expires like a local mark",
-        FleetState(
-            NOW,
-            matches={A: cached(4096)},
-            snapshots={
-                A: EndpointSnapshot(
-                    A, healthy=False, last_seen=NOW - 31, extra={SNAPSHOT_MARKED_UNHEALTHY_AT: NOW - 31}
-                )
-            },
-        ),
-        expect=A,
     ),
     Case(
         "the scraper's unhealthy verdict does not expire",
@@ -252,7 +238,7 @@ CASES = [
     ),
     Case(
         "power: learned energy from the scrape overrides the prior",
-        FleetState(NOW, matches={A: cached(256)}, snapshots={A: snap(A, extra={SNAPSHOT_JOULES_PER_TOKEN: 0.05})}),
+        FleetState(NOW, matches={A: cached(256)}, snapshots={A: snap(A, joules_per_token=0.05)}),
         config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1)),
         expect=A,
     ),
@@ -357,8 +343,8 @@ CASES = [
             NOW,
             matches={B: cached(6000)},
             snapshots={
-                A: snap(A, running=40, extra={"mean_service_s": 30.0}),
-                B: snap(B, running=40, kv_usage=0.9, extra={"mean_service_s": 30.0}),
+                A: snap(A, running=40, mean_service_s=30.0),
+                B: snap(B, running=40, kv_usage=0.9, mean_service_s=30.0),
             },
         ),
         tokens=7200,
@@ -372,7 +358,7 @@ CASES = [
         FleetState(
             NOW,
             matches={B: cached(6000)},
-            snapshots={B: snap(B, running=200, waiting=1, extra={"mean_service_s": 10.0})},
+            snapshots={B: snap(B, running=200, waiting=1, mean_service_s=10.0)},
         ),
         tokens=7200,
         config=SLOT_WAIT,
@@ -387,8 +373,8 @@ CASES = [
             matches={B: cached(6000)},
             inflight={A: InFlight(40, 0, 40000), B: InFlight(45, 0, 45000)},
             snapshots={
-                A: snap(A, running=40, kv_usage=0.98, extra={"mean_service_s": 30.0}),
-                B: snap(B, running=40, kv_usage=0.99, extra={"mean_service_s": 30.0}),
+                A: snap(A, running=40, kv_usage=0.98, mean_service_s=30.0),
+                B: snap(B, running=40, kv_usage=0.99, mean_service_s=30.0),
             },
         ),
         tokens=7200,
@@ -425,9 +411,7 @@ CASES = [
         FleetState(
             NOW,
             matches={B: cached(6000)},
-            snapshots={
-                B: EndpointSnapshot(B, last_seen=NOW - 60, running=40, waiting=3, extra={"mean_service_s": 30.0})
-            },
+            snapshots={B: EndpointSnapshot(B, last_seen=NOW - 60, running=40, waiting=3, mean_service_s=30.0)},
         ),
         tokens=7200,
         expect=B,
@@ -582,27 +566,11 @@ def test_prefill_role_request_uses_prefill_endpoints() -> None:
     assert decision.endpoint == A
 
 
-def energy_snap(t: float, joules: float, tokens: float, watts: float, running: int = 1) -> EndpointSnapshot:
-    extra = {"prompt_tokens_total": tokens * 0.75, "generation_tokens_total": tokens * 0.25}
-    return EndpointSnapshot(A, last_seen=t, running=running, power_watts=watts, energy_joules=joules, extra=extra)
-
-
-def test_energy_estimator_learns_marginal_joules_per_token() -> None:
-    est = EnergyEstimator(min_tokens=256, smoothing=1.0)
-    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=100.0, running=0))  # idle: 100 W
-    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=100.0, running=0))  # the same snapshot read twice
-    # 10 s later: 20,000 tokens more, 1,000 J of idle draw plus 0.05 J/token of work
-    est.observe(energy_snap(10.0, 5000.0 + 1000.0 + 1000.0, 21000.0, watts=300.0))
-    assert est.joules_per_token() == {A: pytest.approx(0.05)}
-    est.observe(energy_snap(11.0, 7050.0, 21100.0, watts=300.0))  # under min_tokens: wait for a longer window
-    assert est.joules_per_token() == {A: pytest.approx(0.05)}
-    est.observe(energy_snap(20.0, 10.0, 50.0, watts=300.0))  # counters went backwards: engine restarted
-    assert est.joules_per_token() == {A: pytest.approx(0.05)}
-
-
-def test_learned_energy_feeds_the_power_rule() -> None:
+def test_learned_energy_feeds_the_power_rule_however_old_the_snapshot() -> None:
+    # Energy per token is a property of the hardware, not a load figure: an hour-old snapshot's still counts.
     config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
-    learned = FleetState(NOW, matches={A: cached(256)}, learned_joules_per_token={A: 0.02})
+    old = EndpointSnapshot(A, last_seen=NOW - 3600, joules_per_token=0.02)
+    learned = FleetState(NOW, matches={A: cached(256)}, snapshots={A: old})
     decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, learned)
     assert decision.endpoint == A
     assert {c.endpoint: c.joules_per_token for c in decision.candidates} == {A: 0.02, B: 0.1}
@@ -706,7 +674,7 @@ def test_slot_wait_is_a_named_term_of_the_prediction_and_the_reason() -> None:
     state = FleetState(
         NOW,
         matches={B: cached(6000)},
-        snapshots={B: snap(B, running=40, waiting=3, extra={"mean_service_s": 30.0})},
+        snapshots={B: snap(B, running=40, waiting=3, mean_service_s=30.0)},
     )
     req = RouteRequest(model="m", messages=[{"role": "user", "content": "x"}], request_id="r")
     decision = place(req, prompt(7200), SLOT_WAIT, state)

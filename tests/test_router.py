@@ -24,7 +24,7 @@ from cognitora.sim.launch import start_fleet
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
 from kvstate.redis_store import RedisStore
-from kvstate.store import EndpointSnapshot, Store
+from kvstate.store import EndpointSnapshot, Store, StoreUnavailable
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 MODEL = "smollm2"
@@ -142,6 +142,35 @@ async def test_mark_unhealthy_takes_effect_at_once_until_a_newer_healthy_scrape(
     await store.put_snapshot(EndpointSnapshot(A, healthy=True, last_seen=time.time() + 0.001))
     assert (await router.place(chat())).endpoint == A
     assert (await replica.place(chat())).endpoint == A
+
+
+async def test_mark_unhealthy_is_a_mark_and_leaves_the_snapshot_and_its_age_alone(
+    config: CognitoraConfig, store: Store
+) -> None:
+    router = Router(config, store)
+    old = EndpointSnapshot(A, last_seen=time.time() - 3600, running=50, waiting=20)
+    await store.put_snapshot(old)
+    await router.mark_unhealthy(A, "connection refused")
+    await router.mark_unhealthy(B, "reset")
+    assert await store.snapshots() == {A: old}  # no snapshot refreshed, none made up for B
+    marks = await store.health_marks([A, B])
+    assert {e: m.reason for e, m in marks.items()} == {A: "connection refused", B: "reset"}
+
+
+async def test_another_gateways_mark_still_counts_when_the_store_goes_away(smollm2_dir: Path) -> None:
+    store = MemoryStore()
+    config = make_config(smollm2_dir)
+    router = Router(config, store)
+    await Router(config, store).mark_unhealthy(A, "connection refused")  # another replica saw A fail
+    assert (await router.place(chat())).endpoint == B
+
+    async def unreachable(*args: object) -> None:
+        raise StoreUnavailable("Redis at redis://10.9.9.9:6379/0 did not answer")
+
+    store.fleet_view = unreachable  # type: ignore[method-assign]
+    degraded = await router.place(chat())
+    assert degraded.degraded and degraded.endpoint == B
+    assert {c.endpoint: c.excluded for c in degraded.candidates}[A] == "marked unhealthy: connection refused"
 
 
 async def test_redis_unreachable_still_places_degraded(smollm2_dir: Path) -> None:

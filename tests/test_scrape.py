@@ -18,14 +18,7 @@ from cognitora.sim.launch import start_fleet
 from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
-from kvstate.scrape import (
-    SNAPSHOT_MEAN_SERVICE_S,
-    SNAPSHOT_REQUESTS_FINISHED_TOTAL,
-    RateEstimator,
-    Scraper,
-    ScrapeTarget,
-    base_url,
-)
+from kvstate.scrape import RateEstimator, Scraper, ScrapeTarget, base_url
 
 
 @dataclass
@@ -436,8 +429,23 @@ async def test_learned_service_time_and_finished_count_reach_the_snapshot(vllm_e
     await scraper.scrape_all()
     await scraper.stop()
     snap = (await store.snapshots(["e"]))["e"]
-    assert snap.extra[SNAPSHOT_REQUESTS_FINISHED_TOTAL] == 4.0
-    assert snap.extra[SNAPSHOT_MEAN_SERVICE_S] == pytest.approx(12.0)
+    assert snap.requests_finished_total == 4.0
+    assert snap.mean_service_s == pytest.approx(12.0)
+
+
+async def test_energy_per_token_is_learned_by_the_scraper_and_reaches_the_snapshot(vllm_engine: FakeEngine) -> None:
+    # Idle at 1 W (so the idle draw over the real time between scrapes is negligible), then 20,000 tokens for 1 kJ.
+    store = MemoryStore()
+    scraper = Scraper(store, [ScrapeTarget("e", vllm_engine.url, "vllm")])
+    vllm_engine.counters = Counters(watts=1.0, millijoules=5_000_000, prompt=750.0, generation=250.0)
+    await scraper.scrape_all()
+    assert (await store.snapshots(["e"]))["e"].joules_per_token is None  # one scrape: no window yet
+    vllm_engine.counters = Counters(running=1, watts=300.0, millijoules=6_000_000, prompt=15_750.0, generation=5_250.0)
+    await scraper.scrape_all()
+    await scraper.stop()
+    snap = (await store.snapshots(["e"]))["e"]
+    assert snap.joules_per_token == pytest.approx(0.05, rel=0.01)
+    assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (15_750.0, 5_250.0)
 
 
 @pytest.mark.e2e

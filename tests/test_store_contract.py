@@ -1,4 +1,5 @@
-"""One contract for every ``Store`` backend: ``MemoryStore`` and ``RedisStore`` (against a real Redis)."""
+"""One contract for every ``Store`` backend: ``MemoryStore``, and ``RedisStore`` against a real Redis and against
+a real 3-master Redis Cluster that the tests start themselves (``tests/redis_cluster.py``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
-from cognitora.process import free_port
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
 from kvstate.store import (
@@ -20,9 +20,7 @@ from kvstate.store import (
     InFlight,
     PrefixMatch,
     Store,
-    StoreUnavailable,
     Tier,
-    open_store,
 )
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
@@ -61,22 +59,23 @@ class Backend:
                 await asyncio.sleep(0.05)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "memory":
         clock = FakeClock()
         yield Backend("memory", lambda **kw: MemoryStore(clock=clock, **kw), clock)
         return
-    url = request.getfixturevalue("redis_server_url")
+    cluster = request.param == "cluster"
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_server_url")
     prefix = request.getfixturevalue("key_prefix")
     made: list[RedisStore] = []
 
-    def make(**kw: object) -> Store:
-        store = RedisStore.from_url(url, key_prefix=prefix, socket_timeout_s=REDIS_TIMEOUT_S, **kw)  # type: ignore[arg-type]
+    def make(**kw: Any) -> Store:
+        store = RedisStore.from_url(url, key_prefix=prefix, socket_timeout_s=REDIS_TIMEOUT_S, cluster=cluster, **kw)
         made.append(store)
         return store
 
-    yield Backend("redis", make, None)
+    yield Backend(request.param, make, None)
     for store in made:
         await store.delete_everything()
         await store.close()
@@ -322,7 +321,14 @@ async def test_snapshots_round_trip(store: Store) -> None:
         power_watts=250.5,
         energy_joules=1e9 + 0.5,
         block_size=16,
-        extra={"gpu_cache_hit_rate": 0.42},
+        consecutive_failures=2,
+        mean_service_s=12.5,
+        joules_per_token=0.0625,
+        prompt_tokens_total=1e12 + 3.0,
+        generation_tokens_total=42.0,
+        prefix_cache_hits_total=0.0,
+        prefix_cache_queries_total=7.0,
+        requests_finished_total=5.0,
     )
     b = EndpointSnapshot(endpoint=B)
     await store.put_snapshot(a)
@@ -332,6 +338,57 @@ async def test_snapshots_round_trip(store: Store) -> None:
     newer = EndpointSnapshot(endpoint=B, running=9)
     await store.put_snapshot(newer)
     assert (await store.snapshots([B]))[B] == newer
+    # a field the newer snapshot does not know (None) must not show the older one's value through
+    await store.put_snapshot(EndpointSnapshot(endpoint=A, mean_service_s=None, joules_per_token=None))
+    assert (await store.snapshots([A]))[A] == EndpointSnapshot(endpoint=A)
+
+
+# -- gateway health marks ------------------------------------------------------------------------------------
+
+
+async def test_health_marks_are_their_own_record_and_leave_snapshots_alone(store: Store) -> None:
+    old = EndpointSnapshot(A, last_seen=1_000.0, running=5)
+    await store.put_snapshot(old)
+    before = time.time()
+    await store.mark_unhealthy(A, "connection refused", ttl_s=60)
+    await store.mark_unhealthy(B, "HTTP 503", ttl_s=60)
+    marks = await store.health_marks([A, B, C])
+    assert set(marks) == {A, B}
+    assert (marks[A].reason, marks[B].reason) == ("connection refused", "HTTP 503")
+    assert await store.health_marks() == marks
+    assert await store.health_marks([C]) == {}
+    assert await store.health_marks([]) == {}
+    # the snapshot is what the scraper wrote: a mark does not make its load look fresh
+    assert await store.snapshots([A]) == {A: old}
+    if not isinstance(store, MemoryStore):  # the memory backend under test runs on a fake clock
+        assert before - 1 <= marks[A].since <= time.time() + 1  # the Redis server's clock, on this machine
+
+
+async def test_a_new_mark_replaces_the_previous_one_and_its_time_to_live(backend: Backend) -> None:
+    store = backend.make()
+    await store.mark_unhealthy(A, "connection refused", ttl_s=TTL_S)
+    await store.mark_unhealthy(A, "reset", ttl_s=600)
+    await store.mark_unhealthy(B, "witness", ttl_s=TTL_S)  # marked with A's first time to live, after it
+    assert (await store.health_marks([A]))[A].reason == "reset"
+
+    async def witness_expired() -> bool:
+        return B not in await store.health_marks([B])
+
+    await backend.eventually(witness_expired, "the short-lived mark to expire")
+    assert (await store.health_marks([A]))[A].reason == "reset"  # A's first, shorter time to live is gone too
+
+
+async def test_health_marks_expire(backend: Backend) -> None:
+    store = backend.make()
+    await store.mark_unhealthy(A, "connection refused", ttl_s=TTL_S)
+    await store.mark_unhealthy(B, "reset", ttl_s=600)
+    assert set(await store.health_marks([A, B])) == {A, B}
+
+    async def expired() -> bool:
+        return set(await store.health_marks([A, B])) == {B} and set(await store.health_marks()) == {B}
+
+    await backend.eventually(expired, "the short-lived mark to expire")
+    assert set((await store.fleet_view(M, CHAIN, [A, B])).health_marks) == {B}
 
 
 # -- everything placement reads in one call ------------------------------------------------------------------
@@ -345,19 +402,25 @@ async def test_fleet_view_is_the_three_reads_together(store: Store) -> None:
     await store.inflight_add(A, "r2", 500, 100, ttl_s=60)
     await store.inflight_prefill_done(A, "r2")
     await store.inflight_add(C, "r3", 10, 1, ttl_s=60)
-    a, b = EndpointSnapshot(A, running=2, kv_usage=0.5, extra={"x": 1.5}), EndpointSnapshot(B, healthy=False)
+    a, b = EndpointSnapshot(A, running=2, kv_usage=0.5, mean_service_s=1.5), EndpointSnapshot(B, healthy=False)
     await store.put_snapshot(a)
     await store.put_snapshot(b)
+    await store.mark_unhealthy(C, "connection refused", ttl_s=60)
+    await store.mark_unhealthy("10.9.9.9:1", "not asked for", ttl_s=60)
+    marks = await store.health_marks([C])
 
     view = await store.fleet_view(M, CHAIN[:8], [A, B, C, A])  # a repeated endpoint is answered once
     assert view == FleetView(
         matches={A: PrefixMatch(8, 8.0), B: PrefixMatch(4, pytest.approx(3.2)), C: PrefixMatch(2, 2.0)},  # type: ignore[arg-type]
         inflight={A: InFlight(2, 1000, 300), B: InFlight(), C: InFlight(1, 10, 1)},
         snapshots={A: a, B: b},
+        health_marks=marks,
     )
+    assert set(marks) == {C} and marks[C].reason == "connection refused"
     assert view.matches == await store.match_prefix(M, CHAIN[:8], [A, B, C])
     assert view.inflight == await store.inflight([A, B, C])
     assert view.snapshots == await store.snapshots([A, B, C])
+    assert view.health_marks == await store.health_marks([A, B, C])
 
     # only the endpoints asked for; no keys, no matches; a model nobody holds, no matches
     assert await store.fleet_view(M, CHAIN, [B]) == FleetView(
@@ -366,7 +429,7 @@ async def test_fleet_view_is_the_three_reads_together(store: Store) -> None:
         {B: b},
     )
     assert await store.fleet_view(M, [], [A, C]) == FleetView(
-        {}, {A: InFlight(2, 1000, 300), C: InFlight(1, 10, 1)}, {A: a}
+        {}, {A: InFlight(2, 1000, 300), C: InFlight(1, 10, 1)}, {A: a}, marks
     )
     assert (await store.fleet_view("other-model", CHAIN, [A])).matches == {}
     assert await store.fleet_view(M, CHAIN, []) == FleetView({}, {}, {})
@@ -419,75 +482,3 @@ async def test_fleet_view_counts_only_live_inflight_work(backend: Backend) -> No
 async def test_ping_and_close(store: Store) -> None:
     assert await store.ping() is True
     await store.close()
-
-
-async def test_open_store_picks_the_backend(redis_server_url: str, key_prefix: str) -> None:
-    assert isinstance(open_store(None), MemoryStore)
-    store = open_store(redis_server_url, key_prefix)
-    try:
-        assert isinstance(store, RedisStore)
-        await store.add_blocks(M, A, CHAIN[:2])
-        assert only(await store.match_prefix(M, CHAIN), A).blocks == 2
-    finally:
-        assert isinstance(store, RedisStore)
-        await store.delete_everything()
-        await store.close()
-
-
-async def test_dead_redis_is_store_unavailable_quickly() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    store = RedisStore.from_url(url)
-    started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]}"):
-        await store.match_prefix(M, CHAIN)
-    with pytest.raises(StoreUnavailable, match="redis-server is running"):
-        await store.inflight_add(A, "r1", 1, 1, ttl_s=1)
-    assert await store.ping() is False
-    assert time.monotonic() - started < 3.0
-    await store.close()
-
-
-async def test_redis_store_on_a_caller_client_with_decoded_responses(redis_server_url: str, key_prefix: str) -> None:
-    client = aioredis.Redis.from_url(redis_server_url, decode_responses=True)
-    store = RedisStore(client, key_prefix=key_prefix)
-    try:
-        await store.add_blocks(M, A, CHAIN[:5], Tier.CPU)
-        assert await store.match_prefix(M, CHAIN) == {A: PrefixMatch(5, pytest.approx(4.0))}  # type: ignore[arg-type]
-        await store.inflight_add(A, "r1", 10, 2, ttl_s=60)
-        assert (await store.inflight([A]))[A] == InFlight(1, 10, 2)
-        await store.put_snapshot(EndpointSnapshot(endpoint=A, running=2, extra={"x": 1.5}))
-        assert (await store.snapshots())[A] == EndpointSnapshot(endpoint=A, running=2, extra={"x": 1.5})
-        await store.delete_everything()
-        await store.close()  # the caller's client stays open
-        assert await client.ping()
-    finally:
-        await client.aclose()
-
-
-async def test_redis_rejects_keys_that_are_not_64_bit(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
-    try:
-        with pytest.raises(ValueError, match="unsigned 64-bit"):
-            await store.add_blocks(M, A, [1, -5])
-        with pytest.raises(ValueError, match="unsigned 64-bit"):
-            await store.match_prefix(M, [2**64])
-    finally:
-        await store.delete_everything()
-        await store.close()
-
-
-async def test_delete_everything_leaves_no_key_behind(redis_server_url: str, key_prefix: str) -> None:
-    store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix, socket_timeout_s=REDIS_TIMEOUT_S)
-    await store.add_blocks(M, A, CHAIN)
-    await store.add_blocks("other-model", B, CHAIN, Tier.CPU)
-    await store.add_speculative(M, C, CHAIN, ttl_s=60)
-    await store.inflight_add(A, "r1", 1, 1, ttl_s=60)
-    await store.put_snapshot(EndpointSnapshot(endpoint=C))
-    raw = aioredis.Redis.from_url(redis_server_url)
-    try:
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)]
-        await store.delete_everything()
-        assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)] == []
-    finally:
-        await raw.aclose()
-        await store.close()

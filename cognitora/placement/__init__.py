@@ -14,12 +14,11 @@ from cognitora.placement.affinity import affinity_key
 from cognitora.placement.cost import by_ranking_cost, excluded_score, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
-from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState, HealthMark
+from cognitora.placement.state import FleetState, HealthMark
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
 
 __all__ = [
-    "SNAPSHOT_JOULES_PER_TOKEN",
     "FleetState",
     "HealthMark",
     "place",

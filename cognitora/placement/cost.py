@@ -22,20 +22,21 @@
       requests_ahead = max(waiting, router in-flight requests - running)
       departure_rate = running / mean_service_s                    (Little's law)
 
-  ``mean_service_s`` is what the scraper learned (``extra["mean_service_s"]``), else the in-flight requests' mean
-  ``max_tokens`` over the learned per-sequence decode speed. With neither, or no fresh snapshot, the term is 0:
-  a fleet without metrics is placed as before.
+  ``mean_service_s`` is what the scraper learned (``EndpointSnapshot.mean_service_s``), else the in-flight
+  requests' mean ``max_tokens`` over the learned per-sequence decode speed. With neither, or no fresh snapshot,
+  the term is 0: a fleet without metrics is placed as before.
 
 Beside the TTFT, each candidate gets the request's marginal energy there, for the picker's power rule:
 
     request_joules(e) = joules_per_token(e) x (prompt_tokens - cached_tokens(e) + expected_decode_tokens)
 
-A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the router
-learns one J/token over prompt and generated tokens together (``placement.energy``), so both kinds of token are
+A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the scraper
+learns one J/token over prompt and generated tokens together (``kvstate.energy``), so both kinds of token are
 charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the
 prefill, which is where candidates differ most, is compared).
 
-Scraped figures older than ``snapshot_max_age_s`` are ignored; router counts never are.
+Scraped load figures older than ``snapshot_max_age_s`` are ignored (the learned energy per token is not a load
+figure: it is used however old); router counts never are.
 
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
 (``ranking_cost_s``): with the default weight 0, by predicted TTFT alone. A positive weight charges the capacity a
@@ -46,8 +47,8 @@ from __future__ import annotations
 
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
-from cognitora.placement.state import SNAPSHOT_JOULES_PER_TOKEN, FleetState
-from kvstate.store import SNAPSHOT_MEAN_SERVICE_S, EndpointSnapshot, InFlight
+from cognitora.placement.state import FleetState
+from kvstate.store import EndpointSnapshot, InFlight
 
 
 def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig) -> EndpointSnapshot | None:
@@ -66,24 +67,21 @@ def prefill_rate(endpoint: EndpointConfig, snap: EndpointSnapshot | None, params
     return params.default_prefill_tokens_per_s
 
 
-def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None, state: FleetState) -> float | None:
-    """Scraped, else learned by the router from the power meter, else the configured prior, else unknown."""
-    if snap is not None:
-        scraped = snap.extra.get(SNAPSHOT_JOULES_PER_TOKEN, 0.0)
-        if scraped > 0:
-            return scraped
-    learned = state.learned_joules_per_token.get(endpoint.id)
-    if learned is not None and learned > 0:
-        return learned
+def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
+    """Learned by the scraper from the power meter, else the configured prior, else unknown.
+
+    ``snap`` is the endpoint's latest snapshot however old: energy per token is a property of the hardware, not
+    a load figure, so what was learned stays true while the scraper is away."""
+    if snap is not None and snap.joules_per_token is not None and snap.joules_per_token > 0:
+        return snap.joules_per_token
     return endpoint.joules_per_token
 
 
 def mean_service_s(snap: EndpointSnapshot, flight: InFlight) -> float:
     """Seconds a request holds a slot on this engine: learned by the scraper, else the routers' in-flight requests'
     mean ``max_tokens`` at the learned per-sequence decode speed, else 0 (unknown)."""
-    learned = snap.extra.get(SNAPSHOT_MEAN_SERVICE_S, 0.0)
-    if learned > 0:
-        return learned
+    if snap.mean_service_s is not None and snap.mean_service_s > 0:
+        return snap.mean_service_s
     if snap.decode_tokens_per_s > 0 and flight.requests > 0 and flight.decode_tokens > 0:
         return flight.decode_tokens / flight.requests / snap.decode_tokens_per_s
     return 0.0
@@ -132,7 +130,7 @@ def score_endpoint(
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
     ttft = (queued + prompt_tokens - cached) / rate + decode_penalty + slot_wait
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
-    jpt = joules_per_token(endpoint, snap, state)
+    jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id))
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
     return CandidateScore(
         endpoint=endpoint.id,

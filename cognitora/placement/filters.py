@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cognitora.config import EndpointConfig, PlacementConfig, Role
-from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT, FleetState
+from cognitora.placement.state import FleetState
 from cognitora.request import RouteRequest
 
 
@@ -51,21 +51,15 @@ def _role(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
 
 
 def _reachable(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
-    """A gateway saw a connection to it fail (``Router.mark_unhealthy``), locally or through the shared store."""
-    snap = ctx.state.snapshots.get(endpoint.id)
+    """A gateway saw a connection to it fail (``Router.mark_unhealthy``), this one or another through the store,
+    within ``unhealthy_mark_ttl_s``, and no healthy snapshot newer than that mark has arrived."""
     mark = ctx.state.health_marks.get(endpoint.id)
-    now, ttl = ctx.state.now, ctx.params.unhealthy_mark_ttl_s
-    if (
-        mark is not None
-        and now - mark.since < ttl
-        and not (snap is not None and snap.healthy and snap.last_seen > mark.since)
-    ):
-        return f"marked unhealthy: {mark.reason}"
-    if snap is not None and not snap.healthy:
-        marked_at = snap.extra.get(SNAPSHOT_MARKED_UNHEALTHY_AT)
-        if marked_at is not None and now - marked_at < ttl:
-            return "marked unhealthy by a gateway"
-    return None
+    if mark is None or ctx.state.now - mark.since >= ctx.params.unhealthy_mark_ttl_s:
+        return None
+    snap = ctx.state.snapshots.get(endpoint.id)
+    if snap is not None and snap.healthy and snap.last_seen > mark.since:
+        return None
+    return f"marked unhealthy: {mark.reason}"
 
 
 def _scrape_healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
@@ -74,7 +68,7 @@ def _scrape_healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
     request is tried anyway, as Envoy's panic threshold does; a truly dead engine then fails the connection and
     gets marked by ``_reachable``."""
     snap = ctx.state.snapshots.get(endpoint.id)
-    if snap is not None and not snap.healthy and snap.extra.get(SNAPSHOT_MARKED_UNHEALTHY_AT) is None:
+    if snap is not None and not snap.healthy:
         return "unhealthy (metrics scrape failing)"
     return None
 

@@ -8,23 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
+from kvstate.store import EndpointSnapshot, HealthMark, InFlight, PrefixMatch
 
-SNAPSHOT_JOULES_PER_TOKEN = "joules_per_token"
-"""Key in ``EndpointSnapshot.extra`` where the scraper puts a learned marginal energy per prompt token (J)."""
-
-SNAPSHOT_MARKED_UNHEALTHY_AT = "marked_unhealthy_at"
-"""Key in ``EndpointSnapshot.extra``: set on the unhealthy snapshot a gateway writes in ``Router.mark_unhealthy`` (Unix
-time), so that mark expires like a local one even where no scraper ever overwrites it."""
-
-
-@dataclass(frozen=True)
-class HealthMark:
-    """A gateway saw the endpoint fail (connection refused, 5xx storm): it is skipped until a newer healthy scrape."""
-
-    since: float
-    """Unix time the failure was seen."""
-    reason: str
+__all__ = ["FleetState", "HealthMark"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +26,7 @@ class FleetState:
     snapshots: Mapping[str, EndpointSnapshot] = field(default_factory=dict)
     """Latest scraped view per endpoint; absent: never scraped."""
     health_marks: Mapping[str, HealthMark] = field(default_factory=dict)
-    """Endpoints a gateway marked dead, and when."""
-    learned_joules_per_token: Mapping[str, float] = field(default_factory=dict)
-    """Marginal energy per token learned from the endpoints' power meters (``placement.energy``)."""
+    """Endpoints a gateway marked dead, and when: this router's own marks and the store's, the newest per
+    endpoint."""
     degraded: bool = False
     """The store could not be read; ``matches``/``inflight``/``snapshots`` are what the router had locally."""
