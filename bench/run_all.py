@@ -1,7 +1,7 @@
 """Side-by-side benchmark runner: every target, each in front of an identical fresh simulated fleet, same workload.
 
     python -m bench.run_all --workload b2b-saas --rates 10,30,60 --targets envoy-rr,cognitora-litellm
-    python -m bench.run_all --trace shared/traces/synthetic_trace.jsonl --speed 1 --duration 300
+    python -m bench.run_all --trace PATH/TO/synthetic_trace.jsonl --speed 1 --duration 300
 
 Per target: start a fresh fleet, start the target, read the engines' counters, send the schedule open-loop (while
 sampling each engine's queue and KV gauges), read the counters again, stop both. Results go to
@@ -47,11 +47,11 @@ from bench.targets import (
     process_group_cpu_seconds,
 )
 from cognitora.process import ManagedProcess, free_port_block, wait_until
+from cognitora.sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl"
-SMOLLM2_TOKENIZER = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+SMOLLM2_TOKENIZER = SMOLLM2_DIR / "tokenizer.json"
 # The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
 DEFAULT_RATES = {"b2b-saas": "3,10,20,30,45,60", "shared-prefix-32x32": "5,10,20,40", "multi-turn-chat": "2,5,10"}
 
@@ -326,8 +326,13 @@ def run_target(
 
 def build_schedule(args: argparse.Namespace) -> wl.Schedule:
     if args.trace is not None or args.workload == "mooncake":
-        trace = Path(args.trace) if args.trace is not None else DEFAULT_TRACE
-        return wl.mooncake_schedule(trace, speed=args.speed, max_requests=args.max_requests)
+        if args.trace is None:
+            # The trace is not shipped (1 MB of someone else's data): the user names the copy they fetched.
+            raise SystemExit(
+                "--workload mooncake needs --trace FILE: a Mooncake-format JSONL trace, e.g. "
+                "FAST25-release/traces/synthetic_trace.jsonl from https://github.com/kvcache-ai/Mooncake"
+            )
+        return wl.mooncake_schedule(Path(args.trace), speed=args.speed, max_requests=args.max_requests)
     rates = [float(x) for x in (args.rates or DEFAULT_RATES[args.workload]).split(",") if x.strip()]
     warmup_rate, warmup_s = (float(x) for x in args.warmup.split(":")) if args.warmup else (0.0, 0.0)
     stages = wl.ladder(rates, args.stage_duration, warmup_rate, warmup_s)

@@ -27,6 +27,10 @@ from typing import Any, Protocol
 
 from kvstate.prompt import ChatTokenizer, Message, normalize_messages
 
+SMOLLM2_DIR = Path(__file__).resolve().parent / "models" / "smollm2-135m-instruct"
+"""SmolLM2-135M-Instruct's ``tokenizer.json`` and chat template, shipped with Cognitora (PROVENANCE.md there): the
+real tokenizer the demo, the benchmarks and the tests give the engines and the router alike."""
+
 _PIECE = re.compile(r"\s?[^\s]{1,4}|\s+")
 _SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
 _SPECIAL_SPLIT = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
