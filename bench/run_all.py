@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -36,7 +37,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
-from bench.report import EngineStats, Report, Slo, TargetRun, engine_hit_and_bound, summarize_stage, write_report
+from bench.report import (
+    EngineStats,
+    Report,
+    Slo,
+    TargetRun,
+    engine_hit_and_bound,
+    summarize_stage,
+    why_unusable,
+    write_report,
+)
 from bench.targets import (
     PEER_TARGETS,
     FleetLike,
@@ -306,6 +316,8 @@ def run_target(
     run.not_sent = result.not_sent
     run.total_requests = len(result.results)
     run.total_ok = sum(1 for r in result.results if r.ok)
+    failures = Counter(r.error or f"HTTP {r.status}" for r in result.results if not r.ok and not r.censored)
+    run.errors = {error[:300]: count for error, count in failures.most_common(3)}
     by_stage: dict[str, list[RequestResult]] = {}
     for r in result.results:
         by_stage.setdefault(r.stage, []).append(r)
@@ -452,14 +464,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"== {name}", file=sys.stderr)
         run = run_target(name, schedule, spec, args, slo, raw=raw)
         report.runs.append(run)
-        if run.skipped:
-            print(f"  skipped: {run.skipped}", file=sys.stderr)
+        why = why_unusable(run)
+        if why:
+            print(f"  FAILED: {name} could not run: {why}", file=sys.stderr)
         write_report(report, out)  # after every target, so a long run leaves partial results
         with gzip.open(out.with_suffix(".requests.jsonl.gz"), "wt") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in raw)
     paths = write_report(report, out)
     print("\n".join(str(p) for p in paths))
-    return 0
+    failed = [(run.target, why) for run in report.runs if (why := why_unusable(run))]
+    for target, why in failed:
+        print(f"FAILED: {target} could not run: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
