@@ -31,7 +31,7 @@ from cognitora.placement.state import SNAPSHOT_MARKED_UNHEALTHY_AT
 from cognitora.request import Outcome, RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
+from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys, read_prompt
 from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
@@ -176,12 +176,18 @@ class Router:
         return self._record(place(req, prompt, self.config, state))
 
     def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
-        keyer = self._keyers[model.name]
-        if req.messages is not None:
-            return keyer.keys_for_chat(req.messages)
-        if req.prompt is not None:
-            return keyer.keys_for_text(req.prompt)
-        raise PromptError("the request has neither 'messages' nor 'prompt'")
+        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one."""
+        prompt = read_prompt(
+            messages=req.messages,
+            prompt=req.prompt,
+            tools=req.tools,
+            add_special_tokens=req.add_special_tokens,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+        lora = req.model if req.model in model.loras else None
+        return self._keyers[model.name].keys(prompt, lora)
 
     async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
         ids = self._endpoint_ids[model.name]
