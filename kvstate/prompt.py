@@ -53,6 +53,7 @@ __all__ = [
     "PromptKeyer",
     "PromptKeys",
     "PromptTokenizer",
+    "completion_prompts",
     "prompt_token_ids",
     "read_prompt",
 ]
