@@ -9,7 +9,10 @@ What it does, in order:
    - round-robin: Envoy ``ROUND_ROBIN`` (what a Kubernetes Service does);
    - Cognitora: the LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store;
 3. prints TTFT, goodput and prefix-cache hit rate side by side, and writes
-   bench/results/side_by_side_demo.{md,json,png}.
+   bench/results/side_by_side_demo.{md,json,png} (or ``--out PREFIX``).
+
+A target that could not run (its fleet or router did not start, or not one request succeeded) is reported with
+the error, no report is written (the committed one stays), and the exit status is 1.
 
 The full side-by-side benchmark with every peer is ``make bench`` (bench/run_all.py; bench/README.md).
 """
@@ -19,10 +22,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from bench import run_all
 from bench import workloads as wl
-from bench.report import Report, Slo, StageSummary, TargetRun, write_report
+from bench.report import Report, Slo, StageSummary, TargetRun, why_unusable, write_report
 
 ENGINES = 4
 PROFILE = "h100x2"
@@ -112,20 +116,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         reuse_bound={label: schedule.reuse_bound(label) for label in schedule.stage_labels()},
     )
     rows: list[list[str]] = []
+    failed: list[str] = []
     measured = stages[-1].label
     for name in targets:
         print(f"== {LABELS[name]}: starting a fresh fleet and the router", flush=True)
         run: TargetRun = run_all.run_target(name, schedule, spec, args, slo)
         report.runs.append(run)
         stage = next((s for s in run.stages if s.stage == measured), None)
-        if run.skipped:
-            print(f"   PLACEHOLDER: {run.skipped}", flush=True)
-            rows.append(_row(LABELS[name], run, None, "pending: " + run.skipped[:60]))
+        why = why_unusable(run)
+        if why:
+            failed.append(f"{LABELS[name]} could not run: {why}")
+            print(f"   FAILED: {why}", file=sys.stderr, flush=True)
+            rows.append(_row(LABELS[name], run, None, "FAILED (see above)"))
         else:
             rows.append(_row(LABELS[name], run, stage))
             if run.health is not None and run.health.saturated:
                 print(f"   WARNING: this machine could not keep up ({run.health.reason})", flush=True)
-    paths = write_report(report, run_all.RESULTS / "side_by_side_demo")
+    if failed:
+        print(_table(rows))
+        for line in failed:
+            print(f"FAILED: {line}", file=sys.stderr)
+        # A report of a run that did not happen would read as a result: keep the last real one.
+        print("No report written: the demo did not run every target.", file=sys.stderr)
+        return 1
+    paths = write_report(report, Path(args.out) if args.out else run_all.RESULTS / "side_by_side_demo")
     print(
         f"\nMeasured stage ({measured}), engine seconds; goodput = requests with TTFT <= {slo.ttft_s:g} s and "
         f"ITL <= {slo.itl_s * 1000:g} ms per second:"
@@ -133,9 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_table(rows))
     print("* cache hit: the engines' own prefix-cache counters over the whole run; reuse bound: the most any router")
     print("  could hit on the same requests (bench/README.md).")
-    done = [r for r in report.runs if not r.skipped]
-    if len(done) == 2:
-        rr, cog = (next((s for s in r.stages if s.stage == measured), None) for r in done)
+    if len(report.runs) == 2:
+        rr, cog = (next((s for s in r.stages if s.stage == measured), None) for r in report.runs)
         if rr and cog and rr.ttft_p50 and cog.ttft_p50:
             goodput = f"{cog.goodput_rps / rr.goodput_rps:.1f}x" if rr.goodput_rps else "n/a (round-robin: 0)"
             print(f"\nCognitora vs round-robin: TTFT p50 {rr.ttft_p50 / cog.ttft_p50:.1f}x lower, goodput {goodput}.")

@@ -313,10 +313,10 @@ def cognitora_config(path: Path, backend_ports: list[int], redis_url: str | None
         "name": "bench",
         "endpoints": [{"url": f"http://127.0.0.1:{p}", "engine": "openai"} for p in backend_ports],
     }
-    tokenizer = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct"
-    if (tokenizer / "tokenizer.json").exists():
-        model["tokenizer"] = str(tokenizer / "tokenizer.json")
-        model["chat_template"] = str(tokenizer / "chat_template.jinja")
+    from cognitora.sim.tokenizer import SMOLLM2_DIR
+
+    model["tokenizer"] = str(SMOLLM2_DIR / "tokenizer.json")
+    model["chat_template"] = str(SMOLLM2_DIR / "chat_template.jinja")
     config: dict[str, Any] = {"models": [model]}
     if redis_url is not None:
         config |= {"redis_url": redis_url, "key_prefix": f"cogbench-{os.getpid()}"}

@@ -36,13 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cognitora.sim.tokenizer import SMOLLM2_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 SIZES = {"2k": 2_000, "8k": 8_000, "32k": 32_000}
 N_SYSTEM_PROMPTS = 8
-TOKENIZER = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+TOKENIZER = SMOLLM2_DIR / "tokenizer.json"
 
 
 def system_prompt(i: int, tokens: int, tokenizer: Any) -> str:

@@ -100,6 +100,25 @@ class TargetRun:
     """CPU of the router's processes over the run, in cores (1.0 = one core busy all the time)."""
     fleet_cpu_share: float | None = None
     skipped: str = ""
+    """Why the target never ran (its fleet or router did not start); empty when it ran."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """The most common errors of its failed requests, each with its count (what a reader needs when none succeeded)."""
+
+
+def why_unusable(run: TargetRun) -> str | None:
+    """Why ``run`` has no result to show (it never ran, or not one of its requests succeeded), else None.
+
+    A demo or benchmark that prints numbers for such a run would show an empty row as if it were a result: callers
+    report this reason instead and exit non-zero.
+    """
+    if run.skipped:
+        return run.skipped
+    if run.total_ok == 0:
+        if not run.total_requests:
+            return "it sent no request"
+        common = "; ".join(f"{count} x {error}" for error, count in run.errors.items())
+        return f"none of its {run.total_requests} requests succeeded" + (f" ({common})" if common else "")
+    return None
 
 
 @dataclass
@@ -373,7 +392,8 @@ def plot(report: Report, path: Path) -> None:
     ax2.set_title("Goodput")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-    ax2.legend(fontsize=8)
+    if ax2.lines:  # a run where no target ran has nothing to label
+        ax2.legend(fontsize=8)
     fig.suptitle(f"{report.workload}: {report.description}"[:150], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

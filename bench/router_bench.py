@@ -40,6 +40,7 @@ from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.placement import FleetState, place
 from cognitora.request import RouteRequest
 from cognitora.router import Router
+from cognitora.sim.tokenizer import SMOLLM2_DIR
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
@@ -47,7 +48,7 @@ from kvstate.redis_store import RedisStore
 from kvstate.store import EndpointSnapshot, FleetView, Store
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOLLM2 = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct"
+SMOLLM2 = SMOLLM2_DIR
 MODEL = "smollm2"
 ENDPOINTS = [f"10.0.0.{i}:8000" for i in range(1, 17)]
 SCRAPE_INTERVAL_S = 1.0

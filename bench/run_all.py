@@ -1,7 +1,7 @@
 """Side-by-side benchmark runner: every target, each in front of an identical fresh simulated fleet, same workload.
 
     python -m bench.run_all --workload b2b-saas --rates 10,30,60 --targets envoy-rr,cognitora-litellm
-    python -m bench.run_all --trace shared/traces/synthetic_trace.jsonl --speed 1 --duration 300
+    python -m bench.run_all --trace PATH/TO/synthetic_trace.jsonl --speed 1 --duration 300
 
 Per target: start a fresh fleet, start the target, read the engines' counters, send the schedule open-loop (while
 sampling each engine's queue and KV gauges), read the counters again, stop both. Results go to
@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -36,7 +37,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
-from bench.report import EngineStats, Report, Slo, TargetRun, engine_hit_and_bound, summarize_stage, write_report
+from bench.report import (
+    EngineStats,
+    Report,
+    Slo,
+    TargetRun,
+    engine_hit_and_bound,
+    summarize_stage,
+    why_unusable,
+    write_report,
+)
 from bench.targets import (
     PEER_TARGETS,
     FleetLike,
@@ -47,11 +57,11 @@ from bench.targets import (
     process_group_cpu_seconds,
 )
 from cognitora.process import ManagedProcess, free_port_block, wait_until
+from cognitora.sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl"
-SMOLLM2_TOKENIZER = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+SMOLLM2_TOKENIZER = SMOLLM2_DIR / "tokenizer.json"
 # The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
 DEFAULT_RATES = {"b2b-saas": "3,10,20,30,45,60", "shared-prefix-32x32": "5,10,20,40", "multi-turn-chat": "2,5,10"}
 
@@ -306,6 +316,8 @@ def run_target(
     run.not_sent = result.not_sent
     run.total_requests = len(result.results)
     run.total_ok = sum(1 for r in result.results if r.ok)
+    failures = Counter(r.error or f"HTTP {r.status}" for r in result.results if not r.ok and not r.censored)
+    run.errors = {error[:300]: count for error, count in failures.most_common(3)}
     by_stage: dict[str, list[RequestResult]] = {}
     for r in result.results:
         by_stage.setdefault(r.stage, []).append(r)
@@ -326,8 +338,13 @@ def run_target(
 
 def build_schedule(args: argparse.Namespace) -> wl.Schedule:
     if args.trace is not None or args.workload == "mooncake":
-        trace = Path(args.trace) if args.trace is not None else DEFAULT_TRACE
-        return wl.mooncake_schedule(trace, speed=args.speed, max_requests=args.max_requests)
+        if args.trace is None:
+            # The trace is not shipped (1 MB of someone else's data): the user names the copy they fetched.
+            raise SystemExit(
+                "--workload mooncake needs --trace FILE: a Mooncake-format JSONL trace, e.g. "
+                "FAST25-release/traces/synthetic_trace.jsonl from https://github.com/kvcache-ai/Mooncake"
+            )
+        return wl.mooncake_schedule(Path(args.trace), speed=args.speed, max_requests=args.max_requests)
     rates = [float(x) for x in (args.rates or DEFAULT_RATES[args.workload]).split(",") if x.strip()]
     warmup_rate, warmup_s = (float(x) for x in args.warmup.split(":")) if args.warmup else (0.0, 0.0)
     stages = wl.ladder(rates, args.stage_duration, warmup_rate, warmup_s)
@@ -447,14 +464,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"== {name}", file=sys.stderr)
         run = run_target(name, schedule, spec, args, slo, raw=raw)
         report.runs.append(run)
-        if run.skipped:
-            print(f"  skipped: {run.skipped}", file=sys.stderr)
+        why = why_unusable(run)
+        if why:
+            print(f"  FAILED: {name} could not run: {why}", file=sys.stderr)
         write_report(report, out)  # after every target, so a long run leaves partial results
         with gzip.open(out.with_suffix(".requests.jsonl.gz"), "wt") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in raw)
     paths = write_report(report, out)
     print("\n".join(str(p) for p in paths))
-    return 0
+    failed = [(run.target, why) for run in report.runs if (why := why_unusable(run))]
+    for target, why in failed:
+        print(f"FAILED: {target} could not run: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

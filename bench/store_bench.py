@@ -37,6 +37,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from cognitora.sim.tokenizer import SMOLLM2_DIR
 from kvstate import redis_scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
@@ -45,7 +46,7 @@ from kvstate.redis_store import RedisStore
 from kvstate.store import PrefixMatch, Store
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL_DIR = ROOT.parent / "shared" / "models" / "smollm2-135m-instruct"
+DEFAULT_MODEL_DIR = SMOLLM2_DIR
 MODEL = "bench/llama-3.1-8b"
 BLOCK_SIZE = 16
 

@@ -148,6 +148,9 @@ class ModelConfig(_Strict):
     """The model's ``tokenizer.json`` (relative to the config file): makes block keys token-exact."""
     chat_template: Path | None = None
     """The chat template (Jinja); default: ``chat_template.jinja`` or ``tokenizer_config.json`` beside the tokenizer."""
+    loras: list[str] = Field(default_factory=list)
+    """LoRA adapters the engines serve on this model (vLLM ``--lora-modules`` names). A request whose ``model`` is
+    one of them goes to this model's endpoints, its block keys rooted at the adapter, as the engines' KV events are."""
     endpoints: list[EndpointConfig] = Field(min_length=1)
     """The engines serving this model (at least one)."""
 
@@ -280,14 +283,15 @@ class CognitoraConfig(_Strict):
 
     # -- lookups ------------------------------------------------------------------------------------------
     def model(self, name: str) -> ModelConfig | None:
-        """The model clients call ``name``, or None."""
+        """The model clients call ``name`` (its own name, or one of its ``loras``), or None."""
         for m in self.models:
-            if m.name == name:
+            if m.name == name or name in m.loras:
                 return m
         return None
 
     def model_names(self) -> list[str]:
-        return [m.name for m in self.models]
+        """Every name a client may send: the models and their LoRA adapters."""
+        return [name for m in self.models for name in (m.name, *m.loras)]
 
     def endpoint(self, endpoint_id: str) -> EndpointConfig | None:
         """The endpoint with this id (in any model), or None."""
@@ -383,6 +387,11 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
         if m.name in seen_models:
             problems.append(f"models[{i}].name: duplicate model name {m.name!r} (also models[{seen_models[m.name]}])")
         seen_models.setdefault(m.name, i)
+        for lora in m.loras:
+            # One request model name must mean one key space: a LoRA name shadowing another name would split it.
+            if lora in seen_models:
+                problems.append(f"models[{i}].loras: {lora!r} is already a name in models[{seen_models[lora]}]")
+            seen_models.setdefault(lora, i)
         for key in ("tokenizer", "chat_template"):
             value: Path | None = getattr(m, key)
             if value is not None and not value.is_file():

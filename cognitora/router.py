@@ -33,7 +33,7 @@ from cognitora.placement import FleetState, HealthMark, place, reject, unknown_m
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys
+from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys, read_prompt
 from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
@@ -207,12 +207,18 @@ class Router:
         return self._record(decision)
 
     def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
-        keyer = self._keyers[model.name]
-        if req.messages is not None:
-            return keyer.keys_for_chat(req.messages)
-        if req.prompt is not None:
-            return keyer.keys_for_text(req.prompt)
-        raise PromptError("the request has neither 'messages' nor 'prompt'")
+        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one."""
+        prompt = read_prompt(
+            messages=req.messages,
+            prompt=req.prompt,
+            tools=req.tools,
+            add_special_tokens=req.add_special_tokens,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+        lora = req.model if req.model in model.loras else None
+        return self._keyers[model.name].keys(prompt, lora)
 
     async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
         ids = self._endpoint_ids[model.name]
@@ -328,7 +334,7 @@ class Router:
         self.stats.dispatched += 1
         ttl = self._history_ttl(endpoint)
         if decision.keys:
-            self._routed.add(decision.model, endpoint, decision.keys, now + ttl)
+            self._routed.add(self._key_space(decision), endpoint, decision.keys, now + ttl)
         # Without a first-token report (LiteLLM's SDK streams have no per-chunk hook) the prefill would count as
         # queued until the stream ends: past a deadline well beyond the prediction, it is taken as done.
         attempt._watch_prefill(
@@ -347,11 +353,17 @@ class Router:
             )
         ]
         if decision.keys:
-            calls.append(self.store.add_speculative(decision.model, endpoint, decision.keys, ttl))
+            calls.append(self.store.add_speculative(self._key_space(decision), endpoint, decision.keys, ttl))
         if self._store_suspends:
             await asyncio.gather(*calls)
         else:
             await _one_after_another(calls)
+
+    def _key_space(self, decision: Decision) -> str:
+        """The model whose block index holds the decision's keys: the base model when the request named one of its
+        LoRA adapters (``Decision.model`` stays the adapter's name: it is what the engine is asked for)."""
+        model = self.config.model(decision.model)
+        return decision.model if model is None else model.name
 
     def _history_ttl(self, endpoint_id: str) -> float:
         """Events confirm what an engine caches within moments; without events, routing history is all we have."""

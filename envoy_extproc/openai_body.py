@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envoy_extproc import headers
+from kvstate.prompt import PromptError, completion_prompts
 
 
 class BadRequest(ValueError):
@@ -30,7 +31,13 @@ class ParsedBody:
     data: dict[str, Any]
     model: str
     messages: Sequence[Mapping[str, Any]] | None
-    prompt: str | None
+    prompt: str | list[Any] | None
+    """The completions ``prompt`` as sent (text, texts, token ids or token-id lists): the core reads it."""
+    tools: Sequence[Mapping[str, Any]] | None
+    add_special_tokens: bool | None
+    add_generation_prompt: bool
+    continue_final_message: bool
+    chat_template_kwargs: Mapping[str, Any] | None
     stream: bool
     max_tokens: int | None
     client_wants_usage: bool
@@ -54,7 +61,7 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         raise BadRequest('missing \'model\': name the model to use, e.g. "model": "my-model"', param="model")
 
     messages: Sequence[Mapping[str, Any]] | None = None
-    prompt: str | None = None
+    prompt: str | list[Any] | None = None
     if path == headers.CHAT_COMPLETIONS_PATH:
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -63,7 +70,17 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
     else:
-        prompt = _prompt_text(data.get("prompt"))
+        prompt = data.get("prompt")
+        try:
+            completion_prompts(prompt)  # the core's own rule, so the client gets its 400 with the field named
+        except PromptError as exc:
+            raise BadRequest(str(exc), param="prompt") from None
+    tools = data.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list of {type, function} objects", param="tools")
+    template_kwargs = data.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise BadRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
 
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
@@ -78,21 +95,23 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         model=model,
         messages=messages,
         prompt=prompt,
+        tools=tools,
+        add_special_tokens=_flag(data, "add_special_tokens", None),
+        add_generation_prompt=bool(_flag(data, "add_generation_prompt", True)),
+        continue_final_message=bool(_flag(data, "continue_final_message", False)),
+        chat_template_kwargs=template_kwargs,
         stream=stream,
         max_tokens=max_tokens,
         client_wants_usage=client_wants_usage,
     )
 
 
-def _prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        # Several prompts in one request land on one engine; the first one decides where its prefix is cached.
-        return str(prompt[0])
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return " ".join(map(str, prompt))
-    raise BadRequest("'prompt' must be a string or a non-empty list of strings", param="prompt")
+def _flag(data: Mapping[str, Any], name: str, default: bool | None) -> bool | None:
+    """One of vLLM's boolean prompt fields (``add_special_tokens``, ...), or ``default`` when absent."""
+    value = data.get(name, default)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be true or false", param=name)
+    return value
 
 
 _INCLUDE_USAGE_SPLICE = b',"stream_options":{"include_usage":true}}'

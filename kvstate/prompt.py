@@ -1,128 +1,253 @@
-"""Prompt -> token ids -> block keys, exactly as the engine sees the prompt.
+"""The one prompt normalizer: an OpenAI request's prompt fields -> the token ids vLLM feeds its engine -> block keys.
 
-``ChatTokenizer`` renders a chat with the model's own Jinja chat template and tokenizes it with the model's own
-``tokenizer.json`` (HF ``tokenizers``), the way vLLM's OpenAI server does. Special tokens split the rendered text
-before BPE runs, so each piece between special tokens tokenizes independently; we cache pieces, which makes the
-long shared system prompts that Cognitora routes for nearly free to re-tokenize.
+Every consumer goes through here: the router (``cognitora.router``), the simulated engine's endpoints
+(``cognitora.sim.server``: ``/tokenize``, chat and completions), benchmarks and tests. So a prompt gets the same
+token ids wherever it is read, and those are the ids vLLM computes (``vllm/entrypoints/serve/tokenize/protocol.py``,
+``vllm/renderers``, ``serving_completion.py``):
 
-``PromptKeyer`` turns a prompt into block keys: token-exact with a tokenizer, text-approximate without one.
+- ``read_prompt`` validates the raw fields into a ``ChatPrompt`` or a ``CompletionPrompt``;
+- ``prompt_token_ids`` turns either into one token-id list per prompt the engine will run;
+- ``PromptKeyer.keys`` turns those into block keys rooted at the model, or at the LoRA adapter the request names.
+
+The rules, as vLLM applies them:
+
+- **Chat** (``/v1/chat/completions``, ``/tokenize`` with ``messages``): ``kvstate.chat_template`` renders the
+  conversation, with ``tools``, ``add_generation_prompt`` (default true), ``continue_final_message`` (default
+  false) and ``chat_template_kwargs``; the text is encoded with ``add_special_tokens`` **false** by default,
+  because the template writes the BOS itself (as ``{{ bos_token }}``) where the model wants one.
+- **Completions** (``/v1/completions``, ``/tokenize`` with ``prompt``): ``prompt`` is a string, a list of
+  strings, a list of token ids, or a list of token-id lists. Text is encoded with ``add_special_tokens``
+  **true** by default: the tokenizer's post-processor adds what the model expects (Llama's BOS; SmolLM2's adds
+  nothing). Token ids are used as given, nothing added.
+- **A batch** (several prompts in one completions request): vLLM runs each as its own request on the engine it
+  was sent to, and its ``usage.prompt_tokens`` is the sum over the batch. So ``prompt_tokens`` is the sum (the
+  prefill the engine will do), and the keys are the first prompt's: batches share their few-shot prefix in
+  practice, and the cost model needs one chain, not several.
+
+``ChatTokenizer`` is the model's own ``tokenizer.json`` (HF ``tokenizers``) plus its chat template. Special tokens
+split the text before BPE runs, so each piece between them tokenizes independently; pieces are cached, which makes
+the long shared system prompts Cognitora routes for nearly free to re-tokenize.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import jinja2
-import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from kvstate.keys import (
-    APPROX_CHARS_PER_TOKEN,
-    BlockKey,
-    approx_root_key,
-    chain_block_keys,
-    root_key,
-    text_block_keys,
-)
+from kvstate.chat_template import ChatTemplate, PromptError, conversation, load_chat_template, tool_schemas
+from kvstate.keys import APPROX_CHARS_PER_TOKEN, BlockKey, approx_root_key, chain_block_keys, root_key, text_block_keys
+
+__all__ = [
+    "ChatPrompt",
+    "ChatTokenizer",
+    "CompletionPrompt",
+    "Message",
+    "Prompt",
+    "PromptError",
+    "PromptKeyer",
+    "PromptKeys",
+    "PromptTokenizer",
+    "completion_prompts",
+    "prompt_token_ids",
+    "read_prompt",
+]
 
 Message = Mapping[str, Any]
+TokenIds = tuple[int, ...]
 
 
-class PromptError(ValueError):
-    """The prompt cannot be rendered or tokenized (bad message shape, template error)."""
+# -- the request's prompt -------------------------------------------------------------------------------------
 
 
-def message_text(content: Any) -> str:
-    """OpenAI message content as text: a string, or the text parts of a list of content parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                parts.append(part)
-        return "".join(parts)
-    raise PromptError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request's prompt fields, as the client sent them (defaults are vLLM's)."""
+
+    messages: Sequence[Message]
+    tools: Sequence[Mapping[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    """Encode the rendered text with the tokenizer's special tokens too (vLLM's chat default: no, the template
+    adds them)."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
 
-def normalize_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'")
-        out.append({**m, "role": str(m.get("role", "user")), "content": message_text(m.get("content"))})
-    return out
+@dataclass(frozen=True)
+class CompletionPrompt:
+    """A completions request's prompts: one entry per prompt of the batch, text or token ids."""
+
+    prompts: tuple[str | TokenIds, ...]
+    add_special_tokens: bool = True
+    """Encode text prompts with the tokenizer's special tokens (vLLM's completions default: yes)."""
 
 
-def load_chat_template(tokenizer_path: Path, template_path: Path | None = None) -> str | None:
-    """The chat template: an explicit file, else ``chat_template.jinja`` or ``tokenizer_config.json`` beside it."""
-    if template_path is not None:
-        return template_path.read_text()
-    sibling = tokenizer_path.parent / "chat_template.jinja"
-    if sibling.exists():
-        return sibling.read_text()
-    cfg = tokenizer_path.parent / "tokenizer_config.json"
-    if cfg.exists():
-        tmpl = json.loads(cfg.read_text()).get("chat_template")
-        if isinstance(tmpl, str):
-            return tmpl
-    return None
+Prompt = ChatPrompt | CompletionPrompt
+
+
+def read_prompt(
+    *,
+    messages: Sequence[Message] | None = None,
+    prompt: Any = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_special_tokens: bool | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> Prompt:
+    """A request's raw prompt fields, validated: ``messages`` make a chat, else ``prompt`` a completion.
+
+    ``add_special_tokens`` None means the endpoint's default (chat: False, completions: True). Raises
+    ``PromptError`` with a message meant for the client.
+    """
+    if messages is not None:
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+            raise PromptError("'messages' must be a non-empty list of {role, content} objects")
+        if tools is not None and (isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence)):
+            raise PromptError("'tools' must be a list of {type, function} objects")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise PromptError("'chat_template_kwargs' must be an object")
+        return ChatPrompt(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            add_special_tokens=bool(add_special_tokens),
+            chat_template_kwargs=chat_template_kwargs,
+        )
+    if prompt is None:
+        raise PromptError("the request has neither 'messages' nor 'prompt'")
+    return CompletionPrompt(completion_prompts(prompt), True if add_special_tokens is None else add_special_tokens)
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def completion_prompts(prompt: Any) -> tuple[str | TokenIds, ...]:
+    """A completions ``prompt`` as a batch (vLLM's ``parse_and_batch_prompt``): str | [str] | [int] | [[int]]."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise PromptError("'prompt' is empty: give at least one prompt")
+        if all(isinstance(p, str) for p in prompt):
+            return tuple(prompt)
+        if all(_is_token(t) for t in prompt):
+            return (tuple(prompt),)
+        if all(isinstance(p, (list, tuple)) for p in prompt):
+            if not prompt[0]:
+                raise PromptError("'prompt' holds an empty token list: give at least one token")
+            if all(all(_is_token(t) for t in p) for p in prompt):
+                return tuple(tuple(p) for p in prompt)
+    raise PromptError("'prompt' must be a string, a list of strings, a list of token ids, or a list of token-id lists")
+
+
+# -- prompt -> token ids --------------------------------------------------------------------------------------
+
+
+class PromptTokenizer(Protocol):
+    """What the normalizer needs of a tokenizer: render a chat, encode text."""
+
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        """The text vLLM's chat endpoint would tokenize for ``prompt``."""
+        ...
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """``text``'s token ids; with ``add_special_tokens``, what the tokenizer's post-processor adds too."""
+        ...
+
+
+def prompt_token_ids(tokenizer: PromptTokenizer, prompt: Prompt) -> list[list[int]]:
+    """The token ids the engine runs: one list per prompt (a chat or one completion prompt: one; a batch: each)."""
+    if isinstance(prompt, ChatPrompt):
+        return [tokenizer.encode(tokenizer.render_chat(prompt), prompt.add_special_tokens)]
+    return [tokenizer.encode(p, prompt.add_special_tokens) if isinstance(p, str) else list(p) for p in prompt.prompts]
 
 
 class ChatTokenizer:
-    """A model's tokenizer plus its chat template, with a piece cache (see the module docstring)."""
+    """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring)."""
 
     def __init__(self, tokenizer_path: Path, template_path: Path | None = None, cache_size: int = 4096) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        source = load_chat_template(tokenizer_path, template_path)
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        self._template = env.from_string(source) if source else None
-        specials = [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
-        specials.sort(key=len, reverse=True)
-        self._special_ids = {s: self.tokenizer.token_to_id(s) for s in specials}
-        self._split = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")") if specials else None
+        self.template: ChatTemplate | None = load_chat_template(tokenizer_path, template_path)
+        added = list(self.tokenizer.get_added_tokens_decoder().values())
+        # Splitting on added tokens before BPE is exactly what the tokenizer does, unless a token strips the spaces
+        # around it, matches whole words only, or matches normalized text: then encode whole texts (no cache).
+        self._split: re.Pattern[str] | None = None
+        self._added_ids: dict[str, int] = {}
+        self._piecewise = not any(
+            t.lstrip or t.rstrip or t.single_word or (t.normalized and self.tokenizer.normalizer is not None)
+            for t in added
+        )
+        if self._piecewise and added:
+            contents = sorted({t.content for t in added}, key=len, reverse=True)
+            self._added_ids = {c: i for c in contents if (i := self.tokenizer.token_to_id(c)) is not None}
+            self._split = re.compile("(" + "|".join(re.escape(c) for c in contents) + ")")
+        self._prefix: list[int] | None
+        self._suffix: list[int] | None
+        self._prefix, self._suffix = self._special_affixes()
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cache_size = cache_size
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        msgs = normalize_messages(messages)
-        if self._template is None:
-            # No template: a plain transcript, the fallback most servers use.
-            body = "".join(f"{m['role']}: {m['content']}\n" for m in msgs)
-            return body + ("assistant: " if add_generation_prompt else "")
-        try:
-            return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt)
-        except jinja2.TemplateError as exc:
-            raise PromptError(f"chat template failed: {exc}") from exc
+    def _special_affixes(self) -> tuple[list[int], list[int]] | tuple[None, None]:
+        """What the post-processor puts before and after a single sequence (Llama: ``[<s>]``, ``[]``)."""
+        probe = "hello"
+        plain = self.tokenizer.encode(probe, add_special_tokens=False).ids
+        full = self.tokenizer.encode(probe, add_special_tokens=True).ids
+        for i in range(len(full) - len(plain) + 1):
+            if full[i : i + len(plain)] == plain:
+                return full[:i], full[i + len(plain) :]
+        return None, None  # not a plain wrap: encode whole texts through the post-processor
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no BOS/EOS added), equal to ``tokenizer.encode(text, add_special_tokens=False)``."""
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        if self.template is None:
+            # No template anywhere: a plain transcript (vLLM would refuse the request; keys then only match
+            # requests the router itself routed).
+            body = "".join(f"{m['role']}: {m['content']}\n" for m in conversation(prompt.messages))
+            return body + ("assistant: " if prompt.add_generation_prompt else "")
+        return self.template.render(
+            prompt.messages,
+            prompt.tools,
+            add_generation_prompt=prompt.add_generation_prompt,
+            continue_final_message=prompt.continue_final_message,
+            template_kwargs=prompt.chat_template_kwargs,
+        )
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """A chat's prompt text with vLLM's defaults."""
+        return self.render_chat(ChatPrompt(messages, tools))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Equal to ``tokenizer.encode(text, add_special_tokens=...).ids``, from cached pieces where possible."""
+        if add_special_tokens:
+            if self._prefix is None or self._suffix is None:
+                return self.tokenizer.encode(text, add_special_tokens=True).ids
+            return [*self._prefix, *self.encode(text), *self._suffix]
+        if not self._piecewise:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
         if self._split is None:
             return self._encode_piece(text)
         ids: list[int] = []
         for piece in self._split.split(text):
             if not piece:
                 continue
-            special = self._special_ids.get(piece)
-            if special is not None:
-                ids.append(special)
+            token = self._added_ids.get(piece)
+            if token is not None:
+                ids.append(token)
             else:
                 ids.extend(self._encode_piece(piece))
         return ids
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """A chat's token ids with vLLM's defaults."""
+        return prompt_token_ids(self, ChatPrompt(messages, tools))[0]
 
     def _encode_piece(self, piece: str) -> list[int]:
         hit = self._cache.get(piece)
@@ -136,8 +261,7 @@ class ChatTokenizer:
         return ids
 
 
-def _raise_template_error(message: str) -> None:
-    raise jinja2.TemplateError(message)
+# -- token ids -> block keys ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,47 +270,73 @@ class PromptKeys:
 
     keys: list[BlockKey]
     prompt_tokens: int
+    """Tokens the engine prefills for the request: the sum over a completions batch."""
     exact: bool
     tokens_per_key: int
 
 
 class PromptKeyer:
-    """Computes a prompt's block keys for one model: token-exact with a tokenizer, else text-approximate."""
+    """A prompt's block keys for one model: token-exact with a tokenizer (or token-id prompts), else text-approximate.
 
-    def __init__(
-        self,
-        model: str,
-        block_size: int = 16,
-        tokenizer: ChatTokenizer | None = None,
-        lora: str | None = None,
-    ) -> None:
+    Keys are rooted at ``root_key(model, lora)``: a request that names a LoRA adapter gets the adapter's key space,
+    the one the engines' ``BlockStored`` events for that adapter are keyed in (``kvstate.events.ingest``).
+    """
+
+    def __init__(self, model: str, block_size: int = 16, tokenizer: ChatTokenizer | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.tokenizer = tokenizer
-        self._root = root_key(model, lora)
-        self._approx_root = approx_root_key(model, lora)
+        self._roots: dict[str | None, BlockKey] = {}
 
-    @property
-    def root(self) -> BlockKey:
-        return self._root
+    def root(self, lora: str | None = None) -> BlockKey:
+        hit = self._roots.get(lora)
+        if hit is None:
+            hit = self._roots[lora] = root_key(self.model, lora)
+        return hit
 
-    def keys_for_tokens(self, token_ids: Sequence[int]) -> list[BlockKey]:
-        return chain_block_keys(self._root, token_ids, self.block_size)
+    def keys(self, prompt: Prompt, lora: str | None = None) -> PromptKeys:
+        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens."""
+        if self.tokenizer is not None or (
+            isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str)
+        ):
+            sequences = prompt_token_ids(self.tokenizer or _NO_TEXT, prompt)
+            total = sum(len(s) for s in sequences)
+            return PromptKeys(self.keys_for_tokens(sequences[0], lora), total, True, self.block_size)
+        return self._approx(prompt, lora)
 
-    def keys_for_chat(self, messages: Sequence[Message]) -> PromptKeys:
-        if self.tokenizer is not None:
-            ids = self.tokenizer.encode_chat(messages)
-            return PromptKeys(self.keys_for_tokens(ids), len(ids), True, self.block_size)
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in normalize_messages(messages))
-        return self._approx(text)
+    def keys_for_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> list[BlockKey]:
+        return chain_block_keys(self.root(lora), token_ids, self.block_size)
 
-    def keys_for_text(self, prompt: str) -> PromptKeys:
-        if self.tokenizer is not None:
-            ids = self.tokenizer.encode(prompt)
-            return PromptKeys(self.keys_for_tokens(ids), len(ids), True, self.block_size)
-        return self._approx(prompt)
+    def keys_for_chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        lora: str | None = None,
+    ) -> PromptKeys:
+        """A chat's keys with vLLM's defaults (what most callers send)."""
+        return self.keys(read_prompt(messages=messages, tools=tools), lora)
 
-    def _approx(self, text: str) -> PromptKeys:
+    def _approx(self, prompt: Prompt, lora: str | None) -> PromptKeys:
         chars = self.block_size * APPROX_CHARS_PER_TOKEN
-        keys = text_block_keys(self._approx_root, text, chars)
-        return PromptKeys(keys, max(1, len(text) // APPROX_CHARS_PER_TOKEN), False, self.block_size)
+        if isinstance(prompt, ChatPrompt):
+            schemas = tool_schemas(prompt.tools)
+            head = f"<tools>{schemas}\n" if schemas else ""
+            texts = [head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation(prompt.messages))]
+        else:
+            texts = [p for p in prompt.prompts if isinstance(p, str)]
+        keys = text_block_keys(approx_root_key(self.model, lora), texts[0], chars)
+        tokens = sum(max(1, len(t) // APPROX_CHARS_PER_TOKEN) for t in texts)
+        return PromptKeys(keys, tokens, False, self.block_size)
+
+
+class _TokenIdsOnly:
+    """The tokenizer of a keyer without one: token-id prompts need none, anything else is a bug in the caller."""
+
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        raise AssertionError("a keyer without a tokenizer renders no chat")
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        raise AssertionError("a keyer without a tokenizer encodes no text")
+
+
+_NO_TEXT = _TokenIdsOnly()

@@ -110,6 +110,10 @@ def build_fleet(
         endpoint.update(url=engine_url(str(api_base)), id=ep_id)
         model["endpoints"].append(endpoint)
 
+    # A LoRA adapter's own model group serves from its base model's engines: it is a name of that model (one
+    # key space, one event stream), not a model of its own.
+    for lora in {str(name) for m in models.values() for name in m.get("loras") or []}:
+        models.pop(lora, None)
     unknown = sorted(set(file_models) - set(models))
     if unknown:
         raise ConfigError(

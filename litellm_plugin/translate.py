@@ -110,6 +110,64 @@ def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _client_body(request_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The body the client sent the proxy (``proxy_server_request.body``); empty outside the proxy."""
+    server_request = request_kwargs.get("proxy_server_request")
+    body = server_request.get("body") if isinstance(server_request, Mapping) else None
+    return body if isinstance(body, Mapping) else {}
+
+
+def _is_token_ids(value: Any) -> bool:
+    if not isinstance(value, list) or not value:
+        return False
+    rows = value if all(isinstance(v, list) for v in value) else [value]
+    return all(isinstance(t, int) and not isinstance(t, bool) for row in rows for t in row)
+
+
+def _prompt_fields(
+    messages: Sequence[Mapping[str, Any]] | None, input: str | list[Any] | None, request_kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The request's prompt fields as the client sent them, for ``RouteRequest`` (the core reads them).
+
+    LiteLLM hands the strategy a text completion as ``messages=[{"role": "user", "content": prompt}]``: the
+    client's ``prompt`` comes back from the proxy's copy of the body, or, outside the proxy, from that one message
+    when its content can only be a prompt (token ids). Embeddings and responses pass ``input``.
+    """
+    body = _client_body(request_kwargs)
+    if body.get("prompt") is not None and body.get("messages") is None:
+        messages, prompt = None, body["prompt"]
+    elif messages is not None:
+        only = messages[0] if len(messages) == 1 else None
+        is_prompt = only is not None and set(only) == {"role", "content"} and _is_token_ids(only.get("content"))
+        messages, prompt = (None, only["content"]) if only is not None and is_prompt else (messages, None)
+    elif isinstance(input, list) and input and all(isinstance(i, Mapping) and "role" in i for i in input):
+        messages, prompt = input, None  # Responses API input items of the message kind
+    else:
+        prompt = input
+    extra = request_kwargs.get("extra_body")
+    extra = extra if isinstance(extra, Mapping) else {}
+
+    def field(name: str) -> Any:
+        # vLLM's own fields reach LiteLLM top-level (the proxy) or in extra_body (the OpenAI SDK's way).
+        value = request_kwargs.get(name)
+        return extra.get(name) if value is None else value
+
+    flags = {
+        name: value
+        for name in ("add_special_tokens", "add_generation_prompt", "continue_final_message")
+        if isinstance(value := field(name), bool)
+    }
+    template_kwargs = field("chat_template_kwargs")
+    tools = field("tools")
+    return {
+        "messages": messages,
+        "prompt": prompt,
+        "tools": tools if isinstance(tools, list) else None,
+        "chat_template_kwargs": template_kwargs if isinstance(template_kwargs, Mapping) else None,
+        **flags,
+    }
+
+
 def route_request(
     model: str,
     messages: Sequence[Mapping[str, Any]] | None,
@@ -120,13 +178,9 @@ def route_request(
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids."""
     meta = metadata_of(request_kwargs)
-    prompt: str | None = None
-    if messages is None and input is not None:
-        prompt = input if isinstance(input, str) else "\n".join(str(part) for part in input)
     return RouteRequest(
         model=model,
-        messages=messages,
-        prompt=prompt,
+        **_prompt_fields(messages, input, request_kwargs),
         request_id=new_request_id(),
         team=_first_str(meta, "user_api_key_team_id"),
         api_key_id=_first_str(meta, "user_api_key_hash", "user_api_key"),

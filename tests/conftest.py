@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from cognitora.sim.tokenizer import SMOLLM2_DIR
 from tests.redis_cluster import redis_cluster
 from tests.redis_server import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct"
 
 # LiteLLM downloads its model cost map at import; this machine (and CI) has no internet, and no test needs it.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -33,9 +32,8 @@ def key_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    if not (SMOLLM2 / "tokenizer.json").exists():
-        pytest.fail(f"missing {SMOLLM2}/tokenizer.json: the shared model files must sit beside the checkout")
-    return SMOLLM2
+    """SmolLM2's tokenizer and chat template, as shipped in the package (no file outside the checkout)."""
+    return SMOLLM2_DIR
 
 
 @pytest.fixture(scope="session")

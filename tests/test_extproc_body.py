@@ -23,9 +23,20 @@ def test_chat_body_fields() -> None:
     assert parse_body(chat(stream_options={"include_usage": True}), CHAT).client_wants_usage
 
 
-def test_completions_prompt() -> None:
+def test_completions_prompt_reaches_the_core_as_sent() -> None:
     assert parse_body(b'{"model":"m","prompt":"once upon"}', COMPLETIONS).prompt == "once upon"
-    assert parse_body(b'{"model":"m","prompt":["a","b"]}', COMPLETIONS).prompt == "a"
+    # Batches and token ids are the core's to read (kvstate.prompt), not flattened here.
+    assert parse_body(b'{"model":"m","prompt":["a","b"]}', COMPLETIONS).prompt == ["a", "b"]
+    assert parse_body(b'{"model":"m","prompt":[[1,2],[3]]}', COMPLETIONS).prompt == [[1, 2], [3]]
+    p = parse_body(b'{"model":"m","prompt":[1,2],"add_special_tokens":false}', COMPLETIONS)
+    assert (p.prompt, p.add_special_tokens) == ([1, 2], False)
+
+
+def test_chat_prompt_fields_reach_the_core() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    p = parse_body(chat(tools=tools, add_generation_prompt=False, chat_template_kwargs={"x": 1}), CHAT)
+    assert (p.tools, p.add_generation_prompt, p.chat_template_kwargs) == (tools, False, {"x": 1})
+    assert (p.add_special_tokens, p.continue_final_message) == (None, False)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +52,10 @@ def test_completions_prompt() -> None:
         (chat(stream="yes"), CHAT, "'stream'", "stream"),
         (chat(max_tokens=-1), CHAT, "'max_tokens'", "max_tokens"),
         (b'{"model":"m","prompt":{}}', COMPLETIONS, "'prompt'", "prompt"),
+        (b'{"model":"m","prompt":[]}', COMPLETIONS, "'prompt'", "prompt"),
+        (b'{"model":"m","prompt":[1,"a"]}', COMPLETIONS, "'prompt'", "prompt"),
+        (chat(tools={}), CHAT, "'tools'", "tools"),
+        (chat(add_special_tokens="yes"), CHAT, "'add_special_tokens'", "add_special_tokens"),
     ],
 )
 def test_bad_bodies_name_the_problem(body: bytes, path: str, says: str, param: str | None) -> None:

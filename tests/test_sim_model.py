@@ -8,7 +8,8 @@ from cognitora.sim.block_hash import BlockHasher, cbor_encode, event_hash, none_
 from cognitora.sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, BlockTable, OutOfBlocks, PrefixCache
 from cognitora.sim.profiles import PROFILES, get_profile, predicted_itl, predicted_ttft, profiles_for_fleet
 from cognitora.sim.scheduler import Scheduler, SimRequest
-from cognitora.sim.tokenizer import BuiltinTokenizer, HFSimTokenizer, prompt_token_ids
+from cognitora.sim.tokenizer import BuiltinTokenizer, HFSimTokenizer
+from kvstate.prompt import prompt_token_ids, read_prompt
 
 
 def test_none_hash_matches_vllm_sha256_cbor_with_seed_42() -> None:
@@ -187,9 +188,9 @@ def test_step_model_shapes() -> None:
 def test_builtin_tokenizer_is_deterministic_and_chat_uses_chatml() -> None:
     tok = BuiltinTokenizer()
     assert tok.encode("hello world") == tok.encode("hello world")
-    ids = tok.encode_chat([{"role": "user", "content": "hi"}])
+    (ids,) = prompt_token_ids(tok, read_prompt(messages=[{"role": "user", "content": "hi"}]))
     assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1
-    assert prompt_token_ids(tok, [5, 6]) == [5, 6]
+    assert prompt_token_ids(tok, read_prompt(prompt=[5, 6])) == [[5, 6]]
     for token_id, text in tok.output_vocabulary():
         assert tok.encode(text) == [token_id]
 

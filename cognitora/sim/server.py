@@ -7,6 +7,13 @@ too with vLLM's ``continuous_usage_stats``), ``GET /v1/models``,
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
 ``POST /reset_prefix_cache``, and the simulator's admin API ``POST /sim/fault`` and ``GET /sim/state``.
 
+Prompts are read by ``kvstate.prompt`` with vLLM's rules (its module docstring): chats with ``tools``,
+``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs`` and ``add_special_tokens`` (default
+false); completions ``prompt`` as a string, strings, token ids or token-id lists with ``add_special_tokens``
+(default true). A completions batch runs one engine request per prompt, one choice each (``index`` = the prompt's
+position), ``usage`` summed over the batch with the last prompt's ``cached_tokens`` (as vLLM reports it).
+``/tokenize`` takes vLLM's two shapes: ``{"prompt": str, "add_special_tokens"}`` or ``{"messages", "tools", ...}``.
+
 Unknown request fields are ignored; ``max_completion_tokens`` and ``max_tokens`` are both accepted. Errors use
 vLLM's shape ``{"error": {"message", "type", "param", "code"}}``. No ``/server_info``/``/model_info``: sglang-router
 would then try to download a tokenizer (peer-routers.md section 8).
@@ -26,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.scheduler import SimRequest
-from cognitora.sim.tokenizer import prompt_token_ids
+from kvstate.prompt import ChatPrompt, ChatTokenizer, Prompt, PromptError, prompt_token_ids, read_prompt
 
 FaultHandler = Callable[[int, str, float | None], Coroutine[Any, Any, None]]
 FAULT_KINDS = ("crash", "hang", "slow", "clear_cache", "restart", "recover")
@@ -137,38 +144,39 @@ class EngineServer:
         return web.Response(status=200)
 
     # ---- tokenizer endpoints --------------------------------------------------------------------------------
-    def _tokens_of(self, body: dict[str, Any]) -> list[int]:
-        tok = self.engine.tokenizer
-        if "messages" in body:
-            return tok.encode_chat(body["messages"])
-        if "prompt" in body:
-            return prompt_token_ids(tok, body["prompt"])
-        raise ValueError("give 'prompt' (text or token ids) or 'messages' (a chat)")
+    def _token_ids(self, prompt: Prompt) -> list[list[int]]:
+        return prompt_token_ids(self.engine.tokenizer, prompt)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            ids = self._tokens_of(body)
+            if "messages" in body:
+                (ids,) = self._token_ids(_chat_prompt(body))
+            else:
+                # vLLM's TokenizeCompletionRequest: one text prompt (token ids and batches go to /render).
+                if not isinstance(body.get("prompt"), str):
+                    raise PromptError("'prompt' must be a string, or give 'messages' (a chat)")
+                (ids,) = self._token_ids(_completion_prompt(body))
         except ValueError as exc:
-            return error_response(400, str(exc))
+            return error_response(400, str(exc), param="messages" if "messages" in body else "prompt")
         return web.json_response(
             {"count": len(ids), "max_model_len": self.engine.profile.max_model_len, "tokens": ids, "token_strs": None}
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        chat = getattr(self.engine.tokenizer, "chat", None)
-        if chat is None:
+        tok = self.engine.tokenizer
+        if not isinstance(tok, ChatTokenizer):
             return error_response(400, "the built-in tokenizer cannot detokenize; start the fleet with --tokenizer")
         tokens = body.get("tokens")
         if not isinstance(tokens, list):
             return error_response(400, "'tokens' must be a list of token ids", param="tokens")
-        return web.json_response({"prompt": chat.tokenizer.decode(tokens, skip_special_tokens=False)})
+        return web.json_response({"prompt": tok.tokenizer.decode(tokens, skip_special_tokens=False)})
 
     async def render_chat(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            ids = self.engine.tokenizer.encode_chat(_messages(body))
+            (ids,) = self._token_ids(_chat_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
         return web.json_response(
@@ -178,32 +186,33 @@ class EngineServer:
     async def render_completion(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            ids = prompt_token_ids(self.engine.tokenizer, body.get("prompt"))
+            batch = self._token_ids(_completion_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="prompt")
+        rid = f"cmpl-{uuid.uuid4().hex}"
         return web.json_response(
-            [{"request_id": f"cmpl-{uuid.uuid4().hex}", "token_ids": ids, "prompt_token_ids": ids}]
+            [{"request_id": f"{rid}-{i}", "token_ids": ids, "prompt_token_ids": ids} for i, ids in enumerate(batch)]
         )
 
     # ---- completions ----------------------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            prompt_ids = self.engine.tokenizer.encode_chat(_messages(body))
+            batch = self._token_ids(_chat_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
-        return await self._generate(request, body, prompt_ids, chat=True)
+        return await self._generate(request, body, batch, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            prompt_ids = prompt_token_ids(self.engine.tokenizer, body.get("prompt"))
+            batch = self._token_ids(_completion_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="prompt")
-        return await self._generate(request, body, prompt_ids, chat=False)
+        return await self._generate(request, body, batch, chat=False)
 
     async def _generate(
-        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], chat: bool
+        self, request: web.Request, body: dict[str, Any], batch: list[list[int]], chat: bool
     ) -> web.StreamResponse:
         model = body.get("model", self.model)
         if model != self.model and not self.accept_any_model:
@@ -222,54 +231,68 @@ class EngineServer:
         continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats"))
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
+        reqs: list[SimRequest] = []
         try:
-            req = self.engine.submit(prompt_ids, raw_max, stream, rid)
-        except RequestRejected as exc:
-            return error_response(400, str(exc))
-        except EngineDown:
-            return _cut_connection(request)
-        try:
-            if stream:
-                return await self._stream(request, req, chat, str(model), include_usage, continuous_usage)
-            return await self._complete(request, req, chat, str(model))
-        finally:
-            if not req.finished:
-                self.engine.abort(req)
-
-    async def _complete(self, request: web.Request, req: SimRequest, chat: bool, model: str) -> web.StreamResponse:
-        while not req.finished:
-            await req.wakeup.wait()
-            req.wakeup.clear()
-            if req.aborted:
+            try:
+                for i, prompt_ids in enumerate(batch):
+                    # vLLM runs each prompt of a batch as its own request, named after the batch's id.
+                    reqs.append(
+                        self.engine.submit(prompt_ids, raw_max, stream, rid if len(batch) == 1 else f"{rid}-{i}")
+                    )
+            except RequestRejected as exc:
+                return error_response(400, str(exc))
+            except EngineDown:
                 return _cut_connection(request)
-        text = "".join(req.output_text)
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
-            obj = "text_completion"
+            if stream:
+                return await self._stream(request, rid, reqs, chat, str(model), include_usage, continuous_usage)
+            return await self._complete(request, rid, reqs, chat, str(model))
+        finally:
+            for req in reqs:
+                if not req.finished:
+                    self.engine.abort(req)
+
+    async def _complete(
+        self, request: web.Request, rid: str, reqs: list[SimRequest], chat: bool, model: str
+    ) -> web.StreamResponse:
+        for req in reqs:
+            while not req.finished:
+                await req.wakeup.wait()
+                req.wakeup.clear()
+                if req.aborted:
+                    return _cut_connection(request)
+        choices: list[dict[str, Any]] = []
+        for index, req in enumerate(reqs):
+            text = "".join(req.output_text)
+            if chat:
+                choices.append(
+                    {
+                        "index": index,
+                        "message": {"role": "assistant", "content": text, "tool_calls": []},
+                        "logprobs": None,
+                        "finish_reason": "length",
+                        "stop_reason": None,
+                    }
+                )
+            else:
+                choices.append(
+                    {"index": index, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+                )
         return web.json_response(
             {
-                "id": req.rid,
-                "object": obj,
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
                 "model": model,
-                "choices": [choice],
-                "usage": _usage(req),
+                "choices": choices,
+                "usage": _usage(reqs),
             }
         )
 
     async def _stream(
         self,
         request: web.Request,
-        req: SimRequest,
+        rid: str,
+        reqs: list[SimRequest],
         chat: bool,
         model: str,
         include_usage: bool,
@@ -279,75 +302,82 @@ class EngineServer:
         await resp.prepare(request)
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-        sent = 0
+        sent = [0] * len(reqs)
+        done = [False] * len(reqs)
         while True:
-            await req.wakeup.wait()
-            req.wakeup.clear()
-            if req.aborted:
-                return _cut_connection(request, resp)
-            new = req.output_text[sent:]
-            if not new and not req.finished:
-                continue
+            await _any_wakeup([r for r, d in zip(reqs, done, strict=True) if not d])
             parts: list[bytes] = []
-            finish = "length" if req.finished else None
-            if chat:
-                if sent == 0:
-                    parts.append(
-                        _sse(
-                            {
-                                "id": req.rid,
-                                "object": obj,
-                                "created": created,
-                                "model": model,
-                                "choices": [
-                                    {
-                                        "index": 0,
-                                        "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None,
-                                        "finish_reason": None,
-                                    }
-                                ],
-                            }
+            for index, req in enumerate(reqs):
+                if done[index] or not req.wakeup.is_set():
+                    continue
+                req.wakeup.clear()
+                if req.aborted:
+                    return _cut_connection(request, resp)
+                new = req.output_text[sent[index] :]
+                if not new and not req.finished:
+                    continue
+                finish = "length" if req.finished else None
+                if chat:
+                    if sent[index] == 0:
+                        parts.append(
+                            _sse(
+                                {
+                                    "id": rid,
+                                    "object": obj,
+                                    "created": created,
+                                    "model": model,
+                                    "choices": [
+                                        {
+                                            "index": index,
+                                            "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None,
+                                            "finish_reason": None,
+                                        }
+                                    ],
+                                }
+                            )
                         )
-                    )
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "delta": {"content": "".join(new)},
-                    "logprobs": None,
-                    "finish_reason": finish,
+                    choice: dict[str, Any] = {
+                        "index": index,
+                        "delta": {"content": "".join(new)},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                else:
+                    choice = {"index": index, "text": "".join(new), "logprobs": None, "finish_reason": finish}
+                if finish:
+                    choice["stop_reason"] = None
+                chunk: dict[str, Any] = {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
                 }
-            else:
-                choice = {"index": 0, "text": "".join(new), "logprobs": None, "finish_reason": finish}
-            if finish:
-                choice["stop_reason"] = None
-            chunk: dict[str, Any] = {
-                "id": req.rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-            if continuous_usage:
-                chunk["usage"] = _usage(req)
-            parts.append(_sse(chunk))
-            sent += len(new)
-            if req.finished:
+                if continuous_usage:
+                    chunk["usage"] = _usage([req])
+                parts.append(_sse(chunk))
+                sent[index] += len(new)
+                done[index] = req.finished
+            finished = all(done)
+            if finished:
                 if include_usage:
                     parts.append(
                         _sse(
                             {
-                                "id": req.rid,
+                                "id": rid,
                                 "object": obj,
                                 "created": created,
                                 "model": model,
                                 "choices": [],
-                                "usage": _usage(req),
+                                "usage": _usage(reqs),
                             }
                         )
                     )
                 parts.append(b"data: [DONE]\n\n")
-            await resp.write(b"".join(parts))
-            if req.finished:
+            if parts:
+                await resp.write(b"".join(parts))
+            if finished:
                 await resp.write_eof()
                 return resp
 
@@ -380,19 +410,59 @@ class EngineServer:
         return web.json_response(self.engine.state())
 
 
-def _messages(body: dict[str, Any]) -> list[Any]:
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise PromptError(f"'{name}' must be true or false")
+    return value
+
+
+def _chat_prompt(body: dict[str, Any]) -> ChatPrompt:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list of {role, content} objects")
-    return messages
+    if not isinstance(messages, list):
+        raise PromptError("'messages' must be a non-empty list of {role, content} objects")
+    prompt = read_prompt(
+        messages=messages,
+        tools=body.get("tools"),
+        add_special_tokens=_flag(body, "add_special_tokens", False),
+        add_generation_prompt=_flag(body, "add_generation_prompt", True),
+        continue_final_message=_flag(body, "continue_final_message", False),
+        chat_template_kwargs=body.get("chat_template_kwargs"),
+    )
+    assert isinstance(prompt, ChatPrompt)
+    return prompt
 
 
-def _usage(req: SimRequest) -> dict[str, Any]:
+def _completion_prompt(body: dict[str, Any]) -> Prompt:
+    if body.get("prompt") is None:
+        raise PromptError("'prompt' is required: a string, a list of strings, token ids, or a list of token-id lists")
+    return read_prompt(prompt=body["prompt"], add_special_tokens=_flag(body, "add_special_tokens", True))
+
+
+async def _any_wakeup(reqs: list[SimRequest]) -> None:
+    """Until one of ``reqs`` has news. One request (the usual case) costs no task."""
+    if len(reqs) == 1:
+        await reqs[0].wakeup.wait()
+        return
+    if any(r.wakeup.is_set() for r in reqs):
+        return
+    waits = [asyncio.ensure_future(r.wakeup.wait()) for r in reqs]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def _usage(reqs: list[SimRequest]) -> dict[str, Any]:
+    """Summed over a batch, as vLLM reports it; cached tokens are the last prompt's (vLLM keeps only those)."""
+    prompt = sum(r.prompt_len for r in reqs)
+    output = sum(r.output_len for r in reqs)
     return {
-        "prompt_tokens": req.prompt_len,
-        "total_tokens": req.prompt_len + req.output_len,
-        "completion_tokens": req.output_len,
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens or 0},
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + output,
+        "completion_tokens": output,
+        "prompt_tokens_details": {"cached_tokens": reqs[-1].cached_tokens or 0},
     }
 
 

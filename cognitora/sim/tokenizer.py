@@ -1,7 +1,11 @@
 """What the simulated engine counts and caches as tokens.
 
-``HFSimTokenizer`` wraps ``kvstate.prompt.ChatTokenizer``: the model's own ``tokenizer.json`` and chat template,
-rendered and tokenized the way vLLM's OpenAI server does, so the router and the engine agree token for token.
+Prompts become token ids through ``kvstate.prompt`` (``read_prompt`` + ``prompt_token_ids``), the same normalizer
+the router uses, with vLLM's rules: chats rendered by the template without added special tokens, completions
+prompts (string, strings, token ids, token-id lists) encoded with them, token ids taken as given.
+
+``HFSimTokenizer`` is ``kvstate.prompt.ChatTokenizer`` (the model's own ``tokenizer.json`` and chat template) plus
+the engine's output vocabulary, so the router and the engine agree token for token.
 
 ``BuiltinTokenizer`` needs no files. It is deterministic and documented so a router can reproduce it:
 
@@ -9,9 +13,11 @@ rendered and tokenized the way vLLM's OpenAI server does, so the router and the 
   non-space characters; runs of whitespace are their own piece), so English averages about one token per
   3.5 characters;
 - a piece's id is ``256 + (first 4 bytes of blake2b(piece, digest 8) as big-endian int) % 50000``;
-- chats render as ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then
-  ``<|im_start|>assistant\\n``; the two markers are the special ids 1 and 2;
-- completions prompts tokenize with the same rule, without a template.
+- chats render as ChatML: with tools, first ``<|im_start|>tools\\n{tools as compact JSON}<|im_end|>\\n``; then
+  ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message (content as vLLM flattens it for a string
+  template), then ``<|im_start|>assistant\\n`` (unless ``add_generation_prompt`` is false); the two markers are the
+  special ids 1 and 2;
+- it has no BOS or EOS to add: ``add_special_tokens`` changes nothing.
 
 Both produce output text from a fixed word list whose words are single tokens, so a client that sends a reply back
 in the next turn re-tokenizes it to the same ids the engine generated (multi-turn prefix reuse works).
@@ -20,12 +26,17 @@ in the next turn re-tokenizes it to the same ids the engine generated (multi-tur
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from kvstate.prompt import ChatTokenizer, Message, normalize_messages
+from kvstate.chat_template import conversation, tool_schemas
+from kvstate.prompt import ChatPrompt, ChatTokenizer, PromptTokenizer
+
+SMOLLM2_DIR = Path(__file__).resolve().parent / "models" / "smollm2-135m-instruct"
+"""SmolLM2-135M-Instruct's ``tokenizer.json`` and chat template, shipped with Cognitora (PROVENANCE.md there): the
+real tokenizer the demo, the benchmarks and the tests give the engines and the router alike."""
 
 _PIECE = re.compile(r"\s?[^\s]{1,4}|\s+")
 _SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2}
@@ -41,11 +52,7 @@ very after thing our just name good man think say great where help much line tur
 _WORDS = _WORD_LIST.split()
 
 
-class SimTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]: ...
-
+class SimTokenizer(PromptTokenizer, Protocol):
     def output_vocabulary(self) -> list[tuple[int, str]]:
         """(token id, text) pairs the engine generates from; each text tokenizes back to exactly that id."""
         ...
@@ -67,7 +74,7 @@ class BuiltinTokenizer:
                 self._cache[piece] = hit
         return hit
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = []
         for part in _SPECIAL_SPLIT.split(text):
             if not part:
@@ -80,38 +87,33 @@ class BuiltinTokenizer:
         return ids
 
     @staticmethod
-    def render(messages: Sequence[Message]) -> str:
-        body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in normalize_messages(messages))
-        return body + "<|im_start|>assistant\n"
-
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        return self.encode(self.render(messages))
+    def render_chat(prompt: ChatPrompt) -> str:
+        schemas = tool_schemas(prompt.tools)
+        head = f"<|im_start|>tools\n{json.dumps(schemas, separators=(',', ':'))}<|im_end|>\n" if schemas else ""
+        turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation(prompt.messages)]
+        if prompt.continue_final_message and turns:
+            turns[-1] = turns[-1].removesuffix("<|im_end|>\n")
+        return head + "".join(turns) + ("<|im_start|>assistant\n" if prompt.add_generation_prompt else "")
 
     def output_vocabulary(self) -> list[tuple[int, str]]:
         return [(self._piece_id(" " + w), " " + w) for w in _WORDS if len(w) <= 4]
 
 
-class HFSimTokenizer:
-    """A model's ``tokenizer.json`` plus chat template (``chat_template.jinja`` beside it)."""
+class HFSimTokenizer(ChatTokenizer):
+    """A model's ``tokenizer.json`` plus chat template (``chat_template.jinja`` beside it), and its output words."""
 
     def __init__(self, tokenizer_path: Path) -> None:
-        self.chat = ChatTokenizer(tokenizer_path)
+        super().__init__(tokenizer_path)
         self._vocab: list[tuple[int, str]] | None = None
-
-    def encode(self, text: str) -> list[int]:
-        return self.chat.encode(text)
-
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        return self.chat.encode_chat(messages)
 
     def output_vocabulary(self) -> list[tuple[int, str]]:
         if self._vocab is None:
             vocab: list[tuple[int, str]] = []
             for w in _WORDS:
-                ids = self.chat.tokenizer.encode(" " + w, add_special_tokens=False).ids
+                ids = self.tokenizer.encode(" " + w, add_special_tokens=False).ids
                 if len(ids) == 1:
                     vocab.append((ids[0], " " + w))
-            self._vocab = vocab or [(self.chat.tokenizer.encode(" a", add_special_tokens=False).ids[0], " a")]
+            self._vocab = vocab or [(self.tokenizer.encode(" a", add_special_tokens=False).ids[0], " a")]
         return self._vocab
 
 
@@ -121,17 +123,3 @@ def load_tokenizer(path: Path | None) -> SimTokenizer:
     if not path.exists():
         raise FileNotFoundError(f"--tokenizer {path}: no such file (give a HuggingFace tokenizer.json)")
     return HFSimTokenizer(path)
-
-
-def prompt_token_ids(tokenizer: SimTokenizer, prompt: Any) -> list[int]:
-    """A completions ``prompt``: a string, a list of token ids, or a one-element list of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
-    raise ValueError(
-        "prompt must be a string, a list of token ids, or a list holding one of those (batches of "
-        "several prompts are not supported by the simulator: send one request per prompt)"
-    )

@@ -1,0 +1,49 @@
+"""A demo or benchmark that could not run a target says why, writes no result for it, and exits non-zero."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import demo, run_all
+from bench.report import TargetRun, why_unusable
+
+
+def test_demo_reports_the_real_error_and_exits_1_when_the_fleet_cannot_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "tokenizer.json"
+    out = tmp_path / "demo"
+    code = demo.main(["--tokenizer", str(missing), "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr()
+    assert code == 1
+    # The fleet's own complaint reaches the user, for each target, instead of an empty table row.
+    assert f"--tokenizer {missing}: no such file" in printed.err
+    assert "round-robin (Envoy) could not run" in printed.err
+    assert "Cognitora (LiteLLM) could not run" in printed.err
+    assert "PLACEHOLDER" not in printed.out + printed.err
+    # No report of a run that did not happen.
+    assert not out.with_suffix(".md").exists() and not out.with_suffix(".json").exists()
+
+
+def test_bench_exits_1_and_names_the_target_that_could_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "tokenizer.json"
+    argv = [
+        "--workload", "shared-prefix-32x32", "--rates", "2", "--stage-duration", "1", "--warmup", "",
+        "--engines", "1", "--targets", "envoy-rr", "--tokenizer", str(missing), "--out", str(tmp_path / "b"),
+        "--no-progress",
+    ]  # fmt: skip
+    assert run_all.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "FAILED: envoy-rr could not run: the simulated fleet did not start" in err
+    assert f"--tokenizer {missing}: no such file" in err
+
+
+def test_a_run_where_no_request_succeeded_is_not_a_result() -> None:
+    run = TargetRun(target="t", settings="", total_requests=5, total_ok=0, errors={"HTTP 503": 5})
+    assert why_unusable(run) == "none of its 5 requests succeeded (5 x HTTP 503)"
+    assert why_unusable(TargetRun(target="t", settings="", skipped="failed to start: boom")) == "failed to start: boom"
+    assert why_unusable(TargetRun(target="t", settings="", total_requests=5, total_ok=1)) is None
