@@ -55,7 +55,7 @@ def _model_list(fleet: SimFleet, dead_port: int | None = None) -> list[dict[str,
                     "api_base": f"http://127.0.0.1:{dead_port}/v1",
                     "api_key": "none",
                 },
-                "model_info": {"id": "dead"},
+                "model_info": {"id": "dead", "cognitora_engine": "vllm"},  # an engine of the fleet, down
             }
         )
     return out
