@@ -241,3 +241,26 @@ def test_bad_keys_still_name_the_key(tmp_path: Path, file_text: str | None, args
     assert says in str(info.value)
     if file_text is not None:
         assert str(tmp_path / "cognitora.yaml") in str(info.value)  # which file the bad key is in
+
+
+def test_export_reads_the_litellm_config_as_the_proxy_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from litellm_plugin.export import config_from_litellm_yaml
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tokenizer.json").write_text("{}")
+    (tmp_path / "litellm_config.yaml").write_text(
+        "model_list:\n"
+        "  - model_name: chat\n"
+        "    litellm_params: {model: hosted_vllm/s, api_base: os.environ/COG_TEST_ENGINE}\n"
+        "  - model_name: chat\n"
+        "    litellm_params: {model: azure/gpt-4o, api_base: 'https://o.azure.com', api_key: os.environ/COG_NO}\n"
+        "router_settings:\n"
+        "  routing_strategy_args: {models: [{name: chat, tokenizer: models/tokenizer.json}]}\n"
+    )
+    monkeypatch.setenv("COG_TEST_ENGINE", "http://10.0.0.5:8000/v1")
+    monkeypatch.delenv("COG_NO", raising=False)  # the cloud deployment's key: not needed to export the fleet
+    monkeypatch.chdir(tmp_path.parent)
+    config = config_from_litellm_yaml(tmp_path / "litellm_config.yaml")
+    model = config.model("chat")
+    assert model is not None and [e.id for e in model.endpoints] == ["10.0.0.5:8000"]
+    assert model.tokenizer == (tmp_path / "models" / "tokenizer.json").resolve()
