@@ -1,9 +1,17 @@
 """Which LiteLLM deployments are engines, and how ``routing_strategy_args`` combine with a ``config:`` file:
-merged deeply, paths relative to the file that names them, secrets from the environment. Pure: no proxy, no engines.
+merged deeply, paths relative to the file that names them, secrets from the environment; and what the strategy
+refuses at start inside a proxy of several workers. No engines; the proxy is stood in for by the two facts it leaves
+for its workers (tests/test_litellm_e2e.py starts the real one).
 """
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +272,64 @@ def test_export_reads_the_litellm_config_as_the_proxy_does(tmp_path: Path, monke
     model = config.model("chat")
     assert model is not None and [e.id for e in model.endpoints] == ["10.0.0.5:8000"]
     assert model.tokenizer == (tmp_path / "models" / "tokenizer.json").resolve()
+
+
+# -- inside the proxy: its config's folder, its worker count ------------------------------------------------------
+
+
+def in_proxy(monkeypatch: pytest.MonkeyPatch, config_path: Path, workers: int) -> None:
+    """What a proxy worker holds when the Router is built: the proxy module (with the config path) and NUM_WORKERS."""
+    monkeypatch.setitem(
+        sys.modules, "litellm.proxy.proxy_server", types.SimpleNamespace(user_config_file_path=str(config_path))
+    )
+    monkeypatch.setenv("NUM_WORKERS", str(workers))
+
+
+def test_embedded_mode_is_refused_in_a_proxy_of_several_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import litellm
+
+    import litellm_plugin  # noqa: F401  (registers the strategy name)
+
+    (tmp_path / "litellm_config.yaml").write_text("{}")
+    in_proxy(monkeypatch, tmp_path / "litellm_config.yaml", workers=4)
+    with pytest.raises(ConfigError) as info:
+        litellm.Router(model_list=ENGINES, routing_strategy="cognitora", routing_strategy_args={})
+    message = str(info.value)
+    assert message.startswith("routing_strategy_args has no redis_url (embedded mode), but the proxy runs 4 worker")
+    assert "Set redis_url" in message and "cognitora collector" in message
+
+    shared = litellm.Router(
+        model_list=ENGINES, routing_strategy="cognitora", routing_strategy_args={"redis_url": "redis://127.0.0.1:9/0"}
+    )
+    try:
+        assert shared._cognitora_strategy.fleet.config.redis_url == "redis://127.0.0.1:9/0"  # type: ignore[attr-defined]
+    finally:
+        shared.update_settings(routing_strategy="simple-shuffle")
+
+    monkeypatch.setenv("NUM_WORKERS", "1")
+    single = litellm.Router(model_list=ENGINES, routing_strategy="cognitora", routing_strategy_args={})
+    single.update_settings(routing_strategy="simple-shuffle")
+
+
+def test_inline_paths_in_the_proxy_are_relative_to_its_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import litellm
+
+    import litellm_plugin  # noqa: F401
+
+    (tmp_path / "proxy" / "models").mkdir(parents=True)
+    (tmp_path / "proxy" / "models" / "tokenizer.json").write_text("{}")
+    (tmp_path / "proxy" / "litellm_config.yaml").write_text("{}")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    in_proxy(monkeypatch, tmp_path / "proxy" / "litellm_config.yaml", workers=1)
+    args = {"models": [{"name": "chat", "tokenizer": "models/tokenizer.json"}]}
+    router = litellm.Router(model_list=ENGINES, routing_strategy="cognitora", routing_strategy_args=args)
+    try:
+        model = router._cognitora_strategy.fleet.config.model("chat")  # type: ignore[attr-defined]
+        assert model.tokenizer == (tmp_path / "proxy" / "models" / "tokenizer.json").resolve()
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
