@@ -88,6 +88,7 @@ async def start_engine(name: str, port: int) -> web.AppRunner:
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/api/v1/chat/completions", chat)  # an OpenAI API served under a route prefix
     app.router.add_get("/v1/models", models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -369,6 +370,16 @@ def test_an_adapter_that_cannot_place_fails_closed_with_a_json_503(stack: Stack)
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["type"] == "server_error" and "retry" in r.json()["error"]["message"]
     assert stack.core.events == []  # nothing was dispatched
+
+
+def test_a_path_under_a_route_prefix_is_placed_too(stack: Stack) -> None:
+    for name in ("b", "a", "b"):
+        stack.core.reset(stack.engines[name])
+        r = httpx.post(f"{stack.url}/api/v1/chat/completions", json=chat_body(), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["seen"]["served"] == name  # the pick, not the cluster's least-request fallback
+        (placed,) = stack.core.placed
+        assert placed.messages == [{"role": "user", "content": "hello"}]
 
 
 def test_other_paths_pass_through_unplaced(stack: Stack) -> None:
