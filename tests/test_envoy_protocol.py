@@ -88,7 +88,6 @@ async def start_engine(name: str, port: int) -> web.AppRunner:
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/api/v1/chat/completions", chat)  # an OpenAI API served under a route prefix
     app.router.add_get("/v1/models", models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -372,16 +371,6 @@ def test_an_adapter_that_cannot_place_fails_closed_with_a_json_503(stack: Stack)
     assert stack.core.events == []  # nothing was dispatched
 
 
-def test_a_path_under_a_route_prefix_is_placed_too(stack: Stack) -> None:
-    for name in ("b", "a", "b"):
-        stack.core.reset(stack.engines[name])
-        r = httpx.post(f"{stack.url}/api/v1/chat/completions", json=chat_body(), timeout=30)
-        assert r.status_code == 200, r.text
-        assert r.json()["seen"]["served"] == name  # the pick, not the cluster's least-request fallback
-        (placed,) = stack.core.placed
-        assert placed.messages == [{"role": "user", "content": "hello"}]
-
-
 def test_other_paths_pass_through_unplaced(stack: Stack) -> None:
     stack.core.reset(stack.engines["a"])
     r = httpx.get(f"{stack.url}/v1/models", timeout=10)
@@ -615,3 +604,43 @@ def test_engine_administration_is_not_reachable_through_the_gateway(stack: Stack
     r = httpx.request(method, f"{stack.url}{path}", timeout=10)
     assert r.status_code == 404 and r.headers["content-type"] == "application/json"
     assert "not an inference path" in r.json()["error"]["message"]
+
+
+def test_a_path_under_a_route_prefix_is_placed_too(tmp_path: Path) -> None:
+    """An Envoy that serves the API under /api/ (a route with prefix_rewrite): the service sees the client's path,
+    /api/v1/chat/completions, and places it; before, such a request reached an engine unplaced."""
+    bg = BackgroundLoop()
+    ports = {"a": free_port(), "b": free_port()}
+    runners = [bg.run(start_engine(name, port)) for name, port in ports.items()]
+    core = RecordingCore()
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server = bg.run(start_server(core, settings, AddressBook({})))
+
+    def serve_under_api(config: dict[str, Any]) -> None:
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        chat = next(r for r in routes if r["match"].get("path") == "/v1/chat/completions")
+        prefixed = {**chat, "match": {"prefix": "/api/v1/"}, "route": {**chat["route"], "prefix_rewrite": "/v1/"}}
+        routes.insert(0, prefixed)
+
+    listen, admin = free_port(), free_port()
+    engines = [f"127.0.0.1:{port}" for port in ports.values()]
+    config = render_config(
+        listen_port=listen, admin_port=admin, extproc_port=server.port, engines=engines, edit=serve_under_api
+    )
+    envoy = start_envoy(config, tmp_path, admin)
+    served: list[str] = []
+    try:
+        for name in ("b", "a", "b"):
+            core.reset(f"127.0.0.1:{ports[name]}")
+            r = httpx.post(f"http://127.0.0.1:{listen}/api/v1/chat/completions", json=chat_body(), timeout=10)
+            assert r.status_code == 200, r.text
+            served.append(r.json()["seen"]["served"])
+            assert [p.messages for p in core.placed] == [[{"role": "user", "content": "hello"}]]
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        for runner in runners:
+            bg.run(runner.cleanup())
+        bg.close()
+    assert served == ["b", "a", "b"]  # each went to the pick, not to the cluster's least-request fallback
