@@ -362,6 +362,8 @@ def main() -> int:
             extproc_ports[name] = free_port()
             argv = ["extproc", "--config", str(work / f"{name}.yaml"), "--listen", f"127.0.0.1:{extproc_ports[name]}"]
             argv += ["--workers", str(workers)]
+            if redis_url is None:  # the hop's cost is measured; there is no engine state to collect from the backend
+                argv.append("--without-collector")
             extproc_procs[name] = ManagedProcess(
                 [sys.executable, "-m", "cognitora.cli", *argv, "--log-level", "warning"], work / f"{name}.log", cwd=ROOT
             )

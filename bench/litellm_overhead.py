@@ -79,7 +79,7 @@ async def measure_mode(
         {
             "model_name": "chat",
             "litellm_params": {"model": "openai/smollm2", "api_base": f"{url}/v1", "api_key": "none"},
-            "model_info": {"id": f"engine-{i}"},
+            "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},  # openai/ alone is not an engine
         }
         for i, url in enumerate(fleet.urls)
     ]

@@ -3,30 +3,36 @@
 Loading runs in phases, each with its own kind of error (style.md habit 6):
 
 1. parse: strict YAML (a duplicate key is an error, not a silent overwrite);
-2. defaults and types: pydantic models, ``extra="forbid"`` everywhere, so a typo is an error with a suggestion;
-3. references: unique model names, one URL per endpoint id, a ``default`` priority, files that exist.
+2. environment: a string value ``os.environ/NAME`` is replaced by that variable, as LiteLLM users write secrets
+   (a variable that is not set is an error naming the key and the variable);
+3. file paths: every key typed ``Path`` is made absolute against the folder of the file that names it;
+4. defaults and types: pydantic models, ``extra="forbid"`` everywhere, so a typo is an error with a suggestion;
+5. references: unique model names, one URL per endpoint id, a ``default`` priority, files that exist.
 
 Every error becomes a ``ConfigError`` naming the file, the key path (``models[0].endpoints[1].url``) and what is
 expected; a pydantic stack dump never reaches the user.
 
 The LiteLLM adapter builds a config without a file: ``config_from_dict(data, source="litellm model_list")`` runs
-the same phases 2 and 3 with the same messages.
+phases 2 to 5 with the same messages. It merges several sources first (a ``config:`` file, inline keys), so it runs
+``resolve_env`` and ``absolute_paths`` on each source itself, against that source's own folder.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import types
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cognitora.redaction import redact
+from cognitora.redaction import redact, register_secret
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -39,12 +45,21 @@ __all__ = [
     "PriorityClass",
     "Role",
     "ScrapeConfig",
+    "absolute_paths",
     "config_from_dict",
     "load_config",
+    "read_yaml",
+    "resolve_env",
 ]
 
 DEFAULT_PRIORITY = "default"
 """The priority class a request gets when it names none; every config has it."""
+
+ENV_PREFIX = "os.environ/"
+"""A string value ``os.environ/NAME`` stands for the environment variable NAME (LiteLLM's own spelling)."""
+
+_SECRET_KEY = re.compile(r"password|passwd|api_?key|secret|(^|_)token$", re.IGNORECASE)
+"""Keys whose value is a secret wherever it was written (``tokenizer`` is not one)."""
 
 
 class ConfigError(ValueError):
@@ -323,15 +338,14 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_config(path: str | Path) -> CognitoraConfig:
-    """Read ``cognitora.yaml`` at ``path``; relative file paths inside it are relative to its folder."""
-    path = Path(path)
+def read_yaml(path: Path) -> Any:
+    """Parse a YAML file strictly (no duplicate keys, no arbitrary objects); ``ConfigError`` names the file."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror or exc})") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
@@ -341,6 +355,12 @@ def load_config(path: str | Path) -> CognitoraConfig:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+
+
+def load_config(path: str | Path) -> CognitoraConfig:
+    """Read ``cognitora.yaml`` at ``path``; relative file paths inside it are relative to its folder."""
+    path = Path(path)
+    data = read_yaml(path)
     if data is None:
         data = {}
     return config_from_dict(data, source=str(path), base_dir=path.parent)
@@ -352,31 +372,102 @@ def config_from_dict(
     """Build and validate a config from plain data (parsed YAML, or what an adapter assembled).
 
     ``source`` names where the data came from in error messages. ``base_dir`` anchors relative file paths
-    (default: the current directory). ``data`` is not mutated.
+    (default: the current directory). ``os.environ/NAME`` values are resolved. ``data`` is not mutated.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
+    resolved = absolute_paths(resolve_env(data, source), base_dir or Path.cwd())
     try:
-        config = CognitoraConfig.model_validate(data)
+        config = CognitoraConfig.model_validate(resolved)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(source, exc)) from None
-    config = _resolve_paths(config, base_dir or Path.cwd())
     problems = _reference_problems(config)
     if problems:
         raise ConfigError(_join(source, problems))
     return config
 
 
-def _resolve_paths(config: CognitoraConfig, base_dir: Path) -> CognitoraConfig:
-    models = []
-    for m in config.models:
-        update: dict[str, Path] = {}
-        for key in ("tokenizer", "chat_template"):
-            value: Path | None = getattr(m, key)
-            if value is not None and not value.is_absolute():
-                update[key] = (base_dir / value).resolve()
-        models.append(m.model_copy(update=update) if update else m)
-    return config.model_copy(update={"models": models})
+def resolve_env(data: Any, source: str) -> Any:
+    """A copy of ``data`` with every string ``os.environ/NAME`` (at any depth) replaced by that variable's value.
+
+    Secrets stay out of the file, written as LiteLLM users write them. Every variable that is not set is reported
+    at once, each with the key that names it, in one ``ConfigError``. Every value read from the environment, and
+    the value of any key that names a password, API key or token, is registered with ``cognitora.redaction``: logs,
+    ``explain`` and config errors mask it from then on.
+    """
+    missing: list[str] = []
+
+    def walk(value: Any, loc: tuple[int | str, ...]) -> Any:
+        if isinstance(value, Mapping):
+            return {k: walk(v, (*loc, str(k))) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, (*loc, i)) for i, v in enumerate(value)]
+        if isinstance(value, str) and not value.startswith(ENV_PREFIX):
+            if loc and isinstance(loc[-1], str) and _SECRET_KEY.search(loc[-1]):
+                register_secret(value)
+            return value
+        if isinstance(value, str):
+            name = value[len(ENV_PREFIX) :]
+            if not name:
+                missing.append(f"{_key_path(loc)}: {value!r} names no variable; write os.environ/NAME")
+            elif name not in os.environ:
+                missing.append(
+                    f"{_key_path(loc)}: {value} names the environment variable {name}, which is not set; "
+                    f"set {name} (or write the value itself)"
+                )
+            else:
+                register_secret(os.environ[name])
+                return os.environ[name]
+        return value
+
+    out = walk(data, ())
+    if missing:
+        raise ConfigError(_join(source, missing))
+    return out
+
+
+def absolute_paths(data: Any, base_dir: Path, model: type[BaseModel] | None = None) -> Any:
+    """A copy of raw config ``data`` (for ``model``, default the whole ``CognitoraConfig``) whose file paths are
+    absolute: every key typed ``Path``, at any depth. A relative path is relative to ``base_dir``, the folder of the
+    file that names it (never the process's working directory, which is wherever the gateway happened to start);
+    ``~`` is the user's home. Values of the wrong shape are left for validation to report.
+    """
+    return _absolute_in(model or CognitoraConfig, data, base_dir)
+
+
+def _absolute_in(annotation: Any, value: Any, base_dir: Path) -> Any:
+    if value is None:
+        return value
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not isinstance(value, Mapping):
+            return value
+        out = dict(value)
+        for key, item in value.items():
+            field = annotation.model_fields.get(key) if isinstance(key, str) else None
+            if field is not None:
+                out[key] = _absolute_in(field.annotation, item, base_dir)
+        return out
+    if _is_path_type(annotation):
+        if isinstance(value, str | os.PathLike) and str(value):
+            path = Path(value).expanduser()
+            return str(path if path.is_absolute() else (base_dir / path).resolve())
+        return value
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is list and args and isinstance(value, list):
+        return [_absolute_in(args[0], item, base_dir) for item in value]
+    if origin is dict and len(args) == 2 and isinstance(value, Mapping):
+        return {k: _absolute_in(args[1], item, base_dir) for k, item in value.items()}
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _absolute_in(inner[0], value, base_dir)
+    return value
+
+
+def _is_path_type(annotation: Any) -> bool:
+    if annotation is Path:
+        return True
+    return get_origin(annotation) in (Union, types.UnionType) and Path in get_args(annotation)
 
 
 def _reference_problems(config: CognitoraConfig) -> list[str]:

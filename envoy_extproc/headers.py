@@ -52,3 +52,9 @@ JSON_CONTENT_TYPE = "application/json"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 PLACED_PATHS = frozenset({CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH})
+"""The default ``--placed-path`` list. A request is placed when its path is one of them or ends with one under a
+prefix (``/api/v1/chat/completions``): ``ExtprocSettings.placed``."""
+CHAT_SUFFIX = "/chat/completions"
+"""A placed path ending so carries a chat body (``messages``); any other placed path ends in ``/completions`` and
+carries a completions body (``prompt``)."""
+COMPLETIONS_SUFFIX = "/completions"

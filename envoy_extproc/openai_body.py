@@ -62,7 +62,7 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
 
     messages: Sequence[Mapping[str, Any]] | None = None
     prompt: str | list[Any] | None = None
-    if path == headers.CHAT_COMPLETIONS_PATH:
+    if path.endswith(headers.CHAT_SUFFIX):  # also under a route prefix (/api/v1/chat/completions)
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list of {role, content} objects", param="messages")

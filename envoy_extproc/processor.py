@@ -116,7 +116,7 @@ class Exchange:
                 method = h.raw_value.decode("latin-1")
             elif key in wanted:
                 self._identity[key] = h.raw_value.decode("latin-1")
-        self._placeable = method == "POST" and self._path in headers.PLACED_PATHS and not message.end_of_stream
+        self._placeable = method == "POST" and self._settings.placed(self._path) and not message.end_of_stream
         return protocol.CONTINUE_REQUEST_HEADERS
 
     # -- phase 2 ----------------------------------------------------------------------------------------------

@@ -176,6 +176,12 @@ async def _run(settings: ExtprocSettings) -> int:
     except ConfigError as exc:
         print(f"cognitora extproc: {exc}", file=sys.stderr)
         return 2
+    blind = blind_start_problem(config.redis_url, settings)
+    if blind is not None:
+        print(f"cognitora extproc: {blind}", file=sys.stderr)
+        return 2
+    if config.redis_url is None and settings.without_collector:
+        log.warning("in-process store and no collector (--without-collector): no engine state reaches placement")
     addresses = address_book({e.id: e.url for m in config.models for e in m.endpoints})
     router = Router.from_config(config)
     collector: Collector | CollectorThread | None = None
@@ -203,6 +209,19 @@ async def _run(settings: ExtprocSettings) -> int:
         await collector.stop()
     await router.close()
     return 0
+
+
+def blind_start_problem(redis_url: str | None, settings: ExtprocSettings) -> str | None:
+    """Why this service would place blind, or None. With the in-process store and no ``--collector`` nothing feeds
+    the store: no KV events, no load, no health from any engine, only this process's own routing history."""
+    if redis_url is not None or settings.collector or settings.without_collector:
+        return None
+    return (
+        f"{settings.config_path} has no redis_url (in-process store) and --collector is off: nothing would feed "
+        "the fleet's state (KV events, load, health), and every request would be placed blind. Add --collector "
+        "(one gateway process), or set redis_url in the config and run `cognitora collector --config "
+        f"{settings.config_path}` once beside the gateways. (--without-collector starts anyway, for measurements.)"
+    )
 
 
 def main(argv: list[str]) -> int:

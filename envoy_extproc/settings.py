@@ -51,6 +51,11 @@ class ExtprocSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     collector: bool = False
     """Run the collector (KV events and /metrics into the store) inside this process: one-gateway deployments."""
+    without_collector: bool = False
+    """Start with the in-process store and no collector on purpose (nothing feeds the fleet's state: placement
+    rests on this process's own routing history and in-flight counts). Refused otherwise: see ``server._run``."""
+    placed_paths: tuple[str, ...] = tuple(sorted(headers.PLACED_PATHS))
+    """Request paths that are placed, each also under any route prefix; every other request passes through."""
     workers: int = 1
     """Service processes sharing the listen port (SO_REUSEPORT): one Python process tops out at one core."""
     reuse_port: bool = False
@@ -58,8 +63,26 @@ class ExtprocSettings:
     a second instance started by mistake fails instead of silently taking half the streams)."""
     log_level: str = "info"
 
+    def placed(self, path: str) -> bool:
+        """Whether a request to ``path`` (no query string) is placed: it is a placed path, or ends with one after a
+        route prefix (``/api/v1/chat/completions``). Each placed path starts with ``/``, so a match is always at a
+        path segment boundary (``/v1/chat/completions`` never matches ``/xv1/chat/completions``)."""
+        return path.endswith(self.placed_paths)
+
 
 USAGE_MODES = ("all", "streamed", "none")
+
+
+def check_placed_path(path: str) -> str:
+    """A ``--placed-path`` value, or ``ValueError`` saying what is wrong with it."""
+    if not path.startswith("/") or "?" in path:
+        raise ValueError(f"{path!r} must be a URL path starting with '/', without a query string")
+    if not path.endswith(headers.COMPLETIONS_SUFFIX):
+        raise ValueError(
+            f"{path!r} must end with {headers.CHAT_SUFFIX} (chat bodies) or {headers.COMPLETIONS_SUFFIX} "
+            "(completions bodies): the body's shape is read from the path"
+        )
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the collector in this process (one gateway; otherwise run `cognitora collector` once)",
     )
     p.add_argument(
+        "--without-collector",
+        action="store_true",
+        help="start with the in-process store and no collector anyway (nothing feeds engine state; placement from "
+        "this process's own history only: for measurements). Without Redis, --collector is otherwise required",
+    )
+    p.add_argument(
+        "--placed-path",
+        action="append",
+        metavar="PATH",
+        help="a request path to place, also under any prefix (repeat for several; replaces the defaults "
+        f"{', '.join(sorted(headers.PLACED_PATHS))}); it must end with {headers.CHAT_SUFFIX} or "
+        f"{headers.COMPLETIONS_SUFFIX}",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -134,6 +171,14 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         raise SystemExit(
             "cognitora extproc: --collector runs in one process only; with --workers run `cognitora collector`"
         )
+    if args.collector and args.without_collector:
+        raise SystemExit("cognitora extproc: --collector and --without-collector contradict each other; pick one")
+    placed_paths = tuple(sorted(headers.PLACED_PATHS))
+    if args.placed_path:
+        try:
+            placed_paths = tuple(dict.fromkeys(check_placed_path(path) for path in args.placed_path))
+        except ValueError as exc:
+            raise SystemExit(f"cognitora extproc: --placed-path {exc}") from None
     return ExtprocSettings(
         config_path=args.config,
         listen=args.listen,
@@ -147,6 +192,8 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         fallbacks=args.fallbacks,
         max_message_bytes=args.max_message_bytes,
         collector=args.collector,
+        without_collector=args.without_collector,
+        placed_paths=placed_paths,
         workers=args.workers,
         log_level=args.log_level,
     )

@@ -2,32 +2,24 @@
 
 In Redis mode the proxy only reads the shared store and ``cognitora collector --config cognitora.yaml`` feeds it;
 this writes that ``cognitora.yaml`` from the proxy's own config, so the fleet is written down once (model_list).
-``os.environ/...`` references in ``api_base`` are resolved from this process's environment, as LiteLLM does.
+``os.environ/...`` references are resolved from this process's environment, as the proxy resolves them, and
+relative paths are relative to the LiteLLM config's folder, as they are in the proxy.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from cognitora.config import CognitoraConfig, ConfigError
+from cognitora.config import CognitoraConfig, ConfigError, resolve_env
 from litellm_plugin.fleet import build_fleet
 
-_ENV_PREFIX = "os.environ/"
-
-
-def _resolve_env(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith(_ENV_PREFIX):
-        name = value[len(_ENV_PREFIX) :]
-        if name not in os.environ:
-            raise ConfigError(f"{value}: environment variable {name} is not set")
-        return os.environ[name]
-    return value
+_FLEET_PARAMS = ("api_base", "model", "custom_llm_provider")
+"""The ``litellm_params`` keys the fleet is built from."""
 
 
 def config_from_litellm_yaml(path: Path) -> CognitoraConfig:
@@ -36,12 +28,16 @@ def config_from_litellm_yaml(path: Path) -> CognitoraConfig:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read the LiteLLM config ({exc})") from None
-    model_list = []
-    for deployment in data.get("model_list") or []:
-        params = {k: _resolve_env(v) for k, v in (deployment.get("litellm_params") or {}).items()}
+    model_list: list[dict[str, Any]] = []
+    for index, deployment in enumerate(data.get("model_list") or []):
+        params = dict(deployment.get("litellm_params") or {})
+        # Only what the fleet reads: a cloud deployment's api_key need not be set where the export runs.
+        read = {k: params[k] for k in _FLEET_PARAMS if k in params}
+        params.update(resolve_env(read, f"{path}: model_list[{index}].litellm_params"))
         model_list.append({**deployment, "litellm_params": params})
     args = ((data.get("router_settings") or {}).get("routing_strategy_args")) or {}
-    return build_fleet(model_list, args).config
+    # model_info and routing_strategy_args are resolved by build_fleet itself (the SDK hands them over unresolved).
+    return build_fleet(model_list, args, base_dir=path.resolve().parent).config
 
 
 def to_yaml(config: CognitoraConfig) -> str:

@@ -1,32 +1,54 @@
 """LiteLLM's ``model_list`` + ``routing_strategy_args`` -> a ``cognitora.config.CognitoraConfig``.
 
-The fleet is what LiteLLM already knows: every deployment with an ``api_base`` is an engine endpoint, its id is
-``host:port`` of that ``api_base``, and its model is the deployment's ``model_name`` (the name clients send).
-Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_`` keys (``cognitora_engine``,
-``cognitora_kv_events``, ...; a bare key like ``tier`` would collide with LiteLLM's own ``model_info`` fields).
+The fleet is the part of ``model_list`` that says it is one. A deployment is an **engine** of the fleet when
+
+- its ``model_info`` carries a ``cognitora_`` key (``cognitora_engine: vllm``, ``cognitora_kv_events: ...``): the
+  operator said so;
+- or its provider names a server that only runs as a self-hosted engine (``hosted_vllm/...``, ``ollama/...``:
+  ``SELF_HOSTED_PROVIDERS``);
+- or ``routing_strategy_args.models[].endpoints`` lists its ``host:port`` under its model.
+
+Every other deployment (``azure/``, ``anthropic/``, ``openai/`` even at a localhost ``api_base``: an
+OpenAI-compatible address says nothing about what answers there) is not an engine: it is never scraped, and in a
+model group that also has engines Cognitora places among the engines only. (The burst issue uses such deployments
+as cloud targets.) An engine's endpoint id is ``host:port`` of its ``api_base``, its model the deployment's
+``model_name`` (the name clients send). Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_``
+keys (a bare key like ``tier`` would collide with LiteLLM's own ``model_info`` fields).
 
 ``routing_strategy_args`` holds the rest, with the keys of ``cognitora.yaml`` (``redis_url``, ``key_prefix``,
 ``placement``, ``scrape``, ``models[]`` with ``block_size``/``tokenizer``/``chat_template``), inline or in a file
-named by ``config:``. A ``models[]`` entry there may omit ``endpoints``: they come from ``model_list``; endpoints it
-does list only lend their facts to the model_list deployment with the same id.
+named by ``config:``. Inline keys merge deeply over the file's (``merge_settings``). A ``models[]`` entry may omit
+``endpoints``: they come from ``model_list``; endpoints it does list lend their facts to the model_list deployment
+with the same id.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
+from cognitora.config import (
+    CognitoraConfig,
+    ConfigError,
+    EndpointConfig,
+    EngineKind,
+    ModelConfig,
+    absolute_paths,
+    config_from_dict,
+    read_yaml,
+    resolve_env,
+)
 
-from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, ModelConfig, config_from_dict
+log = logging.getLogger("cognitora.litellm")
 
 MODEL_INFO_PREFIX = "cognitora_"
-"""Prefix of every ``model_info`` key the plugin reads."""
+"""Prefix of every ``model_info`` key the plugin reads; any such key makes the deployment an engine."""
 
 ENDPOINT_KEYS: tuple[str, ...] = tuple(k for k in EndpointConfig.model_fields if k not in {"url", "id"})
 """``model_info`` ``cognitora_<key>`` entries that describe the one engine behind a deployment."""
@@ -37,7 +59,27 @@ MODEL_KEYS: tuple[str, ...] = tuple(k for k in ModelConfig.model_fields if k not
 ARGS_KEY_CONFIG = "config"
 """``routing_strategy_args.config``: path of a ``cognitora.yaml`` whose settings the inline ones override."""
 
-_PATH_KEYS = ("tokenizer", "chat_template")
+SELF_HOSTED_PROVIDERS: Mapping[str, EngineKind] = MappingProxyType(
+    {
+        # vLLM's OpenAI-compatible server: the engine Cognitora knows best (metrics, KV events).
+        "hosted_vllm": EngineKind.VLLM,
+        # Servers that exist only as something you run yourself. Their metrics (if any) are not vLLM's, so they are
+        # health-checked only (``openai``: GET /v1/models) unless ``cognitora_engine`` names their kind.
+        "llamafile": EngineKind.OPENAI,
+        "lm_studio": EngineKind.OPENAI,
+        "ollama": EngineKind.OPENAI,
+        "ollama_chat": EngineKind.OPENAI,
+        "xinference": EngineKind.OPENAI,
+        "triton": EngineKind.OPENAI,
+        "oobabooga": EngineKind.OPENAI,
+        "docker_model_runner": EngineKind.OPENAI,
+    }
+)
+"""LiteLLM providers (``litellm_params.model`` prefix, or ``custom_llm_provider``) whose deployments are engines
+without any ``cognitora_`` key, and the engine kind each gets by default. Deliberately absent: ``openai``,
+``custom_openai``, ``text-completion-openai`` (any OpenAI-compatible server, a cloud or another gateway included),
+``huggingface`` and ``nvidia_nim`` (hosted services by default), ``vllm`` (LiteLLM's in-process vLLM, no server),
+``litellm_proxy`` (another gateway). Those become engines only with a ``cognitora_`` key."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +88,7 @@ class Fleet:
 
     config: CognitoraConfig
     endpoint_by_deployment: dict[str, str]
-    """LiteLLM deployment id (``model_info.id``) -> endpoint id (``host:port``)."""
+    """LiteLLM deployment id (``model_info.id``) -> endpoint id (``host:port``), for engines only."""
 
 
 def endpoint_id(api_base: str) -> str:
@@ -69,6 +111,17 @@ def deployment_id(deployment: Mapping[str, Any]) -> str:
     return str(info.get("id", ""))
 
 
+def provider_of(deployment: Mapping[str, Any]) -> str:
+    """The LiteLLM provider of a deployment: ``custom_llm_provider``, else the prefix of ``model`` (``hosted_vllm``
+    of ``hosted_vllm/meta-llama/Llama-3.1-8B``); empty when neither names one."""
+    params = deployment.get("litellm_params") or {}
+    explicit = params.get("custom_llm_provider")
+    if explicit:
+        return str(explicit)
+    model = str(params.get("model") or "")
+    return model.split("/", 1)[0] if "/" in model else ""
+
+
 def build_fleet(
     model_list: Iterable[Mapping[str, Any]],
     routing_strategy_args: Mapping[str, Any] | None,
@@ -76,24 +129,53 @@ def build_fleet(
 ) -> Fleet:
     """Assemble and validate the config. Raises ``ConfigError`` naming the deployment or key that is wrong.
 
-    ``base_dir`` anchors relative paths written inline (default: the current directory, which is where the
-    LiteLLM proxy was started); paths inside a ``config:`` file are relative to that file.
+    ``base_dir`` anchors relative paths written in the LiteLLM config (inline ``routing_strategy_args``, the
+    ``config:`` path, ``model_info``): the LiteLLM config's own folder (``litellm_plugin.register`` finds it in
+    the proxy), default the current directory (an SDK script). Paths inside a ``config:`` file are relative to it.
     """
     base = (base_dir or Path.cwd()).resolve()
-    settings = _settings(routing_strategy_args or {}, base)
-    file_models = {str(m.get("name")): m for m in settings.pop("models", []) or [] if isinstance(m, Mapping)}
+    settings, source = _settings(routing_strategy_args or {}, base)
+    file_models = {str(m["name"]): m for m in settings.pop("models", [])}
+    listed = {group: set(_file_endpoints(m)) for group, m in file_models.items()}
 
     models: dict[str, dict[str, Any]] = {}
     by_deployment: dict[str, str] = {}
+    others = 0
     for index, deployment in enumerate(model_list):
-        api_base = (deployment.get("litellm_params") or {}).get("api_base")
-        if not api_base:
-            continue  # a hosted provider, not an engine of the fleet: LiteLLM's own choice applies
+        params = deployment.get("litellm_params") or {}
+        api_base = params.get("api_base")
         group = str(deployment.get("model_name", ""))
-        where = f"model_list[{index}] (model_name {group!r}, api_base {api_base})"
         info = dict(deployment.get("model_info") or {})
+        claims = sorted(str(k) for k in info if str(k).startswith(MODEL_INFO_PREFIX))
+        provider = provider_of(deployment)
+        where = f"model_list[{index}] (model_name {group!r}, api_base {api_base})"
+        if not api_base:
+            if claims:
+                raise ConfigError(
+                    f"{where}: model_info has {', '.join(claims)}, so it is an engine of the fleet, but litellm_params "
+                    "has no api_base: Cognitora reaches, scrapes and names an engine by its api_base. Set it."
+                )
+            if provider in SELF_HOSTED_PROVIDERS:
+                log.warning(
+                    "%s: provider %s/ is a self-hosted engine, but without an api_base Cognitora cannot tell which "
+                    "server it is: not placed by Cognitora (set litellm_params.api_base to make it an engine)",
+                    where,
+                    provider,
+                )
+            others += 1
+            continue
+        said_so = bool(claims) or provider in SELF_HOSTED_PROVIDERS
+        try:
+            ep_id = endpoint_id(str(api_base))
+        except ConfigError as exc:
+            if said_so:
+                raise ConfigError(f"{where}: {exc}") from None
+            ep_id = ""  # not an address Cognitora could reach: not an engine either
+        if not said_so and ep_id not in listed.get(group, ()):
+            # Not an engine (a cloud or any other OpenAI-compatible service): never scraped, never placed here.
+            others += 1
+            continue
         endpoint_facts, model_facts = _model_info_facts(info, where, base)
-        ep_id = endpoint_id(str(api_base))
         model = models.setdefault(group, _model_entry(group, file_models.get(group)))
         for key, value in model_facts.items():
             if key in model["_from_model_info"] and model[key] != value:
@@ -106,7 +188,12 @@ def build_fleet(
         by_deployment[deployment_id(deployment)] = ep_id
         if any(e["id"] == ep_id for e in model["endpoints"]):
             continue  # the same engine listed twice in one group (e.g. two keys): one endpoint
-        endpoint = {**model["_file_endpoints"].get(ep_id, {}), **endpoint_facts}
+        # Facts by precedence: the provider's engine kind < the config's endpoint entry < model_info.
+        endpoint: dict[str, Any] = {}
+        if provider in SELF_HOSTED_PROVIDERS:
+            endpoint["engine"] = SELF_HOSTED_PROVIDERS[provider].value
+        endpoint.update(model["_file_endpoints"].get(ep_id, {}))
+        endpoint.update(endpoint_facts)
         endpoint.update(url=engine_url(str(api_base)), id=ep_id)
         model["endpoints"].append(endpoint)
 
@@ -117,66 +204,124 @@ def build_fleet(
     unknown = sorted(set(file_models) - set(models))
     if unknown:
         raise ConfigError(
-            f"routing_strategy_args.models: {', '.join(map(repr, unknown))} match no model_name in model_list with an "
-            f"api_base (model names there: {', '.join(map(repr, sorted(models))) or 'none'})"
+            f"routing_strategy_args.models: {', '.join(map(repr, unknown))} match no model_name in model_list that "
+            f"has an engine (groups with engines: {', '.join(map(repr, sorted(models))) or 'none'}). {_ENGINE_RULE}"
         )
     if not models:
         raise ConfigError(
-            "model_list has no deployment with litellm_params.api_base: Cognitora places requests on engines it "
-            "can reach at an api_base (vLLM, SGLang, llama.cpp, ... servers)"
+            f"model_list has no engine for Cognitora to place on ({others} deployment(s), none of them an engine). "
+            f"{_ENGINE_RULE}"
         )
     for model in models.values():
         model.pop("_from_model_info")
         model.pop("_file_endpoints")
     data = {**settings, "models": list(models.values())}
-    config = config_from_dict(data, source="LiteLLM model_list + routing_strategy_args", base_dir=base)
+    config = config_from_dict(data, source=source, base_dir=base)
     return Fleet(config=config, endpoint_by_deployment=by_deployment)
 
 
-def _settings(args: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """The cognitora.yaml keys: the ``config:`` file's, overridden by the inline ones; paths made absolute."""
-    if not isinstance(args, Mapping):
-        raise ConfigError(f"routing_strategy_args must be a mapping, got {type(args).__name__}")
-    inline = copy.deepcopy(dict(args))
-    path = inline.pop(ARGS_KEY_CONFIG, None)
-    merged: dict[str, Any] = {}
-    if path is not None:
-        file_path = Path(str(path))
-        file_path = file_path if file_path.is_absolute() else base / file_path
-        merged = _read_yaml(file_path)
-        merged["models"] = [_absolute_paths(m, file_path.parent) for m in merged.get("models") or []]
-    inline_models = [_absolute_paths(m, base) for m in inline.pop("models", None) or []]
-    merged.update(inline)
-    by_name = {str(m.get("name")): m for m in merged.get("models") or [] if isinstance(m, Mapping)}
-    for m in inline_models:
-        name = str(m.get("name"))
-        by_name[name] = {**by_name.get(name, {}), **m}
-    merged["models"] = list(by_name.values())
+_ENGINE_RULE = (
+    "A deployment is an engine when its model_info has a cognitora_ key (e.g. cognitora_engine: vllm), or its "
+    "provider is a self-hosted engine server (hosted_vllm/, ollama/, ...), and it has an api_base; see docs/litellm.md."
+)
+
+
+# -- routing_strategy_args: the config file, the inline keys, merged ---------------------------------------------
+
+
+def merge_settings(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``, as a user of ``config:`` + inline keys expects: mappings merge key by key at
+    any depth (an inline ``placement: {store_timeout_s: 0.5}`` keeps the file's priority classes), any other value
+    replaces (lists included: an inline ``endpoints`` list is the whole list), and ``models[]`` entries, which
+    are named, merge by ``name``. Neither argument is mutated.
+    """
+    merged = _deep_merge(
+        {k: v for k, v in base.items() if k != "models"}, {k: v for k, v in override.items() if k != "models"}
+    )
+    by_name: dict[str, dict[str, Any]] = {}
+    for where, models in (("config file", base.get("models")), ("inline", override.get("models"))):
+        for model in _models_list(models, where):
+            name = str(model["name"])
+            by_name[name] = _deep_merge(by_name.get(name, {}), model)
+    if by_name or "models" in base or "models" in override:
+        merged["models"] = list(by_name.values())
     return merged
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"routing_strategy_args.config: cannot read {path} ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"routing_strategy_args.config: {path} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"routing_strategy_args.config: {path} must hold a mapping of cognitora.yaml keys")
-    return data
+def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    # Ten lines: no merge library's defaults (list concatenation, in-place mutation) match the rule we document.
+    out = dict(base)
+    for key, value in override.items():
+        old = out.get(key)
+        out[key] = _deep_merge(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return out
 
 
-def _absolute_paths(model: Any, base: Path) -> Any:
-    if not isinstance(model, Mapping):
-        return model  # config_from_dict reports the wrong shape with its key path
-    out = dict(model)
-    for key in _PATH_KEYS:
-        value = out.get(key)
-        if value is not None and not Path(str(value)).is_absolute():
-            out[key] = str((base / str(value)).resolve())
+def _models_list(models: Any, where: str) -> list[Mapping[str, Any]]:
+    if models is None:
+        return []
+    if not isinstance(models, list):
+        raise ConfigError(f"routing_strategy_args.models ({where}): expected a list of models, got {models!r}")
+    for i, model in enumerate(models):
+        if not isinstance(model, Mapping) or not model.get("name"):
+            raise ConfigError(
+                f"routing_strategy_args.models[{i}] ({where}): expected a mapping with a 'name' (a model_name of "
+                f"model_list), got {model!r}"
+            )
+    return models
+
+
+def _settings(args: Mapping[str, Any], base: Path) -> tuple[dict[str, Any], str]:
+    """The cognitora.yaml keys: the ``config:`` file's, with the inline ones merged over them; secrets resolved and
+    paths made absolute per source (each against its own folder). Also the source's name for error messages."""
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"routing_strategy_args must be a mapping, got {type(args).__name__}")
+    source = "LiteLLM routing_strategy_args"
+    inline = resolve_env(dict(args), source)
+    _refuse_nulls(inline, "routing_strategy_args")
+    path = inline.pop(ARGS_KEY_CONFIG, None)
+    from_file: dict[str, Any] = {}
+    if path is not None:
+        file_path = Path(str(path)).expanduser()
+        file_path = file_path if file_path.is_absolute() else base / file_path
+        try:
+            data = read_yaml(file_path)
+        except ConfigError as exc:
+            raise ConfigError(f"routing_strategy_args.config: {exc}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"routing_strategy_args.config: {file_path} must hold a mapping of cognitora.yaml keys")
+        from_file = absolute_paths(resolve_env(data, str(file_path)), file_path.parent)
+        source += f" over {file_path}"
+    return merge_settings(from_file, absolute_paths(inline, base)), source
+
+
+def _refuse_nulls(data: Any, where: str) -> None:
+    # LiteLLM's proxy resolves os.environ/NAME itself before we see the args, and an unset NAME becomes null: a
+    # null redis_url would silently mean embedded mode. A null is therefore refused, never taken as a value.
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            _refuse_nulls(value, f"{where}.{key}")
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _refuse_nulls(value, f"{where}[{i}]")
+    elif data is None:
+        raise ConfigError(
+            f"{where} is null. LiteLLM's proxy turns os.environ/NAME into null when NAME is not set: set that "
+            "variable in the proxy's environment, or leave the key out for its default."
+        )
+
+
+# -- model_list --------------------------------------------------------------------------------------------------
+
+
+def _file_endpoints(model: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for e in model.get("endpoints") or []:
+        if isinstance(e, Mapping) and e.get("url"):
+            ep = dict(e)
+            out[str(ep.get("id") or endpoint_id(str(ep["url"])))] = ep
     return out
 
 
@@ -185,31 +330,26 @@ def _model_entry(name: str, from_args: Mapping[str, Any] | None) -> dict[str, An
     entry["name"] = name
     entry["endpoints"] = []
     entry["_from_model_info"] = set()
-    file_endpoints: dict[str, dict[str, Any]] = {}
-    for e in (from_args or {}).get("endpoints") or []:
-        if isinstance(e, Mapping) and e.get("url"):
-            ep = dict(e)
-            file_endpoints[str(ep.get("id") or endpoint_id(str(ep["url"])))] = ep
-    entry["_file_endpoints"] = file_endpoints
+    entry["_file_endpoints"] = _file_endpoints(from_args or {})
     return entry
 
 
 def _model_info_facts(info: Mapping[str, Any], where: str, base: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    ours = {str(k): v for k, v in info.items() if str(k).startswith(MODEL_INFO_PREFIX)}
+    _refuse_nulls(ours, f"{where}: model_info")
+    ours = resolve_env(ours, f"{where}: model_info")
     endpoint: dict[str, Any] = {}
     model: dict[str, Any] = {}
-    for raw_key, value in info.items():
-        if not str(raw_key).startswith(MODEL_INFO_PREFIX):
-            continue
-        key = str(raw_key)[len(MODEL_INFO_PREFIX) :]
+    for raw_key, value in ours.items():
+        key = raw_key[len(MODEL_INFO_PREFIX) :]
         if key in ENDPOINT_KEYS:
             endpoint[key] = value
         elif key in MODEL_KEYS:
-            if key in _PATH_KEYS and value is not None and not Path(str(value)).is_absolute():
-                value = str((base / str(value)).resolve())
             model[key] = value
         else:
             known = [MODEL_INFO_PREFIX + k for k in (*ENDPOINT_KEYS, *MODEL_KEYS)]
-            close = difflib.get_close_matches(str(raw_key), known, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(raw_key, known, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"expected one of: {', '.join(known)}"
             raise ConfigError(f"{where}: unknown model_info key {raw_key!r}; {hint}")
-    return endpoint, model
+    # model_info lives in the LiteLLM config: its relative paths are relative to that file's folder.
+    return absolute_paths(endpoint, base, EndpointConfig), absolute_paths(model, base, ModelConfig)

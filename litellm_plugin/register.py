@@ -12,6 +12,10 @@ The ``__init__`` wrapper keeps the original signature: the proxy decides which `
 from ``inspect.getfullargspec(Router.__init__)``, which ignores ``__wrapped__``; a plain ``*args, **kwargs``
 wrapper makes it drop every router setting silently.
 
+Inside the proxy, ``install`` also reads two facts the proxy leaves for its workers: the LiteLLM config's path
+(relative paths in ``routing_strategy_args`` are relative to its folder) and the worker count (embedded mode is
+refused under ``--num_workers`` > 1: each worker would keep a store and a collector of its own).
+
 Everything here is idempotent, and every LiteLLM internal it touches is pinned by tests/test_litellm_contract.py.
 """
 
@@ -21,14 +25,23 @@ import functools
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from cognitora.config import CognitoraConfig, ConfigError
 
 STRATEGY_NAME = "cognitora"
 """The value of ``router_settings.routing_strategy`` that selects Cognitora."""
 
 _PATCH_MARK = "_cognitora_patched"
+_PROXY_MODULE = "litellm.proxy.proxy_server"
+"""Imported in every proxy worker (it is the app), and by nothing an SDK script needs."""
+PROXY_WORKERS_ENV = "NUM_WORKERS"
+"""Set by ``litellm`` (proxy_cli) to ``--num_workers`` before it starts the workers, which inherit it."""
 _ROUTING_GROUPS_MODULES = (
     "litellm.router_utils.routing_groups",  # 1.108.x
     "litellm.litellm_core_utils.routing_groups",  # 1.110.x moved it here
@@ -117,10 +130,51 @@ def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
-    strategy = CognitoraRoutingStrategy.for_router(router, routing_strategy_args)
+    strategy = CognitoraRoutingStrategy.for_router(router, routing_strategy_args, litellm_config_dir())
+    problem = embedded_mode_problem(strategy.fleet.config, proxy_workers())
+    if problem is not None:
+        strategy.close()  # nothing started yet (the core starts on the first request): this only marks it closed
+        raise ConfigError(problem)
     router.set_custom_routing_strategy(strategy)
     router._cognitora_strategy = strategy
     log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))
+
+
+def litellm_config_dir() -> Path | None:
+    """The folder of the config the LiteLLM proxy was started with (``litellm --config PATH``); None in an SDK
+    script, or when the proxy's config is not a local file (a bucket): relative paths then use the current directory.
+    """
+    proxy = sys.modules.get(_PROXY_MODULE)
+    path = getattr(proxy, "user_config_file_path", None)  # set by the proxy's load_config before the Router exists
+    if not path:
+        return None
+    file = Path(str(path)).expanduser()
+    return file.resolve().parent if file.is_file() else None
+
+
+def proxy_workers(environ: Mapping[str, str] | None = None) -> int:
+    """How many worker processes serve this LiteLLM proxy (1 outside the proxy)."""
+    if _PROXY_MODULE not in sys.modules:
+        return 1
+    value = (os.environ if environ is None else environ).get(PROXY_WORKERS_ENV, "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        return 1
+
+
+def embedded_mode_problem(config: CognitoraConfig, workers: int) -> str | None:
+    """Why this config cannot run in a proxy of ``workers`` processes, or None."""
+    if config.redis_url is not None or workers <= 1:
+        return None
+    return (
+        f"routing_strategy_args has no redis_url (embedded mode), but the proxy runs {workers} worker processes "
+        f"(--num_workers / {PROXY_WORKERS_ENV}={workers}): each would keep its own store and its own collector, and "
+        "place blind to the other workers' in-flight requests and routed prefixes. Set redis_url in "
+        "routing_strategy_args (the workers then share one store) and run `cognitora collector --config "
+        "cognitora.yaml` once beside the proxy (`python -m litellm_plugin.export <litellm config> -o cognitora.yaml` "
+        "writes that file), or start the proxy with --num_workers 1."
+    )
 
 
 def uninstall(router: Any) -> None:

@@ -190,3 +190,97 @@ def test_docs_reference_matches_the_models() -> None:
     assert match.group(1).strip() == reference_markdown().strip(), (
         "docs/config.md is out of date: run `.venv/bin/python -m cognitora.config > /tmp/ref.md` and paste it"
     )
+
+
+# -- secrets from the environment, paths from the file's folder ------------------------------------------------
+
+ONE_MODEL = "models: [{name: m, endpoints: [{url: 'http://h:1'}]}]\n"
+
+
+def test_secrets_come_from_the_environment_as_litellm_users_write_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COG_TEST_REDIS_URL", "redis://:s3cret@10.0.0.9:6380/2")
+    monkeypatch.setenv("COG_TEST_ENGINE_URL", "http://10.0.0.7:8000")
+    config = load_config(
+        write(
+            tmp_path,
+            "redis_url: os.environ/COG_TEST_REDIS_URL\n"
+            "models: [{name: m, endpoints: [{url: os.environ/COG_TEST_ENGINE_URL}]}]\n",
+        )
+    )
+    assert config.redis_url == "redis://:s3cret@10.0.0.9:6380/2"
+    assert config.models[0].endpoints[0].id == "10.0.0.7:8000"
+
+
+def test_an_unset_variable_is_an_error_naming_the_key_and_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COG_TEST_UNSET", raising=False)
+    monkeypatch.delenv("COG_TEST_UNSET_2", raising=False)
+    message = error_of(
+        tmp_path,
+        "redis_url: os.environ/COG_TEST_UNSET\n"
+        "models: [{name: m, endpoints: [{url: 'http://h:1', kv_events: os.environ/COG_TEST_UNSET_2}]}]\n",
+    )
+    assert "2 problems" in message
+    assert (
+        "redis_url: os.environ/COG_TEST_UNSET names the environment variable COG_TEST_UNSET, which is not set; "
+        "set COG_TEST_UNSET" in message
+    )
+    assert "models[0].endpoints[0].kv_events: os.environ/COG_TEST_UNSET_2 names the environment variable" in message
+
+
+def test_a_bad_secret_is_reported_without_echoing_its_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COG_TEST_REDIS_URL", "http://:hunter2@10.0.0.9:6379")
+    message = error_of(tmp_path, "redis_url: os.environ/COG_TEST_REDIS_URL\n" + ONE_MODEL)
+    assert "redis_url: expected a Redis URL" in message and "http://:****@10.0.0.9:6379" in message
+    assert "hunter2" not in message
+
+
+def test_a_secret_read_from_the_environment_is_masked_wherever_it_is_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cognitora.redaction import redact
+
+    monkeypatch.setenv("COG_TEST_KEY_PREFIX", "tenant-7f3a9c")
+    config = load_config(write(tmp_path, "key_prefix: os.environ/COG_TEST_KEY_PREFIX\n" + ONE_MODEL))
+    assert config.key_prefix == "tenant-7f3a9c"
+    assert redact("traceback: prefix tenant-7f3a9c rejected") == "traceback: prefix **** rejected"
+
+
+def test_relative_paths_are_relative_to_the_file_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "conf" / "tok").mkdir(parents=True)
+    (tmp_path / "conf" / "tok" / "tokenizer.json").write_text("{}")
+    (tmp_path / "conf" / "tok" / "template.jinja").write_text("{{ messages }}")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    path = tmp_path / "conf" / "cognitora.yaml"
+    path.write_text(
+        "models: [{name: m, tokenizer: tok/tokenizer.json, chat_template: ./tok/template.jinja,"
+        " endpoints: [{url: 'http://h:1'}]}]\n"
+    )
+    model = load_config(path).models[0]
+    assert model.tokenizer == (tmp_path / "conf" / "tok" / "tokenizer.json").resolve()
+    assert model.chat_template == (tmp_path / "conf" / "tok" / "template.jinja").resolve()
+
+
+def test_a_path_may_start_at_the_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    config = config_from_dict(
+        {"models": [{"name": "m", "tokenizer": "~/tokenizer.json", "endpoints": [{"url": "http://h:1"}]}]},
+        base_dir=tmp_path / "not-here",
+    )
+    assert config.models[0].tokenizer == tmp_path / "tokenizer.json"
+
+
+def test_a_value_under_a_password_or_key_name_is_masked_even_written_in_clear() -> None:
+    from cognitora.config import resolve_env
+    from cognitora.redaction import redact
+
+    data = {"store": {"password": "pw-in-clear-1", "api_key": "sk-in-clear-2"}, "tokenizer": "tok/tokenizer.json"}
+    assert resolve_env(data, "test") == data
+    assert redact("pw-in-clear-1 sk-in-clear-2 tok/tokenizer.json") == "**** **** tok/tokenizer.json"

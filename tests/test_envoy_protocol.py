@@ -604,3 +604,43 @@ def test_engine_administration_is_not_reachable_through_the_gateway(stack: Stack
     r = httpx.request(method, f"{stack.url}{path}", timeout=10)
     assert r.status_code == 404 and r.headers["content-type"] == "application/json"
     assert "not an inference path" in r.json()["error"]["message"]
+
+
+def test_a_path_under_a_route_prefix_is_placed_too(tmp_path: Path) -> None:
+    """An Envoy that serves the API under /api/ (a route with prefix_rewrite): the service sees the client's path,
+    /api/v1/chat/completions, and places it; before, such a request reached an engine unplaced."""
+    bg = BackgroundLoop()
+    ports = {"a": free_port(), "b": free_port()}
+    runners = [bg.run(start_engine(name, port)) for name, port in ports.items()]
+    core = RecordingCore()
+    settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
+    server = bg.run(start_server(core, settings, AddressBook({})))
+
+    def serve_under_api(config: dict[str, Any]) -> None:
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        chat = next(r for r in routes if r["match"].get("path") == "/v1/chat/completions")
+        prefixed = {**chat, "match": {"prefix": "/api/v1/"}, "route": {**chat["route"], "prefix_rewrite": "/v1/"}}
+        routes.insert(0, prefixed)
+
+    listen, admin = free_port(), free_port()
+    engines = [f"127.0.0.1:{port}" for port in ports.values()]
+    config = render_config(
+        listen_port=listen, admin_port=admin, extproc_port=server.port, engines=engines, edit=serve_under_api
+    )
+    envoy = start_envoy(config, tmp_path, admin)
+    served: list[str] = []
+    try:
+        for name in ("b", "a", "b"):
+            core.reset(f"127.0.0.1:{ports[name]}")
+            r = httpx.post(f"http://127.0.0.1:{listen}/api/v1/chat/completions", json=chat_body(), timeout=10)
+            assert r.status_code == 200, r.text
+            served.append(r.json()["seen"]["served"])
+            assert [p.messages for p in core.placed] == [[{"role": "user", "content": "hello"}]]
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        for runner in runners:
+            bg.run(runner.cleanup())
+        bg.close()
+    assert served == ["b", "a", "b"]  # each went to the pick, not to the cluster's least-request fallback

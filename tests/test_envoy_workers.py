@@ -1,4 +1,5 @@
-"""``cognitora extproc --workers N``: N processes on one port, only over a shared store."""
+"""``cognitora extproc`` at start: ``--workers N`` (N processes on one port, only over a shared store), and the
+setups that would place blind (in-process store, no collector), refused."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def test_workers_are_refused_with_the_in_process_store(tmp_path: Path) -> None:
     done = extproc("--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{free_port()}")
     assert done.returncode == 2
     assert "--workers needs a shared store" in done.stderr
+
+
+def test_in_process_store_without_a_collector_is_refused_and_says_what_to_do(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", None)
+    done = extproc("--config", str(config), "--listen", f"127.0.0.1:{free_port()}")
+    assert done.returncode == 2
+    assert "has no redis_url (in-process store) and --collector is off" in done.stderr
+    assert "Add --collector" in done.stderr and f"cognitora collector --config {config}" in done.stderr
+
+
+def test_without_collector_starts_blind_on_purpose(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", None)
+    port = free_port()
+    argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
+    with ManagedProcess([*argv, "--without-collector"], tmp_path / "extproc.log", cwd=ROOT) as service:
+        wait_listening(port, service)
+        assert "no engine state reaches placement" in service.log_tail()
 
 
 def test_workers_are_refused_with_the_embedded_collector(tmp_path: Path, redis_server_url: str) -> None:

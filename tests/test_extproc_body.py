@@ -23,6 +23,11 @@ def test_chat_body_fields() -> None:
     assert parse_body(chat(stream_options={"include_usage": True}), CHAT).client_wants_usage
 
 
+def test_a_body_under_a_route_prefix_is_read_by_the_path_it_ends_with() -> None:
+    assert parse_body(chat(), "/api/v1/chat/completions").messages == [{"role": "user", "content": "hi"}]
+    assert parse_body(b'{"model":"m","prompt":"once"}', "/api/v1/completions").prompt == "once"
+
+
 def test_completions_prompt_reaches_the_core_as_sent() -> None:
     assert parse_body(b'{"model":"m","prompt":"once upon"}', COMPLETIONS).prompt == "once upon"
     # Batches and token ids are the core's to read (kvstate.prompt), not flattened here.

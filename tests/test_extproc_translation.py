@@ -43,3 +43,31 @@ def test_bad_flags_exit_with_a_message() -> None:
         parse_settings(["--config", "c.yaml", "--usage", "some"])
     with pytest.raises(SystemExit):
         parse_settings(["--config", "c.yaml", "--fallbacks", "-1"])
+
+
+def test_placed_paths_default_to_openai_and_hold_under_a_route_prefix() -> None:
+    s = parse_settings(["--config", "c.yaml"])
+    for path in ("/v1/chat/completions", "/v1/completions", "/api/v1/chat/completions", "/llm/team-a/v1/completions"):
+        assert s.placed(path), path
+    for path in ("/v1/models", "/v1/embeddings", "/xv1/chat/completions", "/v1/chat/completions/x", "/"):
+        assert not s.placed(path), path
+
+
+def test_placed_paths_can_be_listed_and_bad_ones_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    s = parse_settings(["--config", "c.yaml", "--placed-path", "/openai/deployments/gpt/chat/completions"])
+    assert s.placed("/openai/deployments/gpt/chat/completions") and s.placed(
+        "/x/openai/deployments/gpt/chat/completions"
+    )
+    assert not s.placed("/v1/chat/completions")  # the list replaces the defaults
+    with pytest.raises(SystemExit) as bad:
+        parse_settings(["--config", "c.yaml", "--placed-path", "/v1/embeddings"])
+    assert "--placed-path '/v1/embeddings' must end with /chat/completions" in str(bad.value)
+    with pytest.raises(SystemExit) as relative:
+        parse_settings(["--config", "c.yaml", "--placed-path", "v1/completions"])
+    assert "must be a URL path starting with '/'" in str(relative.value)
+
+
+def test_collector_and_without_collector_contradict() -> None:
+    with pytest.raises(SystemExit) as both:
+        parse_settings(["--config", "c.yaml", "--collector", "--without-collector"])
+    assert "contradict" in str(both.value)

@@ -320,3 +320,63 @@ async def _wait_for(condition: Any, timeout_s: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not met")
         await asyncio.sleep(0.02)
+
+
+def _function_source(source: str, header: str) -> str:
+    """The text of the function starting at ``header`` in ``source`` (up to the next def at its indentation)."""
+    start = source.find(header)
+    if start == -1:
+        return ""
+    indent = header[: len(header) - len(header.lstrip())]
+    end = source.find(f"\n{indent}async def ", start + 1)
+    other = source.find(f"\n{indent}def ", start + 1)
+    ends = [e for e in (end, other) if e != -1]
+    return source[start : min(ends) if ends else len(source)]
+
+
+def test_proxy_workers_inherit_the_worker_count() -> None:
+    # register.proxy_workers reads NUM_WORKERS: embedded mode under --num_workers > 1 is refused from it.
+    source = _proxy_source("litellm.proxy.proxy_cli")
+    set_at = source.find('os.environ["NUM_WORKERS"] = str(num_workers)')
+    start_at = source.find("uvicorn.run(")
+    _requires(
+        set_at != -1 and start_at != -1 and set_at < start_at,
+        "litellm/proxy/proxy_cli.py no longer sets os.environ['NUM_WORKERS'] to --num_workers before it starts the "
+        "workers: update litellm_plugin.register.proxy_workers (embedded mode under several workers goes unnoticed)",
+    )
+
+
+def test_proxy_names_its_config_file_before_it_builds_the_router() -> None:
+    # register.litellm_config_dir reads proxy_server.user_config_file_path: inline relative paths hang on it.
+    source = _proxy_source("litellm.proxy.proxy_server")
+    from_file = _function_source(source, "    async def _get_config_from_file(")
+    get_config = _function_source(source, "    async def get_config(")
+    load_config = _function_source(source, "    async def load_config(")
+    _requires(
+        "user_config_file_path = config_file_path" in from_file
+        and "self._get_config_from_file(config_file_path=config_file_path)" in get_config
+        and -1
+        < load_config.find("await self.get_config(config_file_path=config_file_path)")
+        < load_config.find("router = litellm.Router(\n            **router_params"),
+        "litellm/proxy/proxy_server.py no longer records user_config_file_path before load_config builds the Router: "
+        "update litellm_plugin.register.litellm_config_dir (relative paths would fall back to the proxy's cwd)",
+    )
+
+
+def test_proxy_resolves_os_environ_in_router_settings_and_an_unset_one_is_null() -> None:
+    # fleet._refuse_nulls rests on both: the args reach the strategy resolved, an unset variable as None.
+    from litellm.secret_managers.main import get_secret
+
+    source = _proxy_source("litellm.proxy.proxy_server")
+    get_config = _function_source(source, "    async def get_config(")
+    _requires(
+        "config = self._check_for_os_environ_vars(config=config)" in get_config,
+        "litellm/proxy/proxy_server.py get_config no longer resolves os.environ/ in the whole config: "
+        "routing_strategy_args may now reach the strategy unresolved (build_fleet resolves them then)",
+    )
+    os.environ.pop("COGNITORA_CONTRACT_UNSET", None)
+    _requires(
+        get_secret("os.environ/COGNITORA_CONTRACT_UNSET") is None,
+        "litellm.secret_managers.main.get_secret no longer returns None for an unset os.environ/NAME: "
+        "review litellm_plugin.fleet._refuse_nulls",
+    )

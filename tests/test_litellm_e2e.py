@@ -433,3 +433,42 @@ def test_proxy_redis_mode_with_collector_beside_it(
     finally:
         collector.stop()
     assert collector.proc.returncode == 0, collector.log_tail()
+
+
+def test_proxy_with_several_workers_refuses_embedded_mode(tmp_path: Path) -> None:
+    """``litellm --num_workers 2`` on the example without redis_url: each worker would keep its own store and
+    collector, so the proxy refuses to start and says what to do. It is started from another directory than its
+    config, with a tokenizer path relative to the config: the refusal (not "file not found") shows that path was
+    read against the config's folder."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    args = config["router_settings"]["routing_strategy_args"]
+    assert "redis_url" not in args, "the example runs embedded"
+    args["models"][0]["tokenizer"] = "tok/tokenizer.json"
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")  # never loaded: the refusal comes first
+    path = tmp_path / "litellm_config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {"LITELLM_MASTER_KEY": "sk-e2e-" + secrets.token_hex(12), "LITELLM_TELEMETRY": "False"}
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)}
+    argv = [
+        str(LITELLM),
+        "--config",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--num_workers",
+        "2",
+    ]
+    proxy = ManagedProcess(argv, tmp_path / "litellm.log", env=env, cwd=ROOT)
+    try:
+        wait_until(lambda: not proxy.alive(), 180, "the proxy to refuse to start")
+        # (uvicorn's parent process exits with status 0 when a worker fails to start: the log is what tells why.)
+        log = proxy.log_path.read_text(errors="replace")
+        assert "ERROR:    Application startup failed. Exiting." in log, proxy.log_tail()
+        assert "but the proxy runs 2 worker processes" in log, proxy.log_tail()
+        assert "Set redis_url in routing_strategy_args" in log and "cognitora collector" in log
+        assert "file not found" not in log
+    finally:
+        proxy.stop()

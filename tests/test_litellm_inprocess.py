@@ -55,7 +55,7 @@ def _model_list(fleet: SimFleet, dead_port: int | None = None) -> list[dict[str,
                     "api_base": f"http://127.0.0.1:{dead_port}/v1",
                     "api_key": "none",
                 },
-                "model_info": {"id": "dead"},
+                "model_info": {"id": "dead", "cognitora_engine": "vllm"},  # an engine of the fleet, down
             }
         )
     return out
@@ -135,6 +135,36 @@ def test_sync_router_routes_through_cognitora_and_reuses_the_cache(fleet: SimFle
     finally:
         router.update_settings(routing_strategy="simple-shuffle")  # uninstalls: stops the core's thread
     assert "async_get_available_deployment" not in vars(router)
+
+
+def test_a_group_mixing_engines_and_a_cloud_deployment_is_placed_on_the_engines_only(
+    fleet: SimFleet, smollm2_dir: Path
+) -> None:
+    cloud = {  # same group, an api_base, no cognitora_ key: not an engine (a later burst target), never scraped
+        "model_name": "chat",
+        "litellm_params": {
+            "model": "azure/gpt-4o-mini",
+            "api_base": "https://cognitora-test.openai.azure.com",
+            "api_key": "none",
+            "api_version": "2024-06-01",
+            "mock_response": "from the cloud",
+        },
+        "model_info": {"id": "cloud"},
+    }
+    router = litellm.Router(
+        model_list=[*_model_list(fleet), cloud], routing_strategy="cognitora", routing_strategy_args=_args(smollm2_dir)
+    )
+    try:
+        model = router._cognitora_strategy.fleet.config.model("chat")  # type: ignore[attr-defined]
+        assert [e.id for e in model.endpoints] == fleet.endpoint_ids  # what the collector scrapes
+        answers = [
+            router.completion(model="chat", messages=_messages("Go.", system=f"Topic {i}. " * 40), max_tokens=2)
+            for i in range(8)
+        ]
+        assert [a.choices[0].message.content for a in answers if a.choices[0].message.content == "from the cloud"] == []
+        assert {_served_by(a) for a in answers} <= {f"{url}/v1" for url in fleet.urls}
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
 
 
 async def test_async_router_in_redis_mode_with_a_dead_engine_and_refusals(

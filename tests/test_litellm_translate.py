@@ -29,18 +29,20 @@ from litellm_plugin.translate import (
 )
 
 
-def _dep(name: str, api_base: str | None, **info: Any) -> dict[str, Any]:
-    params: dict[str, Any] = {"model": f"openai/{name}", "api_key": "k"}
+def _dep(name: str, api_base: str | None, provider: str = "hosted_vllm", **info: Any) -> dict[str, Any]:
+    """A deployment; by default of a self-hosted engine (tests/test_litellm_fleet.py has which ones are not)."""
+    params: dict[str, Any] = {"model": f"{provider}/{name}", "api_key": "k"}
     if api_base is not None:
         params["api_base"] = api_base
     return {"model_name": name, "litellm_params": params, "model_info": {"id": f"{name}-{api_base}", **info}}
 
 
-def test_each_deployment_with_an_api_base_is_an_endpoint_named_host_port(smollm2_dir: Path) -> None:
+def test_each_engine_deployment_is_an_endpoint_named_host_port(smollm2_dir: Path) -> None:
     model_list = [
         _dep(
             "chat",
             "http://127.0.0.1:8001/v1",
+            "openai",  # an engine because its model_info says so
             cognitora_kv_events="tcp://127.0.0.1:5557",
             cognitora_kv_events_replay="tcp://127.0.0.1:5558",
             cognitora_engine="sglang",
@@ -97,7 +99,7 @@ def test_settings_come_from_a_config_file_overridden_inline(tmp_path: Path, smol
     [
         ([_dep("chat", "http://h:1/v1", cognitora_kv_event="tcp://h:2")], {}, "did you mean 'cognitora_kv_events'"),
         ([_dep("chat", "http://h:1/v1", cognitora_engine="tgi")], {}, "engine"),
-        ([_dep("chat", None)], {}, "no deployment with litellm_params.api_base"),
+        ([_dep("chat", None)], {}, "model_list has no engine for Cognitora to place on"),
         ([_dep("chat", "http://h:1/v1")], {"models": [{"name": "other"}]}, "'other' match no model_name"),
         ([_dep("chat", "http://h:1/v1")], {"placement": {"speculative_ttl": 1}}, "did you mean 'speculative_ttl_s'"),
         ([_dep("chat", "http://h:1/v1")], {"config": "/nonexistent/cognitora.yaml"}, "cannot read"),
