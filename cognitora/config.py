@@ -19,6 +19,7 @@ phases 2 to 5 with the same messages. It merges several sources first (a ``confi
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -32,7 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cognitora.redaction import redact, register_secret
+from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -292,8 +293,13 @@ class CognitoraConfig(_Strict):
     @field_validator("redis_url")
     @classmethod
     def _redis(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in {"redis", "rediss", "unix"}:
-            raise ValueError(f"expected a Redis URL like redis://127.0.0.1:6379/0, got {value!r}")
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        with contextlib.suppress(ValueError):
+            register_secret(parts.password)  # masked in every log line and error from now on
+        if parts.scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(f"expected a Redis URL like redis://127.0.0.1:6379/0, got {redact_url(value)!r}")
         return value
 
     # -- lookups ------------------------------------------------------------------------------------------

@@ -56,6 +56,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, allow_nan=False, default=str)
 
 
+class RedactingFilter(logging.Filter):
+    """Masks secrets in records bound for a handler this project does not format (the LiteLLM proxy's own):
+    the message is rendered, redacted and frozen, so no handler's formatter sees a credential."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string is the logging call's bug; never lose the record for it
+            return True
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def redact_every_handler() -> None:
+    """Put a ``RedactingFilter`` on every handler of the root logger (idempotent): for processes whose logging
+    someone else configured (the LiteLLM proxy)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
+
+
 CHATTY_LIBRARIES = ("httpx", "httpcore", "asyncio")
 """Loggers that narrate every request at INFO: kept at WARNING unless ``level`` is DEBUG."""
 

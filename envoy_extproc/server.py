@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from cognitora import jsonlog
 from cognitora.failsafe import RateLimitedLog
 from envoy_extproc import protocol
 from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
@@ -232,9 +233,7 @@ def main(argv: list[str]) -> int:
 
 
 def _serve(settings: ExtprocSettings) -> int:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    jsonlog.configure(settings.log_level)
     loop_factory = None
     with contextlib.suppress(ImportError):
         import uvloop

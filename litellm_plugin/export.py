@@ -3,7 +3,9 @@
 In Redis mode the proxy only reads the shared store and ``cognitora collector --config cognitora.yaml`` feeds it;
 this writes that ``cognitora.yaml`` from the proxy's own config, so the fleet is written down once (model_list).
 ``os.environ/...`` references are resolved from this process's environment, as the proxy resolves them, and
-relative paths are relative to the LiteLLM config's folder, as they are in the proxy.
+relative paths are relative to the LiteLLM config's folder, as they are in the proxy. A ``redis_url`` written
+``os.environ/NAME`` is written back the same way (``cognitora.yaml`` reads it so too): the exported file never holds
+the secret itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from cognitora.config import CognitoraConfig, ConfigError, resolve_env
+from cognitora.config import ENV_PREFIX, CognitoraConfig, ConfigError, resolve_env
 from litellm_plugin.fleet import build_fleet
 
 _FLEET_PARAMS = ("api_base", "model", "custom_llm_provider")
@@ -40,8 +42,24 @@ def config_from_litellm_yaml(path: Path) -> CognitoraConfig:
     return build_fleet(model_list, args, base_dir=path.resolve().parent).config
 
 
-def to_yaml(config: CognitoraConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False)
+def to_yaml(config: CognitoraConfig, secret_refs: dict[str, str] | None = None) -> str:
+    """``config`` as ``cognitora.yaml``; ``secret_refs`` (top-level key -> ``os.environ/NAME``) replace resolved
+    values."""
+    data = config.model_dump(mode="json", exclude_none=True)
+    for key, ref in (secret_refs or {}).items():
+        if key in data:
+            data[key] = ref
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def secret_references(path: Path) -> dict[str, str]:
+    """The ``routing_strategy_args`` top-level values the LiteLLM config writes as ``os.environ/NAME``."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    args = ((data.get("router_settings") or {}).get("routing_strategy_args")) or {}
+    return {k: v for k, v in args.items() if isinstance(v, str) and v.startswith(ENV_PREFIX)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     args = parser.parse_args(argv)
     try:
-        text = to_yaml(config_from_litellm_yaml(args.litellm_config))
+        text = to_yaml(config_from_litellm_yaml(args.litellm_config), secret_references(args.litellm_config))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ import litellm
 from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.types.router import CustomRoutingStrategyBase
 
+from cognitora import jsonlog
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
 from cognitora.router import Router
@@ -51,6 +52,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
     ) -> CognitoraRoutingStrategy:
         fleet = build_fleet(router.model_list or [], routing_strategy_args, base_dir)
+        jsonlog.redact_every_handler()  # the proxy formats its own logs: ours still never carry a secret
         host = CoreHost.for_current_context(fleet.config)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
