@@ -7,7 +7,9 @@ xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found 
 
 from __future__ import annotations
 
+import base64
 import re
+import secrets
 import shutil
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -61,22 +63,36 @@ def render_config(
     extproc_port: int,
     engines: Sequence[str],
     edit: Callable[[dict[str, Any]], None] | None = None,
+    jwt_secret: bytes | None = None,
+    expose_upstream_host: bool = False,
 ) -> str:
     """``examples/envoy.yaml`` with its ports filled in and the ``engines`` cluster listing ``engines`` (IP:port).
 
-    ``edit``: an optional callable given the parsed config dict to change it further (benchmarks add a listener).
+    ``jwt_secret``: the HS256 key of the example's stand-in auth filter (default: a fresh random one, so no key
+    that ships in the repository ever signs a token Envoy accepts). ``expose_upstream_host``: keep the
+    ``x-cognitora-upstream-host`` response header for the client (the example strips it: tests and benchmarks
+    read it to see which engine answered). ``edit``: an optional callable given the parsed config dict to change
+    it further (benchmarks add a listener).
     """
     text = EXAMPLE_CONFIG.read_text()
+    key = jwt_secret if jwt_secret is not None else secrets.token_bytes(32)
     values: Mapping[str, str] = {
         "LISTEN_PORT": str(listen_port),
         "ADMIN_PORT": str(admin_port),
         "EXTPROC_PORT": str(extproc_port),
+        "JWT_HS256_KEY_B64URL": base64.urlsafe_b64encode(key).rstrip(b"=").decode(),
     }
     text = _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "1"), text)
     config = yaml.safe_load(text)
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == "engines":
             cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb_endpoint(e) for e in engines]}]
+    if expose_upstream_host:
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        strip = hcm["http_filters"][0]["typed_config"]["mutations"]
+        strip["response_mutations"] = [
+            m for m in strip.get("response_mutations", []) if m.get("remove") != "x-cognitora-upstream-host"
+        ]
     if edit is not None:
         edit(config)
     return yaml.safe_dump(config, sort_keys=False)

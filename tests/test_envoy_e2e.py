@@ -124,7 +124,11 @@ def gateway(
         try:
             wait_listening(extproc_port, extproc)
             envoy_config = render_config(
-                listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
+                listen_port=listen,
+                admin_port=admin,
+                extproc_port=extproc_port,
+                engines=fleet.endpoint_ids,
+                expose_upstream_host=True,  # the test reads which engine answered
             )
             envoy = start_envoy(envoy_config, work / "envoy", admin)
             yield Gateway(url=f"http://127.0.0.1:{listen}", fleet=fleet, extproc=extproc)
