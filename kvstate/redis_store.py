@@ -19,6 +19,9 @@ the Redis server (``TIME``), so gateways with skewed clocks agree on what has ex
   the token it holds.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
+- On a Cluster every command waits until the client knows the cluster's slots (``_ready``): redis-py's asyncio
+  ``RedisCluster`` picks a command's node before it discovers the topology, so a command sent while it knows none
+  (a new client, or one that just dropped its topology) would go to a random node.
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ class RedisStore:
         if max_blocks_per_endpoint <= 0:
             raise ValueError(f"max_blocks_per_endpoint must be positive, got {max_blocks_per_endpoint}")
         self._client = client
+        self._cluster_client = client if isinstance(client, RedisCluster) else None
         self._owns_client = owns_client
         self.keys = RedisKeys(key_prefix)
         self._cap = max_blocks_per_endpoint
@@ -237,13 +241,29 @@ class RedisStore:
                 "that the configured redis URL points at one of them"
             ) from exc
 
+    async def _ready(self) -> Client:
+        """The client, ready for one command (call it right before each, nothing awaited in between): on a Cluster,
+        one that knows the cluster's slots.
+
+        redis-py's asyncio ``RedisCluster`` chooses a command's node before it discovers the topology: while it knows
+        none (a new client, or one that closed its connections after MOVED replies, a CLUSTERDOWN or a failed
+        pipeline), a keyed command is sent to a random primary, which answers MOVED; every fifth MOVED the client
+        closes all its connections, other tasks' in-flight commands included ("Connection closed by server"), and
+        retries them, at random again. Concurrent calls on a new store then raised ``StoreUnavailable`` on a healthy
+        cluster, and a ``put_snapshot`` that had run was run again, its version token over a newer snapshot's.
+        ``initialize()`` discovers the topology once (concurrent callers wait for it) and returns at once after.
+        """
+        if self._cluster_client is not None:
+            await self._cluster_client.initialize()
+        return self._client
+
     async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call by SHA; loads the script when the server does not know it (first use, restart)."""
         try:
-            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            return await (await self._ready()).evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
-            await self._client.script_load(script.source)
-            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            await (await self._ready()).script_load(script.source)
+            return await (await self._ready()).evalsha(script.sha, len(keys), *keys, *args)
 
     async def _run_many(self, calls: Sequence[_Call], then: Sequence[tuple[str, ...]] = ()) -> list[Any]:
         """Script calls, then plain commands, in one pipelined round trip (on a Cluster: one pipeline per node,
@@ -256,7 +276,7 @@ class RedisStore:
             script, keys, args = calls[0]
             return [await self._run(script, keys, args)]  # no pipeline object for one call
         for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
+            pipe = (await self._ready()).pipeline(transaction=False)
             for script, keys, args in calls:
                 # not ``pipe.evalsha``: the Cluster pipeline blocks that method, but routes the command itself by
                 # its keys (all of one call's keys are in one slot, so it goes whole to one node)
@@ -269,7 +289,7 @@ class RedisStore:
                 if attempt:
                     raise
                 for script in {c[0].sha: c[0] for c in calls}.values():
-                    await self._client.script_load(script.source)
+                    await (await self._ready()).script_load(script.source)
         raise AssertionError("unreachable")
 
     # -- KV block index -------------------------------------------------------------------------------------
@@ -333,7 +353,10 @@ class RedisStore:
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
         k = self.keys
         with self._unavailable("clear_endpoint"):
-            models = [model] if model is not None else [_text(m) for m in await self._client.smembers(k.models())]
+            if model is not None:
+                models = [model]
+            else:
+                models = [_text(m) for m in await (await self._ready()).smembers(k.models())]
             for m in models:
                 # a model the endpoint holds nothing of costs one call that finds no id for it
                 zkeys = self._index_keys(m, endpoint)
@@ -415,10 +438,11 @@ class RedisStore:
     async def snapshots(self, endpoints: Sequence[str] | None = None) -> dict[str, EndpointSnapshot]:
         with self._unavailable("snapshots"):
             if endpoints is None:
-                endpoints = sorted(_text(e) for e in await self._client.smembers(self.keys.snapshot_endpoints()))
+                held = await (await self._ready()).smembers(self.keys.snapshot_endpoints())
+                endpoints = sorted(_text(e) for e in held)
             if not endpoints:
                 return {}
-            pipe = self._client.pipeline(transaction=False)
+            pipe = (await self._ready()).pipeline(transaction=False)
             for endpoint in endpoints:
                 pipe.hgetall(self.keys.snapshot(endpoint))
             rows = await pipe.execute()
@@ -513,7 +537,7 @@ class RedisStore:
     async def ping(self) -> bool:
         try:
             with self._unavailable("ping"):
-                return bool(await self._client.ping())
+                return bool(await (await self._ready()).ping())
         except StoreUnavailable:
             return False
 
@@ -528,15 +552,15 @@ class RedisStore:
         """
         k = self.keys
         with self._unavailable("delete_everything"):
-            models = [_text(m) for m in await self._client.smembers(k.models())]
+            models = [_text(m) for m in await (await self._ready()).smembers(k.models())]
             for model in models:
-                endpoints = [_text(e) for e in await self._client.hkeys(k.endpoint_ids(model))]
+                endpoints = [_text(e) for e in await (await self._ready()).hkeys(k.endpoint_ids(model))]
                 for endpoint in endpoints:
                     await self.clear_endpoint(endpoint)
-                    await self._client.delete(*self._inflight_keys(endpoint))
-                await self._client.delete(k.endpoint_ids(model), k.endpoint_names(model), k.free_ids(model))
-            snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
+                    await (await self._ready()).delete(*self._inflight_keys(endpoint))
+                await (await self._ready()).delete(k.endpoint_ids(model), k.endpoint_names(model), k.free_ids(model))
+            snap_endpoints = [_text(e) for e in await (await self._ready()).smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
-                await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
+                await (await self._ready()).delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
+            await (await self._ready()).delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
             self._known_models.clear()

@@ -5,6 +5,7 @@ Each test runs against a real Redis and a real 3-master Redis Cluster started by
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -253,4 +254,44 @@ async def test_the_store_works_with_its_slots_on_different_cluster_nodes(redis_c
     try:
         assert [k async for k in raw.scan_iter(match=f"{prefix}:*", count=10_000)] == []
     finally:
+        await raw.aclose()
+
+
+async def _moved_replies(client: RedisCluster) -> int:
+    """How many MOVED redirections the cluster's primaries have answered (their ``INFO errorstats``)."""
+    total = 0
+    for node in client.get_primaries():
+        plain = aioredis.Redis(host=node.host, port=int(node.port))
+        try:
+            stats = await plain.info("errorstats")
+        finally:
+            await plain.aclose()
+        total += int(stats.get("errorstat_MOVED", {}).get("count", 0))
+    return total
+
+
+async def test_concurrent_calls_on_a_new_cluster_store_go_straight_to_their_nodes(
+    redis_cluster_url: str, key_prefix: str
+) -> None:
+    # redis-py's asyncio RedisCluster picks a command's node before it learns the topology, so concurrent calls on
+    # a new client went to random primaries; the MOVED replies made it close every connection, other calls' in
+    # flight ones too, and a gateway saw StoreUnavailable ("Connection closed by server") on a healthy cluster.
+    raw = RedisCluster.from_url(redis_cluster_url)
+    await raw.initialize()
+    store = RedisTarget(redis_cluster_url, cluster=True).store(key_prefix)  # a new client, never used before
+    try:
+        moved_before = await _moved_replies(raw)
+        await asyncio.gather(
+            *(store.put_snapshot(EndpointSnapshot(A if i % 2 else B, running=i)) for i in range(10)),
+            *(store.inflight_add(C, f"r{i}", 10, 1, ttl_s=60) for i in range(10)),
+            *(store.mark_unhealthy(C, "reset", ttl_s=60) for _ in range(5)),
+            *(store.fleet_view(M, CHAIN, [A, B, C]) for _ in range(10)),
+            *(store.match_prefix(M, CHAIN) for _ in range(5)),
+        )
+        assert await _moved_replies(raw) == moved_before  # every command went to the node serving its keys
+        assert (await store.inflight([C]))[C] == InFlight(10, 100, 10)
+        assert set(await store.snapshots()) == {A, B}
+    finally:
+        await store.delete_everything()
+        await store.close()
         await raw.aclose()
