@@ -75,11 +75,14 @@ return {#vals, p, d}
 PUT_SNAPSHOT = """
 -- KEYS: snapshot hash, snapshot endpoints set, snapshot version. ARGV: endpoint, new version token, field, value...
 -- The hash is replaced whole (a field the new snapshot lacks must not survive from an older one), and the version
--- token is replaced with it, atomically: a reader that sees the new token sees the new snapshot.
+-- token is replaced with it, atomically: a reader that sees the new token sees the new snapshot. The token gets the
+-- server's time appended, so a run replayed by a client retry (after a dropped connection) still makes a new version:
+-- a reader that cached the newer snapshot under the same caller token would otherwise keep serving it as current.
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[3], ARGV[2])
+local t = redis.call('TIME')
+redis.call('SET', KEYS[3], ARGV[2] .. ':' .. t[1] .. '.' .. t[2])
 return 1
 """
 
