@@ -13,10 +13,10 @@ the Redis server (``TIME``), so gateways with skewed clocks agree on what has ex
 - ``clear_endpoint`` walks that endpoint's own key sets in chunks, never the keyspace.
 - In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
 - ``fleet_view`` (what the router reads per decision) is two read-only scripts in one pipeline, one per slot: the
-  match in the model's slot, and the in-flight totals, health marks and snapshots in the fleet slot. One round
-  trip on one Redis; on a Cluster the two go to their nodes concurrently. Snapshots are sent back only when they
-  changed since this store last read them: every ``put_snapshot`` replaces a version token, and the caller passes
-  the token it holds.
+  match in the model's slot, and the in-flight totals, health marks, heartbeats and snapshots in the fleet slot.
+  One round trip on one Redis; on a Cluster the two go to their nodes concurrently. Snapshots are sent back only
+  when they changed since this store last read them: every ``put_snapshot`` replaces a version token, and the
+  caller passes the token it holds.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
 """
@@ -49,6 +49,7 @@ from kvstate.store import (
     EndpointSnapshot,
     FleetView,
     HealthMark,
+    Heartbeat,
     InFlight,
     PrefixMatch,
     StoreUnavailable,
@@ -116,6 +117,14 @@ def _marks(flat: Sequence[Any]) -> dict[str, HealthMark]:
     }
 
 
+def _beats(flat: Sequence[Any]) -> dict[str, Heartbeat]:
+    """A flat name, at (ms), age (ms) list from a script as heartbeats."""
+    return {
+        _text(flat[i]): Heartbeat(at=int(flat[i + 1]) / 1000, age_s=int(flat[i + 2]) / 1000)
+        for i in range(0, len(flat), 3)
+    }
+
+
 def _url_of(client: Client) -> str:
     """``redis://host:port/db`` of a client, without credentials; of a Cluster, its first node's."""
     if isinstance(client, RedisCluster):
@@ -171,6 +180,8 @@ class RedisStore:
         self._fleet_state = _Script(fleet_scripts.FLEET_STATE)
         self._mark_unhealthy = _Script(fleet_scripts.MARK_UNHEALTHY)
         self._health_read = _Script(fleet_scripts.HEALTH_READ)
+        self._put_heartbeat = _Script(fleet_scripts.PUT_HEARTBEAT)
+        self._heartbeats_read = _Script(fleet_scripts.HEARTBEATS_READ)
         self._fleet_calls: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
         self._snapshot_version = ""
@@ -438,6 +449,17 @@ class RedisStore:
             flat = await self._run(self._health_read, [self.keys.health()], wanted)
         return _marks(flat)
 
+    # -- heartbeats ------------------------------------------------------------------------------------------
+    async def put_heartbeat(self, name: str, ttl_s: float) -> None:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        with self._unavailable("put_heartbeat"):
+            await self._run(self._put_heartbeat, [self.keys.heartbeats()], [name, ttl_ms])
+
+    async def heartbeats(self) -> dict[str, Heartbeat]:
+        with self._unavailable("heartbeats"):
+            flat = await self._run(self._heartbeats_read, [self.keys.heartbeats()], [])
+        return _beats(flat)
+
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
         known = self._fleet_call(endpoints)[0]
@@ -447,7 +469,7 @@ class RedisStore:
         calls = self._fleet_view_calls(model, keys, endpoints, all(e in cached for e in known))
         with self._unavailable("fleet_view"):
             replies = await self._run_many(calls)
-        counts, version, rows, marks = replies[-1]
+        counts, version, rows, marks, beats = replies[-1]
         flat = replies[0] if len(replies) == 2 else []
         matches = {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
@@ -466,7 +488,7 @@ class RedisStore:
             snap = cached[e]
             if snap is not None:
                 snapshots[e] = snap
-        return FleetView(matches, inflight, snapshots, _marks(marks))
+        return FleetView(matches, inflight, snapshots, _marks(marks), _beats(beats))
 
     def fleet_view_script_calls(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
@@ -501,7 +523,7 @@ class RedisStore:
         if call is None:
             k = self.keys
             known = list(dict.fromkeys(endpoints))
-            state_keys = [k.snapshot_version(), k.health()]
+            state_keys = [k.snapshot_version(), k.health(), k.heartbeats()]
             for e in known:
                 state_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
             if len(self._fleet_calls) >= FLEET_CALLS_KEPT:
@@ -538,5 +560,7 @@ class RedisStore:
             snap_endpoints = [_text(e) for e in await self._client.smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await self._client.delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await self._client.delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
+            await self._client.delete(
+                k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health(), k.heartbeats()
+            )
             self._known_models.clear()
