@@ -5,7 +5,9 @@ One collector per fleet (or one in-process ``Collector`` in embedded mode: a sin
 
 - for each endpoint with ``kv_events``: a ``KVEventSubscriber`` (ZMQ SUB + replay) applying, through the model's
   ``EventIngestor``, what the engine caches and evicts (our block keys, see ``kvstate.events``);
-- one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``).
+- one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``);
+- a heartbeat (``Store.put_heartbeat``) every quarter of ``placement.state_max_age_s`` (at least once a second):
+  the Router calls the state it places on stale when the newest beat is older than that bound.
 
 Logs are JSON lines (``cognitora.jsonlog``); every ``--stats-interval-s`` one ``collector stats`` line carries the
 counters. SIGTERM or SIGINT stops it cleanly with exit code 0. docs/collector.md has the details.
@@ -17,7 +19,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 from dataclasses import asdict
 from types import TracebackType
@@ -32,11 +36,25 @@ from kvstate.events.ingest import EventIngestor
 from kvstate.events.subscriber import Decoder, KVEventSubscriber
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
-from kvstate.store import Store, open_store
+from kvstate.store import Store, StoreUnavailable, open_store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATS_INTERVAL_S = 30.0
+
+HEARTBEAT_TTL_S = 86400.0
+"""How long a collector's heartbeat stays in the store: a day, so the beat of a collector that died ages where every
+gateway sees it (and says how long ago) rather than vanishing."""
+
+
+def heartbeat_interval_s(config: CognitoraConfig) -> float:
+    """Seconds between two heartbeats: a quarter of the staleness bound, at least once a second."""
+    return min(1.0, config.placement.state_max_age_s / 4)
+
+
+def collector_name() -> str:
+    """This collector's heartbeat name: where it runs, so an operator can tell two collectors apart."""
+    return f"collector {socket.gethostname()} pid {os.getpid()}"
 
 
 def event_decoder(engine: EngineKind) -> Decoder:
@@ -76,6 +94,9 @@ class Collector:
             interval_s=config.scrape.interval_s,
             timeout_s=min(config.scrape.timeout_s, config.scrape.interval_s),
         )
+        self.name = collector_name()
+        self.heartbeat_failures = 0
+        self._heartbeat: asyncio.Task[None] | None = None
         self._started = False
 
     def _add_subscriber(self, model: str, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
@@ -112,6 +133,8 @@ class Collector:
         for subscriber in self.subscribers.values():
             subscriber.start()
         await self.scraper.start()
+        await self._beat()  # before start() returns: a gateway starting beside it sees a collector at once
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="cognitora-collector-heartbeat")
         log.info(
             "collector started",
             extra={
@@ -125,8 +148,26 @@ class Collector:
         if not self._started:
             return
         self._started = False
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
         await asyncio.gather(self.scraper.stop(), *(s.stop() for s in self.subscribers.values()))
         log.info("collector stopped", extra=self.stats())
+
+    async def _beat(self) -> None:
+        try:
+            await self.store.put_heartbeat(self.name, HEARTBEAT_TTL_S)
+        except (StoreUnavailable, OSError) as exc:  # the store is down: the gateways see the beat age, as they should
+            self.heartbeat_failures += 1
+            log.debug("heartbeat not written", extra={"error": str(exc)})
+
+    async def _beat_forever(self) -> None:
+        interval = heartbeat_interval_s(self.config)
+        while True:
+            await asyncio.sleep(interval)
+            await self._beat()
 
     async def __aenter__(self) -> Collector:
         await self.start()
@@ -167,6 +208,7 @@ class Collector:
             "scrape_garbage": scrape["garbage"],
             "scrape_unrecognized": scrape["unrecognized"],
             "scrape_store_failures": scrape["store_failures"],
+            "heartbeat_failures": self.heartbeat_failures,
             "healthy_endpoints": len(healthy),
             "endpoints": len(self.scraper.endpoint_ids()),
         }
