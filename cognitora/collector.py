@@ -29,6 +29,7 @@ from typing import Any
 
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
+from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
 from kvstate.events import vllm as vllm_events
@@ -291,8 +292,6 @@ async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) 
         loop.add_signal_handler(sig, stop.set)
     collector = Collector(config, store)
     try:
-        if not await _ping(store):
-            log.warning("store not reachable at start; collecting anyway, writes resume when it answers")
         await collector.start()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -304,13 +303,6 @@ async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await collector.stop()
-
-
-async def _ping(store: Store) -> bool:
-    try:
-        return await asyncio.wait_for(store.ping(), timeout=2.0)
-    except Exception:  # any failure to answer means "not reachable" here; the components report details
-        return False
 
 
 async def _run(config: CognitoraConfig, stats_interval_s: float) -> None:
@@ -340,6 +332,19 @@ def main(argv: list[str]) -> int:
             extra={"config": args.config},
         )
         return 2
+    # What needs the world, checked before collecting (cognitora.preflight): an engine listed twice and a password
+    # Redis refuses are errors; a host that does not resolve yet and a Redis that does not answer yet are warnings
+    # (each scrape resolves again, and writes resume when Redis answers).
+    try:
+        engines = resolve_engines(config)
+        store_warning = check_store(config)
+    except ConfigError as exc:
+        log.error(f"{args.config}: {exc}")
+        return 2
+    for problem in unresolved_problems(engines):
+        log.warning(f"{problem}; scraping it anyway (each scrape resolves the name again)")
+    if store_warning is not None:
+        log.warning(f"store not reachable at start; collecting anyway, writes resume when it answers: {store_warning}")
     log.info(
         "collector starting",
         extra={

@@ -30,10 +30,11 @@ from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
+from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys, read_prompt
+from kvstate.prompt import PromptError, PromptKeyer, PromptKeys, read_prompt
 from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
@@ -144,11 +145,20 @@ def _at_least(store_view: InFlight | None, local: InFlight | None) -> InFlight:
 class Router:
     """Placement plus the request lifecycle, over one ``Store``. One per gateway process; safe for concurrent use."""
 
-    def __init__(self, config: CognitoraConfig, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: CognitoraConfig,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        keyers: Mapping[str, PromptKeyer] | None = None,
+    ) -> None:
+        """``keyers``: each model's prompt keyer, loaded already (``cognitora.preflight.prompt_keyers``); absent,
+        they are loaded here, and a bad tokenizer or chat template raises ``ConfigError`` naming its key."""
         self.config = config
         self.store = store
         self._clock = clock
-        self._keyers = {m.name: _keyer(m) for m in config.models}
+        self._keyers = dict(keyers) if keyers is not None else prompt_keyers(config)
         self._endpoint_ids = {m.name: [e.id for e in m.endpoints] for m in config.models}
         for m in config.models:
             if m.tokenizer is None and any(e.kv_events for e in m.endpoints):
@@ -182,10 +192,10 @@ class Router:
         self._seen_heartbeat = False
 
     @classmethod
-    def from_config(cls, config: CognitoraConfig) -> Router:
+    def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
         """A router over the store the config names: Redis (or a Redis Cluster) at ``redis_url``, else an
         in-process store."""
-        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster))
+        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster), keyers=keyers)
 
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:
@@ -654,10 +664,3 @@ async def _one_after_another(calls: Sequence[Awaitable[object]]) -> None:
             first_error = first_error or exc
     if first_error is not None:
         raise first_error
-
-
-def _keyer(model: ModelConfig) -> PromptKeyer:
-    tokenizer = None
-    if model.tokenizer is not None:
-        tokenizer = ChatTokenizer(model.tokenizer, model.chat_template)
-    return PromptKeyer(model.name, model.block_size, tokenizer)

@@ -29,12 +29,22 @@ import struct
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis
 import redis.asyncio as aioredis
+import redis.cluster
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -52,6 +62,7 @@ from kvstate.store import (
     Heartbeat,
     InFlight,
     PrefixMatch,
+    StoreRefused,
     StoreUnavailable,
     Tier,
 )
@@ -140,6 +151,47 @@ def _describe(client: Client) -> str:
     if isinstance(client, RedisCluster):
         return "Redis Cluster at " + ", ".join(f"redis://{name}" for name in client.nodes_manager.startup_nodes)
     return f"Redis at {_url_of(client)}"
+
+
+def probe(url: str, *, cluster: bool = False, timeout_s: float = 2.0) -> None:
+    """Connect to Redis at ``url``, authenticate and PING, once and synchronously: a process's check at start,
+    before it serves (``cognitora.preflight.check_store``), from any thread, with or without an event loop.
+
+    Raises ``StoreRefused`` when Redis refuses the credentials (or, with ``cluster``, is no Cluster node), and
+    ``StoreUnavailable`` when it does not answer. Messages never hold the password.
+    """
+    client: redis.Redis | redis.cluster.RedisCluster | None = None
+    try:
+        if cluster:
+            client = redis.cluster.RedisCluster.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )  # connects to the cluster here
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client.ping()
+    except AuthenticationError as exc:
+        raise StoreRefused(_refused_credentials(url, exc)) from None
+    except RedisClusterException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, AuthenticationError):
+            raise StoreRefused(_refused_credentials(url, cause)) from None
+        if isinstance(cause, _UNAVAILABLE):
+            raise StoreUnavailable(
+                f"no node of the Redis Cluster answered ({cause.__class__.__name__}: {cause})"
+            ) from None
+        raise StoreRefused(f"not a Redis Cluster node ({exc}): set redis_cluster: false for a single Redis") from None
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Redis did not answer ({exc.__class__.__name__}: {exc})") from None
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _refused_credentials(url: str, exc: AuthenticationError) -> str:
+    parts = urlsplit(url)
+    if parts.password is None and not parts.username:
+        return f"Redis asks for a password and the URL has none ({exc}); add the password to the URL"
+    return f"Redis refused the user or password in the URL ({exc}); fix it there (or the server's ACL)"
 
 
 class RedisStore:
@@ -233,6 +285,8 @@ class RedisStore:
     def _unavailable(self, what: str) -> Iterator[None]:
         try:
             yield
+        except AuthenticationError as exc:
+            raise StoreRefused(f"{self._where} refused the credentials ({what}: {exc}); fix redis_url") from exc
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(
                 f"{self._where} did not answer ({what}: {exc.__class__.__name__}: {exc}); "

@@ -39,6 +39,12 @@ class StoreUnavailable(RuntimeError):
     """The backend cannot be reached (Redis down). Callers degrade; they do not crash."""
 
 
+class StoreRefused(StoreUnavailable):
+    """The backend answered but will not serve us as configured: it refused the credentials (a wrong Redis password
+    or user), or it is not the kind of server the URL says (a Cluster client against a plain Redis). Unavailable all
+    the same while serving; at a process's start a configuration error (``cognitora.preflight.check_store``)."""
+
+
 @dataclass(frozen=True)
 class PrefixMatch:
     """How much of a prompt's key chain one endpoint holds.
