@@ -29,6 +29,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
 from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unresolved_problems
+from cognitora.request import InvalidRequest
 from cognitora.router import Router
 from kvstate.prompt import PromptKeyer
 from litellm_plugin.callbacks import cognitora as callbacks
@@ -151,7 +152,10 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         if group not in self._managed_models or not by_endpoint:
             return self._litellm_default(model, healthy, request_kwargs)
 
-        req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
+        try:
+            req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
+        except InvalidRequest as exc:
+            raise rejection_error(Rejection(400, exc.message), model) from None
         decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)

@@ -295,7 +295,12 @@ def test_client_gone_mid_stream_is_reported_as_incomplete(stack: Stack) -> None:
 
 @pytest.mark.parametrize(
     ("content", "says"),
-    [(b"{not json", "not valid JSON"), (b'{"messages":[{"role":"user","content":"x"}]}', "missing 'model'")],
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"messages":[{"role":"user","content":"x"}]}', "missing 'model'"),
+        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1e20}', "'max_tokens' must be a whole"),
+        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":100000000000000000000}', "'max_tok"),
+    ],
 )
 def test_bad_body_gets_an_openai_400_and_reaches_no_engine(stack: Stack, content: bytes, says: str) -> None:
     stack.core.reset(stack.engines["a"])
@@ -304,6 +309,16 @@ def test_bad_body_gets_an_openai_400_and_reaches_no_engine(stack: Stack, content
     assert r.headers["content-type"] == "application/json"
     error = r.json()["error"]
     assert says in error["message"] and error["type"] == "invalid_request_error"
+    assert stack.core.placed == []
+
+
+def test_an_absurd_max_tokens_is_a_400_naming_the_field(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = post(stack, chat_body(max_completion_tokens=10**20))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "max_completion_tokens"
+    assert error["message"].startswith("'max_completion_tokens' is 100000000000000000000: more than any model's")
     assert stack.core.placed == []
 
 
