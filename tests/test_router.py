@@ -272,6 +272,56 @@ def test_explain_reads_the_live_store_and_prints_the_table(
     assert f"{len(keys) * 16}/" in out  # B's whole held prefix counts as cached
 
 
+def test_explain_says_when_the_state_is_stale_and_names_a_bad_tokenizer(
+    smollm2_dir: Path, redis_server_url: str, key_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(
+        f"redis_url: {redis_server_url}\nkey_prefix: {key_prefix}\nplacement: {{state_max_age_s: 0.5}}\n"
+        f"models:\n  - name: {MODEL}\n    endpoints: [{{url: 'http://{A}'}}]\n"
+    )
+    (tmp_path / "p.txt").write_text("Tell me about prefix caches. " * 20)
+    args = ["--config", str(config_path), "--model", MODEL, "--prompt-file", str(tmp_path / "p.txt")]
+
+    async def a_collector_that_died() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        try:
+            await store.put_heartbeat("collector gone", ttl_s=60)
+
+            async def old() -> bool:
+                return (await store.heartbeats())["collector gone"].age_s > 1.0
+
+            await eventually(old, 10, "the heartbeat to be older than state_max_age_s")
+        finally:
+            await store.close()
+
+    async def cleanup() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        await store.delete_everything()
+        await store.close()
+
+    asyncio.run(a_collector_that_died())
+    try:
+        assert explain.main(args) == 0  # placed all the same
+    finally:
+        asyncio.run(cleanup())
+    out = capsys.readouterr().out
+    assert (
+        "stale: the fleet state is 1 s old (the newest collector heartbeat)" in out
+        or "stale: the fleet state is" in out
+    )
+    assert "stale state: the newest collector heartbeat (collector gone)" in out  # the reason's note
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not a tokenizer")
+    config_path.write_text(
+        f"models:\n  - name: {MODEL}\n    tokenizer: {bad}\n    endpoints: [{{url: 'http://{A}'}}]\n"
+    )
+    assert explain.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"models[0].tokenizer (model '{MODEL}'): {bad} is not a tokenizer.json" in err and "Traceback" not in err
+
+
 def test_explain_without_redis_says_the_store_is_empty(
     smollm2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
