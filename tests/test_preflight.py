@@ -5,6 +5,7 @@ status and stderr, no traceback), and from ``litellm.Router`` when it installs t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -22,9 +23,11 @@ import pytest
 import litellm_plugin  # noqa: F401  (registers the 'cognitora' strategy name)
 from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
-from cognitora.process import free_port
+from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.router import Router
+from envoy_extproc.launch import wait_listening
 from kvstate.memory_store import MemoryStore
+from kvstate.redis_store import RedisStore
 from tests.conftest import REDIS_PASSWORD, ROOT
 
 BROKEN_TEMPLATE = "{% for message in messages %}{{ message.content }"  # an unclosed tag
@@ -211,6 +214,48 @@ def test_extproc_refuses_a_bad_tokenizer_naming_the_key(tmp_path: Path) -> None:
     text = f"models:\n- name: m\n  tokenizer: {bad}\n  endpoints: [{{url: 'http://127.0.0.1:9'}}]\n"
     message = refused(run_command("extproc", text, tmp_path))
     assert f"models[0].tokenizer (model 'm'): {bad} is not a tokenizer.json" in message
+
+
+def test_what_may_heal_only_warns_and_the_commands_start(
+    tmp_path: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    """A Redis that does not answer yet (extproc) and an engine name that does not resolve yet (collector): each
+    command says so, naming redis_url (password masked) or the endpoint and host, and runs."""
+    dead = f"redis://:hidden-pw-4321@127.0.0.1:{free_port()}/0"
+    config = tmp_path / "extproc.yaml"
+    config.write_text(f"redis_url: '{dead}'\nmodels:\n- name: m\n  endpoints: [{{url: 'http://127.0.0.1:9'}}]\n")
+    port = free_port()
+    cli = [sys.executable, "-m", "cognitora.cli"]
+    argv = [*cli, "extproc", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
+    with ManagedProcess(argv, tmp_path / "extproc.log", cwd=ROOT) as service:
+        wait_listening(port, service)
+        log = service.log_tail(100)
+    assert "redis_url (redis://:****@127.0.0.1:" in log and "did not answer" in log and "Starting anyway" in log
+    assert "hidden-pw-4321" not in log
+
+    config = tmp_path / "collector.yaml"
+    config.write_text(
+        f"redis_url: {redis_server_url}\nkey_prefix: {key_prefix}\n"
+        "models:\n- name: m\n  endpoints: [{url: 'http://gpu-7.invalid:8000'}]\n"
+    )
+    argv = [*cli, "collector", "--config", str(config)]
+    try:
+        with ManagedProcess(argv, tmp_path / "collector.log", cwd=ROOT) as collector:
+            wait_until(lambda: "collector started" in collector.log_tail(100), 30, "the collector to start")
+            log = collector.log_tail(100)
+            assert collector.alive()
+    finally:
+        asyncio.run(delete_everything(redis_server_url, key_prefix))
+    assert "the host 'gpu-7.invalid' of endpoint gpu-7.invalid:8000 does not resolve" in log
+    assert "scraping it anyway" in log
+
+
+async def delete_everything(url: str, key_prefix: str) -> None:
+    store = RedisStore.from_url(url, key_prefix=key_prefix)
+    try:
+        await store.delete_everything()
+    finally:
+        await store.close()
 
 
 # -- the LiteLLM strategy: litellm.Router refuses to start -----------------------------------------------------------
