@@ -29,6 +29,7 @@ from typing import Any
 
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
+from cognitora.failsafe import RateLimitedLog
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
@@ -98,6 +99,7 @@ class Collector:
         self.name = collector_name()
         self.heartbeat_failures = 0
         self._heartbeat: asyncio.Task[None] | None = None
+        self._heartbeat_errors = RateLimitedLog(log)
         self._started = False
 
     def _add_subscriber(self, model: str, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
@@ -163,6 +165,9 @@ class Collector:
         except (StoreUnavailable, OSError) as exc:  # the store is down: the gateways see the beat age, as they should
             self.heartbeat_failures += 1
             log.debug("heartbeat not written", extra={"error": str(exc)})
+        except Exception as exc:  # a bug must not end the beats silently (the gateways would call the state stale)
+            self.heartbeat_failures += 1
+            self._heartbeat_errors.error("heartbeat failed", exc)
 
     async def _beat_forever(self) -> None:
         interval = heartbeat_interval_s(self.config)
