@@ -5,7 +5,9 @@ One collector per fleet (or one in-process ``Collector`` in embedded mode: a sin
 
 - for each endpoint with ``kv_events``: a ``KVEventSubscriber`` (ZMQ SUB + replay) applying, through the model's
   ``EventIngestor``, what the engine caches and evicts (our block keys, see ``kvstate.events``);
-- one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``).
+- one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``);
+- a heartbeat (``Store.put_heartbeat``) every quarter of ``placement.state_max_age_s`` (at least once a second):
+  the Router calls the state it places on stale when the newest beat is older than that bound.
 
 Logs are JSON lines (``cognitora.jsonlog``); every ``--stats-interval-s`` one ``collector stats`` line carries the
 counters. SIGTERM or SIGINT stops it cleanly with exit code 0. docs/collector.md has the details.
@@ -17,7 +19,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 from dataclasses import asdict
 from types import TracebackType
@@ -25,6 +29,8 @@ from typing import Any
 
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
+from cognitora.failsafe import RateLimitedLog
+from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
 from kvstate.events import vllm as vllm_events
@@ -32,11 +38,25 @@ from kvstate.events.ingest import EventIngestor
 from kvstate.events.subscriber import Decoder, KVEventSubscriber
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
-from kvstate.store import Store, open_store
+from kvstate.store import Store, StoreUnavailable, open_store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATS_INTERVAL_S = 30.0
+
+HEARTBEAT_TTL_S = 86400.0
+"""How long a collector's heartbeat stays in the store: a day, so the beat of a collector that died ages where every
+gateway sees it (and says how long ago) rather than vanishing."""
+
+
+def heartbeat_interval_s(config: CognitoraConfig) -> float:
+    """Seconds between two heartbeats: a quarter of the staleness bound, at least once a second."""
+    return min(1.0, config.placement.state_max_age_s / 4)
+
+
+def collector_name() -> str:
+    """This collector's heartbeat name: where it runs, so an operator can tell two collectors apart."""
+    return f"collector {socket.gethostname()} pid {os.getpid()}"
 
 
 def event_decoder(engine: EngineKind) -> Decoder:
@@ -76,6 +96,10 @@ class Collector:
             interval_s=config.scrape.interval_s,
             timeout_s=min(config.scrape.timeout_s, config.scrape.interval_s),
         )
+        self.name = collector_name()
+        self.heartbeat_failures = 0
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._heartbeat_errors = RateLimitedLog(log)
         self._started = False
 
     def _add_subscriber(self, model: str, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
@@ -112,6 +136,8 @@ class Collector:
         for subscriber in self.subscribers.values():
             subscriber.start()
         await self.scraper.start()
+        await self._beat()  # before start() returns: a gateway starting beside it sees a collector at once
+        self._heartbeat = asyncio.create_task(self._beat_forever(), name="cognitora-collector-heartbeat")
         log.info(
             "collector started",
             extra={
@@ -125,8 +151,29 @@ class Collector:
         if not self._started:
             return
         self._started = False
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
         await asyncio.gather(self.scraper.stop(), *(s.stop() for s in self.subscribers.values()))
         log.info("collector stopped", extra=self.stats())
+
+    async def _beat(self) -> None:
+        try:
+            await self.store.put_heartbeat(self.name, HEARTBEAT_TTL_S)
+        except (StoreUnavailable, OSError) as exc:  # the store is down: the gateways see the beat age, as they should
+            self.heartbeat_failures += 1
+            log.debug("heartbeat not written", extra={"error": str(exc)})
+        except Exception as exc:  # a bug must not end the beats silently (the gateways would call the state stale)
+            self.heartbeat_failures += 1
+            self._heartbeat_errors.error("heartbeat failed", exc)
+
+    async def _beat_forever(self) -> None:
+        interval = heartbeat_interval_s(self.config)
+        while True:
+            await asyncio.sleep(interval)
+            await self._beat()
 
     async def __aenter__(self) -> Collector:
         await self.start()
@@ -167,6 +214,7 @@ class Collector:
             "scrape_garbage": scrape["garbage"],
             "scrape_unrecognized": scrape["unrecognized"],
             "scrape_store_failures": scrape["store_failures"],
+            "heartbeat_failures": self.heartbeat_failures,
             "healthy_endpoints": len(healthy),
             "endpoints": len(self.scraper.endpoint_ids()),
         }
@@ -249,8 +297,6 @@ async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) 
         loop.add_signal_handler(sig, stop.set)
     collector = Collector(config, store)
     try:
-        if not await _ping(store):
-            log.warning("store not reachable at start; collecting anyway, writes resume when it answers")
         await collector.start()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -262,13 +308,6 @@ async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await collector.stop()
-
-
-async def _ping(store: Store) -> bool:
-    try:
-        return await asyncio.wait_for(store.ping(), timeout=2.0)
-    except Exception:  # any failure to answer means "not reachable" here; the components report details
-        return False
 
 
 async def _run(config: CognitoraConfig, stats_interval_s: float) -> None:
@@ -298,6 +337,19 @@ def main(argv: list[str]) -> int:
             extra={"config": args.config},
         )
         return 2
+    # What needs the world, checked before collecting (cognitora.preflight): an engine listed twice and a password
+    # Redis refuses are errors; a host that does not resolve yet and a Redis that does not answer yet are warnings
+    # (each scrape resolves again, and writes resume when Redis answers).
+    try:
+        engines = resolve_engines(config)
+        store_warning = check_store(config)
+    except ConfigError as exc:
+        log.error(f"{args.config}: {exc}")
+        return 2
+    for problem in unresolved_problems(engines):
+        log.warning(f"{problem}; scraping it anyway (each scrape resolves the name again)")
+    if store_warning is not None:
+        log.warning(f"store not reachable at start; collecting anyway, writes resume when it answers: {store_warning}")
     log.info(
         "collector starting",
         extra={

@@ -226,6 +226,12 @@ class PlacementConfig(_Strict):
     is tried again, so it comes back even where no scraper runs. The scraper's own health verdict still applies."""
     snapshot_max_age_s: float = Field(default=10.0, gt=0)
     """Scraped load older than this is ignored (router-counted in-flight work is still used)."""
+    state_max_age_s: float = Field(default=10.0, gt=0)
+    """The fleet state a decision reads is stale when the newest collector heartbeat in the store is older than
+    this (the collector died, or cannot reach the store), or when none has arrived this long after the router
+    started. A stale decision is still made, on what the store holds, and says so: ``Decision.stale_state``, a note
+    in its reason and in ``cognitora explain``, ``RouterStats.stale_state``, and a warning logged at most once a
+    minute. The collector beats every quarter of its own ``state_max_age_s`` (at least once a second)."""
     power_ttft_slack_s: float = Field(default=0.05, ge=0)
     """Power rule: a candidate counts as close when its predicted TTFT is within this many seconds of the best
     AND within ``power_ttft_slack_ratio`` of it (the smaller bound applies); among close ones, the lowest energy

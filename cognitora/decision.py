@@ -61,6 +61,12 @@ class Decision:
     reason: str = ""
     degraded: bool = False
     """The store could not be read; placement used only what it had (load, own in-flight counts)."""
+    stale_state: bool = False
+    """The store was read, but what feeds it has stopped: its newest collector heartbeat is older than
+    ``placement.state_max_age_s`` (or no collector ever wrote one). Cache and load state may be out of date."""
+    state_age_s: float | None = None
+    """Age (s) of the newest collector heartbeat the decision read; None when none was read (no collector, or the
+    store could not be read)."""
     rejection: Rejection | None = None
     exact_keys: bool = True
     expected_decode_tokens: int = 0
@@ -94,6 +100,13 @@ class Decision:
             lines.append(f"why: {self.reason}")
         if self.degraded:
             lines.append("degraded: the shared store was unreachable; placed on load and own in-flight counts only")
+        if self.stale_state:
+            what = (
+                "no collector heartbeat in the store: nothing feeds the fleet state"
+                if self.state_age_s is None
+                else f"the fleet state is {self.state_age_s:.0f} s old (the newest collector heartbeat)"
+            )
+            lines.append(f"stale: {what}; is `cognitora collector` running and reaching the store?")
         lines.append(
             f"{'endpoint':<24}{'cached':>10}{'queued':>10}{'rate tok/s':>12}{'decode ms':>10}{'TTFT ms':>10}"
             f"{'J/tok':>8}  note"

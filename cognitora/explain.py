@@ -96,7 +96,11 @@ async def _run(args: argparse.Namespace) -> int:
         priority=args.priority,
         max_tokens=args.max_tokens,
     )
-    router = Router.from_config(config)
+    try:
+        router = Router.from_config(config)  # loads each model's tokenizer and chat template
+    except ConfigError as exc:
+        print(f"cognitora explain: {args.config}: {exc}", file=sys.stderr)
+        return 2
     try:
         decision = await explain(router, request)
     finally:

@@ -32,7 +32,8 @@ ERROR_RETRY_AFTER_S = 1
 
 @dataclass
 class RateLimitedLog:
-    """Logs an error with its traceback once per interval; counts what it kept quiet about in between."""
+    """Logs an error with its traceback (or a warning) once per interval; counts what it kept quiet about in
+    between."""
 
     logger: logging.Logger
     interval_s: float = LOG_INTERVAL_S
@@ -41,14 +42,26 @@ class RateLimitedLog:
     _suppressed: int = 0
 
     def error(self, message: str, exc: BaseException) -> None:
+        self._log(logging.ERROR, message, exc)
+
+    def warning(self, message: str) -> None:
+        """A warning without a traceback (a condition, not an exception), on the same schedule."""
+        self._log(logging.WARNING, message, None)
+
+    def _log(self, level: int, message: str, exc: BaseException | None) -> None:
         now = self.clock()
         if now < self._next:
             self._suppressed += 1
             return
         more = f" ({self._suppressed} more since the last report)" if self._suppressed else ""
-        self.logger.error("%s%s", message, more, exc_info=exc)
+        self.logger.log(level, "%s%s", message, more, exc_info=exc)
         self._suppressed = 0
         self._next = now + self.interval_s
+
+    def reset(self) -> None:
+        """The condition is over: the next report is logged at once."""
+        self._next = 0.0
+        self._suppressed = 0
 
 
 def fallback_decision(

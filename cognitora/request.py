@@ -1,4 +1,6 @@
-"""What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.attempt.Outcome``)."""
+"""What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.attempt.Outcome``), and
+the core's rules for the request fields an adapter must read before it can build one (``read_max_tokens``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +8,55 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_TOKENS_LIMIT = 16_777_216
+"""The most ``max_tokens`` a request may ask for (2**24): more than any model's context window (the longest are
+about 10M tokens), so a larger value is a mistake or an attack, never a real budget. Placement counts a request's
+``max_tokens`` as decode work in flight on its engine: ``1e20`` would make that engine look busy for everyone."""
+
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+"""OpenAI's two names for the budget, the newer first: when a request has both, it is the one that counts."""
+
+
+class InvalidRequest(ValueError):
+    """A request field the core cannot accept: the adapter answers 400 with ``message``, naming ``param``."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
+    """The request's ``max_tokens`` from its body (or LiteLLM's kwargs): ``max_completion_tokens``, else
+    ``max_tokens``; None when neither is set (null counts as unset).
+
+    Refused (``InvalidRequest`` naming the field), never clamped: a value that is not a whole JSON number (``1e20``
+    and ``64.0`` are floats, as OpenAI's API also refuses them), is negative, or is above ``MAX_TOKENS_LIMIT``. The
+    core does not know each model's context window, and a clamp would silently change what the client asked for:
+    the engine would refuse the request anyway, later, after it was counted as placed.
+    """
+    found: int | None = None
+    for name in MAX_TOKENS_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+            raise InvalidRequest(
+                f"'{name}' must be a whole number of tokens (an integer), got {type(value).__name__} {shown}", name
+            )
+        if value < 0:
+            raise InvalidRequest(f"'{name}' must be a non-negative integer, got {value}", name)
+        if value > MAX_TOKENS_LIMIT:
+            raise InvalidRequest(
+                f"'{name}' is {value}: more than any model's context window (at most {MAX_TOKENS_LIMIT:,} tokens "
+                "here); ask for fewer",
+                name,
+            )
+        if found is None:
+            found = value
+    return found
 
 
 def new_request_id() -> str:

@@ -30,11 +30,12 @@ from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
+from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys, read_prompt
-from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
+from kvstate.prompt import PromptError, PromptKeyer, PromptKeys, read_prompt
+from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
 
@@ -56,6 +57,9 @@ class RouterStats:
     rejected: int = 0
     degraded: int = 0
     """Decisions made without the store."""
+    stale_state: int = 0
+    """Decisions made on stale fleet state: the store answered, but its newest collector heartbeat was older than
+    ``placement.state_max_age_s`` (or no collector ever wrote one)."""
     internal_errors: int = 0
     """Placements that raised (a bug): answered by ``placement.on_error`` (cognitora.failsafe)."""
     store_errors: int = 0
@@ -141,11 +145,20 @@ def _at_least(store_view: InFlight | None, local: InFlight | None) -> InFlight:
 class Router:
     """Placement plus the request lifecycle, over one ``Store``. One per gateway process; safe for concurrent use."""
 
-    def __init__(self, config: CognitoraConfig, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: CognitoraConfig,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        keyers: Mapping[str, PromptKeyer] | None = None,
+    ) -> None:
+        """``keyers``: each model's prompt keyer, loaded already (``cognitora.preflight.prompt_keyers``); absent,
+        they are loaded here, and a bad tokenizer or chat template raises ``ConfigError`` naming its key."""
         self.config = config
         self.store = store
         self._clock = clock
-        self._keyers = {m.name: _keyer(m) for m in config.models}
+        self._keyers = dict(keyers) if keyers is not None else prompt_keyers(config)
         self._endpoint_ids = {m.name: [e.id for e in m.endpoints] for m in config.models}
         for m in config.models:
             if m.tokenizer is None and any(e.kv_events for e in m.endpoints):
@@ -173,12 +186,16 @@ class Router:
         self._writers: set[asyncio.Task[None]] = set()
         self._next_attempt_prune = 0.0
         self._error_log = RateLimitedLog(log)
+        self._stale_log = RateLimitedLog(log)
+        self._started = clock()
+        self._stale = False
+        self._seen_heartbeat = False
 
     @classmethod
-    def from_config(cls, config: CognitoraConfig) -> Router:
+    def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
         """A router over the store the config names: Redis (or a Redis Cluster) at ``redis_url``, else an
         in-process store."""
-        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster))
+        return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster), keyers=keyers)
 
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:
@@ -199,8 +216,14 @@ class Router:
             return self._record(reject(req, 400, f"the prompt is not valid Unicode: {exc}"))
         except RecursionError:
             return self._record(reject(req, 400, "the prompt is nested too deeply to read"))
-        state = await self._fleet_state(model, prompt)
+        state, age, stale = await self._fleet_state(model, prompt)
         decision = place(req, prompt, self.config, state)
+        if stale is not None:
+            self.stats.stale_state += 1
+            reason = f"{decision.reason}; {stale}" if decision.reason else stale
+            decision = replace(decision, stale_state=True, state_age_s=age, reason=reason)
+        elif age is not None:
+            decision = replace(decision, state_age_s=age)
         if req.pinned_endpoint is not None and not req.may_pin:
             note = f"the request named {req.pinned_endpoint}: placed like its model (this key may not pin an engine)"
             decision = replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
@@ -220,14 +243,16 @@ class Router:
         lora = req.model if req.model in model.loras else None
         return self._keyers[model.name].keys(prompt, lora)
 
-    async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
+    async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> tuple[FleetState, float | None, str | None]:
+        """The state to place on, its age (the newest collector heartbeat's; None: none read) and, when it is
+        stale, a note saying so."""
         ids = self._endpoint_ids[model.name]
         now = self._clock()
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         local = self._local.totals(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
-            return FleetState(
+            degraded = FleetState(
                 now=now,
                 matches=routed,
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
@@ -235,6 +260,7 @@ class Router:
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 degraded=True,
             )
+            return degraded, None, None  # (already flagged: ``degraded``)
         snapshots = view.snapshots
         self._snapshots.update(snapshots)
         if view.health_marks or self._shared_marks:  # (nearly always neither: skip the loop)
@@ -249,13 +275,46 @@ class Router:
         inflight = view.inflight
         if local:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
-        return FleetState(
+        state = FleetState(
             now=now,
             matches=merge_matches(view.matches, routed),
             inflight=inflight,
             snapshots=snapshots,
             health_marks=_newest_marks(view.health_marks, self._health_marks),
         )
+        age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
+        return state, age, self._staleness(view.heartbeats, now)
+
+    def _staleness(self, beats: Mapping[str, Heartbeat], now: float) -> str | None:
+        """None when the newest collector heartbeat is within ``placement.state_max_age_s``; else a note saying how
+        stale the state is (also logged, at most once a minute)."""
+        bound = self.config.placement.state_max_age_s
+        if beats:
+            self._seen_heartbeat = True
+            name, newest = min(beats.items(), key=lambda item: item[1].age_s)
+            age = newest.age_s
+            if age <= bound:
+                if self._stale:
+                    self._stale = False
+                    self._stale_log.reset()
+                    log.warning("fleet state fresh again: collector heartbeat %.1f s old (%s)", age, name)
+                return None
+            note = (
+                f"stale state: the newest collector heartbeat ({name}) is {age:.0f} s old, over "
+                f"placement.state_max_age_s ({bound:g} s): cache and load state may be out of date"
+            )
+        elif self._seen_heartbeat:
+            note = "stale state: the collector heartbeat is gone from the store: nothing feeds the fleet state"
+        elif now - self._started > bound:
+            note = (
+                f"stale state: no collector heartbeat in the store {now - self._started:.0f} s after this router "
+                "started: nothing feeds the fleet state"
+            )
+        else:
+            return None  # just started: a collector starting beside it gets its chance to beat first
+        self._stale = True
+        self._stale_log.warning(f"{note}; is `cognitora collector` running and reaching the store?")
+        return note
 
     def _forget_healed(self, snapshots: dict[str, EndpointSnapshot], now: float) -> None:
         for endpoint, mark in list(self._health_marks.items()):
@@ -605,10 +664,3 @@ async def _one_after_another(calls: Sequence[Awaitable[object]]) -> None:
             first_error = first_error or exc
     if first_error is not None:
         raise first_error
-
-
-def _keyer(model: ModelConfig) -> PromptKeyer:
-    tokenizer = None
-    if model.tokenizer is not None:
-        tokenizer = ChatTokenizer(model.tokenizer, model.chat_template)
-    return PromptKeyer(model.name, model.block_size, tokenizer)

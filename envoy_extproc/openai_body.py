@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cognitora.request import InvalidRequest, read_max_tokens
 from envoy_extproc import headers
 from kvstate.prompt import PromptError, completion_prompts
 
@@ -85,9 +86,10 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be true or false", param="stream")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
-        raise BadRequest("'max_tokens' must be a non-negative integer", param="max_tokens")
+    try:
+        max_tokens = read_max_tokens(data)  # the core's rule (absurd or non-integer values are refused)
+    except InvalidRequest as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
     options = data.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     return ParsedBody(

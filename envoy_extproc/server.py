@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
-import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from cognitora import jsonlog
+from cognitora.config import ConfigError
 from cognitora.failsafe import RateLimitedLog
+from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
 from envoy_extproc import protocol
 from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
 from envoy_extproc.settings import ExtprocSettings, parse_settings
@@ -148,27 +147,35 @@ async def start_server(core: PlacementCore, settings: ExtprocSettings, addresses
     return ExtProcServer(server, service, port)
 
 
-def address_book(endpoints: dict[str, str]) -> AddressBook:
-    """Endpoint id -> ``IP:port`` from each endpoint's URL, resolving host names once at start (Envoy's
-    ORIGINAL_DST and override_host take only literal addresses)."""
+def address_book(engines: Mapping[str, EngineAddress]) -> AddressBook:
+    """Endpoint id -> literal ``IP:port``, from the engines as their hosts resolved at start
+    (``cognitora.preflight.resolve_engines``): Envoy's ORIGINAL_DST and override_host take only literal addresses.
+
+    Raises ``ConfigError`` naming each endpoint whose host did not resolve, and the host."""
+    problems = unresolved_problems(engines)
+    if problems:
+        detail = (
+            problems[0]
+            if len(problems) == 1
+            else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+        raise ConfigError(
+            f"{detail}\nEnvoy is handed literal addresses, so this service resolves each engine's host once, at "
+            "start: fix the name (or its DNS), or write the engine's IP address in the url"
+        )
     addresses: dict[str, str] = {}
-    for endpoint, url in endpoints.items():
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            ipaddress.ip_address(host)
-            ip = host
-        except ValueError:
-            ip = str(socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
-            log.info("endpoint %s: %s resolved to %s (resolved once, at start)", endpoint, host, ip)
-        addresses[endpoint] = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    for engine in engines.values():
+        address = engine.socket_address
+        assert address is not None  # (resolved: checked above)
+        if engine.host not in engine.addresses:
+            log.info("endpoint %s: %s resolved to %s (resolved once, at start)", engine.endpoint, engine.host, address)
+        addresses[engine.endpoint] = address
     return AddressBook(addresses)
 
 
 async def _run(settings: ExtprocSettings) -> int:
     from cognitora.collector import Collector, CollectorThread
-    from cognitora.config import ConfigError, load_config
+    from cognitora.config import load_config
     from cognitora.router import Router
     from kvstate.memory_store import MemoryStore
 
@@ -183,8 +190,16 @@ async def _run(settings: ExtprocSettings) -> int:
         return 2
     if config.redis_url is None and settings.without_collector:
         log.warning("in-process store and no collector (--without-collector): no engine state reaches placement")
-    addresses = address_book({e.id: e.url for m in config.models for e in m.endpoints})
-    router = Router.from_config(config)
+    # What needs the world, checked before serving: each a message naming the key (cognitora.preflight).
+    try:
+        addresses = address_book(resolve_engines(config))
+        store_warning = await asyncio.to_thread(check_store, config)
+        router = Router.from_config(config)  # loads and compiles each model's tokenizer and chat template
+    except ConfigError as exc:
+        print(f"cognitora extproc: {settings.config_path}: {exc}", file=sys.stderr)
+        return 2
+    if store_warning is not None:
+        log.warning("%s", store_warning)
     collector: Collector | CollectorThread | None = None
     if settings.collector:
         # With the in-process store, on a thread of its own: scrapes and KV events never wait behind the streams
@@ -254,7 +269,7 @@ def _supervise(settings: ExtprocSettings) -> int:
     import multiprocessing.connection
     from dataclasses import replace
 
-    from cognitora.config import ConfigError, load_config
+    from cognitora.config import load_config
 
     try:
         config = load_config(settings.config_path)

@@ -391,6 +391,16 @@ class ChatTemplate:
                 raise PromptError(f"the chat template does not compile: {exc}") from exc
         return source, hit[0], hit[1]
 
+    def compile_all(self) -> None:
+        """Compile now every template a request can select (``default``, ``tool_use``), so one that does not compile
+        is an error at a process's start rather than a 400 on every request. Raises ``PromptError``."""
+        for name, tools in (("default", None), ("tool_use", ())):
+            if name in self._sources:
+                try:
+                    self._template(tools)
+                except PromptError as exc:
+                    raise PromptError(f"{exc} (template {name!r})") from exc
+
     def content_format(self, tools: object = None) -> ContentFormat:
         return self._template(tools)[2]
 

@@ -34,6 +34,7 @@ from kvstate.store import (
     EndpointSnapshot,
     FleetView,
     HealthMark,
+    Heartbeat,
     InFlight,
     PrefixMatch,
     Tier,
@@ -185,6 +186,8 @@ class MemoryStore:
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health: dict[str, tuple[float, HealthMark]] = {}
         """endpoint -> (expiry, mark)."""
+        self._heartbeats: dict[str, tuple[float, float]] = {}
+        """name -> (expiry, at)."""
         self._lock = threading.RLock()
 
     def _index(self, model: str) -> _ModelIndex:
@@ -420,16 +423,39 @@ class MemoryStore:
                 out[endpoint] = entry[1]
         return out
 
+    # -- heartbeats ------------------------------------------------------------------------------------------
+    @_exclusive
+    async def put_heartbeat(self, name: str, ttl_s: float) -> None:
+        now = self._clock()
+        beats = self._heartbeats
+        for expired in [n for n, (expiry, _) in beats.items() if expiry <= now]:  # a handful of writers at most
+            del beats[expired]
+        beats[name] = (now + ttl_s, now)
+
+    @_exclusive
+    async def heartbeats(self) -> dict[str, Heartbeat]:
+        return self._live_heartbeats()
+
+    def _live_heartbeats(self) -> dict[str, Heartbeat]:
+        if not self._heartbeats:
+            return {}
+        now = self._clock()
+        return {n: Heartbeat(at, max(0.0, now - at)) for n, (expiry, at) in self._heartbeats.items() if expiry > now}
+
     # -- everything placement reads ---------------------------------------------------------------------------
     @_exclusive
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        """The four reads in turn: they cost no round trip here, and since none of them suspends, nothing
+        """The five reads in turn: they cost no round trip here, and since none of them suspends, nothing
         changes in between. Snapshots are the stored (frozen) objects, so a reader can tell an unchanged snapshot by
         identity."""
-        matches = await self.match_prefix(model, keys, endpoints) if keys and endpoints else {}
+        if not endpoints:
+            return FleetView({}, {}, {})
+        matches = await self.match_prefix(model, keys, endpoints) if keys else {}
         stored = self._snapshots
         snapshots = {e: stored[e] for e in endpoints if e in stored}
-        return FleetView(matches, await self.inflight(endpoints), snapshots, self._live_marks(endpoints))
+        return FleetView(
+            matches, await self.inflight(endpoints), snapshots, self._live_marks(endpoints), self._live_heartbeats()
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def ping(self) -> bool:

@@ -1,4 +1,4 @@
-"""The Lua scripts of ``RedisStore``'s fleet slot: in-flight work, snapshots and health marks.
+"""The Lua scripts of ``RedisStore``'s fleet slot: in-flight work, snapshots, health marks and heartbeats.
 
 Every key these scripts touch is in the fleet slot (``kvstate.redis_keys``: hash tag the prefix), so each runs on
 one Redis Cluster node, and each multi-key update is atomic. Time is the server's (``TIME``), so gateways with
@@ -150,19 +150,68 @@ return out
 """
 )
 
+_HEARTBEAT_FN = """
+-- A heartbeat is a field of one hash: writer name -> '<expiry ms> <at ms>' (server clock). Readers skip expired
+-- fields; the next beat sweeps them.
+local function beats_of(hash, now)
+  local out = {}
+  local all = rcall('HGETALL', hash)
+  for j = 1, #all, 2 do
+    local expiry, at = string.match(all[j + 1], '^(%d+) (%d+)$')
+    if expiry and tonumber(expiry) > now then
+      out[#out + 1] = all[j]; out[#out + 1] = at; out[#out + 1] = sformat('%.0f', math.max(0, now - tonumber(at)))
+    end
+  end
+  return out
+end
+"""
+
+PUT_HEARTBEAT = (
+    PRELUDE
+    + """
+-- KEYS: heartbeats hash. ARGV: name, ttl ms. The hash lives as long as its longest-lived beat.
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+local all = rcall('HGETALL', KEYS[1])
+local longest = ttl
+for j = 1, #all, 2 do
+  local expiry = tonumber(string.match(all[j + 1], '^(%d+) ') or '0')
+  if expiry > now then
+    if expiry - now > longest then longest = expiry - now end
+  else
+    rcall('HDEL', KEYS[1], all[j])
+  end
+end
+rcall('HSET', KEYS[1], ARGV[1], sformat('%.0f %.0f', now + ttl, now))
+rcall('PEXPIRE', KEYS[1], longest)
+return 1
+"""
+)
+
+HEARTBEATS_READ = (
+    "#!lua flags=no-writes\n"
+    + PRELUDE
+    + _HEARTBEAT_FN
+    + """
+-- KEYS: heartbeats hash. Returns a flat list name, at ms, age ms (server clock).
+return beats_of(KEYS[1], now_ms())
+"""
+)
+
 FLEET_STATE = (
     "#!lua flags=no-writes\n"
     + PRELUDE
     + _HEALTH_FN
+    + _HEARTBEAT_FN
     + """
 -- The fleet slot's part of what one placement reads (``RedisStore.fleet_view``; the prefix match is ``MATCH``, in
 -- the model's slot, in the same pipeline): each endpoint's in-flight totals, the live health marks and, unless the
--- caller already holds the current ones, the endpoints' snapshots.
--- KEYS: snapshot version, health hash, then per endpoint (in ARGV order): in-flight zset, in-flight tokens hash,
---       snapshot hash.
+-- caller already holds the current ones, the endpoints' snapshots; and the collectors' heartbeats.
+-- KEYS: snapshot version, health hash, heartbeats hash, then per endpoint (in ARGV order): in-flight zset,
+--       in-flight tokens hash, snapshot hash.
 -- ARGV: the snapshot version the caller holds ('' for none), endpoints...
 -- Returns {in-flight {requests, prefill, decode} per endpoint flattened, snapshot version, HGETALL per endpoint or
---          0 when the caller's version is current, marks (as HEALTH_READ)}.
+--          0 when the caller's version is current, marks (as HEALTH_READ), heartbeats (as HEARTBEATS_READ)}.
 -- Read-only: expired in-flight members are skipped here and swept by the next INFLIGHT_ADD on their endpoint.
 local endpoints = {}
 for i = 2, #ARGV do endpoints[#endpoints + 1] = ARGV[i] end
@@ -170,7 +219,7 @@ local now = now_ms()
 local live_after = sformat('(%.0f', now)
 local inflight = {}
 for i = 1, #endpoints do
-  local zset, tokens = KEYS[3 * i], KEYS[3 * i + 1]
+  local zset, tokens = KEYS[3 * i + 1], KEYS[3 * i + 2]
   local requests, p, d = 0, 0, 0
   local live = rcall('ZRANGEBYSCORE', zset, live_after, '+inf')
   for j = 1, #live, 1000 do
@@ -192,9 +241,9 @@ local version = rcall('GET', KEYS[1]) or ''
 local snapshots = 0
 if version == '' or version ~= ARGV[1] then
   snapshots = {}
-  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[3 * i + 2]) end
+  for i = 1, #endpoints do snapshots[i] = rcall('HGETALL', KEYS[3 * i + 3]) end
 end
 -- ends in ``return {...}``: bench/router_bench.py swaps that line for its server-clock timing
-return {inflight, version, snapshots, marks_of(KEYS[2], endpoints, now)}
+return {inflight, version, snapshots, marks_of(KEYS[2], endpoints, now), beats_of(KEYS[3], now)}
 """
 )

@@ -6,8 +6,9 @@ Redis Cluster node (docs/store.md, "Redis layout", says why it is these two):
 - **model slot**, hash tag the model: ``{p}:{<model>}:...``. The block index: what every endpoint holds of that
   model's key space. It is most of the data and most of the writes, so models spread over the cluster's nodes.
 - **fleet slot**, hash tag the prefix: ``{p}:fleet:{<p>}:...``. What is per endpoint rather than per model
-  (in-flight work, snapshots, health marks) and the registries. An engine's queue is one queue whatever model or
-  LoRA a request names, so these cannot be split by model without writing each of them once per model.
+  (in-flight work, snapshots, health marks), the collectors' heartbeats, and the registries. An engine's queue is
+  one queue whatever model or LoRA a request names, so these cannot be split by model without writing each of them
+  once per model.
 
 | key | type | content |
 |---|---|---|
@@ -26,6 +27,7 @@ Redis Cluster node (docs/store.md, "Redis layout", says why it is these two):
 | ``F:snapshot_version`` | STRING | random token, replaced on every snapshot write: readers that hold the |
 | | | snapshots of this version skip reading them again |
 | ``F:health`` | HASH | endpoint -> ``"<expiry ms> <since ms> <reason>"``: gateways' health marks |
+| ``F:heartbeats`` | HASH | writer name -> ``"<expiry ms> <at ms>"``: the collectors' heartbeats |
 
 ``F`` is ``{p}:fleet:{<p>}``. Only the first ``{...}`` of a key is its hash tag, so what follows it (an endpoint
 name) never moves a key to another slot; braces inside a model name would, so they are percent-escaped. A fleet
@@ -110,3 +112,6 @@ class RedisKeys:
 
     def health(self) -> str:
         return f"{self._fleet}:health"
+
+    def heartbeats(self) -> str:
+        return f"{self._fleet}:heartbeats"

@@ -13,10 +13,10 @@ the Redis server (``TIME``), so gateways with skewed clocks agree on what has ex
 - ``clear_endpoint`` walks that endpoint's own key sets in chunks, never the keyspace.
 - In-flight requests are members of a ZSET scored by expiry, so a gateway that dies stops counting after its TTL.
 - ``fleet_view`` (what the router reads per decision) is two read-only scripts in one pipeline, one per slot: the
-  match in the model's slot, and the in-flight totals, health marks and snapshots in the fleet slot. One round
-  trip on one Redis; on a Cluster the two go to their nodes concurrently. Snapshots are sent back only when they
-  changed since this store last read them: every ``put_snapshot`` replaces a version token, and the caller passes
-  the token it holds.
+  match in the model's slot, and the in-flight totals, health marks, heartbeats and snapshots in the fleet slot.
+  One round trip on one Redis; on a Cluster the two go to their nodes concurrently. Snapshots are sent back only
+  when they changed since this store last read them: every ``put_snapshot`` replaces a version token, and the
+  caller passes the token it holds.
 - A connection error or timeout raises ``StoreUnavailable`` naming the URL; timeouts are short (0.25 s) so a dead
   Redis does not stall placement.
 - On a Cluster every command waits until the client knows the cluster's slots (``_ready``): redis-py's asyncio
@@ -32,12 +32,22 @@ import struct
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis
 import redis.asyncio as aioredis
+import redis.cluster
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterDownError, NoScriptError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -52,8 +62,10 @@ from kvstate.store import (
     EndpointSnapshot,
     FleetView,
     HealthMark,
+    Heartbeat,
     InFlight,
     PrefixMatch,
+    StoreRefused,
     StoreUnavailable,
     Tier,
 )
@@ -119,6 +131,14 @@ def _marks(flat: Sequence[Any]) -> dict[str, HealthMark]:
     }
 
 
+def _beats(flat: Sequence[Any]) -> dict[str, Heartbeat]:
+    """A flat name, at (ms), age (ms) list from a script as heartbeats."""
+    return {
+        _text(flat[i]): Heartbeat(at=int(flat[i + 1]) / 1000, age_s=int(flat[i + 2]) / 1000)
+        for i in range(0, len(flat), 3)
+    }
+
+
 def _url_of(client: Client) -> str:
     """``redis://host:port/db`` of a client, without credentials; of a Cluster, its first node's."""
     if isinstance(client, RedisCluster):
@@ -134,6 +154,47 @@ def _describe(client: Client) -> str:
     if isinstance(client, RedisCluster):
         return "Redis Cluster at " + ", ".join(f"redis://{name}" for name in client.nodes_manager.startup_nodes)
     return f"Redis at {_url_of(client)}"
+
+
+def probe(url: str, *, cluster: bool = False, timeout_s: float = 2.0) -> None:
+    """Connect to Redis at ``url``, authenticate and PING, once and synchronously: a process's check at start,
+    before it serves (``cognitora.preflight.check_store``), from any thread, with or without an event loop.
+
+    Raises ``StoreRefused`` when Redis refuses the credentials (or, with ``cluster``, is no Cluster node), and
+    ``StoreUnavailable`` when it does not answer. Messages never hold the password.
+    """
+    client: redis.Redis | redis.cluster.RedisCluster | None = None
+    try:
+        if cluster:
+            client = redis.cluster.RedisCluster.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )  # connects to the cluster here
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client.ping()
+    except AuthenticationError as exc:
+        raise StoreRefused(_refused_credentials(url, exc)) from None
+    except RedisClusterException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, AuthenticationError):
+            raise StoreRefused(_refused_credentials(url, cause)) from None
+        if isinstance(cause, _UNAVAILABLE):
+            raise StoreUnavailable(
+                f"no node of the Redis Cluster answered ({cause.__class__.__name__}: {cause})"
+            ) from None
+        raise StoreRefused(f"not a Redis Cluster node ({exc}): set redis_cluster: false for a single Redis") from None
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"Redis did not answer ({exc.__class__.__name__}: {exc})") from None
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _refused_credentials(url: str, exc: AuthenticationError) -> str:
+    parts = urlsplit(url)
+    if parts.password is None and not parts.username:
+        return f"Redis asks for a password and the URL has none ({exc}); add the password to the URL"
+    return f"Redis refused the user or password in the URL ({exc}); fix it there (or the server's ACL)"
 
 
 class RedisStore:
@@ -175,6 +236,8 @@ class RedisStore:
         self._fleet_state = _Script(fleet_scripts.FLEET_STATE)
         self._mark_unhealthy = _Script(fleet_scripts.MARK_UNHEALTHY)
         self._health_read = _Script(fleet_scripts.HEALTH_READ)
+        self._put_heartbeat = _Script(fleet_scripts.PUT_HEARTBEAT)
+        self._heartbeats_read = _Script(fleet_scripts.HEARTBEATS_READ)
         self._fleet_calls: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
         self._snapshot_version = ""
@@ -226,6 +289,8 @@ class RedisStore:
     def _unavailable(self, what: str) -> Iterator[None]:
         try:
             yield
+        except AuthenticationError as exc:
+            raise StoreRefused(f"{self._where} refused the credentials ({what}: {exc}); fix redis_url") from exc
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(
                 f"{self._where} did not answer ({what}: {exc.__class__.__name__}: {exc}); "
@@ -462,6 +527,17 @@ class RedisStore:
             flat = await self._run(self._health_read, [self.keys.health()], wanted)
         return _marks(flat)
 
+    # -- heartbeats ------------------------------------------------------------------------------------------
+    async def put_heartbeat(self, name: str, ttl_s: float) -> None:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        with self._unavailable("put_heartbeat"):
+            await self._run(self._put_heartbeat, [self.keys.heartbeats()], [name, ttl_ms])
+
+    async def heartbeats(self) -> dict[str, Heartbeat]:
+        with self._unavailable("heartbeats"):
+            flat = await self._run(self._heartbeats_read, [self.keys.heartbeats()], [])
+        return _beats(flat)
+
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
         known = self._fleet_call(endpoints)[0]
@@ -471,7 +547,7 @@ class RedisStore:
         calls = self._fleet_view_calls(model, keys, endpoints, all(e in cached for e in known))
         with self._unavailable("fleet_view"):
             replies = await self._run_many(calls)
-        counts, version, rows, marks = replies[-1]
+        counts, version, rows, marks, beats = replies[-1]
         flat = replies[0] if len(replies) == 2 else []
         matches = {
             _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
@@ -490,7 +566,7 @@ class RedisStore:
             snap = cached[e]
             if snap is not None:
                 snapshots[e] = snap
-        return FleetView(matches, inflight, snapshots, _marks(marks))
+        return FleetView(matches, inflight, snapshots, _marks(marks), _beats(beats))
 
     def fleet_view_script_calls(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
@@ -525,7 +601,7 @@ class RedisStore:
         if call is None:
             k = self.keys
             known = list(dict.fromkeys(endpoints))
-            state_keys = [k.snapshot_version(), k.health()]
+            state_keys = [k.snapshot_version(), k.health(), k.heartbeats()]
             for e in known:
                 state_keys.extend([*self._inflight_keys(e), k.snapshot(e)])
             if len(self._fleet_calls) >= FLEET_CALLS_KEPT:
@@ -562,5 +638,7 @@ class RedisStore:
             snap_endpoints = [_text(e) for e in await (await self._ready()).smembers(k.snapshot_endpoints())]
             for endpoint in snap_endpoints:
                 await (await self._ready()).delete(k.snapshot(endpoint), *self._inflight_keys(endpoint))
-            await (await self._ready()).delete(k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health())
+            await (await self._ready()).delete(
+                k.models(), k.snapshot_endpoints(), k.snapshot_version(), k.health(), k.heartbeats()
+            )
             self._known_models.clear()

@@ -39,6 +39,12 @@ class StoreUnavailable(RuntimeError):
     """The backend cannot be reached (Redis down). Callers degrade; they do not crash."""
 
 
+class StoreRefused(StoreUnavailable):
+    """The backend answered but will not serve us as configured: it refused the credentials (a wrong Redis password
+    or user), or it is not the kind of server the URL says (a Cluster client against a plain Redis). Unavailable all
+    the same while serving; at a process's start a configuration error (``cognitora.preflight.check_store``)."""
+
+
 @dataclass(frozen=True)
 class PrefixMatch:
     """How much of a prompt's key chain one endpoint holds.
@@ -115,6 +121,19 @@ class HealthMark:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """A process that feeds the store (the collector) said it was alive: ``Store.put_heartbeat``.
+
+    Both times are the store's clock (the Redis server's on Redis), so a reader's own clock skew never makes the
+    fleet's state look fresher or older than it is."""
+
+    at: float
+    """Unix time of the beat."""
+    age_s: float
+    """Seconds from the beat to the read that returned it."""
+
+
+@dataclass(frozen=True)
 class FleetView:
     """What one placement reads about a model's endpoints: ``Store.fleet_view``."""
 
@@ -126,6 +145,8 @@ class FleetView:
     """As ``snapshots``: endpoints without a snapshot are absent."""
     health_marks: dict[str, HealthMark] = field(default_factory=dict)
     """As ``health_marks``: endpoints without a live mark are absent."""
+    heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
+    """As ``heartbeats()``: every live beat, by writer name (how old the state the view holds may be)."""
 
 
 @runtime_checkable
@@ -198,12 +219,23 @@ class Store(Protocol):
         than a mark has healed it is placement's rule (``cognitora.placement.filters``), not the store's."""
         ...
 
+    # -- heartbeats of the processes that feed the store ----------------------------------------------------------
+    async def put_heartbeat(self, name: str, ttl_s: float) -> None:
+        """``name`` (a collector) is alive now, by the store's clock. The beat replaces ``name``'s previous one and is
+        kept ``ttl_s``: long (the collector's is a day), so a writer that died leaves a beat that ages where every
+        reader sees it, rather than one that vanishes."""
+        ...
+
+    async def heartbeats(self) -> dict[str, Heartbeat]:
+        """Every live beat, by name, with its age now (the store's clock)."""
+        ...
+
     # -- everything placement reads ---------------------------------------------------------------------------
     async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
-        """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)``, ``snapshots(endpoints)`` and
-        ``health_marks(endpoints)`` together.
+        """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)``, ``snapshots(endpoints)``,
+        ``health_marks(endpoints)`` and ``heartbeats()`` together (no endpoints: nothing is read, all empty).
 
-        The router's read for every decision: one round trip on Redis, where the four calls cost four. Empty
+        The router's read for every decision: one round trip on Redis, where the five calls cost five. Empty
         ``keys`` give no matches.
         """
         ...

@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -89,6 +89,9 @@ class Fleet:
     config: CognitoraConfig
     endpoint_by_deployment: dict[str, str]
     """LiteLLM deployment id (``model_info.id``) -> endpoint id (``host:port``), for engines only."""
+    endpoint_sources: dict[str, str] = field(default_factory=dict)
+    """Endpoint id -> where its first deployment is written (``model_list[3].litellm_params.api_base``), for
+    messages about the engine (``cognitora.preflight``)."""
 
 
 def endpoint_id(api_base: str) -> str:
@@ -140,6 +143,7 @@ def build_fleet(
 
     models: dict[str, dict[str, Any]] = {}
     by_deployment: dict[str, str] = {}
+    sources: dict[str, str] = {}
     others = 0
     for index, deployment in enumerate(model_list):
         params = deployment.get("litellm_params") or {}
@@ -186,6 +190,7 @@ def build_fleet(
             model[key] = value
             model["_from_model_info"].add(key)
         by_deployment[deployment_id(deployment)] = ep_id
+        sources.setdefault(ep_id, f"model_list[{index}].litellm_params.api_base")
         if any(e["id"] == ep_id for e in model["endpoints"]):
             continue  # the same engine listed twice in one group (e.g. two keys): one endpoint
         # Facts by precedence: the provider's engine kind < the config's endpoint entry < model_info.
@@ -217,7 +222,7 @@ def build_fleet(
         model.pop("_file_endpoints")
     data = {**settings, "models": list(models.values())}
     config = config_from_dict(data, source=source, base_dir=base)
-    return Fleet(config=config, endpoint_by_deployment=by_deployment)
+    return Fleet(config=config, endpoint_by_deployment=by_deployment, endpoint_sources=sources)
 
 
 _ENGINE_RULE = (

@@ -127,14 +127,15 @@ def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
 
 def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
+    from litellm_plugin.fleet import build_fleet
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
-    strategy = CognitoraRoutingStrategy.for_router(router, routing_strategy_args, litellm_config_dir())
-    problem = embedded_mode_problem(strategy.fleet.config, proxy_workers())
+    fleet = build_fleet(router.model_list or [], routing_strategy_args, litellm_config_dir())
+    problem = embedded_mode_problem(fleet.config, proxy_workers())
     if problem is not None:
-        strategy.close()  # nothing started yet (the core starts on the first request): this only marks it closed
-        raise ConfigError(problem)
+        raise ConfigError(problem)  # before the start-up checks: a setup that cannot work whatever its files
+    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet)
     router.set_custom_routing_strategy(strategy)
     router._cognitora_strategy = strategy
     log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))

@@ -20,13 +20,14 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from cognitora.attempt import Attempt
 from cognitora.collector import CollectorThread
 from cognitora.config import CognitoraConfig
 from cognitora.router import Router
+from kvstate.prompt import PromptKeyer
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -48,16 +49,16 @@ class _Core:
         self.collector = collector
 
     @classmethod
-    async def start(cls, config: CognitoraConfig) -> _Core:
+    async def start(cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None) -> _Core:
         if config.redis_url is not None:
-            return cls(Router.from_config(config), None)
+            return cls(Router.from_config(config, keyers=keyers), None)
         from kvstate.store import open_store
 
         store = open_store(None, config.key_prefix)
         # Its own thread: on the proxy's loop, scrapes and KV events would queue behind the responses it streams.
         collector = CollectorThread(config, store)
         await collector.start()
-        return cls(Router(config, store), collector)
+        return cls(Router(config, store, keyers=keyers), collector)
 
     async def stop(self) -> None:
         if self.collector is not None:
@@ -68,8 +69,16 @@ class _Core:
 class CoreHost:
     """Runs coroutines against the core on the core's own loop; see the module docstring for which loop."""
 
-    def __init__(self, config: CognitoraConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        config: CognitoraConfig,
+        loop: asyncio.AbstractEventLoop | None = None,
+        keyers: Mapping[str, PromptKeyer] | None = None,
+    ) -> None:
+        """``keyers``: the models' prompt keyers, loaded at install (``litellm_plugin.strategy.preflight``);
+        absent, the Router loads them when the core starts."""
         self.config = config
+        self.keyers = keyers
         self._loop = loop
         self._private = loop is None
         self._thread: threading.Thread | None = None
@@ -79,13 +88,13 @@ class CoreHost:
         self._closed = False
 
     @classmethod
-    def for_current_context(cls, config: CognitoraConfig) -> CoreHost:
+    def for_current_context(cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None) -> CoreHost:
         """On the running loop if there is one (the proxy), else on a private loop thread (an SDK script)."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        return cls(config, loop)
+        return cls(config, loop, keyers)
 
     @property
     def mode(self) -> str:
@@ -141,7 +150,7 @@ class CoreHost:
         if self._closed:
             raise HostClosed("this Cognitora strategy was closed (the Router's routing strategy changed)")
         if self._starting is None:
-            self._starting = asyncio.ensure_future(_Core.start(self.config))
+            self._starting = asyncio.ensure_future(_Core.start(self.config, self.keyers))
         try:
             core = await asyncio.shield(self._starting)
         except BaseException:

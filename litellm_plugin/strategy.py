@@ -29,7 +29,10 @@ from litellm.types.router import CustomRoutingStrategyBase
 from cognitora import jsonlog
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
+from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unresolved_problems
+from cognitora.request import InvalidRequest
 from cognitora.router import Router
+from kvstate.prompt import PromptKeyer
 from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
 from litellm_plugin.runtime import CoreHost
@@ -51,9 +54,14 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
     def for_router(
         cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
     ) -> CognitoraRoutingStrategy:
-        fleet = build_fleet(router.model_list or [], routing_strategy_args, base_dir)
+        return cls.for_fleet(router, build_fleet(router.model_list or [], routing_strategy_args, base_dir))
+
+    @classmethod
+    def for_fleet(cls, router: Any, fleet: Fleet) -> CognitoraRoutingStrategy:
+        """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``)."""
         jsonlog.redact_every_handler()  # the proxy formats its own logs: ours still never carry a secret
-        host = CoreHost.for_current_context(fleet.config)
+        keyers = preflight(fleet)
+        host = CoreHost.for_current_context(fleet.config, keyers)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)
@@ -146,7 +154,10 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         if group not in self._managed_models or not by_endpoint:
             return self._litellm_default(model, healthy, request_kwargs)
 
-        req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
+        try:
+            req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
+        except InvalidRequest as exc:
+            raise rejection_error(Rejection(400, exc.message), model) from None
         decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)
@@ -182,6 +193,21 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             request_kwargs=request_kwargs,
         )
         return chosen
+
+
+def preflight(fleet: Fleet) -> dict[str, PromptKeyer]:
+    """The core's start-up checks (``cognitora.preflight``), run when a Router installs the strategy, so the proxy
+    does not start on a setup that cannot work: each model's tokenizer and chat template load (their keyers are
+    returned for the core), no engine is listed twice under two spellings, Redis accepts the password. An engine
+    host that does not resolve, or a Redis that does not answer, is a warning: both are resolved and retried on
+    every connection, and may come up after the proxy."""
+    keyers = prompt_keyers(fleet.config)
+    for problem in unresolved_problems(resolve_engines(fleet.config, fleet.endpoint_sources)):
+        log.warning("%s; placing on it anyway (LiteLLM resolves the name on every connection)", problem)
+    store_warning = check_store(fleet.config)
+    if store_warning is not None:
+        log.warning("%s", store_warning)
+    return keyers
 
 
 _NO_PICK = Rejection(503, "no endpoint was picked", 5)

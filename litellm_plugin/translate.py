@@ -18,7 +18,7 @@ import litellm
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Rejection
-from cognitora.request import RouteRequest, new_request_id
+from cognitora.request import RouteRequest, new_request_id, read_max_tokens
 
 PLACEMENT_KEY = "cognitora_request_id"
 """Metadata key the strategy writes on each attempt, so the callbacks find that attempt's decision."""
@@ -102,14 +102,6 @@ def _priority(meta: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) and value else DEFAULT_PRIORITY
 
 
-def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
-    for key in ("max_tokens", "max_completion_tokens"):
-        value = kwargs.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def _client_body(request_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
     """The body the client sent the proxy (``proxy_server_request.body``); empty outside the proxy."""
     server_request = request_kwargs.get("proxy_server_request")
@@ -176,7 +168,9 @@ def route_request(
     candidates: Sequence[str],
     pinned_endpoint: str | None = None,
 ) -> RouteRequest:
-    """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids."""
+    """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids.
+
+    Raises ``cognitora.request.InvalidRequest`` for a ``max_tokens`` the core refuses (the strategy answers 400)."""
     meta = metadata_of(request_kwargs)
     return RouteRequest(
         model=model,
@@ -186,7 +180,7 @@ def route_request(
         api_key_id=_first_str(meta, "user_api_key_hash", "user_api_key"),
         user=_first_str(meta, "user_api_key_user_id", "user_api_key_end_user_id"),
         priority=_priority(meta),
-        max_tokens=_max_tokens(request_kwargs),
+        max_tokens=read_max_tokens(request_kwargs),
         stream=bool(request_kwargs.get("stream")),
         candidates=tuple(candidates),
         pinned_endpoint=pinned_endpoint,

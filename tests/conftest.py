@@ -9,7 +9,7 @@ import pytest
 
 from cognitora.sim.tokenizer import SMOLLM2_DIR
 from tests.redis_cluster import redis_cluster
-from tests.redis_server import redis_url
+from tests.redis_server import private_redis, redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +21,17 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 def redis_server_url() -> Iterator[str]:
     """A real Redis (see tests/redis_server.py)."""
     with redis_url() as url:
+        yield url
+
+
+REDIS_PASSWORD = "canary-redis-pw-7f3a"
+"""The password of ``redis_with_password_url``'s server: a test that sees it in any output has found a leak."""
+
+
+@pytest.fixture(scope="session")
+def redis_with_password_url() -> Iterator[str]:
+    """A private Redis that requires ``REDIS_PASSWORD``; the URL carries it."""
+    with private_redis(REDIS_PASSWORD) as url:
         yield url
 
 

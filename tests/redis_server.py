@@ -39,17 +39,24 @@ def redis_url() -> Iterator[str]:
     if answers(default):
         yield default
         return
+    with private_redis() as url:
+        yield url
+
+
+@contextmanager
+def private_redis(password: str | None = None) -> Iterator[str]:
+    """A ``redis-server`` of this test session's own on a free port (with ``requirepass`` when ``password`` is
+    given: the URL yielded then carries it)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("no Redis: set REDIS_URL, run one on 127.0.0.1:6379, or install redis-server")
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="cognitora-redis-")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    if password is not None:
+        argv += ["--requirepass", password]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://{'' if password is None else f':{password}@'}127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
     while not answers(url):
         if time.monotonic() > deadline or proc.poll() is not None:

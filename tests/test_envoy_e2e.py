@@ -56,6 +56,8 @@ class Gateway:
     url: str
     fleet: SimFleet
     extproc: ManagedProcess
+    collector: ManagedProcess | None
+    """``cognitora collector`` beside the service (Redis mode); None in embedded mode (it runs inside)."""
 
 
 @pytest.fixture(scope="module", params=["redis", "embedded"])
@@ -92,7 +94,13 @@ def gateway(
             # and a degraded (store-less) decision is not what this test is about.
             # Power-aware tie-breaking off: this test is about cache affinity and faults (the power rule has its
             # own tests), and with a 50 ms slack it trades an 800-token cache hit for a lower J/token engine.
-            "placement": {"store_timeout_s": 2.0, "power_ttft_slack_s": 0.0, "power_ttft_slack_ratio": 0.0},
+            # state_max_age_s: phase 4 stops the collector and waits for the service to say the state is stale.
+            "placement": {
+                "store_timeout_s": 2.0,
+                "power_ttft_slack_s": 0.0,
+                "power_ttft_slack_ratio": 0.0,
+                "state_max_age_s": 3.0,
+            },
         }
         if embedded:
             del config["redis_url"], config["key_prefix"]
@@ -131,7 +139,7 @@ def gateway(
                 expose_upstream_host=True,  # the test reads which engine answered
             )
             envoy = start_envoy(envoy_config, work / "envoy", admin)
-            yield Gateway(url=f"http://127.0.0.1:{listen}", fleet=fleet, extproc=extproc)
+            yield Gateway(url=f"http://127.0.0.1:{listen}", fleet=fleet, extproc=extproc, collector=collector)
         finally:
             if envoy is not None:
                 envoy.stop()
@@ -263,3 +271,17 @@ def test_affinity_then_slow_engine_avoided_then_dead_engine_survived(gateway: Ga
     retried = [i for i, r in enumerate(survived) if r.attempts > 1]
     assert retried and max(retried) < 16, f"retried requests at positions {retried} of {len(survived)}"
     wait_until(lambda: "marked unhealthy" in gateway.extproc.log_tail(200), 10.0, "the dead engine marked unhealthy")
+
+    # -- 4. the collector dies: requests are still served, and the service's log says the state is going stale --
+    if gateway.collector is None:
+        return  # (embedded: the collector runs inside the service)
+    assert "stale state" not in gateway.extproc.log_tail(2000)
+    gateway.collector.stop()
+    served: list[Result] = []
+
+    def says_stale() -> bool:
+        served.extend(run_phase(gateway, questions=1, first_question=60 + len(served)))
+        return "stale state: the newest collector heartbeat" in gateway.extproc.log_tail(200)
+
+    wait_until(says_stale, 30.0, "the service to log that the fleet state is stale")
+    assert all(r.status == 200 for r in served), [r.error for r in served if r.status != 200][:3]

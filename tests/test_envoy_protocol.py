@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import httpx
 import pytest
 from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Decision, Rejection
@@ -300,7 +302,12 @@ def test_client_gone_mid_stream_is_reported_as_incomplete(stack: Stack) -> None:
 
 @pytest.mark.parametrize(
     ("content", "says"),
-    [(b"{not json", "not valid JSON"), (b'{"messages":[{"role":"user","content":"x"}]}', "missing 'model'")],
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"messages":[{"role":"user","content":"x"}]}', "missing 'model'"),
+        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1e20}', "'max_tokens' must be a whole"),
+        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":100000000000000000000}', "'max_tok"),
+    ],
 )
 def test_bad_body_gets_an_openai_400_and_reaches_no_engine(stack: Stack, content: bytes, says: str) -> None:
     stack.core.reset(stack.engines["a"])
@@ -309,6 +316,16 @@ def test_bad_body_gets_an_openai_400_and_reaches_no_engine(stack: Stack, content
     assert r.headers["content-type"] == "application/json"
     error = r.json()["error"]
     assert says in error["message"] and error["type"] == "invalid_request_error"
+    assert stack.core.placed == []
+
+
+def test_an_absurd_max_tokens_is_a_400_naming_the_field(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = post(stack, chat_body(max_completion_tokens=10**20))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "max_completion_tokens"
+    assert error["message"].startswith("'max_completion_tokens' is 100000000000000000000: more than any model's")
     assert stack.core.placed == []
 
 
@@ -393,9 +410,46 @@ def test_extproc_down_fails_closed_with_a_json_error(tmp_path: Path) -> None:
         r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
     finally:
         envoy.stop()
-    assert r.status_code == 500
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.headers["content-type"] == "application/json"
-    assert r.json()["error"]["type"] == "server_error"
+    assert r.json()["error"] == {
+        "message": "the placement service (cognitora extproc) is unavailable: retry shortly",
+        "type": "server_error",
+        "code": "placement_unavailable",
+    }
+
+
+class HungService(ep_grpc.ExternalProcessorServicer):
+    """An ext_proc service that accepts the stream and never answers (a wedged process)."""
+
+    async def Process(self, request_iterator: Any, context: Any) -> None:  # the gRPC method's name
+        await asyncio.Event().wait()
+
+
+def test_a_hung_extproc_is_the_same_json_503_after_the_message_timeout(tmp_path: Path) -> None:
+    bg = BackgroundLoop()
+    port = free_port()
+
+    async def start() -> grpc.aio.Server:
+        server = grpc.aio.server()
+        ep_grpc.add_ExternalProcessorServicer_to_server(HungService(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        return server
+
+    server = bg.run(start())
+    listen, admin = free_port(), free_port()
+    config = render_config(listen_port=listen, admin_port=admin, extproc_port=port, engines=["127.0.0.1:9"])
+    envoy: ManagedProcess = start_envoy(config, tmp_path, admin)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{listen}/v1/chat/completions", json=chat_body(), timeout=10)
+    finally:
+        envoy.stop()
+        bg.run(server.stop(0))
+        bg.close()
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"  # Envoy's own would be a 504 with no message
+    assert r.json()["error"]["code"] == "placement_unavailable"
+    assert "the placement service (cognitora extproc) is unavailable" in r.json()["error"]["message"]
 
 
 def test_redis_down_placement_degrades_and_requests_still_flow(tmp_path: Path) -> None:

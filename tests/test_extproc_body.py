@@ -44,6 +44,13 @@ def test_chat_prompt_fields_reach_the_core() -> None:
     assert (p.add_special_tokens, p.continue_final_message) == (None, False)
 
 
+def test_max_tokens_up_to_the_limit_is_placed_and_the_newer_name_wins() -> None:
+    assert parse_body(chat(max_tokens=2**24), CHAT).max_tokens == 2**24
+    assert parse_body(chat(max_tokens=0), CHAT).max_tokens == 0
+    assert parse_body(chat(max_tokens=64, max_completion_tokens=32), CHAT).max_tokens == 32
+    assert parse_body(chat(max_tokens=None), CHAT).max_tokens is None
+
+
 @pytest.mark.parametrize(
     ("body", "path", "says", "param"),
     [
@@ -55,7 +62,18 @@ def test_chat_prompt_fields_reach_the_core() -> None:
         (b'{"model":"m"}', CHAT, "'messages'", "messages"),
         (b'{"model":"m","messages":["hi"]}', CHAT, "messages[0]", "messages[0]"),
         (chat(stream="yes"), CHAT, "'stream'", "stream"),
-        (chat(max_tokens=-1), CHAT, "'max_tokens'", "max_tokens"),
+        (chat(max_tokens=-1), CHAT, "'max_tokens' must be a non-negative integer", "max_tokens"),
+        (
+            chat(max_tokens=1e20),
+            CHAT,
+            "'max_tokens' must be a whole number of tokens (an integer), got float",
+            "max_tokens",
+        ),
+        (chat(max_tokens=64.0), CHAT, "got float 64.0", "max_tokens"),
+        (chat(max_tokens="64"), CHAT, "got str '64'", "max_tokens"),
+        (chat(max_tokens=True), CHAT, "got bool True", "max_tokens"),
+        (chat(max_tokens=2**24 + 1), CHAT, "'max_tokens' is 16777217: more than any model's context", "max_tokens"),
+        (chat(max_tokens=5, max_completion_tokens=1e20), CHAT, "'max_completion_tokens'", "max_completion_tokens"),
         (b'{"model":"m","prompt":{}}', COMPLETIONS, "'prompt'", "prompt"),
         (b'{"model":"m","prompt":[]}', COMPLETIONS, "'prompt'", "prompt"),
         (b'{"model":"m","prompt":[1,"a"]}', COMPLETIONS, "'prompt'", "prompt"),

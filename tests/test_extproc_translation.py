@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from cognitora.config import ConfigError, config_from_dict
 from cognitora.decision import Decision
+from cognitora.preflight import EngineAddress, resolve_engines
 from envoy_extproc.processor import AddressBook, fallback_order
 from envoy_extproc.server import address_book
 from envoy_extproc.settings import parse_settings
@@ -21,13 +23,26 @@ def test_fallbacks_are_the_cores_in_its_order() -> None:
     assert fallback_order(d, 0) == ["10.0.0.1:8000"]
 
 
+def engines(*endpoints: dict[str, str]) -> dict[str, EngineAddress]:
+    return resolve_engines(config_from_dict({"models": [{"name": "m", "endpoints": list(endpoints)}]}))
+
+
 def test_addresses_are_literal_ip_port_both_ways() -> None:
-    book = address_book({"gpu-a": "http://localhost:8001", "127.0.0.1:8002": "http://127.0.0.1:8002"})
+    book = address_book(engines({"id": "gpu-a", "url": "http://localhost:8001"}, {"url": "http://127.0.0.1:8002"}))
     assert book.address("gpu-a") == "127.0.0.1:8001"
     assert book.endpoint("127.0.0.1:8001") == "gpu-a"
     assert book.address("unknown:1") == "unknown:1"
-    assert address_book({"v6": "http://[::1]:9000"}).address("v6") == "[::1]:9000"
+    assert address_book(engines({"id": "v6", "url": "http://[::1]:9000"})).address("v6") == "[::1]:9000"
     assert AddressBook({}).endpoint("10.1.1.1:80") == "10.1.1.1:80"
+
+
+def test_an_unresolvable_engine_host_is_an_error_naming_the_endpoint_and_the_host() -> None:
+    with pytest.raises(ConfigError) as err:
+        address_book(engines({"url": "http://127.0.0.1:8001"}, {"url": "http://engine-b.invalid:8002"}))
+    message = str(err.value)
+    assert message.startswith("models[0].endpoints[1].url (http://engine-b.invalid:8002): the host 'engine-b.invalid' ")
+    assert "of endpoint engine-b.invalid:8002 does not resolve" in message
+    assert "write the engine's IP address in the url" in message
 
 
 def test_settings_defaults_and_turning_an_identity_header_off() -> None:

@@ -121,6 +121,8 @@ def write_config(
         # than the production default of 0.25 s, and a decision made without the store ("degraded") ignores the
         # cache. This test is about the cached path, so it gives the store more time.
         args["placement"] = {"store_timeout_s": 2.0}
+        # Short, so the test that stops the collector sees the proxy say the state is stale within seconds.
+        args["placement"]["state_max_age_s"] = 3.0
     if batch_key:
         (tmp / "e2e_auth.py").write_text(AUTH_MODULE)
         config["general_settings"]["custom_auth"] = "e2e_auth.user_api_key_auth"
@@ -301,6 +303,15 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
     assert resp.status_code in (400, 404), resp.text
     assert "error" in resp.json()
 
+    async with httpx.AsyncClient(timeout=30) as client:  # a float budget (JSON 1e+20) is refused, naming the field
+        absurd = await client.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e20},
+            headers={"Authorization": f"Bearer {proxy.key}"},
+        )
+    assert absurd.status_code == 400, absurd.text
+    assert "'max_tokens' must be a whole number of tokens" in absurd.json()["error"]["message"]
+
     if chaos:  # (the embedded run's config has the batch key)
         async with httpx.AsyncClient(timeout=30) as client:
             shed = await client.post(
@@ -425,6 +436,18 @@ def test_proxy_redis_mode_with_collector_beside_it(
             print("redis", figures)
             asyncio.run(check_stream_prefill_released_at_first_token(proxy, fleet, redis_server_url, key_prefix))
             asyncio.run(check_abandoned_stream_is_released(proxy, fleet, redis_server_url, key_prefix))
+            # The collector dies: requests are still served, and the proxy's log says the state is going stale.
+            assert "stale state" not in proxy.process.log_tail(5000)
+            collector.stop()
+            assert collector.proc.returncode == 0, collector.log_tail()
+            served: list[Answer] = []
+
+            def says_stale() -> bool:
+                served.extend(asyncio.run(run_traffic(proxy, [(0, f"after the collector {len(served)}", False)])))
+                return "stale state: the newest collector heartbeat" in proxy.process.log_tail(200)
+
+            wait_until(says_stale, 30, "the proxy to log that the fleet state is stale")
+            assert all(a.status == 200 for a in served), [a.body for a in served if a.status != 200]
         except BaseException:
             print(proxy.process.log_tail(80))
             raise

@@ -7,6 +7,7 @@ for its workers (tests/test_litellm_e2e.py starts the real one).
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -314,14 +315,15 @@ def test_embedded_mode_is_refused_in_a_proxy_of_several_workers(
 
 
 def test_inline_paths_in_the_proxy_are_relative_to_its_config_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_dir: Path
 ) -> None:
     import litellm
 
     import litellm_plugin  # noqa: F401
 
     (tmp_path / "proxy" / "models").mkdir(parents=True)
-    (tmp_path / "proxy" / "models" / "tokenizer.json").write_text("{}")
+    # a real tokenizer: the strategy loads it when the Router installs it (a "{}" is refused at start)
+    shutil.copy(smollm2_dir / "tokenizer.json", tmp_path / "proxy" / "models" / "tokenizer.json")
     (tmp_path / "proxy" / "litellm_config.yaml").write_text("{}")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")

@@ -306,3 +306,28 @@ async def test_a_client_naming_an_engines_deployment_id_is_still_placed_and_shed
         assert all(d.endpoint == fleet.endpoint_ids[1] for d in (await host.call(decisions))[-3:])
     finally:
         router.update_settings(routing_strategy="simple-shuffle")
+
+
+async def test_an_absurd_max_tokens_is_a_400_naming_the_field_and_reaches_no_engine(
+    fleet: SimFleet, smollm2_dir: Path
+) -> None:
+    router = litellm.Router(
+        model_list=_model_list(fleet), routing_strategy="cognitora", routing_strategy_args=_args(smollm2_dir)
+    )
+    host = router._cognitora_strategy.host  # type: ignore[attr-defined]
+
+    async def dispatched(core: Any) -> int:
+        return int(core.stats.dispatched)
+
+    try:
+        served = await router.acompletion(model="chat", messages=_messages("fine"), max_tokens=2)
+        assert _served_by(served)
+        before = await host.call(dispatched)
+        for absurd in (1e20, 10**20):
+            with pytest.raises(litellm.BadRequestError) as err:
+                await router.acompletion(model="chat", messages=_messages("absurd"), max_tokens=absurd)
+            assert "cognitora: 'max_tokens'" in str(err.value)
+        assert "must be a whole number of tokens" in str(err.value) or "more than any model" in str(err.value)
+        assert await host.call(dispatched) == before  # refused before placement counted anything
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")

@@ -18,6 +18,7 @@ from litellm.types.utils import ModelResponse, PromptTokensDetailsWrapper, Usage
 from cognitora.attempt import OutcomeKind
 from cognitora.config import ConfigError, EngineKind, Role
 from cognitora.decision import Rejection
+from cognitora.request import InvalidRequest
 from litellm_plugin.fleet import build_fleet, endpoint_id, engine_url
 from litellm_plugin.translate import (
     PLACEMENT_KEY,
@@ -149,6 +150,23 @@ def test_route_request_reads_only_authenticated_identity() -> None:
     anonymous = route_request("chat", None, "a text prompt", {}, ["a:1"])
     assert anonymous.team is None and anonymous.priority == "default" and anonymous.prompt == "a text prompt"
     assert route_request("chat", messages, None, kwargs, []).request_id != req.request_id
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"max_tokens": 1e20}, "'max_tokens' must be a whole number of tokens (an integer), got float 1e+20"),
+        ({"max_tokens": 10**20}, "'max_tokens' is 100000000000000000000: more than any model's context window"),
+        ({"max_completion_tokens": -5}, "'max_completion_tokens' must be a non-negative integer"),
+        ({"max_tokens": "64"}, "'max_tokens' must be a whole number of tokens (an integer), got str '64'"),
+    ],
+)
+def test_an_absurd_or_non_integer_max_tokens_is_refused_naming_the_field(kwargs: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        route_request("chat", [{"role": "user", "content": "Q"}], None, kwargs, ["a:1"])
+    assert err.value.message.startswith(says) and err.value.param == next(iter(kwargs))
+    ok = route_request("chat", None, "Q", {"max_tokens": 64, "max_completion_tokens": None}, ["a:1"])
+    assert ok.max_tokens == 64
 
 
 def test_success_outcome_carries_usage_cached_tokens_and_ttft() -> None:

@@ -20,7 +20,8 @@ from cognitora.process import free_port
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_keys import RedisKeys
 from kvstate.redis_store import RedisStore
-from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, StoreUnavailable, Tier, open_store
+from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch, StoreRefused, StoreUnavailable, Tier, open_store
+from tests.conftest import REDIS_PASSWORD
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 M = "meta-llama/Llama-3.1-8B-Instruct"
@@ -87,6 +88,17 @@ async def test_dead_redis_is_store_unavailable_quickly(cluster: bool) -> None:
     assert await store.ping() is False
     assert time.monotonic() - started < 3.0
     await store.close()
+
+
+async def test_a_refused_password_says_so_rather_than_did_not_answer(redis_with_password_url: str) -> None:
+    store = RedisStore.from_url(redis_with_password_url.replace(REDIS_PASSWORD, "wrong-pw"), key_prefix="pw-test")
+    try:
+        with pytest.raises(StoreRefused, match="refused the credentials") as err:
+            await store.fleet_view(M, CHAIN, [A])
+        assert "wrong-pw" not in str(err.value)
+        assert await store.ping() is False
+    finally:
+        await store.close()
 
 
 async def test_redis_store_on_a_caller_client_with_decoded_responses(
@@ -158,6 +170,7 @@ async def test_delete_everything_leaves_no_key_behind(redis_target: RedisTarget,
     await store.inflight_add(A, "r1", 1, 1, ttl_s=60)
     await store.put_snapshot(EndpointSnapshot(endpoint=C))
     await store.mark_unhealthy(B, "reset", ttl_s=60)
+    await store.put_heartbeat("collector", ttl_s=60)
     raw = redis_target.client()  # on a Cluster, SCAN walks every node
     try:
         assert [k async for k in raw.scan_iter(match=f"{key_prefix}:*", count=10_000)]
@@ -187,7 +200,7 @@ def test_every_script_calls_keys_share_one_slot() -> None:
         assert len({key_slot(key.encode()) for key in index}) == 1, model
     keys = RedisKeys("cog")
     fleet = [keys.inflight(A), keys.inflight_tokens("h{x}:1"), keys.snapshot(B), keys.snapshot_endpoints()]
-    fleet += [keys.snapshot_version(), keys.health(), keys.models()]
+    fleet += [keys.snapshot_version(), keys.health(), keys.heartbeats(), keys.models()]
     assert len({key_slot(k.encode()) for k in fleet}) == 1
 
 

@@ -272,6 +272,53 @@ def test_explain_reads_the_live_store_and_prints_the_table(
     assert f"{len(keys) * 16}/" in out  # B's whole held prefix counts as cached
 
 
+def test_explain_says_when_the_state_is_stale_and_names_a_bad_tokenizer(
+    smollm2_dir: Path, redis_server_url: str, key_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(
+        f"redis_url: {redis_server_url}\nkey_prefix: {key_prefix}\nplacement: {{state_max_age_s: 0.5}}\n"
+        f"models:\n  - name: {MODEL}\n    endpoints: [{{url: 'http://{A}'}}]\n"
+    )
+    (tmp_path / "p.txt").write_text("Tell me about prefix caches. " * 20)
+    args = ["--config", str(config_path), "--model", MODEL, "--prompt-file", str(tmp_path / "p.txt")]
+
+    async def a_collector_that_died() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        try:
+            await store.put_heartbeat("collector gone", ttl_s=60)
+
+            async def old() -> bool:
+                return (await store.heartbeats())["collector gone"].age_s > 1.0
+
+            await eventually(old, 10, "the heartbeat to be older than state_max_age_s")
+        finally:
+            await store.close()
+
+    async def cleanup() -> None:
+        store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
+        await store.delete_everything()
+        await store.close()
+
+    asyncio.run(a_collector_that_died())
+    try:
+        assert explain.main(args) == 0  # placed all the same
+    finally:
+        asyncio.run(cleanup())
+    out = capsys.readouterr().out
+    assert "stale: the fleet state is " in out and " s old (the newest collector heartbeat)" in out
+    assert "stale state: the newest collector heartbeat (collector gone)" in out  # the reason's note
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not a tokenizer")
+    config_path.write_text(
+        f"models:\n  - name: {MODEL}\n    tokenizer: {bad}\n    endpoints: [{{url: 'http://{A}'}}]\n"
+    )
+    assert explain.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"models[0].tokenizer (model '{MODEL}'): {bad} is not a tokenizer.json" in err and "Traceback" not in err
+
+
 def test_explain_without_redis_says_the_store_is_empty(
     smollm2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -445,3 +492,80 @@ async def test_a_snapshot_another_process_writes_counts_at_the_next_decision(
     finally:
         if scraper is not store:
             await scraper.close()
+
+
+# -- stale state: the collector's heartbeat ---------------------------------------------------------------------
+
+
+async def test_a_dead_collectors_heartbeat_makes_decisions_say_the_state_is_stale(
+    smollm2_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(smollm2_dir, placement={"state_max_age_s": 10})
+    clock = [1_700_000_000.0]
+    store = MemoryStore(clock=lambda: clock[0])
+    router = Router(config, store, clock=lambda: clock[0])
+    await store.put_heartbeat("collector host-a pid 1", ttl_s=86400)
+    clock[0] += 5
+    fresh = await router.place(chat())
+    assert not fresh.stale_state and fresh.state_age_s == 5 and "stale" not in fresh.reason
+    assert router.stats.stale_state == 0
+
+    clock[0] += 30  # the collector died 35 s ago
+    with caplog.at_level("WARNING", logger="cognitora.router"):
+        first = await router.place(chat())
+        second = await router.place(chat())
+    assert first.stale_state and first.state_age_s == 35 and first.endpoint in {A, B}  # still placed
+    assert second.stale_state
+    assert "newest collector heartbeat (collector host-a pid 1) is 35 s old" in first.reason
+    assert "state_max_age_s (10 s)" in first.reason
+    assert "stale: the fleet state is 35 s old" in first.explain()
+    assert router.stats.stale_state == 2
+    warnings = [r.getMessage() for r in caplog.records if "stale state" in r.getMessage()]
+    assert len(warnings) == 1 and "is `cognitora collector` running" in warnings[0]  # once a minute, not per request
+
+    caplog.clear()
+    await store.put_heartbeat("collector host-a pid 2", ttl_s=86400)  # a collector is back
+    with caplog.at_level("WARNING", logger="cognitora.router"):
+        back = await router.place(chat())
+    assert not back.stale_state and back.state_age_s == 0
+    assert any("fleet state fresh again" in r.getMessage() for r in caplog.records)
+    assert router.stats.stale_state == 2
+
+
+async def test_no_collector_heartbeat_at_all_is_stale_once_the_router_has_waited_for_one(smollm2_dir: Path) -> None:
+    config = make_config(smollm2_dir, placement={"state_max_age_s": 10})
+    clock = [1_700_000_000.0]
+    router = Router(config, MemoryStore(clock=lambda: clock[0]), clock=lambda: clock[0])
+    assert not (await router.place(chat())).stale_state  # just started: a collector may be starting beside it
+    clock[0] += 11
+    decision = await router.place(chat())
+    assert decision.stale_state and decision.state_age_s is None
+    assert "no collector heartbeat in the store 11 s after this router started" in decision.reason
+    assert "stale: no collector heartbeat in the store" in decision.explain()
+
+
+async def test_the_collector_beats_until_it_stops_then_the_router_sees_its_state_go_stale(
+    smollm2_dir: Path, store: Store
+) -> None:
+    config = make_config(smollm2_dir, placement={"state_max_age_s": 0.5, "store_timeout_s": 5.0})
+    router = Router(config, store)
+    collector = Collector(config, store)  # (its scrapes fail: nothing listens at A or B; it beats all the same)
+    await collector.start()
+    try:
+        beats = await store.heartbeats()
+        assert list(beats) == [collector.name] and collector.name.startswith("collector ")
+        first = beats[collector.name].at
+
+        async def beat_again() -> bool:
+            return (await store.heartbeats())[collector.name].at > first
+
+        await eventually(beat_again, 10, "a second heartbeat (every quarter of state_max_age_s)")
+        assert not (await router.place(chat())).stale_state
+    finally:
+        await collector.stop()
+
+    async def stale() -> bool:
+        return (await router.place(chat())).stale_state
+
+    await eventually(stale, 10, "decisions to say the state is stale once the collector stopped")
+    assert router.stats.stale_state >= 1

@@ -476,6 +476,55 @@ async def test_fleet_view_counts_only_live_inflight_work(backend: Backend) -> No
     await backend.eventually(healed, "the abandoned in-flight request to stop counting")
 
 
+# -- heartbeats -------------------------------------------------------------------------------------------------
+
+
+async def test_a_heartbeat_ages_by_the_stores_clock_until_the_next_one(backend: Backend) -> None:
+    store = backend.make()
+    assert await store.heartbeats() == {}
+    await store.put_heartbeat("collector host-a", ttl_s=600)
+    first = (await store.heartbeats())["collector host-a"]
+    now = backend.clock.now if backend.clock is not None else time.time()
+    assert abs(first.at - now) < 5 and 0 <= first.age_s < 5
+
+    async def aged() -> bool:
+        return (await store.heartbeats())["collector host-a"].age_s >= 0.3
+
+    await backend.eventually(aged, "the heartbeat to be 0.3 s old")
+    assert (await store.heartbeats())["collector host-a"].at == first.at  # reading never refreshes a beat
+    await store.put_heartbeat("collector host-a", ttl_s=600)
+    again = (await store.heartbeats())["collector host-a"]
+    assert again.at > first.at and again.age_s < 0.3
+
+
+async def test_heartbeats_are_per_writer_and_expire(backend: Backend) -> None:
+    store = backend.make()
+    await store.put_heartbeat("short", ttl_s=TTL_S)
+    await store.put_heartbeat("long", ttl_s=600)
+    assert set(await store.heartbeats()) == {"short", "long"}
+
+    async def expired() -> bool:
+        return set(await store.heartbeats()) == {"long"}
+
+    await backend.eventually(expired, "the short-lived heartbeat to expire")
+    assert set((await store.fleet_view(M, CHAIN, [A])).heartbeats) == {"long"}
+    await store.put_heartbeat("short", ttl_s=600)  # a writer that comes back is seen again
+    assert set(await store.heartbeats()) == {"short", "long"}
+
+
+async def test_fleet_view_carries_every_heartbeat(backend: Backend) -> None:
+    reader = backend.make()
+    # on Redis the collector writes through its own store; in memory there is only one store
+    writer = reader if backend.name == "memory" else backend.make()
+    assert (await reader.fleet_view(M, CHAIN, [A])).heartbeats == {}
+    await writer.put_heartbeat("collector", ttl_s=600)
+    view = await reader.fleet_view(M, CHAIN, [A, B])
+    assert set(view.heartbeats) == {"collector"}
+    assert view.heartbeats["collector"].at == (await reader.heartbeats())["collector"].at
+    assert set((await reader.fleet_view(M, [], [A])).heartbeats) == {"collector"}  # no keys: still read
+    assert await reader.fleet_view(M, CHAIN, []) == FleetView({}, {}, {})  # no endpoints: nothing is read
+
+
 # -- lifecycle and failures ----------------------------------------------------------------------------------
 
 
