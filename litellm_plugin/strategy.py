@@ -30,6 +30,7 @@ from cognitora import jsonlog
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
 from cognitora.router import Router
+from litellm_plugin import metrics
 from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
 from litellm_plugin.runtime import CoreHost
@@ -51,15 +52,19 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
     def for_router(
         cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
     ) -> CognitoraRoutingStrategy:
-        fleet = build_fleet(router.model_list or [], routing_strategy_args, base_dir)
+        metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
+        fleet = build_fleet(router.model_list or [], fleet_args, base_dir)
         jsonlog.redact_every_handler()  # the proxy formats its own logs: ours still never carry a secret
         host = CoreHost.for_current_context(fleet.config)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)
-        return cls(router, fleet, host)
+        strategy = cls(router, fleet, host)
+        metrics.attach(host, metrics_settings)
+        return strategy
 
     def close(self) -> None:
+        metrics.detach(self.host)
         callbacks.unwatch(self.host)
         self.host.close()
 
