@@ -121,8 +121,9 @@ SPECS: tuple[MetricSpec, ...] = (
         H,
         ME,
         R,
-        """Measured time to first token (dispatch to first byte of the answer, as the gateway saw it; the whole
-        answer for a non-streamed one) of attempts that reported it.""",
+        """Measured time to first token, dispatch to the first streamed chunk as the gateway saw it, of attempts
+        that had one: streamed answers (through Envoy a non-streamed answer has no observable first token; through
+        LiteLLM, its own first-token time where it records one).""",
     ),
     _m(
         "cognitora_routing_regret_seconds",

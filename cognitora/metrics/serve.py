@@ -128,6 +128,6 @@ async def serve_page(page: Page, listen: str, process: str) -> MetricsServer:
         shown,
         server.port,
         METRICS_PATH,
-        extra={"process": process, "metrics_port": server.port},
+        extra={"serving": process, "metrics_port": server.port},
     )
     return server
