@@ -67,4 +67,3 @@ def test_an_extra_field_cannot_overwrite_the_lines_own_keys(lines: io.StringIO) 
     logging.getLogger("cognitora.test").error("real", extra={"level": "INFO", "logger": "fake", "ts": 0})
     (line,) = parsed(lines)
     assert line["level"] == "ERROR" and line["logger"] == "cognitora.test" and line["ts"] != 0
-

@@ -6,6 +6,7 @@ The processes serving these pages, after real traffic, are tested in tests/test_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -278,3 +279,20 @@ def test_docs_hold_the_metric_table() -> None:
     assert reference_markdown() in doc, (
         "docs/metrics.md is out of date: paste cognitora.metrics.names.reference_markdown()"
     )
+
+
+def test_a_bad_metrics_address_is_refused_at_start(tmp_path: Path) -> None:
+    from envoy_extproc.settings import parse_settings
+
+    with pytest.raises(SystemExit, match="--metrics-listen 'nope': expected HOST:PORT"):
+        parse_settings(["--config", str(tmp_path / "c.yaml"), "--metrics-listen", "nope"])
+    assert parse_settings(["--config", "c.yaml", "--metrics-listen", "0.0.0.0:9464"]).metrics_listen == "0.0.0.0:9464"
+    from cognitora import collector
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:  # the command configures the process's logging: put the test runner's back
+        assert collector.main(["--config", str(tmp_path / "c.yaml"), "--metrics-listen", "nope"]) == 2
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
