@@ -15,8 +15,9 @@ changes and nothing needs a second logging pipeline. structlog's value (bound lo
 variables) would need either every call site rewritten or its stdlib bridge in front of the same formatter.
 
 Every Cognitora process logs through ``configure``: ``cognitora extproc``, ``cognitora collector``, ``cognitora
-sim``. Inside the LiteLLM proxy, whose logging LiteLLM configures (``JSON_LOGS=true`` for JSON), the plugin puts a
-``RedactingFilter`` on the proxy's handlers instead (``redact_every_handler``).
+sim``. Inside the LiteLLM proxy, whose logging LiteLLM configures, the plugin calls ``configure_guest``: Cognitora's
+own loggers write these JSON lines when LiteLLM shows them nowhere (its default), else LiteLLM's handlers
+(``JSON_LOGS=true``: its JSON) get a ``RedactingFilter`` each.
 """
 
 from __future__ import annotations
@@ -32,7 +33,16 @@ from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
 from cognitora.redaction import redact
 
-__all__ = ["CHATTY_LIBRARIES", "JsonFormatter", "RedactingFilter", "configure", "mask_secrets", "redact_every_handler"]
+__all__ = [
+    "CHATTY_LIBRARIES",
+    "GUEST_LOGGERS",
+    "JsonFormatter",
+    "RedactingFilter",
+    "configure",
+    "configure_guest",
+    "mask_secrets",
+    "redact_every_handler",
+]
 
 mask_secrets = redact
 """Masks URL passwords and registered secrets (``cognitora.redaction``)."""
@@ -102,6 +112,29 @@ def redact_every_handler() -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+GUEST_LOGGERS = ("cognitora", "kvstate")
+"""The logger trees of Cognitora's own records (``cognitora.decisions``, ``cognitora.litellm``, ``kvstate.scrape``)."""
+
+
+def configure_guest(level: str | int = "INFO", stream: TextIO | None = None) -> None:
+    """In a process whose logging its host owns (the LiteLLM proxy): when the host shows records nowhere (its root
+    logger has no handler, LiteLLM's default without ``JSON_LOGS``), Cognitora's own records become JSON lines on
+    ``stream`` (stderr) at ``level``; otherwise they go through the host's handlers, which get a ``RedactingFilter``
+    each. Idempotent."""
+    if logging.getLogger().handlers:
+        redact_every_handler()
+        return
+    for name in GUEST_LOGGERS:
+        logger = logging.getLogger(name)
+        if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+            continue
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(level.upper() if isinstance(level, str) else level)
 
 
 CHATTY_LIBRARIES = ("httpx", "httpcore", "asyncio")

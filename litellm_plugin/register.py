@@ -152,6 +152,11 @@ def litellm_config_dir() -> Path | None:
     return file.resolve().parent if file.is_file() else None
 
 
+def in_proxy() -> bool:
+    """Whether this process is a LiteLLM proxy (its app module is imported), not an SDK script."""
+    return _PROXY_MODULE in sys.modules
+
+
 def proxy_workers(environ: Mapping[str, str] | None = None) -> int:
     """How many worker processes serve this LiteLLM proxy (1 outside the proxy)."""
     if _PROXY_MODULE not in sys.modules:

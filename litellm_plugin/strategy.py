@@ -33,6 +33,7 @@ from cognitora.router import Router
 from litellm_plugin import metrics
 from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
+from litellm_plugin.register import in_proxy
 from litellm_plugin.runtime import CoreHost
 from litellm_plugin.translate import PLACEMENT_KEY, rejection_error, route_request, trace_id, writable_metadata
 
@@ -54,7 +55,10 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
     ) -> CognitoraRoutingStrategy:
         metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
         fleet = build_fleet(router.model_list or [], fleet_args, base_dir)
-        jsonlog.redact_every_handler()  # the proxy formats its own logs: ours still never carry a secret
+        if in_proxy():
+            jsonlog.configure_guest()  # ours as JSON lines where the proxy shows them nowhere; never a secret
+        else:
+            jsonlog.redact_every_handler()  # an SDK script's logging is its own: only redacted
         host = CoreHost.for_current_context(fleet.config)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)

@@ -67,3 +67,30 @@ def test_an_extra_field_cannot_overwrite_the_lines_own_keys(lines: io.StringIO) 
     logging.getLogger("cognitora.test").error("real", extra={"level": "INFO", "logger": "fake", "ts": 0})
     (line,) = parsed(lines)
     assert line["level"] == "ERROR" and line["logger"] == "cognitora.test" and line["ts"] != 0
+
+
+def test_a_guest_in_a_process_that_shows_nothing_logs_its_own_records_as_json() -> None:
+    register_secret(SECRET)
+    root = logging.getLogger()
+    saved_root = list(root.handlers)
+    trees = {
+        name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level) for name in jsonlog.GUEST_LOGGERS
+    }
+    stream = io.StringIO()
+    try:
+        root.handlers[:] = []  # the LiteLLM proxy's default: nothing on the root logger
+        jsonlog.configure_guest("info", stream)
+        jsonlog.configure_guest("info", stream)  # idempotent: one handler, one line per record
+        logging.getLogger("cognitora.decisions").info("decision", extra={"endpoint": "e", "key": SECRET})
+        logging.getLogger("some.library").warning("not ours")
+        (line,) = parsed(stream)
+        assert line["logger"] == "cognitora.decisions" and line["key"] == "****"
+        host = logging.StreamHandler(io.StringIO())
+        root.handlers[:] = [host]  # a host that shows records (JSON_LOGS=true): its handlers, redacted
+        jsonlog.configure_guest("info", stream)
+        assert any(isinstance(f, jsonlog.RedactingFilter) for f in host.filters)
+    finally:
+        root.handlers[:] = saved_root
+        for name, (handlers, level) in trees.items():
+            logging.getLogger(name).handlers[:] = handlers
+            logging.getLogger(name).setLevel(level)

@@ -336,3 +336,8 @@ def test_litellm_proxy_serves_the_page_on_its_own_port_and_on_metrics_listen(
         assert_preflight_answered(on_own)
     finally:
         proxy.stop()
+    # The proxy shows no INFO record of its own by default: the plugin's decision lines are JSON on its stderr.
+    lines = [line for line in (tmp_path / "litellm.log").read_text().splitlines() if '"cognitora.decisions"' in line]
+    decisions = [json.loads(line) for line in lines]
+    assert len(decisions) == REQUESTS and {d["outcome"] for d in decisions} == {"placed"}
+    assert {d["endpoint"] for d in decisions} <= set(fleet.endpoint_ids)
