@@ -1,7 +1,8 @@
 """Each process's metrics page, read over HTTP after real traffic, as a user (or a dashboard in a browser) reads it.
 
 - Envoy: the real envoy binary on ``examples/envoy.yaml`` in front of ``cognitora extproc --workers 2`` (over
-  Redis) and ``cognitora collector``, both with ``--metrics-listen``, and a simulated fleet of 2 engines.
+  Redis) and ``cognitora collector``, both with ``--metrics-listen``; and in front of one ``cognitora extproc
+  --collector`` (no Redis). A simulated fleet of 2 engines.
 - LiteLLM: the real ``litellm`` proxy CLI with the plugin in embedded mode: the page on the proxy's own port
   (``/cognitora/metrics``) and on a port of its own (``metrics_listen``).
 
@@ -261,6 +262,48 @@ def test_envoy_workers_and_collector_pages_after_traffic(
         tail = extproc.log_tail(60)
         code = extproc.stop()
         collector.stop()
+    assert code == 0, tail
+
+
+def test_envoy_one_process_with_its_embedded_collector_serves_every_family(
+    fleet: SimFleet, tmp_path: Path, smollm2_dir: Path
+) -> None:
+    config = {"models": fleet_models(fleet, smollm2_dir), "scrape": {"interval_s": 0.5, "timeout_s": 0.4}}
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    extproc_port, metrics_port, listen, admin = free_port(), free_port(), free_port(), free_port()
+    argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
+    argv += ["--listen", f"127.0.0.1:{extproc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+    extproc = ManagedProcess(argv, tmp_path / "extproc.log", cwd=ROOT)
+    envoy = None
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        wait_listening(extproc_port, extproc)
+        extproc.wait_http(url)
+        envoy_text = render_config(
+            listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
+        )
+        envoy = start_envoy(envoy_text, tmp_path / "envoy", admin)
+        statuses = asyncio.run(send(f"http://127.0.0.1:{listen}", REQUESTS, concurrency=6))
+        assert statuses == [200] * REQUESTS
+        wait_until(
+            lambda: total(metrics(url), "cognitora_attempts_finished_total") >= REQUESTS, 30.0, "every attempt's end"
+        )
+        page = metrics(url)
+        assert total(page, "cognitora_decisions_total", outcome="placed") == REQUESTS
+        assert total(page, "cognitora_decisions_total") == REQUESTS
+        assert "cognitora_exporter_workers" not in {n for n, _ in page}  # one process: nothing merged
+        # The embedded collector's families, from the same page.
+        assert set(by_label(page, "cognitora_kv_event_batches_applied_total", "endpoint")) == set(fleet.endpoint_ids)
+        assert total(page, "cognitora_scrapes_total", result="ok") > 0
+        assert set(by_label(page, "cognitora_endpoint_running", "endpoint")) == set(fleet.endpoint_ids)
+        assert total(page, "cognitora_internal_errors_total") == 0
+        assert_preflight_answered(url)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        tail = extproc.log_tail(60)
+        code = extproc.stop()
     assert code == 0, tail
 
 
