@@ -25,7 +25,7 @@ import socket
 import threading
 from dataclasses import asdict
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
@@ -39,6 +39,9 @@ from kvstate.events.subscriber import Decoder, KVEventSubscriber
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
 from kvstate.store import Store, StoreUnavailable, open_store
+
+if TYPE_CHECKING:
+    from cognitora.metrics.serve import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -286,18 +289,29 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_STATS_INTERVAL_S,
         help=f"seconds between two 'collector stats' log lines (default {DEFAULT_STATS_INTERVAL_S:g})",
     )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, CORS open (default: none; docs/metrics.md)",
+    )
     return parser
 
 
-async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) -> None:
-    """Run a collector until SIGTERM or SIGINT, logging its stats every ``stats_interval_s``."""
+async def serve(
+    config: CognitoraConfig, store: Store, stats_interval_s: float, metrics_listen: str | None = None
+) -> None:
+    """Run a collector until SIGTERM or SIGINT, logging its stats every ``stats_interval_s`` (and serving its
+    metrics page on ``metrics_listen``)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     collector = Collector(config, store)
+    metrics: MetricsServer | None = None
     try:
         await collector.start()
+        if metrics_listen is not None:
+            metrics = await collector_metrics(config, collector, metrics_listen)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=stats_interval_s)
@@ -307,16 +321,37 @@ async def serve(config: CognitoraConfig, store: Store, stats_interval_s: float) 
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if metrics is not None:
+            await metrics.stop()
         await collector.stop()
 
 
-async def _run(config: CognitoraConfig, stats_interval_s: float) -> None:
+async def collector_metrics(config: CognitoraConfig, collector: Collector, listen: str) -> MetricsServer:
+    """The collector's metrics page (docs/metrics.md) on ``listen``."""
+    from cognitora.metrics.exporter import Exporter
+    from cognitora.metrics.serve import serve_page
+
+    return await serve_page(Exporter(config, "collector", collector=lambda: collector).page, listen, "collector")
+
+
+async def _run(config: CognitoraConfig, stats_interval_s: float, metrics_listen: str | None = None) -> None:
     store = open_store(config.redis_url, config.key_prefix, config.redis_cluster)
     try:
-        await serve(config, store, stats_interval_s)
+        await serve(config, store, stats_interval_s, metrics_listen)
     finally:
         with contextlib.suppress(Exception):
             await store.close()
+
+
+def _listen_ok(listen: str) -> bool:
+    from cognitora.metrics.serve import parse_listen
+
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        log.error(f"--metrics-listen {exc}")
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -324,6 +359,8 @@ def main(argv: list[str]) -> int:
     jsonlog.configure(args.log_level)
     if args.stats_interval_s <= 0:
         log.error("--stats-interval-s must be positive", extra={"got": args.stats_interval_s})
+        return 2
+    if args.metrics_listen is not None and not _listen_ok(args.metrics_listen):
         return 2
     try:
         config = load_config(args.config)
@@ -359,7 +396,7 @@ def main(argv: list[str]) -> int:
         },
     )
     try:
-        asyncio.run(_run(config, args.stats_interval_s))
+        asyncio.run(_run(config, args.stats_interval_s, args.metrics_listen))
     except Exception:  # even a crash leaves a JSON line (with the traceback), not a bare stderr dump
         log.exception("collector crashed")
         return 1

@@ -2,27 +2,55 @@
 
 ``log.warning("endpoint unhealthy", extra={"endpoint": "10.0.0.5:8000"})`` becomes
 ``{"ts": "2026-11-30T04:00:00.123Z", "level": "WARNING", "logger": "kvstate.scrape", "msg": "endpoint unhealthy",
-"endpoint": "10.0.0.5:8000"}``. Exceptions add ``exc``. Passwords in URLs (``redis://:secret@host``) are masked
-and every secret the config registered (``cognitora.redaction``) are masked wherever they appear, in the message or
-in a field, so a log line never carries a credential.
+"endpoint": "10.0.0.5:8000"}``. Exceptions add ``exc`` (and ``stack_info=True`` adds ``stack``). Passwords in URLs
+(``redis://:secret@host``) and every secret the config registered (``cognitora.redaction``) are masked wherever they
+appear, in the message, in a field at any depth, or in a traceback, so a log line never carries a credential.
+Non-finite floats become strings (JSON has no NaN).
+
+The formatter is python-json-logger's (``pythonjsonlogger.json.JsonFormatter``), configured for these keys, with
+the redaction as its ``process_log_record`` step. Why that library rather than structlog: every record here, and
+every record of the libraries around us (grpc, aiohttp, redis, LiteLLM), is a standard ``logging`` record carrying
+its fields in ``extra=``; python-json-logger is a ``logging.Formatter`` that renders exactly those, so no call site
+changes and nothing needs a second logging pipeline. structlog's value (bound loggers, processor chains, context
+variables) would need either every call site rewritten or its stdlib bridge in front of the same formatter.
+
+Every Cognitora process logs through ``configure``: ``cognitora extproc``, ``cognitora collector``, ``cognitora
+sim``. Inside the LiteLLM proxy, whose logging LiteLLM configures, the plugin calls ``configure_guest``: Cognitora's
+own loggers write these JSON lines when LiteLLM shows them nowhere (its default), else LiteLLM's handlers
+(``JSON_LOGS=true``: its JSON) get a ``RedactingFilter`` each.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
+
 from cognitora.redaction import redact
 
-# Attributes every LogRecord has; anything else on a record came from ``extra=``.
-_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+__all__ = [
+    "CHATTY_LIBRARIES",
+    "GUEST_LOGGERS",
+    "JsonFormatter",
+    "RedactingFilter",
+    "configure",
+    "configure_guest",
+    "mask_secrets",
+    "redact_every_handler",
+]
 
 mask_secrets = redact
 """Masks URL passwords and registered secrets (``cognitora.redaction``)."""
+
+_KEYS = {"levelname": "level", "name": "logger", "message": "msg", "exc_info": "exc", "stack_info": "stack"}
+"""LogRecord attribute -> key in the line."""
+_OWN_KEYS = ("ts", *_KEYS.values())
+"""An ``extra`` field with one of these names is dropped: it would overwrite the line's own."""
 
 
 def _clean(value: Any) -> Any:
@@ -39,21 +67,28 @@ def _clean(value: Any) -> Any:
     return mask_secrets(str(value))
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        ts = datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        out: dict[str, Any] = {
-            "ts": ts,
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": mask_secrets(record.getMessage()),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_") and key not in out:
-                out[key] = _clean(value)
-        if record.exc_info:
-            out["exc"] = mask_secrets(self.formatException(record.exc_info))
-        return json.dumps(out, ensure_ascii=False, allow_nan=False, default=str)
+def _timestamp(created: datetime) -> str:
+    return created.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(_LibraryJsonFormatter):
+    """python-json-logger's formatter, with Cognitora's keys, and every value redacted."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ("levelname", "name", "message"),
+            rename_fields=_KEYS,
+            reserved_attrs=(*RESERVED_ATTRS, *_OWN_KEYS),
+            timestamp="ts",
+            json_ensure_ascii=False,
+        )
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        created = log_data.pop("ts")
+        out: dict[str, Any] = {"ts": _timestamp(created) if isinstance(created, datetime) else str(created)}
+        for key, value in log_data.items():
+            out[key] = _clean(value)
+        return out
 
 
 class RedactingFilter(logging.Filter):
@@ -77,6 +112,29 @@ def redact_every_handler() -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+GUEST_LOGGERS = ("cognitora", "kvstate")
+"""The logger trees of Cognitora's own records (``cognitora.decisions``, ``cognitora.litellm``, ``kvstate.scrape``)."""
+
+
+def configure_guest(level: str | int = "INFO", stream: TextIO | None = None) -> None:
+    """In a process whose logging its host owns (the LiteLLM proxy): when the host shows records nowhere (its root
+    logger has no handler, LiteLLM's default without ``JSON_LOGS``), Cognitora's own records become JSON lines on
+    ``stream`` (stderr) at ``level``; otherwise they go through the host's handlers, which get a ``RedactingFilter``
+    each. Idempotent."""
+    if logging.getLogger().handlers:
+        redact_every_handler()
+        return
+    for name in GUEST_LOGGERS:
+        logger = logging.getLogger(name)
+        if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+            continue
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(level.upper() if isinstance(level, str) else level)
 
 
 CHATTY_LIBRARIES = ("httpx", "httpcore", "asyncio")

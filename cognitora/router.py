@@ -33,6 +33,7 @@ from cognitora.placement import FleetState, HealthMark, place, reject, unknown_m
 from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
+from cognitora.telemetry import Telemetry
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptError, PromptKeyer, PromptKeys, read_prompt
 from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
@@ -190,6 +191,8 @@ class Router:
         self._started = clock()
         self._stale = False
         self._seen_heartbeat = False
+        self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
+        """Decisions, attempts and store reads, by label, for ``cognitora.metrics`` and the decision log."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
@@ -248,7 +251,9 @@ class Router:
         stale, a note saying so."""
         ids = self._endpoint_ids[model.name]
         now = self._clock()
+        read_started = time.perf_counter()
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
+        self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
         local = self._local.totals(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
@@ -340,10 +345,14 @@ class Router:
         a group means its earlier attempts are over, so those still open are finished as ``ABANDONED`` first."""
         if group is not None:
             self._abandon_group(group, "the gateway started another attempt of this request")
+        started = time.perf_counter()
         try:
             decision = await self.place(request)
+            failed = False
         except Exception as exc:
             decision = self._placement_failed(request, exc)
+            failed = True
+        self.telemetry.decided(request, decision, time.perf_counter() - started, fallback=failed)
         if decision.endpoint is None:
             return decision, None
         return decision, self.dispatch(decision, group=group)
@@ -512,6 +521,7 @@ class Router:
                 finished_at=self._clock(),
             )
         )
+        self.telemetry.finished(self._outcomes[-1])
         if not outcome.ok and outcome.kind is not OutcomeKind.CLIENT_CANCELLED:
             log.info(
                 "request %s on %s ended %s%s",

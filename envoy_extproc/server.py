@@ -24,6 +24,7 @@ from cognitora.config import ConfigError
 from cognitora.failsafe import RateLimitedLog
 from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
 from envoy_extproc import protocol
+from envoy_extproc.metrics import SupervisorMetrics, start_worker_metrics
 from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
 from envoy_extproc.settings import ExtprocSettings, parse_settings
 
@@ -53,6 +54,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         self._errors = 0
         """Phases that raised (each one logged with its traceback at most once a minute)."""
         self._error_log = RateLimitedLog(log)
+
+    @property
+    def errors(self) -> int:
+        """Phases that raised so far (``cognitora_internal_errors_total{where="extproc"}``)."""
+        return self._errors
 
     async def Process(  # the gRPC method's name
         self, request_iterator: AsyncIterator[protocol.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -214,6 +220,13 @@ async def _run(settings: ExtprocSettings) -> int:
         await router.close()
         return 1
     log.info("ext_proc listening on %s (port %d), %d endpoints", settings.listen, server.port, len(addresses.addresses))
+    try:
+        metrics = await start_worker_metrics(settings, config, router, collector, lambda: server.service.errors)
+    except OSError as exc:
+        print(f"cognitora extproc: --metrics-listen {settings.metrics_listen}: {exc}", file=sys.stderr)
+        await server.stop(0)
+        await router.close()
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -221,6 +234,8 @@ async def _run(settings: ExtprocSettings) -> int:
     await stop.wait()
     log.info("stopping: finishing open streams (5 s grace)")
     await server.stop(5)
+    if metrics is not None:
+        await metrics.stop()
     if collector is not None:
         await collector.stop()
     await router.close()
@@ -290,8 +305,23 @@ def _supervise(settings: ExtprocSettings) -> int:
         )
         return 2
     worker_settings = replace(settings, workers=1, reuse_port=True)
+    metrics = None if settings.metrics_listen is None else SupervisorMetrics(settings.metrics_listen, settings.workers)
+    if metrics is not None:
+        jsonlog.configure(settings.log_level)
+        try:
+            metrics.start()
+        except OSError as exc:
+            print(f"cognitora extproc: --metrics-listen {settings.metrics_listen}: {exc}", file=sys.stderr)
+            return 1
     spawn = multiprocessing.get_context("spawn")  # grpc does not survive fork()
-    workers = [spawn.Process(target=_serve, args=(worker_settings,), daemon=False) for _ in range(settings.workers)]
+    workers = [
+        spawn.Process(
+            target=_serve,
+            args=(worker_settings if metrics is None else metrics.worker_settings(worker_settings, i),),
+            daemon=False,
+        )
+        for i in range(settings.workers)
+    ]
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -312,5 +342,7 @@ def _supervise(settings: ExtprocSettings) -> int:
         stop(signal.SIGTERM, None)
     for worker in workers:
         worker.join()
+    if metrics is not None:
+        metrics.stop()
     codes = [w.exitcode or 0 for w in workers]
     return 0 if stopping and not any(codes) else max(1, *codes)

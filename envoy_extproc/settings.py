@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from cognitora.metrics.serve import parse_listen
 from envoy_extproc import headers
 
 DEFAULT_LISTEN = "127.0.0.1:9002"
@@ -62,6 +63,11 @@ class ExtprocSettings:
     """Bind with SO_REUSEPORT (set for the worker processes of ``--workers``; never for a single process, so that
     a second instance started by mistake fails instead of silently taking half the streams)."""
     log_level: str = "info"
+    metrics_listen: str | None = None
+    """``HOST:PORT`` of the metrics page (docs/metrics.md); None: no page. With ``workers`` > 1 the supervisor
+    serves it, merged from the workers' pages."""
+    metrics_socket: str | None = None
+    """Set by the ``--workers`` supervisor: the unix socket this worker serves its own page on."""
 
     def placed(self, path: str) -> bool:
         """Whether a request to ``path`` (no query string) is placed: it is a placed path, or ends with one after a
@@ -157,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 1; see docs/envoy.md, Cost)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, CORS open (default: none; docs/metrics.md)",
+    )
     return p
 
 
@@ -173,6 +184,11 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         )
     if args.collector and args.without_collector:
         raise SystemExit("cognitora extproc: --collector and --without-collector contradict each other; pick one")
+    if args.metrics_listen is not None:
+        try:
+            parse_listen(args.metrics_listen)
+        except ValueError as exc:
+            raise SystemExit(f"cognitora extproc: --metrics-listen {exc}") from None
     placed_paths = tuple(sorted(headers.PLACED_PATHS))
     if args.placed_path:
         try:
@@ -196,4 +212,5 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         placed_paths=placed_paths,
         workers=args.workers,
         log_level=args.log_level,
+        metrics_listen=args.metrics_listen,
     )

@@ -19,6 +19,7 @@ import yaml
 
 from cognitora.config import ENV_PREFIX, CognitoraConfig, ConfigError, resolve_env
 from litellm_plugin.fleet import build_fleet
+from litellm_plugin.metrics import split_args
 
 _FLEET_PARAMS = ("api_base", "model", "custom_llm_provider")
 """The ``litellm_params`` keys the fleet is built from."""
@@ -39,7 +40,8 @@ def config_from_litellm_yaml(path: Path) -> CognitoraConfig:
         model_list.append({**deployment, "litellm_params": params})
     args = ((data.get("router_settings") or {}).get("routing_strategy_args")) or {}
     # model_info and routing_strategy_args are resolved by build_fleet itself (the SDK hands them over unresolved).
-    return build_fleet(model_list, args, base_dir=path.resolve().parent).config
+    _, fleet_args = split_args(args)  # the metrics page's keys (litellm_plugin.metrics) are not the fleet's
+    return build_fleet(model_list, fleet_args, base_dir=path.resolve().parent).config
 
 
 def to_yaml(config: CognitoraConfig, secret_refs: dict[str, str] | None = None) -> str:

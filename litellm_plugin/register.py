@@ -127,15 +127,17 @@ def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
 
 def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
+    from litellm_plugin import metrics
     from litellm_plugin.fleet import build_fleet
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
-    fleet = build_fleet(router.model_list or [], routing_strategy_args, litellm_config_dir())
+    metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
+    fleet = build_fleet(router.model_list or [], fleet_args, litellm_config_dir())
     problem = embedded_mode_problem(fleet.config, proxy_workers())
     if problem is not None:
         raise ConfigError(problem)  # before the start-up checks: a setup that cannot work whatever its files
-    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet)
+    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet, metrics_settings)
     router.set_custom_routing_strategy(strategy)
     router._cognitora_strategy = strategy
     log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))
@@ -151,6 +153,11 @@ def litellm_config_dir() -> Path | None:
         return None
     file = Path(str(path)).expanduser()
     return file.resolve().parent if file.is_file() else None
+
+
+def in_proxy() -> bool:
+    """Whether this process is a LiteLLM proxy (its app module is imported), not an SDK script."""
+    return _PROXY_MODULE in sys.modules
 
 
 def proxy_workers(environ: Mapping[str, str] | None = None) -> int:

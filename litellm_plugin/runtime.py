@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from cognitora.attempt import Attempt
-from cognitora.collector import CollectorThread
+from cognitora.collector import Collector, CollectorThread
 from cognitora.config import CognitoraConfig
 from cognitora.router import Router
 from kvstate.prompt import PromptKeyer
@@ -104,6 +104,16 @@ class CoreHost:
     @property
     def started(self) -> bool:
         return self._core is not None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the core runs on (None until chosen: an SDK script's private thread starts on first use)."""
+        return self._loop
+
+    def collector(self) -> Collector | None:
+        """The embedded collector feeding the core's store (None in Redis mode, or before the core started)."""
+        core = self._core
+        return None if core is None or core.collector is None else core.collector.collector
 
     # -- calling the core -------------------------------------------------------------------------------------
     async def call(self, fn: Callable[[Router], Awaitable[T]]) -> T:

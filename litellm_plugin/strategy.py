@@ -33,8 +33,10 @@ from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unr
 from cognitora.request import InvalidRequest
 from cognitora.router import Router
 from kvstate.prompt import PromptKeyer
+from litellm_plugin import metrics
 from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
+from litellm_plugin.register import in_proxy
 from litellm_plugin.runtime import CoreHost
 from litellm_plugin.translate import PLACEMENT_KEY, rejection_error, route_request, trace_id, writable_metadata
 
@@ -54,20 +56,30 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
     def for_router(
         cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
     ) -> CognitoraRoutingStrategy:
-        return cls.for_fleet(router, build_fleet(router.model_list or [], routing_strategy_args, base_dir))
+        metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
+        fleet = build_fleet(router.model_list or [], fleet_args, base_dir)
+        return cls.for_fleet(router, fleet, metrics_settings)
 
     @classmethod
-    def for_fleet(cls, router: Any, fleet: Fleet) -> CognitoraRoutingStrategy:
+    def for_fleet(
+        cls, router: Any, fleet: Fleet, metrics_settings: metrics.MetricsSettings | None = None
+    ) -> CognitoraRoutingStrategy:
         """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``)."""
-        jsonlog.redact_every_handler()  # the proxy formats its own logs: ours still never carry a secret
+        if in_proxy():
+            jsonlog.configure_guest()  # ours as JSON lines where the proxy shows them nowhere; never a secret
+        else:
+            jsonlog.redact_every_handler()  # an SDK script's logging is its own: only redacted
         keyers = preflight(fleet)
         host = CoreHost.for_current_context(fleet.config, keyers)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)
-        return cls(router, fleet, host)
+        strategy = cls(router, fleet, host)
+        metrics.attach(host, metrics_settings or metrics.MetricsSettings())
+        return strategy
 
     def close(self) -> None:
+        metrics.detach(self.host)
         callbacks.unwatch(self.host)
         self.host.close()
 

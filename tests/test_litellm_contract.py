@@ -380,3 +380,23 @@ def test_proxy_resolves_os_environ_in_router_settings_and_an_unset_one_is_null()
         "litellm.secret_managers.main.get_secret no longer returns None for an unset os.environ/NAME: "
         "review litellm_plugin.fleet._refuse_nulls",
     )
+
+
+def test_the_proxy_app_takes_routes_and_guards_only_metrics_paths() -> None:
+    # litellm_plugin.metrics adds /cognitora/metrics to proxy_server.app after start-up, as LiteLLM's own
+    # Prometheus callback mounts its page there; LiteLLM's key check on metrics covers /metrics and /metrics/*.
+    source = _proxy_source("litellm.proxy.proxy_server")
+    prometheus = _proxy_source("litellm.integrations.prometheus")
+    guard = _proxy_source("litellm.proxy.middleware.prometheus_auth_middleware")
+    _requires(
+        "\napp = FastAPI(" in source
+        and "from litellm.proxy.proxy_server import app" in prometheus
+        and 'app.mount("/metrics", metrics_app)' in prometheus,
+        "litellm/proxy/proxy_server.py no longer exposes its FastAPI app as `app` (or its Prometheus callback mounts "
+        "elsewhere): update litellm_plugin.metrics._add_proxy_route, or use routing_strategy_args.metrics_listen",
+    )
+    _requires(
+        '_METRICS_MOUNT: Final = "/metrics"' in guard,
+        "LiteLLM's PrometheusAuthMiddleware guards other paths than /metrics: check that /cognitora/metrics is still "
+        "outside it (docs/metrics.md says no key is asked for)",
+    )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
 import prometheus_client
 
+from cognitora import jsonlog
 from cognitora.sim.engine import EngineConfig
 from cognitora.sim.fleet import Fleet, serve
 from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    jsonlog.configure(args.log_level)
     prometheus_client.disable_created_metrics()  # vLLM exposes no *_created series
     n = args.engines if args.command == "fleet" else 1
     base_port = args.base_port if args.command == "fleet" else args.port

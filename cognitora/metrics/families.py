@@ -1,0 +1,267 @@
+"""Prometheus metric families built from live state when a page is rendered (``prometheus_client`` custom
+collectors): nothing here runs on the request path.
+
+- ``RouterFamilies``: a gateway's ``Router`` (its ``Telemetry``, ``RouterStats`` and open attempts);
+- ``CollectorFamilies``: a ``cognitora.collector.Collector`` (subscriber, ingestor and scraper counters);
+- ``FleetFamilies``: endpoint snapshots (handed in by the exporter, which read them from the store or the scraper),
+  with energy per token and hit rate over a window (``cognitora.metrics.window``).
+
+Every family's name, type, labels and help come from ``cognitora.metrics.names``. Label values pass through
+``cognitora.redaction.redact``, like every other text a person sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector as PrometheusCollector
+from prometheus_client.samples import Sample
+
+from cognitora.config import CognitoraConfig
+from cognitora.metrics.names import Kind, spec
+from cognitora.metrics.window import CounterWindow, WindowDelta, fleet_energy
+from cognitora.redaction import redact
+from cognitora.telemetry import Histogram
+from kvstate.store import EndpointSnapshot
+
+if TYPE_CHECKING:
+    from cognitora.collector import Collector
+    from cognitora.router import Router
+
+__all__ = ["CollectorFamilies", "FleetFamilies", "RouterFamilies", "family", "histogram_family"]
+
+Family = CounterMetricFamily | GaugeMetricFamily
+_K = TypeVar("_K", bound=tuple[str, ...])
+"""A family of plain samples (one value per label set)."""
+
+
+def family(name: str) -> Family:
+    """An empty counter or gauge family for ``name``, typed and labelled as ``cognitora.metrics.names`` declares."""
+    s = spec(name)
+    if s.kind is Kind.COUNTER:
+        return CounterMetricFamily(s.name, s.help, labels=s.labels)
+    if s.kind is Kind.GAUGE:
+        return GaugeMetricFamily(s.name, s.help, labels=s.labels)
+    raise TypeError(f"{name} is a histogram: use histogram_family")
+
+
+def histogram_family(name: str) -> HistogramMetricFamily:
+    s = spec(name)
+    if s.kind is not Kind.HISTOGRAM:
+        raise TypeError(f"{name} is a {s.kind.value}, not a histogram")
+    return HistogramMetricFamily(s.name, s.help, labels=s.labels)
+
+
+def _labels(values: Iterable[str]) -> list[str]:
+    return [redact(v) for v in values]
+
+
+def _counters(name: str, table: Mapping[_K, float]) -> Family:
+    fam = family(name)
+    for key, value in sorted(table.items()):
+        fam.add_metric(_labels(key), value)
+    return fam
+
+
+def _histograms(name: str, table: Mapping[_K, Histogram]) -> HistogramMetricFamily:
+    fam = histogram_family(name)
+    for key, hist in sorted(table.items()):
+        labels = _labels(key)
+        buckets = [(_bound(b), float(n)) for b, n in hist.cumulative()]
+        fam.add_metric(labels, buckets, hist.sum)
+        if hist.bounds and hist.bounds[0] < 0:
+            # prometheus_client leaves _count and _sum out when buckets go negative (an OpenMetrics rule); the
+            # Prometheus text format takes them, and a signed figure's mean is what its reader wants.
+            named = dict(zip(spec(name).labels, labels, strict=True))
+            fam.samples.append(Sample(f"{fam.name}_count", named, float(hist.count)))
+            fam.samples.append(Sample(f"{fam.name}_sum", named, hist.sum))
+    return fam
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def _one(name: str, value: float, labels: Sequence[str] = ()) -> Family:
+    fam = family(name)
+    fam.add_metric(_labels(labels), value)
+    return fam
+
+
+class RouterFamilies(PrometheusCollector):
+    """The decision core's families (``cognitora.metrics.names``, source ``router``)."""
+
+    def __init__(self, router: Router, extproc_errors: Callable[[], int] | None = None) -> None:
+        self.router = router
+        self.extproc_errors = extproc_errors
+        """Phases of the Envoy exchange that raised (``envoy_extproc.server.ExtProcService``), when there is one."""
+
+    def collect(self) -> Iterator[Metric]:
+        t = self.router.telemetry
+        stats = self.router.stats
+        yield _counters("cognitora_decisions", t.decisions)
+        yield _histograms("cognitora_decision_duration_seconds", {(m,): h for m, h in t.decision_seconds.items()})
+        yield _counters("cognitora_attempts_finished", t.finished_attempts)
+        yield _one("cognitora_attempts_open", len(self.router.open_attempts()))
+        yield _histograms("cognitora_attempt_ttft_predicted_seconds", t.ttft_predicted)
+        yield _histograms("cognitora_attempt_ttft_achieved_seconds", t.ttft_achieved)
+        yield _histograms("cognitora_routing_regret_seconds", t.regret)
+        yield _counters("cognitora_attempt_cache_reports", {k: s.reports for k, s in t.cache.items()})
+        yield _counters(
+            "cognitora_attempt_cached_tokens_predicted", {k: s.predicted_cached_tokens for k, s in t.cache.items()}
+        )
+        yield _counters(
+            "cognitora_attempt_cached_tokens_achieved", {k: s.achieved_cached_tokens for k, s in t.cache.items()}
+        )
+        yield _counters("cognitora_attempt_cache_prompt_tokens", {k: s.prompt_tokens for k, s in t.cache.items()})
+        yield _counters("cognitora_attempt_tokens", t.tokens)
+        yield _histograms("cognitora_store_read_duration_seconds", {(): t.store_read_seconds})
+        yield _one("cognitora_store_errors", stats.store_errors)
+        errors = family("cognitora_internal_errors")
+        errors.add_metric(["placement"], stats.internal_errors)
+        if self.extproc_errors is not None:
+            errors.add_metric(["extproc"], self.extproc_errors())
+        yield errors
+        yield _one("cognitora_endpoints_marked_unhealthy", stats.marked_unhealthy)
+
+
+_SKIPPED = ("unknown_parent", "block_size_mismatch", "inconsistent", "unknown_blocks", "map_overflow")
+_SUBSCRIBER_FIELDS = {
+    "cognitora_kv_event_batches_received": "received",
+    "cognitora_kv_event_batches_applied": "applied",
+    "cognitora_kv_event_batches_malformed": "malformed",
+    "cognitora_kv_event_batches_replayed": "replayed",
+    "cognitora_kv_event_batches_duplicate": "duplicates",
+    "cognitora_kv_event_gaps": "gaps",
+    "cognitora_kv_event_purges": "purges",
+    "cognitora_kv_event_store_errors": "store_errors",
+    "cognitora_kv_event_store_writes": "writes",
+}
+
+
+class CollectorFamilies(PrometheusCollector):
+    """KV-event and scrape counters of the collector ``collector()`` returns (None: not started; nothing yet)."""
+
+    def __init__(self, collector: Callable[[], Collector | None]) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Metric]:
+        collector = self.collector()
+        if collector is None:
+            return
+        subscribers = {e: asdict(s.stats) for e, s in collector.subscribers.items()}
+        for name, field_name in _SUBSCRIBER_FIELDS.items():
+            yield _counters(name, {(e,): stats[field_name] for e, stats in subscribers.items()})
+        ingest = {m: i.stats for m, i in collector.ingestors.items()}
+        yield _counters("cognitora_kv_blocks_stored", {(m,): s.blocks_stored for m, s in ingest.items()})
+        yield _counters("cognitora_kv_blocks_removed", {(m,): s.blocks_removed for m, s in ingest.items()})
+        yield _counters(
+            "cognitora_kv_events_skipped",
+            {(m, reason): getattr(s, reason) for m, s in ingest.items() for reason in _SKIPPED},
+        )
+        yield _counters("cognitora_kv_clears", {(m,): s.clears for m, s in ingest.items()})
+        scrape = collector.scraper.stats
+        yield _counters("cognitora_scrapes", {("ok",): scrape.rounds - scrape.failures, ("failed",): scrape.failures})
+        yield _counters(
+            "cognitora_scrape_problems",
+            {
+                ("metrics_fetch",): scrape.metrics_failures,
+                ("garbage",): scrape.garbage,
+                ("unrecognized",): scrape.unrecognized,
+                ("store_write",): scrape.store_failures,
+            },
+        )
+
+
+def _maybe(delta: WindowDelta | None, figure: str) -> float | None:
+    if delta is None:
+        return None
+    value: float | None = getattr(delta, figure)
+    return value
+
+
+class FleetFamilies(PrometheusCollector):
+    """Per-endpoint gauges and counters from the snapshots last handed to ``observe``, and the fleet's sums."""
+
+    def __init__(self, config: CognitoraConfig, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._info = sorted(
+            {(e.id, m.name, e.engine.value) for m in config.models for e in m.endpoints}, key=lambda row: row
+        )
+        self._snapshots: dict[str, EndpointSnapshot] = {}
+        self._windows: dict[str, CounterWindow] = {}
+
+    def observe(self, snapshots: Mapping[str, EndpointSnapshot]) -> None:
+        """The snapshots this page shows (the exporter reads them just before rendering)."""
+        self._snapshots.update(snapshots)
+        for endpoint, snap in snapshots.items():
+            window = self._windows.get(endpoint)
+            if window is None:
+                window = self._windows[endpoint] = CounterWindow()
+            window.observe(snap)
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._clock()
+        info = family("cognitora_endpoint_info")
+        for row in self._info:
+            info.add_metric(_labels(row), 1)
+        yield info
+        snaps = sorted(self._snapshots.items())
+        deltas = {e: w.delta() for e, w in self._windows.items()}
+
+        def each(name: str, value: Callable[[EndpointSnapshot], float | None]) -> Family:
+            fam = family(name)
+            for endpoint, snap in snaps:
+                v = value(snap)
+                if v is not None:
+                    fam.add_metric(_labels([endpoint]), v)
+            return fam
+
+        metered: Callable[[EndpointSnapshot], bool] = lambda s: s.energy_joules > 0 or s.power_watts > 0  # noqa: E731
+        yield each("cognitora_endpoint_healthy", lambda s: 1.0 if s.healthy else 0.0)
+        yield each("cognitora_endpoint_snapshot_age_seconds", lambda s: max(0.0, now - s.last_seen))
+        yield each("cognitora_endpoint_running", lambda s: s.running)
+        yield each("cognitora_endpoint_waiting", lambda s: s.waiting)
+        yield each("cognitora_endpoint_kv_usage_ratio", lambda s: s.kv_usage)
+        yield each("cognitora_endpoint_prefill_tokens_per_second", lambda s: s.prefill_tokens_per_s or None)
+        yield each("cognitora_endpoint_decode_tokens_per_second", lambda s: s.decode_tokens_per_s or None)
+        yield each("cognitora_endpoint_power_watts", lambda s: s.power_watts if metered(s) else None)
+        yield each("cognitora_endpoint_energy_joules", lambda s: s.energy_joules or None)
+        yield each("cognitora_endpoint_prompt_tokens", lambda s: s.prompt_tokens_total)
+        yield each("cognitora_endpoint_generation_tokens", lambda s: s.generation_tokens_total)
+        yield each("cognitora_endpoint_prefix_cache_hits", lambda s: s.prefix_cache_hits_total)
+        yield each("cognitora_endpoint_prefix_cache_queries", lambda s: s.prefix_cache_queries_total)
+
+        def windowed(name: str, value: Callable[[str], float | None]) -> Family:
+            fam = family(name)
+            for endpoint, _ in snaps:
+                v = value(endpoint)
+                if v is not None:
+                    fam.add_metric(_labels([endpoint]), v)
+            return fam
+
+        yield windowed("cognitora_endpoint_cache_hit_ratio", lambda e: _maybe(deltas.get(e), "cache_hit_ratio"))
+        yield windowed("cognitora_endpoint_joules_per_token", lambda e: _maybe(deltas.get(e), "joules_per_token"))
+        yield each("cognitora_endpoint_marginal_joules_per_token", lambda s: s.joules_per_token)
+        watts = [s.power_watts for _, s in snaps if metered(s)]
+        power = family("cognitora_fleet_power_watts")
+        if watts:
+            power.add_metric([], sum(watts))
+        yield power
+        fleet = fleet_energy([d for e, d in deltas.items() if d is not None and e in self._snapshots])
+        per_token = family("cognitora_fleet_joules_per_token")
+        per_output = family("cognitora_fleet_joules_per_output_token")
+        span = family("cognitora_fleet_energy_window_seconds")
+        if fleet is not None:
+            if fleet.joules_per_token is not None:
+                per_token.add_metric([], fleet.joules_per_token)
+            if fleet.joules_per_output_token is not None:
+                per_output.add_metric([], fleet.joules_per_output_token)
+            span.add_metric([], fleet.seconds)
+        yield per_token
+        yield per_output
+        yield span
