@@ -431,11 +431,11 @@ def _hashable(value: Any) -> bool:
     return True
 
 
-ANY_PACKED = st.recursive(
-    MSGPACK_SCALARS,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(MSGPACK_SCALARS.filter(_hashable), inner, max_size=3),
-    max_leaves=12,
-)
+def _packed_containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(MSGPACK_SCALARS.filter(_hashable), inner, max_size=3)
+
+
+ANY_PACKED = st.recursive(MSGPACK_SCALARS, _packed_containers, max_leaves=12)
 
 
 def _field(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -583,11 +583,13 @@ CONFIG_LEAVES = SCALARS | st.sampled_from(
         "vllm",
     ]
 )
-CONFIG_VALUES = st.recursive(
-    CONFIG_LEAVES,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(CONFIG_KEYS | TEXT, inner, max_size=4),
-    max_leaves=16,
-)
+
+
+def _config_containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=3) | st.dictionaries(CONFIG_KEYS | TEXT, inner, max_size=4)
+
+
+CONFIG_VALUES = st.recursive(CONFIG_LEAVES, _config_containers, max_leaves=16)
 ENDPOINT = st.fixed_dictionaries(
     {"url": _maybe(st.just("http://127.0.0.1:8001") | CONFIG_LEAVES)},
     optional={
