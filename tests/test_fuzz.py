@@ -793,7 +793,11 @@ def test_router_admits_any_chat_as_placed_or_400(
     _admit(core, request)
 
 
-@given(prompt=PROMPT, add_special_tokens=st.none() | st.booleans(), max_tokens=st.none() | st.integers(0, 2**40))
+@given(
+    prompt=PROMPT,
+    add_special_tokens=st.none() | st.booleans(),
+    max_tokens=st.none() | st.integers(0, 2**40) | HUGE_INTS.filter(lambda n: n >= 0),
+)
 def test_router_admits_any_completion_as_placed_or_400(
     core: tuple[Router, asyncio.Runner], prompt: Any, add_special_tokens: bool | None, max_tokens: int | None
 ) -> None:
