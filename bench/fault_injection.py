@@ -663,11 +663,12 @@ def render_markdown(command: str, settings: dict[str, Any], results: list[PhaseR
         command,
         "```",
         "",
-        f"Machine: {settings['machine']}. Fleet: {settings['engines']} simulated engines (`cognitora sim`, "
-        f"time scale {settings['time_scale']:g}); one open-loop client at {settings['rate']:g} requests/s, "
-        f"{settings['client_timeout_s']:g} s timeout, a quarter streamed; each phase {settings['phase_s']:g} s, "
-        f"fault {settings['lead_s']:g} s in, healed {settings['down_s']:g} s later. "
-        "Requests count in the phase they were sent in. Times in seconds.",
+        "Machine: {machine} (1-minute load average {load[before]} before, {load[after]} after). Fleet: {engines} "
+        "simulated engines (`cognitora sim`, time scale {time_scale:g}); one open-loop client at {rate:g} "
+        "requests/s, {client_timeout_s:g} s timeout, a quarter streamed; each phase {phase_s:g} s, fault {lead_s:g} s "
+        "in, healed {down_s:g} s later. Requests count in the phase they were sent in. Times in seconds.".format(
+            load=settings["load_average_1m"], **settings
+        ),
         "",
         "| phase | fault | sent | served | failed (what the client saw) | retried by Envoy | p50 / p99 latency | "
         "cache hit rate |",
@@ -795,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cognitora-faults-"))
     workdir.mkdir(parents=True, exist_ok=True)
     dep = Deployment(workdir, args.engines, args.time_scale)
+    load_before = _loadavg()
     try:
         dep.start()
         endpoints = dep.endpoint_ids
@@ -811,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
         "client_timeout_s": args.client_timeout_s,
         "time_scale": args.time_scale,
         "machine": f"{platform.machine()}, {_cpus()} CPUs, shared",
+        "load_average_1m": {"before": load_before, "after": _loadavg()},
         "workdir": str(workdir),
         "endpoints": endpoints,
     }
@@ -820,6 +823,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.with_suffix(".md").write_text(render_markdown(command, settings, results))
     print(render_markdown(command, settings, results))
     return 0
+
+
+def _loadavg() -> float | None:
+    import os
+
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def _cpus() -> int:
