@@ -59,6 +59,11 @@ DEFAULT_PRIORITY = "default"
 ENV_PREFIX = "os.environ/"
 """A string value ``os.environ/NAME`` stands for the environment variable NAME (LiteLLM's own spelling)."""
 
+MAX_CONFIG_VALUES = 100_000
+"""A config holding more values than this is refused (a YAML alias bomb expands to billions from a few lines)."""
+MAX_CONFIG_DEPTH = 64
+"""A config nested deeper than this is refused (the schema is five levels deep; a parser's stack is not endless)."""
+
 _SECRET_KEY = re.compile(r"password|passwd|api_?key|secret|(^|_)token$", re.IGNORECASE)
 """Keys whose value is a secret wherever it was written (``tokenizer`` is not one)."""
 
@@ -340,7 +345,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key ([a, b]): construct_mapping below reports it with its line
+            continue
+        if duplicate:
             mark = key_node.start_mark
             raise ConfigError(f"line {mark.line + 1}: duplicate key {key!r}")
         seen.add(key)
@@ -360,6 +369,11 @@ def read_yaml(path: Path) -> Any:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply to parse") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids: it has a position, not a mark
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path}: not valid YAML at line {line}: character {exc.character!r}: {exc.reason}") from None
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -408,8 +422,18 @@ def resolve_env(data: Any, source: str) -> Any:
     ``explain`` and config errors mask it from then on.
     """
     missing: list[str] = []
+    budget = MAX_CONFIG_VALUES
 
     def walk(value: Any, loc: tuple[int | str, ...]) -> Any:
+        nonlocal budget
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(
+                f"{source}: {_key_path(loc)}: the config holds more than {MAX_CONFIG_VALUES} values "
+                "(a YAML alias expanding?)"
+            )
+        if len(loc) > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{source}: {_key_path(loc[:4])}...: nested more than {MAX_CONFIG_DEPTH} levels deep")
         if isinstance(value, Mapping):
             return {k: walk(v, (*loc, str(k))) for k, v in value.items()}
         if isinstance(value, list):
@@ -462,7 +486,12 @@ def _absolute_in(annotation: Any, value: Any, base_dir: Path) -> Any:
     if _is_path_type(annotation):
         if isinstance(value, str | os.PathLike) and str(value):
             path = Path(value).expanduser()
-            return str(path if path.is_absolute() else (base_dir / path).resolve())
+            if path.is_absolute():
+                return str(path)
+            try:
+                return str((base_dir / path).resolve())
+            except ValueError:  # a NUL or a lone surrogate: no such file, which the reference check reports
+                return str(base_dir / path)
         return value
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is list and args and isinstance(value, list):
@@ -589,6 +618,8 @@ def _describe(err: Mapping[str, Any]) -> str:
             close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
             text += f"; did you mean {close[0]!r}?" if close else f"; expected one of: {', '.join(names)}"
         return f"{_key_path(loc[:-1]) if len(loc) > 1 else '(top level)'}: {text}"
+    if kind == "invalid_key":  # loc ends with the key itself, which is not a list index though it may be an int
+        return f"{_key_path(loc[:-1]) if len(loc) > 1 else '(top level)'}: key {value!r} must be a string"
     path = _key_path(loc)
     if kind == "missing":
         return f"{path}: missing required key"

@@ -139,4 +139,8 @@ def rewrite_body(parsed: ParsedBody, raw: bytes, *, model: str | None, include_u
     if include_usage:
         options = data.get("stream_options")
         data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate the client sent escaped ("\\ud800"): send it escaped again
+        return json.dumps(data, separators=(",", ":")).encode()

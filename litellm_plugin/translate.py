@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -130,8 +131,8 @@ def _prompt_fields(
         messages, prompt = None, body["prompt"]
     elif messages is not None:
         only = messages[0] if len(messages) == 1 else None
-        is_prompt = only is not None and set(only) == {"role", "content"} and _is_token_ids(only.get("content"))
-        messages, prompt = (None, only["content"]) if only is not None and is_prompt else (messages, None)
+        is_prompt = isinstance(only, Mapping) and set(only) == {"role", "content"} and _is_token_ids(only["content"])
+        messages, prompt = (None, only["content"]) if isinstance(only, Mapping) and is_prompt else (messages, None)
     elif isinstance(input, list) and input and all(isinstance(i, Mapping) and "role" in i for i in input):
         messages, prompt = input, None  # Responses API input items of the message kind
     else:
@@ -203,7 +204,7 @@ def _int_or_none(value: Any) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, float):
-        return int(value)
+        return int(value) if math.isfinite(value) else None
     return None
 
 
@@ -211,7 +212,10 @@ def _ttft_s(kwargs: Mapping[str, Any]) -> float | None:
     start = kwargs.get("api_call_start_time")
     first = kwargs.get("completion_start_time")
     if isinstance(start, datetime.datetime) and isinstance(first, datetime.datetime):
-        seconds = (first - start).total_seconds()
+        try:
+            seconds = (first - start).total_seconds()
+        except TypeError:  # one naive, one aware: no TTFT rather than a failed callback
+            return None
         return seconds if seconds >= 0 else None
     return None
 

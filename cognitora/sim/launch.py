@@ -91,13 +91,18 @@ def start_fleet(
     extra_args: Sequence[str] = (),
     log_dir: Path,
     startup_timeout_s: float = 60.0,
+    base_port: int | None = None,
 ) -> SimFleet:
-    """Run ``cognitora sim fleet`` with ``n`` engines; return once every engine answers ``/health``."""
+    """Run ``cognitora sim fleet`` with ``n`` engines; return once every engine answers ``/health``.
+
+    ``base_port``: take the ports of an earlier fleet of ``n`` engines (its ``base_port``), as an engine restarted
+    after a crash comes back at its old address; default: a free block.
+    """
     last_error: Exception | None = None
-    for _attempt in range(3):
+    for _attempt in range(3 if base_port is None else 1):
         # below the kernel's ephemeral range (32768+), where client sockets would race us for ports; random,
         # because other fleets and tests look for free blocks at the same time
-        base = free_port_block(3 * n + 1, start=random.randrange(20000, 32000 - 3 * n))
+        base = base_port or free_port_block(3 * n + 1, start=random.randrange(20000, 32000 - 3 * n))
         http_base, events_base, admin_port = base, base + n, base + 3 * n
         argv = [
             sys.executable, "-m", "cognitora.cli", "sim", "fleet",
