@@ -137,6 +137,7 @@ class Deployment:
             admin_port=self.admin_port,
             extproc_port=self.extproc_port,
             engines=self.endpoint_ids,
+            expose_upstream_host=True,  # the per-engine table reads which engine answered
         )
         self.envoy = start_envoy(text, self.workdir / "envoy", self.admin_port)
 

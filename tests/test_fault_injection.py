@@ -40,10 +40,12 @@ def test_engine_and_extproc_kills_under_load_fail_only_while_down_and_recover(tm
     assert crash["target_last_pick_after_fault_s"] is None or crash["target_last_pick_after_fault_s"] < 1.0
     assert crash["first_success_after_heal_s"] is not None
 
-    # The ext_proc kill: every request sent while it was down fails with Envoy's JSON 500, none after it is back.
+    # The ext_proc kill: every request sent while it was down fails with Envoy's JSON 503 that says why, none after
+    # it is back.
     assert extproc["window"]["served"] == 0 and extproc["window"]["sent"] >= 8
-    assert "HTTP 500" in extproc["failed"] and set(extproc["failed"]) <= {"HTTP 500", "stream cut"}
-    assert json.loads(extproc["client_saw"]["HTTP 500"])["error"]["type"] == "server_error"
+    assert "HTTP 503" in extproc["failed"] and set(extproc["failed"]) <= {"HTTP 503", "stream cut"}
+    error = json.loads(extproc["client_saw"]["HTTP 503"])["error"]
+    assert error["code"] == "placement_unavailable" and "unavailable" in error["message"]
     assert extproc["first_success_after_heal_s"] is not None
     recovered_at = extproc["heal_at_s"] + extproc["first_success_after_heal_s"]
     assert extproc["last_failure_after_fault_s"] + extproc["fault_at_s"] < recovered_at
