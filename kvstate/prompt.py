@@ -26,12 +26,20 @@ The rules, as vLLM applies them:
 
 ``ChatTokenizer`` is the model's own ``tokenizer.json`` (HF ``tokenizers``) plus its chat template. Special tokens
 split the text before BPE runs, so each piece between them tokenizes independently; pieces are cached, which makes
-the long shared system prompts Cognitora routes for nearly free to re-tokenize.
+the long shared system prompts Cognitora routes for nearly free to re-tokenize. The cache is bounded in bytes, and a
+piece too large for it is not cached (one huge prompt must not hold, or flush, everyone's system prompts).
+
+What tokenizing costs is known before it is paid (``ChatTokenizer.uncached_chars``, ``PromptKeyer.keys_inline``),
+so a gateway can key cheap prompts on its event loop and the others on a worker thread: a ``ChatTokenizer`` may be
+used from several threads at once, and long texts are encoded with the GIL released (HF ``Tokenizer.encode`` holds
+it for the whole call; ``encode_batch`` does not).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +68,15 @@ __all__ = [
 
 Message = Mapping[str, Any]
 TokenIds = tuple[int, ...]
+
+PIECE_CACHE_BYTES = 64 << 20
+"""Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
+them): ~1.5M cached tokens of English."""
+
+GIL_FREE_ENCODE_CHARS = 2048
+"""Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
+holds it throughout: a 1 MB text froze every other thread, the event loop's too, for 1.5 s). Below, the two cost
+the same and the GIL is held for under a millisecond."""
 
 
 # -- the request's prompt -------------------------------------------------------------------------------------
@@ -172,9 +189,19 @@ def prompt_token_ids(tokenizer: PromptTokenizer, prompt: Prompt) -> list[list[in
 
 
 class ChatTokenizer:
-    """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring)."""
+    """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring). Thread-safe.
 
-    def __init__(self, tokenizer_path: Path, template_path: Path | None = None, cache_size: int = 4096) -> None:
+    ``cache_bytes`` bounds the piece cache; a piece whose entry would take more than ``max_piece_bytes`` (default a
+    sixteenth of the cache) is encoded but not kept.
+    """
+
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        template_path: Path | None = None,
+        cache_bytes: int = PIECE_CACHE_BYTES,
+        max_piece_bytes: int | None = None,
+    ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.template: ChatTemplate | None = load_chat_template(tokenizer_path, template_path)
         added = list(self.tokenizer.get_added_tokens_decoder().values())
@@ -193,8 +220,14 @@ class ChatTokenizer:
         self._prefix: list[int] | None
         self._suffix: list[int] | None
         self._prefix, self._suffix = self._special_affixes()
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        """piece -> (its token ids, the entry's size in bytes), least recently used first."""
+        self._cache_bytes = cache_bytes
+        self._max_piece_bytes = cache_bytes // 16 if max_piece_bytes is None else min(max_piece_bytes, cache_bytes)
+        self._cached_bytes = 0
+        # Held for cache lookups and updates only, never while encoding: a worker thread keying a long prompt
+        # must not make the event loop's cheap lookups wait.
+        self._lock = threading.Lock()
 
     def _special_affixes(self) -> tuple[list[int], list[int]] | tuple[None, None]:
         """What the post-processor puts before and after a single sequence (Llama: ``[<s>]``, ``[]``)."""
@@ -228,10 +261,10 @@ class ChatTokenizer:
         """Equal to ``tokenizer.encode(text, add_special_tokens=...).ids``, from cached pieces where possible."""
         if add_special_tokens:
             if self._prefix is None or self._suffix is None:
-                return self.tokenizer.encode(text, add_special_tokens=True).ids
+                return self._encode_raw(text, True)
             return [*self._prefix, *self.encode(text), *self._suffix]
         if not self._piecewise:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self._encode_raw(text, False)
         if self._split is None:
             return self._encode_piece(text)
         ids: list[int] = []
@@ -245,20 +278,62 @@ class ChatTokenizer:
                 ids.extend(self._encode_piece(piece))
         return ids
 
+    def uncached_chars(self, text: str, add_special_tokens: bool = False) -> int:
+        """How much of ``text`` ``encode`` would tokenize rather than find cached, in characters: what encoding it
+        costs, for the price of a split and a few lookups (the cache is not reordered)."""
+        if not self._piecewise or (add_special_tokens and (self._prefix is None or self._suffix is None)):
+            return len(text)
+        pieces = [text] if self._split is None else self._split.split(text)
+        added, cache = self._added_ids, self._cache
+        with self._lock:
+            return sum(len(p) for p in pieces if p not in added and p not in cache)
+
     def encode_chat(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """A chat's token ids with vLLM's defaults."""
         return prompt_token_ids(self, ChatPrompt(messages, tools))[0]
 
+    def _encode_raw(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) >= GIL_FREE_ENCODE_CHARS:
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
     def _encode_piece(self, piece: str) -> list[int]:
-        hit = self._cache.get(piece)
-        if hit is not None:
-            self._cache.move_to_end(piece)
-            return hit
-        ids = self.tokenizer.encode(piece, add_special_tokens=False).ids
-        self._cache[piece] = ids
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        cache = self._cache
+        with self._lock:
+            hit = cache.get(piece)
+            if hit is not None:
+                cache.move_to_end(piece)
+                return hit[0]
+        ids = self._encode_raw(piece, False)
+        size = _entry_bytes(piece, ids)
+        if size > self._max_piece_bytes:
+            return ids
+        with self._lock:
+            old = cache.pop(piece, None)  # another thread may have cached it meanwhile
+            if old is not None:
+                self._cached_bytes -= old[1]
+            cache[piece] = (ids, size)
+            self._cached_bytes += size
+            while self._cached_bytes > self._cache_bytes:
+                _, (_, dropped) = cache.popitem(last=False)
+                self._cached_bytes -= dropped
         return ids
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the piece cache holds now, in bytes (never more than ``cache_bytes``)."""
+        return self._cached_bytes
+
+
+_INT_BYTES = sys.getsizeof(1 << 20)
+"""A token id above CPython's small-int cache is an object of its own (28 bytes), beside its slot in the list."""
+_ENTRY_OVERHEAD_BYTES = 160
+"""The cache's own per-entry cost: the ``OrderedDict`` slot and link, the tuple."""
+
+
+def _entry_bytes(piece: str, ids: list[int]) -> int:
+    """A cache entry's size in bytes, as Python holds it (an upper bound: small ids are shared objects)."""
+    return sys.getsizeof(piece) + sys.getsizeof(ids) + _INT_BYTES * len(ids) + _ENTRY_OVERHEAD_BYTES
 
 
 # -- token ids -> block keys ----------------------------------------------------------------------------------
