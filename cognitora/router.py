@@ -18,6 +18,8 @@ Nothing here raises because Redis is down.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import time
 from collections import deque
@@ -33,7 +35,15 @@ from cognitora.placement import FleetState, HealthMark, place, reject, unknown_m
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer, PromptKeys, read_prompt
+from kvstate.prompt import (
+    ChatTokenizer,
+    Prompt,
+    PromptError,
+    PromptKeyer,
+    PromptKeys,
+    prompt_chars,
+    read_prompt,
+)
 from kvstate.store import EndpointSnapshot, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
@@ -74,6 +84,12 @@ class RouterStats:
     """Finished requests whose first token was timed: the two sums below cover exactly these."""
     predicted_ttft_s: float = 0.0
     achieved_ttft_s: float = 0.0
+    oversized_prompts: int = 0
+    """Prompts over ``limits.exact_prompt_max_chars``: placed on approximate keys or refused (``limits.over_limit``)."""
+    offloaded_prompts: int = 0
+    """Prompts keyed on the worker thread (too much to tokenize on the event loop)."""
+    offload_queue_full: int = 0
+    """Prompts given approximate keys because the keying thread had ``limits.offload_queue_max_chars`` queued."""
 
 
 @dataclass
@@ -145,7 +161,7 @@ class Router:
         self.config = config
         self.store = store
         self._clock = clock
-        self._keyers = {m.name: _keyer(m) for m in config.models}
+        self._keyers = {m.name: _keyer(m, config.limits.tokenizer_cache_bytes) for m in config.models}
         self._endpoint_ids = {m.name: [e.id for e in m.endpoints] for m in config.models}
         for m in config.models:
             if m.tokenizer is None and any(e.kv_events for e in m.endpoints):
@@ -173,6 +189,9 @@ class Router:
         self._writers: set[asyncio.Task[None]] = set()
         self._next_attempt_prune = 0.0
         self._error_log = RateLimitedLog(log)
+        self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._offloaded_chars = 0
+        """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig) -> Router:
@@ -192,7 +211,9 @@ class Router:
         if bad_text is not None:
             return self._record(reject(req, 400, f"{bad_text} is not valid Unicode (a lone surrogate): fix the client"))
         try:
-            prompt = self._prompt_keys(model, req)
+            prompt = await self._prompt_keys(model, req)
+        except _PromptTooLarge as exc:
+            return self._record(reject(req, 413, str(exc)))
         except PromptError as exc:
             return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
         except UnicodeError as exc:
@@ -206,8 +227,12 @@ class Router:
             decision = replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
         return self._record(decision)
 
-    def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
-        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one."""
+    async def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
+        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one.
+
+        Never blocks the event loop for long (``limits``): a prompt over ``exact_prompt_max_chars`` is not tokenized
+        (approximate keys, or ``_PromptTooLarge``); one with more than ``inline_tokenize_max_chars`` the piece
+        cache lacks is tokenized on the keying thread; the rest, nearly every request, right here."""
         prompt = read_prompt(
             messages=req.messages,
             prompt=req.prompt,
@@ -218,7 +243,51 @@ class Router:
             chat_template_kwargs=req.chat_template_kwargs,
         )
         lora = req.model if req.model in model.loras else None
-        return self._keyers[model.name].keys(prompt, lora)
+        keyer = self._keyers[model.name]
+        limits = self.config.limits
+        size = prompt_chars(prompt)
+        if size > limits.exact_prompt_max_chars:
+            self.stats.oversized_prompts += 1
+            if limits.over_limit == "reject":
+                raise _PromptTooLarge(
+                    f"the prompt is too large for this gateway: {size:,} characters, the limit is "
+                    f"{limits.exact_prompt_max_chars:,}; shorten it or split it over several requests"
+                )
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars)
+        if size <= limits.inline_tokenize_max_chars:
+            return keyer.keys(prompt, lora)
+        keys = keyer.keys_inline(prompt, lora, limits.inline_tokenize_max_chars)
+        if keys is not None:
+            return keys
+        return await self._keys_on_thread(keyer, prompt, lora, size)
+
+    async def _keys_on_thread(self, keyer: PromptKeyer, prompt: Prompt, lora: str | None, size: int) -> PromptKeys:
+        """``keyer.keys`` on the keying thread, unless ``limits.offload_queue_max_chars`` are already waiting there:
+        then approximate keys at once (the request is not refused: only a burst of long prompts put it here)."""
+        limits = self.config.limits
+        if self._offloaded_chars and self._offloaded_chars + size > limits.offload_queue_max_chars:
+            self.stats.offload_queue_full += 1
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars)
+        if self._key_thread is None:
+            # One thread: tokenizing is CPU-bound, and one core is all it may take from the gateway's own work.
+            self._key_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-keys")
+        self.stats.offloaded_prompts += 1
+        self._offloaded_chars += size
+        loop = asyncio.get_running_loop()
+        job = self._key_thread.submit(keyer.keys, prompt, lora)
+
+        def done(_: concurrent.futures.Future[PromptKeys]) -> None:
+            # When the job ends, not when this request stops waiting for it (a client gone): it still holds the
+            # thread until then.
+            self._offloaded_chars -= size
+
+        def report(j: concurrent.futures.Future[PromptKeys]) -> None:
+            # On the thread; the count is the loop's. A loop already closed has nobody left to count for.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(done, j)
+
+        job.add_done_callback(report)
+        return await asyncio.wrap_future(job)
 
     async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> FleetState:
         ids = self._endpoint_ids[model.name]
@@ -527,9 +596,12 @@ class Router:
         return list(self._recent)
 
     async def close(self) -> None:
-        """Let every attempt's store writes land, then close the store."""
+        """Let every attempt's store writes land, then close the store (and stop the keying thread)."""
         if self._writers:
             await asyncio.gather(*self._writers, return_exceptions=True)
+        if self._key_thread is not None:
+            self._key_thread.shutdown(wait=False, cancel_futures=True)
+            self._key_thread = None
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------
@@ -567,6 +639,8 @@ def _invalid_unicode(req: RouteRequest) -> str | None:
     while todo:
         where, value = todo.pop()
         if isinstance(value, str):
+            if value.isascii():  # O(1) in CPython (a flag of the string): no 10 MB copy to find nothing
+                continue
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
@@ -607,8 +681,12 @@ async def _one_after_another(calls: Sequence[Awaitable[object]]) -> None:
         raise first_error
 
 
-def _keyer(model: ModelConfig) -> PromptKeyer:
+class _PromptTooLarge(Exception):
+    """A prompt over ``limits.exact_prompt_max_chars`` with ``over_limit: reject``: the message is the client's."""
+
+
+def _keyer(model: ModelConfig, cache_bytes: int) -> PromptKeyer:
     tokenizer = None
     if model.tokenizer is not None:
-        tokenizer = ChatTokenizer(model.tokenizer, model.chat_template)
+        tokenizer = ChatTokenizer(model.tokenizer, model.chat_template, cache_bytes=cache_bytes)
     return PromptKeyer(model.name, model.block_size, tokenizer)

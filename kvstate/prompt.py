@@ -62,6 +62,7 @@ __all__ = [
     "PromptKeys",
     "PromptTokenizer",
     "completion_prompts",
+    "prompt_chars",
     "prompt_token_ids",
     "read_prompt",
 ]
@@ -143,8 +144,13 @@ def read_prompt(
     return CompletionPrompt(completion_prompts(prompt), True if add_special_tokens is None else add_special_tokens)
 
 
-def _is_token(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _all_tokens(values: Sequence[Any]) -> bool:
+    """Every value is a token id (a non-negative int, not a bool). At C speed, by the set of the values' types: a
+    10 MB body of ids is ~1.2M of them, which a per-value Python check took 0.3 s of the event loop to read."""
+    types = set(map(type, values))
+    if not all(issubclass(t, int) and not issubclass(t, bool) for t in types):
+        return False
+    return not values or min(values) >= 0
 
 
 def completion_prompts(prompt: Any) -> tuple[str | TokenIds, ...]:
@@ -156,12 +162,12 @@ def completion_prompts(prompt: Any) -> tuple[str | TokenIds, ...]:
             raise PromptError("'prompt' is empty: give at least one prompt")
         if all(isinstance(p, str) for p in prompt):
             return tuple(prompt)
-        if all(_is_token(t) for t in prompt):
+        if _all_tokens(prompt):
             return (tuple(prompt),)
         if all(isinstance(p, (list, tuple)) for p in prompt):
             if not prompt[0]:
                 raise PromptError("'prompt' holds an empty token list: give at least one token")
-            if all(all(_is_token(t) for t in p) for p in prompt):
+            if all(_all_tokens(p) for p in prompt):
                 return tuple(tuple(p) for p in prompt)
     raise PromptError("'prompt' must be a string, a list of strings, a list of token ids, or a list of token-id lists")
 
@@ -267,8 +273,11 @@ class ChatTokenizer:
             return self._encode_raw(text, False)
         if self._split is None:
             return self._encode_piece(text)
+        return self._encode_pieces(self._split.split(text))
+
+    def _encode_pieces(self, pieces: list[str]) -> list[int]:
         ids: list[int] = []
-        for piece in self._split.split(text):
+        for piece in pieces:
             if not piece:
                 continue
             token = self._added_ids.get(piece)
@@ -283,7 +292,26 @@ class ChatTokenizer:
         costs, for the price of a split and a few lookups (the cache is not reordered)."""
         if not self._piecewise or (add_special_tokens and (self._prefix is None or self._suffix is None)):
             return len(text)
-        pieces = [text] if self._split is None else self._split.split(text)
+        return self._uncached(self._pieces(text))
+
+    def encode_within(self, text: str, add_special_tokens: bool, max_uncached_chars: int) -> list[int] | None:
+        """``encode(text, add_special_tokens)`` if at most ``max_uncached_chars`` of ``text`` are not cached (see
+        ``uncached_chars``); else None, nothing encoded. One split serves both the check and the encoding."""
+        if not self._piecewise or (add_special_tokens and (self._prefix is None or self._suffix is None)):
+            return None if len(text) > max_uncached_chars else self.encode(text, add_special_tokens)
+        pieces = self._pieces(text)
+        if self._uncached(pieces) > max_uncached_chars:
+            return None
+        ids = self._encode_pieces(pieces)
+        if add_special_tokens:
+            assert self._prefix is not None and self._suffix is not None
+            return [*self._prefix, *ids, *self._suffix]
+        return ids
+
+    def _pieces(self, text: str) -> list[str]:
+        return [text] if self._split is None else self._split.split(text)
+
+    def _uncached(self, pieces: list[str]) -> int:
         added, cache = self._added_ids, self._cache
         with self._lock:
             return sum(len(p) for p in pieces if p not in added and p not in cache)
@@ -379,6 +407,36 @@ class PromptKeyer:
             return PromptKeys(self.keys_for_tokens(sequences[0], lora), total, True, self.block_size)
         return self._approx(prompt, lora)
 
+    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | None:
+        """``keys(prompt, lora)`` if computing them tokenizes at most ``max_uncached_chars`` characters that the
+        piece cache does not hold; else None, having tokenized nothing (only rendered the chat): a caller on an
+        event loop then runs ``keys`` on a worker thread. Hashing alone (token ids, text-approximate keys) costs
+        ~1 us per block and always runs."""
+        tok = self.tokenizer
+        if tok is None:
+            return self.keys(prompt, lora)
+        if isinstance(prompt, ChatPrompt):
+            ids = tok.encode_within(tok.render_chat(prompt), prompt.add_special_tokens, max_uncached_chars)
+            if ids is None:
+                return None
+            return PromptKeys(self.keys_for_tokens(ids, lora), len(ids), True, self.block_size)
+        texts = [p for p in prompt.prompts if isinstance(p, str)]
+        if sum(tok.uncached_chars(t, prompt.add_special_tokens) for t in texts) > max_uncached_chars:
+            return None
+        return self.keys(prompt, lora)
+
+    def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int) -> PromptKeys:
+        """Keys for a prompt too large to tokenize, at a cost bounded by ``max_chars`` whatever its size: text-
+        approximate keys of its first ``max_chars`` characters (its leading ``max_chars / 4`` ids for token-id
+        prompts: those keys are exact), and a token count estimated from ``prompt_chars`` (a token-id count is
+        exact). Nothing is tokenized."""
+        if isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str):
+            head = prompt.prompts[0][: max(1, max_chars // APPROX_CHARS_PER_TOKEN)]
+            total = sum(len(p) for p in prompt.prompts)
+            return PromptKeys(self.keys_for_tokens(head, lora), total, True, self.block_size)
+        keys = self._approx(prompt, lora, max_chars).keys
+        return PromptKeys(keys, max(1, prompt_chars(prompt) // APPROX_CHARS_PER_TOKEN), False, self.block_size)
+
     def keys_for_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> list[BlockKey]:
         return chain_block_keys(self.root(lora), token_ids, self.block_size)
 
@@ -391,17 +449,75 @@ class PromptKeyer:
         """A chat's keys with vLLM's defaults (what most callers send)."""
         return self.keys(read_prompt(messages=messages, tools=tools), lora)
 
-    def _approx(self, prompt: Prompt, lora: str | None) -> PromptKeys:
+    def _approx(self, prompt: Prompt, lora: str | None, max_chars: int | None = None) -> PromptKeys:
+        """Text-approximate keys; with ``max_chars``, of the first ``max_chars`` characters only, and only the
+        leading messages holding them are read."""
         chars = self.block_size * APPROX_CHARS_PER_TOKEN
         if isinstance(prompt, ChatPrompt):
             schemas = tool_schemas(prompt.tools)
             head = f"<tools>{schemas}\n" if schemas else ""
-            texts = [head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation(prompt.messages))]
+            if max_chars is None:
+                texts = [head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation(prompt.messages))]
+            else:
+                texts = [_leading_text(head, conversation(_leading_messages(prompt.messages, max_chars)), max_chars)]
         else:
             texts = [p for p in prompt.prompts if isinstance(p, str)]
-        keys = text_block_keys(approx_root_key(self.model, lora), texts[0], chars)
+        first = texts[0] if max_chars is None else texts[0][:max_chars]
+        keys = text_block_keys(approx_root_key(self.model, lora), first, chars)
         tokens = sum(max(1, len(t) // APPROX_CHARS_PER_TOKEN) for t in texts)
         return PromptKeys(keys, tokens, False, self.block_size)
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    """A prompt's size in characters, known before it is rendered or tokenized (``limits`` in cognitora.yaml bound
+    it): its text, plus ``APPROX_CHARS_PER_TOKEN`` for each token id and each other JSON value (a message, a part,
+    a number: each renders with markup around it). One pass over the values; no text is copied."""
+    if isinstance(prompt, CompletionPrompt):
+        return sum(len(p) if isinstance(p, str) else APPROX_CHARS_PER_TOKEN * len(p) for p in prompt.prompts)
+    return _json_chars(prompt.messages) + _json_chars(prompt.tools) + _json_chars(prompt.chat_template_kwargs)
+
+
+def _json_chars(value: object) -> int:
+    if value is None:
+        return 0
+    total = 0
+    todo = [value]
+    while todo:  # iterative: a deeply nested body must not overflow the stack here
+        item = todo.pop()
+        if isinstance(item, str):
+            total += len(item)
+            continue
+        total += APPROX_CHARS_PER_TOKEN
+        if isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return total
+
+
+def _leading_messages(messages: Sequence[Message], max_chars: int) -> Sequence[Message]:
+    """The fewest leading ``messages`` whose size reaches ``max_chars`` (all of them if they do not)."""
+    total = 0
+    for i, message in enumerate(messages):
+        total += _json_chars(message)
+        if total >= max_chars:
+            return messages[: i + 1]
+    return messages
+
+
+def _leading_text(head: str, chat: Sequence[Mapping[str, Any]], max_chars: int) -> str:
+    """The approximate text of ``chat`` (``_approx``), its first ``max_chars`` characters only: a long content is
+    cut before it is copied."""
+    out = [head[:max_chars]]
+    left = max_chars - len(out[0])
+    for m in chat:
+        if left <= 0:
+            break
+        content = m["content"]
+        piece = f"<{m['role']}>{content[:left] if isinstance(content, str) else content}\n"[:left]
+        out.append(piece)
+        left -= len(piece)
+    return "".join(out)
 
 
 class _TokenIdsOnly:

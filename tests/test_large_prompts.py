@@ -1,19 +1,30 @@
 """No request can stall a gateway (issue 11, finding 1): what one huge prompt may cost, and that it costs no more.
 
-Unit level: the store's speculative expiry is linear in what it forgets; the tokenizer's piece cache is bounded in
-bytes, and a long text is encoded without holding the GIL.
+- the store's speculative expiry is linear in what it forgets; the tokenizer's piece cache is bounded in bytes, and
+  a long text is encoded without holding the GIL;
+- the core's policy (``limits`` in cognitora.yaml, ``Router._prompt_keys``), which both gateways get: a prompt
+  over ``exact_prompt_max_chars`` is not tokenized (approximate keys, or 413), a long uncached one is tokenized
+  on a worker thread while the loop keeps placing, a cached one stays on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from tokenizers import Tokenizer
 
+from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.request import RouteRequest
+from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer
+from kvstate.prompt import ChatTokenizer, PromptKeyer, read_prompt
+from tests.bos_model import write_bos_model
 
 M, A = "m", "10.0.0.1:8000"
 
@@ -69,6 +80,24 @@ def test_the_piece_cache_is_bounded_in_bytes_and_keeps_no_huge_piece(smollm2_dir
     assert tok.uncached_chars(text + "new words") == len("new words")
 
 
+@pytest.mark.parametrize("model", ["smollm2", "bos"])
+@pytest.mark.parametrize("add_special_tokens", [False, True])
+def test_encoding_within_a_budget_is_encoding_or_nothing(
+    model: str, add_special_tokens: bool, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    path = smollm2_dir / "tokenizer.json" if model == "smollm2" else write_bos_model(tmp_path)
+    tok = ChatTokenizer(path)
+    plain = Tokenizer.from_file(str(path))
+    text = "<|im_start|>system\n" + "Be brief. " * 500 + "<|im_end|>\n<|im_start|>user\nHi<|im_end|>"
+    assert tok.encode_within(text, add_special_tokens, 100) is None  # 5,000 new characters: over budget
+    assert tok.uncached_chars(text, add_special_tokens) > 5000
+    expected = plain.encode(text, add_special_tokens=add_special_tokens).ids
+    assert tok.encode_within(text, add_special_tokens, 10_000) == expected
+    # Cached now (where the tokenizer caches pieces): nothing left to pay, so any budget will do.
+    again = tok.encode_within(text, add_special_tokens, 0)
+    assert again is None or again == expected
+
+
 def test_a_long_text_is_encoded_without_holding_the_gil(smollm2_dir: Path) -> None:
     # HF Tokenizer.encode holds the GIL for the whole call (a thread running it froze the event loop with it); the
     # ChatTokenizer encodes long texts with encode_batch, which releases it. Measured: the other thread's longest
@@ -94,3 +123,128 @@ def test_a_long_text_is_encoded_without_holding_the_gil(smollm2_dir: Path) -> No
     done.set()
     thread.join()
     assert max(gaps) < max(0.1, took / 3), (max(gaps), took)
+
+
+# -- the core's policy: Router._prompt_keys ------------------------------------------------------------------------
+
+MODEL = "smollm2"
+TEN_MB = "a " * 5_000_000
+"""The issue's body: 5M words, 10 MB. Exact tokenizing took 11 to 30 s of a frozen event loop."""
+
+
+def limits_config(smollm2_dir: Path, **limits: Any) -> CognitoraConfig:
+    return config_from_dict(
+        {
+            "placement": {"store_timeout_s": 5.0},
+            "limits": limits,
+            "models": [
+                {
+                    "name": MODEL,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "endpoints": [{"url": "http://127.0.0.1:8001"}, {"url": "http://127.0.0.1:8002"}],
+                }
+            ],
+        }
+    )
+
+
+def user(content: str, system: str | None = None) -> RouteRequest:
+    messages = [{"role": "user", "content": content}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return RouteRequest(model=MODEL, messages=messages)
+
+
+def exact_keys(smollm2_dir: Path, req: RouteRequest) -> list[int]:
+    keyer = PromptKeyer(MODEL, 16, ChatTokenizer(smollm2_dir / "tokenizer.json"))
+    return keyer.keys(read_prompt(messages=req.messages)).keys
+
+
+async def test_a_prompt_over_the_limit_is_placed_on_bounded_approximate_keys_at_once(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir), MemoryStore())
+    started = time.perf_counter()
+    decision, attempt = await router.admit(user(TEN_MB))
+    took = time.perf_counter() - started
+    assert attempt is not None and decision.rejection is None
+    assert took < 1.0, took  # ~20 ms measured
+    # Text-approximate keys of the first exact_prompt_max_chars characters (64 per key), the size estimated.
+    assert len(decision.keys) == 262_144 // 64
+    assert decision.prompt_tokens == pytest.approx(len(TEN_MB) / 4, rel=0.01)
+    assert router.stats.oversized_prompts == 1 and router.stats.offloaded_prompts == 0
+    # Nothing of it was kept by the tokenizer.
+    tokenizer = router._keyers[MODEL].tokenizer
+    assert tokenizer is not None and tokenizer.cached_bytes == 0
+    # Another huge prompt with the same beginning shares those keys: once the first is done (its 2.5M tokens of
+    # prefill no longer queued there), it is sent where the first one went.
+    attempt.finish(Outcome(OutcomeKind.COMPLETED))
+    again, _ = await router.admit(user(TEN_MB + " and more"))
+    assert again.endpoint == decision.endpoint and again.predicted_cached_tokens > 0
+
+
+async def test_a_prompt_over_the_limit_is_refused_with_413_when_the_operator_says_so(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir, over_limit="reject", exact_prompt_max_chars=100_000), MemoryStore())
+    decision, attempt = await router.admit(user(TEN_MB))
+    assert attempt is None and decision.rejection is not None
+    assert decision.rejection.status == 413
+    assert "10,000,0" in decision.rejection.message and "100,000" in decision.rejection.message
+    # Under the limit, the same router places as usual.
+    small, attempt = await router.admit(user("a short question"))
+    assert small.rejection is None and attempt is not None
+
+
+async def test_token_ids_over_the_limit_get_exact_keys_for_their_first_ids(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir, exact_prompt_max_chars=4096), MemoryStore())
+    ids = list(range(1000, 1000 + 100_000))
+    decision, _ = await router.admit(RouteRequest(model=MODEL, prompt=ids))
+    keyer = router._keyers[MODEL]
+    assert list(decision.keys) == keyer.keys_for_tokens(ids[:1024])  # 4096 characters: 1024 ids, 4 each
+    assert decision.prompt_tokens == len(ids)
+
+
+async def test_a_long_uncached_prompt_is_tokenized_off_the_loop_with_the_same_keys(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir), MemoryStore())
+    long = user("b " * 120_000)  # 240k characters: under the limit, far over what the loop may tokenize
+    gaps: list[float] = []
+    placing = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not placing.is_set():
+            await asyncio.sleep(0.002)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    decision = await router.place(long)
+    took = time.perf_counter() - started
+    placing.set()
+    await tick
+    assert router.stats.offloaded_prompts == 1
+    assert list(decision.keys) == exact_keys(smollm2_dir, long)  # token-exact, as if keyed inline
+    # The loop ran on while ~0.3 s (more on a loaded machine) of tokenizing went on beside it: its longest pause is a
+    # small part of that (the ids list is built holding the GIL; ~20 ms measured).
+    assert max(gaps) < max(0.1, took / 3), (max(gaps), took)
+
+
+async def test_a_long_prompt_the_cache_holds_is_keyed_on_the_loop(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir), MemoryStore())
+    system = "You are the support assistant of the Acme Rocket Company. " * 400  # 23k characters
+    await router.place(user("first question", system))
+    assert router.stats.offloaded_prompts == 1  # the first time, it is new to the tokenizer
+    for i in range(3):
+        decision = await router.place(user(f"question {i}", system))
+        assert list(decision.keys) == exact_keys(smollm2_dir, user(f"question {i}", system))
+    assert router.stats.offloaded_prompts == 1  # then cached: no thread hop for the common case
+
+
+async def test_a_burst_of_long_prompts_beyond_the_queue_gets_approximate_keys(smollm2_dir: Path) -> None:
+    router = Router(limits_config(smollm2_dir, offload_queue_max_chars=300_000), MemoryStore())
+    burst = [user(f"{i} " + "c " * 100_000) for i in range(4)]  # 200k characters each
+    decisions = await asyncio.gather(*(router.place(r) for r in burst))
+    # The first one runs on the thread; the others would have queued past 300k characters: approximate at once.
+    assert router.stats.offloaded_prompts == 1 and router.stats.offload_queue_full == 3
+    assert [d.rejection for d in decisions] == [None] * 4
+    assert sum(len(d.keys) == 200_008 // 64 for d in decisions) == 3
+    await router.close()
