@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 RECENT_DECISIONS = 256
 """How many recent decisions the router keeps for ``cognitora explain`` and metrics."""
+RECENT_DECISION_MAX_KEYS = 1024
+"""A recent decision keeps its block keys only up to this many (a 16k-token prompt); a longer prompt's are dropped
+from the record (~40 bytes a key: 256 records of a prompt at ``limits.exact_prompt_max_chars`` held up to 400 MB)."""
 
 _T = TypeVar("_T")
 _NO_WORK = InFlight()
@@ -334,7 +337,10 @@ class Router:
                 del self._health_marks[endpoint]
 
     def _record(self, decision: Decision) -> Decision:
-        self._recent.append(decision)
+        if len(decision.keys) > RECENT_DECISION_MAX_KEYS:
+            self._recent.append(replace(decision, keys=()))
+        else:
+            self._recent.append(decision)
         if decision.rejection is None:
             self.stats.placed += 1
         else:
