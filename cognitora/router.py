@@ -256,7 +256,7 @@ class Router:
                     f"the prompt is too large for this gateway: {size:,} characters, the limit is "
                     f"{limits.exact_prompt_max_chars:,}; shorten it or split it over several requests"
                 )
-            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars)
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
         if size <= limits.inline_tokenize_max_chars:
             return keyer.keys(prompt, lora)
         keys = keyer.keys_inline(prompt, lora, limits.inline_tokenize_max_chars)
@@ -270,7 +270,7 @@ class Router:
         limits = self.config.limits
         if self._offloaded_chars and self._offloaded_chars + size > limits.offload_queue_max_chars:
             self.stats.offload_queue_full += 1
-            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars)
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
         if self._key_thread is None:
             # One thread: tokenizing is CPU-bound, and one core is all it may take from the gateway's own work.
             self._key_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-keys")
@@ -640,22 +640,54 @@ class Router:
 
 def _invalid_unicode(req: RouteRequest) -> str | None:
     """Where the request's text holds a lone surrogate (JSON's "\\ud800" decodes to one; no engine can tokenize it),
-    or None. Iterative: a deeply nested body must not overflow the stack here."""
-    todo: list[tuple[str, object]] = [("messages", req.messages), ("prompt", req.prompt)]
-    while todo:
-        where, value = todo.pop()
-        if isinstance(value, str):
-            if value.isascii():  # O(1) in CPython (a flag of the string): no 10 MB copy to find nothing
-                continue
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return where
-        elif isinstance(value, Mapping):
-            todo.extend((f"{where}.{k}", v) for k, v in value.items())
-        elif isinstance(value, list | tuple):
-            todo.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    or None. One pass over the values that builds no paths (a 10 MB body is up to ~1M values: giving each its path
+    took a second of the event loop); the path is traced only in a body that has one."""
+    for where, root in (("messages", req.messages), ("prompt", req.prompt)):
+        if _has_lone_surrogate(root):
+            return _surrogate_path(where, root)
     return None
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    todo = [value]
+    while todo:  # iterative: a deeply nested body must not overflow the stack here
+        item = todo.pop()
+        if isinstance(item, str):
+            # isascii() is O(1) in CPython (a flag of the string): no 10 MB copy to find nothing.
+            if not item.isascii() and not _encodes(item):
+                return True
+        elif isinstance(item, list | tuple):
+            if set(map(type, item)) <= _SCALARS:  # token ids: read at C speed
+                continue
+            todo.extend(item)
+        elif isinstance(item, (dict, Mapping)):  # dict first: the ABC's check is slow, and JSON gives dicts
+            todo.extend(item.values())
+    return False
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_path(where: str, value: object) -> str:
+    todo: list[tuple[str, object]] = [(where, value)]
+    while todo:
+        path, item = todo.pop()
+        if isinstance(item, str):
+            if not _encodes(item):
+                return path
+        elif isinstance(item, Mapping):
+            todo.extend((f"{path}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            todo.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return where
 
 
 def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMark]) -> dict[str, HealthMark]:

@@ -425,17 +425,18 @@ class PromptKeyer:
             return None
         return self.keys(prompt, lora)
 
-    def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int) -> PromptKeys:
+    def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int, size: int | None = None) -> PromptKeys:
         """Keys for a prompt too large to tokenize, at a cost bounded by ``max_chars`` whatever its size: text-
         approximate keys of its first ``max_chars`` characters (its leading ``max_chars / 4`` ids for token-id
-        prompts: those keys are exact), and a token count estimated from ``prompt_chars`` (a token-id count is
-        exact). Nothing is tokenized."""
+        prompts: those keys are exact), and a token count estimated from ``prompt_chars`` (``size``, when the
+        caller has it already; a token-id count is exact). Nothing is tokenized."""
         if isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str):
             head = prompt.prompts[0][: max(1, max_chars // APPROX_CHARS_PER_TOKEN)]
             total = sum(len(p) for p in prompt.prompts)
             return PromptKeys(self.keys_for_tokens(head, lora), total, True, self.block_size)
         keys = self._approx(prompt, lora, max_chars).keys
-        return PromptKeys(keys, max(1, prompt_chars(prompt) // APPROX_CHARS_PER_TOKEN), False, self.block_size)
+        size = prompt_chars(prompt) if size is None else size
+        return PromptKeys(keys, max(1, size // APPROX_CHARS_PER_TOKEN), False, self.block_size)
 
     def keys_for_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> list[BlockKey]:
         return chain_block_keys(self.root(lora), token_ids, self.block_size)
@@ -488,11 +489,17 @@ def _json_chars(value: object) -> int:
             total += len(item)
             continue
         total += APPROX_CHARS_PER_TOKEN
-        if isinstance(item, Mapping):
+        if isinstance(item, (list, tuple)):
+            if set(map(type, item)) <= _SCALARS:  # numbers (token ids): counted at C speed
+                total += APPROX_CHARS_PER_TOKEN * len(item)
+            else:
+                todo.extend(item)
+        elif isinstance(item, (dict, Mapping)):  # dict first: the ABC's check is slow, and JSON gives dicts
             todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
     return total
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _leading_messages(messages: Sequence[Message], max_chars: int) -> Sequence[Message]:
