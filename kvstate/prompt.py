@@ -37,6 +37,7 @@ it for the whole call; ``encode_batch`` does not).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -231,8 +232,8 @@ class ChatTokenizer:
         self._cache_bytes = cache_bytes
         self._max_piece_bytes = cache_bytes // 16 if max_piece_bytes is None else min(max_piece_bytes, cache_bytes)
         self._cached_bytes = 0
-        # Held for cache lookups and updates only, never while encoding: a worker thread keying a long prompt
-        # must not make the event loop's cheap lookups wait.
+        # Held while the cache and its byte count change (a miss), never while encoding: a worker thread keying a
+        # long prompt must not make the event loop's cheap lookups wait.
         self._lock = threading.Lock()
 
     def _special_affixes(self) -> tuple[list[int], list[int]] | tuple[None, None]:
@@ -313,8 +314,7 @@ class ChatTokenizer:
 
     def _uncached(self, pieces: list[str]) -> int:
         added, cache = self._added_ids, self._cache
-        with self._lock:
-            return sum(len(p) for p in pieces if p not in added and p not in cache)
+        return sum(len(p) for p in pieces if p not in added and p not in cache)
 
     def encode_chat(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """A chat's token ids with vLLM's defaults."""
@@ -327,11 +327,13 @@ class ChatTokenizer:
 
     def _encode_piece(self, piece: str) -> list[int]:
         cache = self._cache
-        with self._lock:
-            hit = cache.get(piece)
-            if hit is not None:
+        # Lookups take no lock: each OrderedDict call is atomic under the GIL, and a hit evicted by another thread
+        # between the two calls is still a correct answer.
+        hit = cache.get(piece)
+        if hit is not None:
+            with contextlib.suppress(KeyError):
                 cache.move_to_end(piece)
-                return hit[0]
+            return hit[0]
         ids = self._encode_raw(piece, False)
         size = _entry_bytes(piece, ids)
         if size > self._max_piece_bytes:

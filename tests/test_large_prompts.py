@@ -95,6 +95,29 @@ def test_the_piece_cache_is_bounded_in_bytes_and_keeps_no_huge_piece(smollm2_dir
     assert tok.uncached_chars(text + "new words") == len("new words")
 
 
+def test_threads_sharing_a_tokenizer_whose_cache_churns_get_exact_ids(smollm2_dir: Path) -> None:
+    # The event loop and the keying thread share one tokenizer; lookups take no lock. With a cache so small that
+    # every insert evicts, hits and evictions race: every answer must still be the tokenizer's own.
+    tok = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=64 << 10)
+    plain = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    texts = [f"<|im_start|>user\npiece {i % 40}: " + "words here " * (i % 7 + 1) + "<|im_end|>" for i in range(400)]
+    expected = {t: plain.encode(t, add_special_tokens=False).ids for t in texts}
+    wrong: list[str] = []
+
+    def work(offset: int) -> None:
+        for t in texts[offset:] + texts[:offset]:
+            if tok.encode(t) != expected[t]:
+                wrong.append(t)
+
+    threads = [threading.Thread(target=work, args=(k * 100,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+    assert tok.cached_bytes <= 64 << 10
+
+
 @pytest.mark.parametrize("model", ["smollm2", "bos"])
 @pytest.mark.parametrize("add_special_tokens", [False, True])
 def test_encoding_within_a_budget_is_encoding_or_nothing(
