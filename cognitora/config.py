@@ -41,6 +41,7 @@ __all__ = [
     "ConfigError",
     "EndpointConfig",
     "EngineKind",
+    "LimitsConfig",
     "ModelConfig",
     "PlacementConfig",
     "PriorityClass",
@@ -275,6 +276,33 @@ class PlacementConfig(_Strict):
         return self
 
 
+class LimitsConfig(_Strict):
+    """What one request may cost a gateway, so that none stalls it: how large a prompt is tokenized exactly, and
+    where (docs/config.md, "Large prompts"). A prompt's size is counted before it is rendered or tokenized: its
+    characters of text, plus 4 for each token id and each other JSON value (a message, a part: markup around it)."""
+
+    exact_prompt_max_chars: int = Field(default=262_144, gt=0)
+    """The largest prompt (characters) whose block keys are token-exact. Tokenizing costs one core ~1 us per
+    character of English text, up to ~3 for CJK, so the default (~64k English tokens) costs well under a second,
+    on a worker thread. A larger prompt is handled as ``over_limit`` says, without tokenizing it."""
+    over_limit: Literal["approximate", "reject"] = "approximate"
+    """A prompt over ``exact_prompt_max_chars``: ``approximate`` places it on text-approximate keys of its first
+    ``exact_prompt_max_chars`` characters (they match this gateway's routing history, not the engines' KV events)
+    and a token count estimated from its size; ``reject`` refuses it with 413 and a message giving the limit. A
+    token-id prompt over the limit gets exact keys for its leading ids instead, or the same 413."""
+    inline_tokenize_max_chars: int = Field(default=8192, ge=0)
+    """A prompt whose text not already in the tokenizer's piece cache is at most this many characters is keyed on
+    the gateway's event loop (10 to 25 ms at most, no thread hop: the common case, a cached system prompt and a new
+    question); a larger one on a worker thread, while the loop serves other requests."""
+    offload_queue_max_chars: int = Field(default=524_288, ge=0)
+    """At most this many characters of prompts wait for (or run on) the keying thread; a prompt that would exceed it
+    gets text-approximate keys at once instead of queueing, so a burst of long prompts delays none of them by more
+    than this much tokenizing (~0.5 s of English). A prompt alone on the thread always runs."""
+    tokenizer_cache_bytes: int = Field(default=64 << 20, ge=0)
+    """Bound of each model tokenizer's piece cache (bytes, as Python holds the text and token ids); a piece larger
+    than a sixteenth of it is encoded but not kept. 0 turns the cache off."""
+
+
 class ScrapeConfig(_Strict):
     """How the collector polls engines' ``/metrics``."""
 
@@ -298,6 +326,8 @@ class CognitoraConfig(_Strict):
     """The models served, each with its endpoints."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Placement weights, filters and priority classes."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     """Metrics polling."""
 
@@ -650,6 +680,7 @@ def reference_markdown() -> str:
         ("models[].endpoints[]", EndpointConfig),
         ("placement", PlacementConfig),
         ("placement.priorities.<name>", PriorityClass),
+        ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
     ]
     out: list[str] = []

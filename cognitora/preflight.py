@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from cognitora.config import CognitoraConfig, ConfigError, ModelConfig
 from cognitora.redaction import redact_url
 from kvstate.chat_template import ChatTemplate, PromptError
-from kvstate.prompt import ChatTokenizer, PromptKeyer
+from kvstate.prompt import PIECE_CACHE_BYTES, ChatTokenizer, PromptKeyer
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = [
@@ -51,18 +51,21 @@ STORE_CHECK_TIMEOUT_S = 2.0
 
 def prompt_keyers(config: CognitoraConfig) -> dict[str, PromptKeyer]:
     """Each model's prompt keyer by model name, its tokenizer and chat template loaded and compiled now."""
-    return {m.name: prompt_keyer(m, i) for i, m in enumerate(config.models)}
+    cache_bytes = config.limits.tokenizer_cache_bytes
+    return {m.name: prompt_keyer(m, i, cache_bytes) for i, m in enumerate(config.models)}
 
 
-def prompt_keyer(model: ModelConfig, index: int) -> PromptKeyer:
-    """``models[index]``'s keyer. Raises ``ConfigError`` naming the key and the file that is wrong."""
+def prompt_keyer(model: ModelConfig, index: int, cache_bytes: int = PIECE_CACHE_BYTES) -> PromptKeyer:
+    """``models[index]``'s keyer (its piece cache bounded to ``cache_bytes``). Raises ``ConfigError`` naming the key
+    and the file that is wrong."""
     tokenizer = None
     if model.tokenizer is not None:
-        tokenizer = _chat_tokenizer(model.tokenizer, model.chat_template, f"models[{index}]", model.name)
+        where = f"models[{index}]"
+        tokenizer = _chat_tokenizer(model.tokenizer, model.chat_template, where, model.name, cache_bytes)
     return PromptKeyer(model.name, model.block_size, tokenizer)
 
 
-def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str) -> ChatTokenizer:
+def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str, cache_bytes: int) -> ChatTokenizer:
     tokenizer_key, template_key = f"{where}.tokenizer (model {name!r})", f"{where}.chat_template (model {name!r})"
     if template is not None:
         # The named template first, on its own: an error then names the right key.
@@ -75,7 +78,7 @@ def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str) ->
         except PromptError as exc:
             raise ConfigError(f"{template_key}: {template}: {exc}") from None
     try:
-        chat = ChatTokenizer(path, template)
+        chat = ChatTokenizer(path, template, cache_bytes=cache_bytes)
     except PromptError as exc:  # tokenizer_config.json beside the tokenizer (its message names that file)
         raise ConfigError(f"{tokenizer_key}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:  # a file beside the tokenizer (chat_template.jinja)

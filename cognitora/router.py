@@ -18,6 +18,8 @@ Nothing here raises because Redis is down.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import time
 from collections import deque
@@ -35,7 +37,7 @@ from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.telemetry import Telemetry
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import PromptError, PromptKeyer, PromptKeys, read_prompt
+from kvstate.prompt import Prompt, PromptError, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 
 RECENT_DECISIONS = 256
 """How many recent decisions the router keeps for ``cognitora explain`` and metrics."""
+RECENT_DECISION_MAX_KEYS = 1024
+"""A recent decision keeps its block keys only up to this many (a 16k-token prompt); a longer prompt's are dropped
+from the record (~40 bytes a key: 256 records of a prompt at ``limits.exact_prompt_max_chars`` held up to 400 MB)."""
 
 _T = TypeVar("_T")
 _NO_WORK = InFlight()
@@ -79,6 +84,12 @@ class RouterStats:
     """Finished requests whose first token was timed: the two sums below cover exactly these."""
     predicted_ttft_s: float = 0.0
     achieved_ttft_s: float = 0.0
+    oversized_prompts: int = 0
+    """Prompts over ``limits.exact_prompt_max_chars``: placed on approximate keys or refused (``limits.over_limit``)."""
+    offloaded_prompts: int = 0
+    """Prompts keyed on the worker thread (too much to tokenize on the event loop)."""
+    offload_queue_full: int = 0
+    """Prompts given approximate keys because the keying thread had ``limits.offload_queue_max_chars`` queued."""
 
 
 @dataclass
@@ -193,6 +204,9 @@ class Router:
         self._seen_heartbeat = False
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
         """Decisions, attempts and store reads, by label, for ``cognitora.metrics`` and the decision log."""
+        self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._offloaded_chars = 0
+        """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
@@ -212,7 +226,9 @@ class Router:
         if bad_text is not None:
             return self._record(reject(req, 400, f"{bad_text} is not valid Unicode (a lone surrogate): fix the client"))
         try:
-            prompt = self._prompt_keys(model, req)
+            prompt = await self._prompt_keys(model, req)
+        except _PromptTooLarge as exc:
+            return self._record(reject(req, 413, str(exc)))
         except PromptError as exc:
             return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
         except UnicodeError as exc:
@@ -232,8 +248,12 @@ class Router:
             decision = replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
         return self._record(decision)
 
-    def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
-        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one."""
+    async def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
+        """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one.
+
+        Never blocks the event loop for long (``limits``): a prompt over ``exact_prompt_max_chars`` is not tokenized
+        (approximate keys, or ``_PromptTooLarge``); one with more than ``inline_tokenize_max_chars`` the piece
+        cache lacks is tokenized on the keying thread; the rest, nearly every request, right here."""
         prompt = read_prompt(
             messages=req.messages,
             prompt=req.prompt,
@@ -244,7 +264,51 @@ class Router:
             chat_template_kwargs=req.chat_template_kwargs,
         )
         lora = req.model if req.model in model.loras else None
-        return self._keyers[model.name].keys(prompt, lora)
+        keyer = self._keyers[model.name]
+        limits = self.config.limits
+        size = prompt_chars(prompt)
+        if size > limits.exact_prompt_max_chars:
+            self.stats.oversized_prompts += 1
+            if limits.over_limit == "reject":
+                raise _PromptTooLarge(
+                    f"the prompt is too large for this gateway: {size:,} characters, the limit is "
+                    f"{limits.exact_prompt_max_chars:,}; shorten it or split it over several requests"
+                )
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
+        if size <= limits.inline_tokenize_max_chars:
+            return keyer.keys(prompt, lora)
+        keys = keyer.keys_inline(prompt, lora, limits.inline_tokenize_max_chars)
+        if keys is not None:
+            return keys
+        return await self._keys_on_thread(keyer, prompt, lora, size)
+
+    async def _keys_on_thread(self, keyer: PromptKeyer, prompt: Prompt, lora: str | None, size: int) -> PromptKeys:
+        """``keyer.keys`` on the keying thread, unless ``limits.offload_queue_max_chars`` are already waiting there:
+        then approximate keys at once (the request is not refused: only a burst of long prompts put it here)."""
+        limits = self.config.limits
+        if self._offloaded_chars and self._offloaded_chars + size > limits.offload_queue_max_chars:
+            self.stats.offload_queue_full += 1
+            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
+        if self._key_thread is None:
+            # One thread: tokenizing is CPU-bound, and one core is all it may take from the gateway's own work.
+            self._key_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-keys")
+        self.stats.offloaded_prompts += 1
+        self._offloaded_chars += size
+        loop = asyncio.get_running_loop()
+        job = self._key_thread.submit(keyer.keys, prompt, lora)
+
+        def done(_: concurrent.futures.Future[PromptKeys]) -> None:
+            # When the job ends, not when this request stops waiting for it (a client gone): it still holds the
+            # thread until then.
+            self._offloaded_chars -= size
+
+        def report(j: concurrent.futures.Future[PromptKeys]) -> None:
+            # On the thread; the count is the loop's. A loop already closed has nobody left to count for.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(done, j)
+
+        job.add_done_callback(report)
+        return await asyncio.wrap_future(job)
 
     async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> tuple[FleetState, float | None, str | None]:
         """The state to place on, its age (the newest collector heartbeat's; None: none read) and, when it is
@@ -329,7 +393,10 @@ class Router:
                 del self._health_marks[endpoint]
 
     def _record(self, decision: Decision) -> Decision:
-        self._recent.append(decision)
+        if len(decision.keys) > RECENT_DECISION_MAX_KEYS:
+            self._recent.append(replace(decision, keys=()))
+        else:
+            self._recent.append(decision)
         if decision.rejection is None:
             self.stats.placed += 1
         else:
@@ -596,9 +663,12 @@ class Router:
         return list(self._recent)
 
     async def close(self) -> None:
-        """Let every attempt's store writes land, then close the store."""
+        """Let every attempt's store writes land, then close the store (and stop the keying thread)."""
         if self._writers:
             await asyncio.gather(*self._writers, return_exceptions=True)
+        if self._key_thread is not None:
+            self._key_thread.shutdown(wait=False, cancel_futures=True)
+            self._key_thread = None
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------
@@ -631,20 +701,54 @@ class Router:
 
 def _invalid_unicode(req: RouteRequest) -> str | None:
     """Where the request's text holds a lone surrogate (JSON's "\\ud800" decodes to one; no engine can tokenize it),
-    or None. Iterative: a deeply nested body must not overflow the stack here."""
-    todo: list[tuple[str, object]] = [("messages", req.messages), ("prompt", req.prompt)]
-    while todo:
-        where, value = todo.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return where
-        elif isinstance(value, Mapping):
-            todo.extend((f"{where}.{k}", v) for k, v in value.items())
-        elif isinstance(value, list | tuple):
-            todo.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+    or None. One pass over the values that builds no paths (a 10 MB body is up to ~1M values: giving each its path
+    took a second of the event loop); the path is traced only in a body that has one."""
+    for where, root in (("messages", req.messages), ("prompt", req.prompt)):
+        if _has_lone_surrogate(root):
+            return _surrogate_path(where, root)
     return None
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    todo = [value]
+    while todo:  # iterative: a deeply nested body must not overflow the stack here
+        item = todo.pop()
+        if isinstance(item, str):
+            # isascii() is O(1) in CPython (a flag of the string): no 10 MB copy to find nothing.
+            if not item.isascii() and not _encodes(item):
+                return True
+        elif isinstance(item, list | tuple):
+            if set(map(type, item)) <= _SCALARS:  # token ids: read at C speed
+                continue
+            todo.extend(item)
+        elif isinstance(item, (dict, Mapping)):  # dict first: the ABC's check is slow, and JSON gives dicts
+            todo.extend(item.values())
+    return False
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_path(where: str, value: object) -> str:
+    todo: list[tuple[str, object]] = [(where, value)]
+    while todo:
+        path, item = todo.pop()
+        if isinstance(item, str):
+            if not _encodes(item):
+                return path
+        elif isinstance(item, Mapping):
+            todo.extend((f"{path}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            todo.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return where
 
 
 def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMark]) -> dict[str, HealthMark]:
@@ -674,3 +778,7 @@ async def _one_after_another(calls: Sequence[Awaitable[object]]) -> None:
             first_error = first_error or exc
     if first_error is not None:
         raise first_error
+
+
+class _PromptTooLarge(Exception):
+    """A prompt over ``limits.exact_prompt_max_chars`` with ``over_limit: reject``: the message is the client's."""

@@ -73,8 +73,10 @@ class _EndpointBlocks:
     bit: int
     held: OrderedDict[BlockKey, int] = field(default_factory=OrderedDict)
     """block key -> tier bitmask, oldest first."""
-    speculative: dict[BlockKey, float] = field(default_factory=dict)
-    """block key -> expiry (clock seconds), oldest first."""
+    speculative: OrderedDict[BlockKey, float] = field(default_factory=OrderedDict)
+    """block key -> expiry (clock seconds), oldest first. An ``OrderedDict``, not a ``dict``: expiry and the cap
+    pop the oldest entries one by one, and ``next(iter(dict))`` skips every slot already popped from the front
+    (a purge of 100k entries was quadratic: seconds of a frozen event loop); the linked list finds it in O(1)."""
 
 
 class _ModelIndex:
@@ -317,10 +319,12 @@ class MemoryStore:
         now = self._clock()
         held, spec = blocks.held, blocks.speculative
         # Forget expired guesses first (oldest first, up to the first live one), so speculative memory is bounded
-        # by what is live; ``match_prefix`` checks expiry anyway.
+        # by what is live; ``match_prefix`` checks expiry anyway. O(1) per entry forgotten (amortized: each entry
+        # is forgotten once). Entries are in expiry order as long as one endpoint's TTL does not shrink (the
+        # Router's is fixed per endpoint); one that outlives a younger entry only delays that entry's purge.
         while spec:
-            oldest = next(iter(spec))
-            if spec[oldest] > now:
+            oldest, expiry = next(iter(spec.items()))
+            if expiry > now:
                 break
             index.drop_speculative(blocks, oldest)
         expires = now + ttl_s
@@ -335,11 +339,13 @@ class MemoryStore:
                 if refresh:
                     move(key)
             else:
-                spec.pop(key, None)
+                if key in spec:
+                    spec.move_to_end(key)
                 spec[key] = expires
                 spec_holders[key] = spec_holders.get(key, 0) | b
         while len(spec) > self._cap:
-            index.drop_speculative(blocks, next(iter(spec)))
+            oldest, _ = spec.popitem(last=False)
+            _and(spec_holders, oldest, ~b)
 
     # -- in-flight work -------------------------------------------------------------------------------------
     @_exclusive

@@ -26,12 +26,21 @@ The rules, as vLLM applies them:
 
 ``ChatTokenizer`` is the model's own ``tokenizer.json`` (HF ``tokenizers``) plus its chat template. Special tokens
 split the text before BPE runs, so each piece between them tokenizes independently; pieces are cached, which makes
-the long shared system prompts Cognitora routes for nearly free to re-tokenize.
+the long shared system prompts Cognitora routes for nearly free to re-tokenize. The cache is bounded in bytes, and a
+piece too large for it is not cached (one huge prompt must not hold, or flush, everyone's system prompts).
+
+What tokenizing costs is known before it is paid (``ChatTokenizer.uncached_chars``, ``PromptKeyer.keys_inline``),
+so a gateway can key cheap prompts on its event loop and the others on a worker thread: a ``ChatTokenizer`` may be
+used from several threads at once, and long texts are encoded with the GIL released (HF ``Tokenizer.encode`` holds
+it for the whole call; ``encode_batch`` does not).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,12 +63,22 @@ __all__ = [
     "PromptKeys",
     "PromptTokenizer",
     "completion_prompts",
+    "prompt_chars",
     "prompt_token_ids",
     "read_prompt",
 ]
 
 Message = Mapping[str, Any]
 TokenIds = tuple[int, ...]
+
+PIECE_CACHE_BYTES = 64 << 20
+"""Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
+them): ~1.5M cached tokens of English."""
+
+GIL_FREE_ENCODE_CHARS = 2048
+"""Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
+holds it throughout: a 1 MB text froze every other thread, the event loop's too, for 1.5 s). Below, the two cost
+the same and the GIL is held for under a millisecond."""
 
 
 # -- the request's prompt -------------------------------------------------------------------------------------
@@ -126,8 +145,13 @@ def read_prompt(
     return CompletionPrompt(completion_prompts(prompt), True if add_special_tokens is None else add_special_tokens)
 
 
-def _is_token(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _all_tokens(values: Sequence[Any]) -> bool:
+    """Every value is a token id (a non-negative int, not a bool). At C speed, by the set of the values' types: a
+    10 MB body of ids is ~1.2M of them, which a per-value Python check took 0.3 s of the event loop to read."""
+    types = set(map(type, values))
+    if not all(issubclass(t, int) and not issubclass(t, bool) for t in types):
+        return False
+    return not values or min(values) >= 0
 
 
 def completion_prompts(prompt: Any) -> tuple[str | TokenIds, ...]:
@@ -139,12 +163,12 @@ def completion_prompts(prompt: Any) -> tuple[str | TokenIds, ...]:
             raise PromptError("'prompt' is empty: give at least one prompt")
         if all(isinstance(p, str) for p in prompt):
             return tuple(prompt)
-        if all(_is_token(t) for t in prompt):
+        if _all_tokens(prompt):
             return (tuple(prompt),)
         if all(isinstance(p, (list, tuple)) for p in prompt):
             if not prompt[0]:
                 raise PromptError("'prompt' holds an empty token list: give at least one token")
-            if all(all(_is_token(t) for t in p) for p in prompt):
+            if all(_all_tokens(p) for p in prompt):
                 return tuple(tuple(p) for p in prompt)
     raise PromptError("'prompt' must be a string, a list of strings, a list of token ids, or a list of token-id lists")
 
@@ -172,9 +196,19 @@ def prompt_token_ids(tokenizer: PromptTokenizer, prompt: Prompt) -> list[list[in
 
 
 class ChatTokenizer:
-    """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring)."""
+    """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring). Thread-safe.
 
-    def __init__(self, tokenizer_path: Path, template_path: Path | None = None, cache_size: int = 4096) -> None:
+    ``cache_bytes`` bounds the piece cache; a piece whose entry would take more than ``max_piece_bytes`` (default a
+    sixteenth of the cache) is encoded but not kept.
+    """
+
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        template_path: Path | None = None,
+        cache_bytes: int = PIECE_CACHE_BYTES,
+        max_piece_bytes: int | None = None,
+    ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.template: ChatTemplate | None = load_chat_template(tokenizer_path, template_path)
         added = list(self.tokenizer.get_added_tokens_decoder().values())
@@ -193,8 +227,14 @@ class ChatTokenizer:
         self._prefix: list[int] | None
         self._suffix: list[int] | None
         self._prefix, self._suffix = self._special_affixes()
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        """piece -> (its token ids, the entry's size in bytes), least recently used first."""
+        self._cache_bytes = cache_bytes
+        self._max_piece_bytes = cache_bytes // 16 if max_piece_bytes is None else min(max_piece_bytes, cache_bytes)
+        self._cached_bytes = 0
+        # Held while the cache and its byte count change (a miss), never while encoding: a worker thread keying a
+        # long prompt must not make the event loop's cheap lookups wait.
+        self._lock = threading.Lock()
 
     def _special_affixes(self) -> tuple[list[int], list[int]] | tuple[None, None]:
         """What the post-processor puts before and after a single sequence (Llama: ``[<s>]``, ``[]``)."""
@@ -228,14 +268,17 @@ class ChatTokenizer:
         """Equal to ``tokenizer.encode(text, add_special_tokens=...).ids``, from cached pieces where possible."""
         if add_special_tokens:
             if self._prefix is None or self._suffix is None:
-                return self.tokenizer.encode(text, add_special_tokens=True).ids
+                return self._encode_raw(text, True)
             return [*self._prefix, *self.encode(text), *self._suffix]
         if not self._piecewise:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self._encode_raw(text, False)
         if self._split is None:
             return self._encode_piece(text)
+        return self._encode_pieces(self._split.split(text))
+
+    def _encode_pieces(self, pieces: list[str]) -> list[int]:
         ids: list[int] = []
-        for piece in self._split.split(text):
+        for piece in pieces:
             if not piece:
                 continue
             token = self._added_ids.get(piece)
@@ -245,20 +288,82 @@ class ChatTokenizer:
                 ids.extend(self._encode_piece(piece))
         return ids
 
+    def uncached_chars(self, text: str, add_special_tokens: bool = False) -> int:
+        """How much of ``text`` ``encode`` would tokenize rather than find cached, in characters: what encoding it
+        costs, for the price of a split and a few lookups (the cache is not reordered)."""
+        if not self._piecewise or (add_special_tokens and (self._prefix is None or self._suffix is None)):
+            return len(text)
+        return self._uncached(self._pieces(text))
+
+    def encode_within(self, text: str, add_special_tokens: bool, max_uncached_chars: int) -> list[int] | None:
+        """``encode(text, add_special_tokens)`` if at most ``max_uncached_chars`` of ``text`` are not cached (see
+        ``uncached_chars``); else None, nothing encoded. One split serves both the check and the encoding."""
+        if not self._piecewise or (add_special_tokens and (self._prefix is None or self._suffix is None)):
+            return None if len(text) > max_uncached_chars else self.encode(text, add_special_tokens)
+        pieces = self._pieces(text)
+        if self._uncached(pieces) > max_uncached_chars:
+            return None
+        ids = self._encode_pieces(pieces)
+        if add_special_tokens:
+            assert self._prefix is not None and self._suffix is not None
+            return [*self._prefix, *ids, *self._suffix]
+        return ids
+
+    def _pieces(self, text: str) -> list[str]:
+        return [text] if self._split is None else self._split.split(text)
+
+    def _uncached(self, pieces: list[str]) -> int:
+        added, cache = self._added_ids, self._cache
+        return sum(len(p) for p in pieces if p not in added and p not in cache)
+
     def encode_chat(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """A chat's token ids with vLLM's defaults."""
         return prompt_token_ids(self, ChatPrompt(messages, tools))[0]
 
+    def _encode_raw(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) >= GIL_FREE_ENCODE_CHARS:
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
     def _encode_piece(self, piece: str) -> list[int]:
-        hit = self._cache.get(piece)
+        cache = self._cache
+        # Lookups take no lock: each OrderedDict call is atomic under the GIL, and a hit evicted by another thread
+        # between the two calls is still a correct answer.
+        hit = cache.get(piece)
         if hit is not None:
-            self._cache.move_to_end(piece)
-            return hit
-        ids = self.tokenizer.encode(piece, add_special_tokens=False).ids
-        self._cache[piece] = ids
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            with contextlib.suppress(KeyError):
+                cache.move_to_end(piece)
+            return hit[0]
+        ids = self._encode_raw(piece, False)
+        size = _entry_bytes(piece, ids)
+        if size > self._max_piece_bytes:
+            return ids
+        with self._lock:
+            old = cache.pop(piece, None)  # another thread may have cached it meanwhile
+            if old is not None:
+                self._cached_bytes -= old[1]
+            cache[piece] = (ids, size)
+            self._cached_bytes += size
+            while self._cached_bytes > self._cache_bytes:
+                _, (_, dropped) = cache.popitem(last=False)
+                self._cached_bytes -= dropped
         return ids
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the piece cache holds now, in bytes (never more than ``cache_bytes``)."""
+        return self._cached_bytes
+
+
+_INT_BYTES = sys.getsizeof(1 << 20)
+"""A token id above CPython's small-int cache is an object of its own (28 bytes), beside its slot in the list."""
+_ENTRY_OVERHEAD_BYTES = 160
+"""The cache's own per-entry cost: the ``OrderedDict`` slot and link, the tuple."""
+
+
+def _entry_bytes(piece: str, ids: list[int]) -> int:
+    """A cache entry's size in bytes, as Python holds it (an upper bound: small ids are shared objects)."""
+    return sys.getsizeof(piece) + sys.getsizeof(ids) + _INT_BYTES * len(ids) + _ENTRY_OVERHEAD_BYTES
 
 
 # -- token ids -> block keys ----------------------------------------------------------------------------------
@@ -304,6 +409,37 @@ class PromptKeyer:
             return PromptKeys(self.keys_for_tokens(sequences[0], lora), total, True, self.block_size)
         return self._approx(prompt, lora)
 
+    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | None:
+        """``keys(prompt, lora)`` if computing them tokenizes at most ``max_uncached_chars`` characters that the
+        piece cache does not hold; else None, having tokenized nothing (only rendered the chat): a caller on an
+        event loop then runs ``keys`` on a worker thread. Hashing alone (token ids, text-approximate keys) costs
+        ~1 us per block and always runs."""
+        tok = self.tokenizer
+        if tok is None:
+            return self.keys(prompt, lora)
+        if isinstance(prompt, ChatPrompt):
+            ids = tok.encode_within(tok.render_chat(prompt), prompt.add_special_tokens, max_uncached_chars)
+            if ids is None:
+                return None
+            return PromptKeys(self.keys_for_tokens(ids, lora), len(ids), True, self.block_size)
+        texts = [p for p in prompt.prompts if isinstance(p, str)]
+        if sum(tok.uncached_chars(t, prompt.add_special_tokens) for t in texts) > max_uncached_chars:
+            return None
+        return self.keys(prompt, lora)
+
+    def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int, size: int | None = None) -> PromptKeys:
+        """Keys for a prompt too large to tokenize, at a cost bounded by ``max_chars`` whatever its size: text-
+        approximate keys of its first ``max_chars`` characters (its leading ``max_chars / 4`` ids for token-id
+        prompts: those keys are exact), and a token count estimated from ``prompt_chars`` (``size``, when the
+        caller has it already; a token-id count is exact). Nothing is tokenized."""
+        if isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str):
+            head = prompt.prompts[0][: max(1, max_chars // APPROX_CHARS_PER_TOKEN)]
+            total = sum(len(p) for p in prompt.prompts)
+            return PromptKeys(self.keys_for_tokens(head, lora), total, True, self.block_size)
+        keys = self._approx(prompt, lora, max_chars).keys
+        size = prompt_chars(prompt) if size is None else size
+        return PromptKeys(keys, max(1, size // APPROX_CHARS_PER_TOKEN), False, self.block_size)
+
     def keys_for_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> list[BlockKey]:
         return chain_block_keys(self.root(lora), token_ids, self.block_size)
 
@@ -316,17 +452,81 @@ class PromptKeyer:
         """A chat's keys with vLLM's defaults (what most callers send)."""
         return self.keys(read_prompt(messages=messages, tools=tools), lora)
 
-    def _approx(self, prompt: Prompt, lora: str | None) -> PromptKeys:
+    def _approx(self, prompt: Prompt, lora: str | None, max_chars: int | None = None) -> PromptKeys:
+        """Text-approximate keys; with ``max_chars``, of the first ``max_chars`` characters only, and only the
+        leading messages holding them are read."""
         chars = self.block_size * APPROX_CHARS_PER_TOKEN
         if isinstance(prompt, ChatPrompt):
             schemas = tool_schemas(prompt.tools)
             head = f"<tools>{schemas}\n" if schemas else ""
-            texts = [head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation(prompt.messages))]
+            if max_chars is None:
+                texts = [head + "".join(f"<{m['role']}>{m['content']}\n" for m in conversation(prompt.messages))]
+            else:
+                texts = [_leading_text(head, conversation(_leading_messages(prompt.messages, max_chars)), max_chars)]
         else:
             texts = [p for p in prompt.prompts if isinstance(p, str)]
-        keys = text_block_keys(approx_root_key(self.model, lora), texts[0], chars)
+        first = texts[0] if max_chars is None else texts[0][:max_chars]
+        keys = text_block_keys(approx_root_key(self.model, lora), first, chars)
         tokens = sum(max(1, len(t) // APPROX_CHARS_PER_TOKEN) for t in texts)
         return PromptKeys(keys, tokens, False, self.block_size)
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    """A prompt's size in characters, known before it is rendered or tokenized (``limits`` in cognitora.yaml bound
+    it): its text, plus ``APPROX_CHARS_PER_TOKEN`` for each token id and each other JSON value (a message, a part,
+    a number: each renders with markup around it). One pass over the values; no text is copied."""
+    if isinstance(prompt, CompletionPrompt):
+        return sum(len(p) if isinstance(p, str) else APPROX_CHARS_PER_TOKEN * len(p) for p in prompt.prompts)
+    return _json_chars(prompt.messages) + _json_chars(prompt.tools) + _json_chars(prompt.chat_template_kwargs)
+
+
+def _json_chars(value: object) -> int:
+    if value is None:
+        return 0
+    total = 0
+    todo = [value]
+    while todo:  # iterative: a deeply nested body must not overflow the stack here
+        item = todo.pop()
+        if isinstance(item, str):
+            total += len(item)
+            continue
+        total += APPROX_CHARS_PER_TOKEN
+        if isinstance(item, (list, tuple)):
+            if set(map(type, item)) <= _SCALARS:  # numbers (token ids): counted at C speed
+                total += APPROX_CHARS_PER_TOKEN * len(item)
+            else:
+                todo.extend(item)
+        elif isinstance(item, (dict, Mapping)):  # dict first: the ABC's check is slow, and JSON gives dicts
+            todo.extend(item.values())
+    return total
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _leading_messages(messages: Sequence[Message], max_chars: int) -> Sequence[Message]:
+    """The fewest leading ``messages`` whose size reaches ``max_chars`` (all of them if they do not)."""
+    total = 0
+    for i, message in enumerate(messages):
+        total += _json_chars(message)
+        if total >= max_chars:
+            return messages[: i + 1]
+    return messages
+
+
+def _leading_text(head: str, chat: Sequence[Mapping[str, Any]], max_chars: int) -> str:
+    """The approximate text of ``chat`` (``_approx``), its first ``max_chars`` characters only: a long content is
+    cut before it is copied."""
+    out = [head[:max_chars]]
+    left = max_chars - len(out[0])
+    for m in chat:
+        if left <= 0:
+            break
+        content = m["content"]
+        piece = f"<{m['role']}>{content[:left] if isinstance(content, str) else content}\n"[:left]
+        out.append(piece)
+        left -= len(piece)
+    return "".join(out)
 
 
 class _TokenIdsOnly:

@@ -338,6 +338,32 @@ def test_oversized_body_gets_a_json_413_from_envoy(stack: Stack) -> None:
     assert stack.core.placed == []
 
 
+def test_an_oversized_chunked_body_gets_a_json_413_from_envoy_too(stack: Stack) -> None:
+    stack.core.reset(stack.engines["a"])
+    big = json.dumps(chat_body(messages=[{"role": "user", "content": "x" * (17 << 20)}])).encode()
+
+    def chunks() -> Iterator[bytes]:  # no content-length: sent chunked
+        for i in range(0, len(big), 1 << 20):
+            yield big[i : i + (1 << 20)]
+
+    r = post(stack, content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert stack.core.placed == []
+
+
+def test_the_services_own_413_keeps_its_message(stack: Stack) -> None:
+    # A prompt over limits.exact_prompt_max_chars (the core refuses it; its body fits Envoy's buffer): Envoy's
+    # mapper for its own 413 must not replace the message saying how large the prompt was and what the limit is.
+    stack.core.reset(stack.engines["a"])
+    message = "the prompt is too large for this gateway: 300,000 characters, the limit is 262,144; shorten it"
+    stack.core.rejection = Rejection(413, message)
+    r = post(stack, chat_body())
+    assert r.status_code == 413
+    assert r.json()["error"]["message"] == message
+    stack.core.rejection = None
+
+
 def test_rejection_is_answered_by_envoy_with_retry_after(stack: Stack) -> None:
     stack.core.reset(stack.engines["a"])
     stack.core.rejection = Rejection(429, "fleet saturated for priority 'batch': retry later", retry_after_s=3)

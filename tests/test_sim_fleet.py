@@ -184,6 +184,26 @@ def test_repeated_prompt_reports_cached_tokens_and_a_far_shorter_ttft(fleet: Sim
     assert second_wall < first_wall / 2, (first_wall, second_wall)
 
 
+def test_a_prompt_longer_than_the_context_is_refused_at_once_while_the_fleet_serves(fleet: SimFleet) -> None:
+    """A 10 MB prompt (5M tokens) is vLLM's 400, found after counting past the context length (~0.3 s), not after
+    tokenizing all of it on the fleet's event loop (11 to 30 s during which no engine of the process answered)."""
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "a " * 5_000_000}], "max_tokens": 4}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        big = pool.submit(httpx.post, f"{fleet.urls[1]}/v1/chat/completions", json=body, timeout=120)
+        latencies = []
+        while not big.done():
+            t0 = time.monotonic()
+            chat(fleet.urls[2], "still there?", max_tokens=1)
+            latencies.append(time.monotonic() - t0)
+        took = time.monotonic() - started
+        resp = big.result()
+    assert resp.status_code == 400, resp.text
+    assert "maximum context length is 131072 tokens" in resp.json()["error"]["message"]
+    assert took < 15.0, took  # ~1 s measured, most of it sending and parsing the 10 MB body
+    assert max(latencies, default=0.0) < 3.0, latencies
+
+
 def test_streamed_usage_only_when_include_usage_is_set(fleet: SimFleet) -> None:
     url = fleet.urls[1]
     _, with_usage = stream_chat(url, "usage please", max_tokens=5, stream_options={"include_usage": True})

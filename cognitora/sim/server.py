@@ -14,6 +14,11 @@ false); completions ``prompt`` as a string, strings, token ids or token-id lists
 position), ``usage`` summed over the batch with the last prompt's ``cached_tokens`` (as vLLM reports it).
 ``/tokenize`` takes vLLM's two shapes: ``{"prompt": str, "add_special_tokens"}`` or ``{"messages", "tools", ...}``.
 
+Tokenizing runs off the event loop for long prompts, as vLLM's API server does (a thread pool): one engine's 10 MB
+prompt must not stall every engine of a fleet process. An inference request whose prompt is longer than the
+model's context is refused as vLLM refuses it (400), as soon as that is proven: its text is counted chunk by chunk,
+no further than the context length, instead of tokenizing all of it first.
+
 Unknown request fields are ignored; ``max_completion_tokens`` and ``max_tokens`` are both accepted. Errors use
 vLLM's shape ``{"error": {"message", "type", "param", "code"}}``. No ``/server_info``/``/model_info``: sglang-router
 would then try to download a tokenizer (peer-routers.md section 8).
@@ -22,6 +27,7 @@ would then try to download a tokenizer (peer-routers.md section 8).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -33,10 +39,25 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.scheduler import SimRequest
-from kvstate.prompt import ChatPrompt, ChatTokenizer, Prompt, PromptError, prompt_token_ids, read_prompt
+from kvstate.prompt import (
+    ChatPrompt,
+    ChatTokenizer,
+    Prompt,
+    PromptError,
+    PromptTokenizer,
+    prompt_chars,
+    prompt_token_ids,
+    read_prompt,
+)
 
 FaultHandler = Callable[[int, str, float | None], Coroutine[Any, Any, None]]
 FAULT_KINDS = ("crash", "hang", "slow", "clear_cache", "restart", "recover")
+
+INLINE_TOKENIZE_CHARS = 16_384
+"""Prompts up to this size (``kvstate.prompt.prompt_chars``) are tokenized on the loop (~20 ms at most); larger
+ones on the engine's tokenizer thread."""
+COUNT_CHUNK_CHARS = 65_536
+"""A text longer than this is first counted in chunks of this size, stopping once past the context length."""
 
 
 def error_response(status: int, message: str, type_: str = "BadRequestError", param: str | None = None) -> web.Response:
@@ -87,6 +108,7 @@ class EngineServer:
         self.accept_any_model = accept_any_model
         self.model = engine.config.model
         self.created = int(time.time())
+        self._tokenizer_thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._hang_middleware], client_max_size=64 * 1024 * 1024)
@@ -147,16 +169,42 @@ class EngineServer:
     def _token_ids(self, prompt: Prompt) -> list[list[int]]:
         return prompt_token_ids(self.engine.tokenizer, prompt)
 
+    async def _token_ids_off_loop(self, prompt: Prompt, within_context: bool = False) -> list[list[int]]:
+        """``_token_ids``, on the tokenizer thread for a long prompt. ``within_context``: refuse (``RequestRejected``)
+        a prompt proven longer than the model's context before tokenizing all of it."""
+        if prompt_chars(prompt) <= INLINE_TOKENIZE_CHARS:
+            return self._token_ids(prompt)
+        if self._tokenizer_thread is None:
+            self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sim-tokenizer")
+        work = self._token_ids_within_context if within_context else self._token_ids
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work, prompt)
+
+    def _token_ids_within_context(self, prompt: Prompt) -> list[list[int]]:
+        tokenizer, limit = self.engine.tokenizer, self.engine.profile.max_model_len
+        if isinstance(prompt, ChatPrompt):
+            texts = [tokenizer.render_chat(prompt)]
+        else:
+            texts = [p for p in prompt.prompts if isinstance(p, str)]
+        for text in texts:
+            if len(text) > COUNT_CHUNK_CHARS:
+                at_least = _count_tokens_past(tokenizer, text, limit)
+                if at_least > limit:
+                    raise RequestRejected(
+                        f"This model's maximum context length is {limit} tokens. However, your prompt has at least "
+                        f"{at_least} tokens. Please reduce the length of the messages or prompt."
+                    )
+        return self._token_ids(prompt)
+
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
             if "messages" in body:
-                (ids,) = self._token_ids(_chat_prompt(body))
+                (ids,) = await self._token_ids_off_loop(_chat_prompt(body))
             else:
                 # vLLM's TokenizeCompletionRequest: one text prompt (token ids and batches go to /render).
                 if not isinstance(body.get("prompt"), str):
                     raise PromptError("'prompt' must be a string, or give 'messages' (a chat)")
-                (ids,) = self._token_ids(_completion_prompt(body))
+                (ids,) = await self._token_ids_off_loop(_completion_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="messages" if "messages" in body else "prompt")
         return web.json_response(
@@ -176,7 +224,7 @@ class EngineServer:
     async def render_chat(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            (ids,) = self._token_ids(_chat_prompt(body))
+            (ids,) = await self._token_ids_off_loop(_chat_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
         return web.json_response(
@@ -186,7 +234,7 @@ class EngineServer:
     async def render_completion(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            batch = self._token_ids(_completion_prompt(body))
+            batch = await self._token_ids_off_loop(_completion_prompt(body))
         except ValueError as exc:
             return error_response(400, str(exc), param="prompt")
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -198,7 +246,7 @@ class EngineServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            batch = self._token_ids(_chat_prompt(body))
+            batch = await self._token_ids_off_loop(_chat_prompt(body), within_context=True)
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
         return await self._generate(request, body, batch, chat=True)
@@ -206,7 +254,7 @@ class EngineServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            batch = self._token_ids(_completion_prompt(body))
+            batch = await self._token_ids_off_loop(_completion_prompt(body), within_context=True)
         except ValueError as exc:
             return error_response(400, str(exc), param="prompt")
         return await self._generate(request, body, batch, chat=False)
@@ -415,6 +463,25 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise PromptError(f"'{name}' must be true or false")
     return value
+
+
+_COUNT_SLACK = 1
+"""Tokens a chunk boundary may add to a count (chunks are cut before a space, where the pre-tokenizer cuts too)."""
+
+
+def _count_tokens_past(tokenizer: PromptTokenizer, text: str, limit: int) -> int:
+    """A lower bound of ``text``'s token count, counted in chunks and no further than past ``limit``: the cost is
+    that of ~``limit`` tokens, whatever the text's length. It exceeds ``limit`` only when the text does (each cut
+    may count ``_COUNT_SLACK`` tokens too many, and is discounted)."""
+    at_least, start = 0, 0
+    while start < len(text) and at_least <= limit:
+        end = min(len(text), start + COUNT_CHUNK_CHARS)
+        if end < len(text):
+            cut = text.rfind(" ", start + 1, end)
+            end = cut if cut > start else end
+        at_least += len(tokenizer.encode(text[start:end])) - (_COUNT_SLACK if start else 0)
+        start = end
+    return at_least
 
 
 def _chat_prompt(body: dict[str, Any]) -> ChatPrompt:
