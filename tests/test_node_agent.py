@@ -302,3 +302,15 @@ def test_power_config_keys() -> None:
             config_from_dict(fleet_config(["http://e:8000"], "http://node:9400", [bad]), source="test")
     with pytest.raises(ConfigError, match=r"power\.url"):
         config_from_dict(fleet_config(["http://e:8000"], "node:9400", [[0]]), source="test")
+
+
+def test_a_litellm_deployment_names_its_power_page_in_model_info() -> None:
+    from litellm_plugin.fleet import build_fleet
+
+    deployment = {
+        "model_name": "chat",
+        "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://gpu-node-1:8000/v1"},
+        "model_info": {"id": "a", "cognitora_power": {"url": "http://gpu-node-1:9400", "gpus": [1]}},
+    }
+    (target,) = scrape_targets(build_fleet([deployment], {}).config)
+    assert (target.power_url, target.power_gpus) == ("http://gpu-node-1:9400/metrics", ("1",))
