@@ -14,12 +14,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collector": ("cognitora.collector", "feed the store from engine KV events and /metrics"),
     "explain": ("cognitora.explain", "show where a prompt would be placed, and why"),
     "extproc": ("envoy_extproc.server", "Envoy ext_proc service"),
+    "node-agent": ("cognitora.node_agent.cli", "serve this node's GPU/Mac power under DCGM's metric names"),
 }
 
 
 def usage() -> str:
     lines = ["usage: cognitora <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<11} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines.append("\n'cognitora <command> --help' for a command's options.")
     return "\n".join(lines)
 

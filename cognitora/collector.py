@@ -67,12 +67,24 @@ def event_decoder(engine: EngineKind) -> Decoder:
     return sglang_events.decode_batch if engine == EngineKind.SGLANG else vllm_events.decode_batch
 
 
+def scrape_target(endpoint: EndpointConfig) -> ScrapeTarget:
+    """What the scraper polls for one endpoint: the engine, and its power page and GPUs when configured."""
+    power = endpoint.power
+    return ScrapeTarget(
+        endpoint.id,
+        endpoint.url,
+        endpoint.engine.value,
+        power_url=None if power is None else power.url,
+        power_gpus=() if power is None else tuple(str(gpu) for gpu in power.gpus),
+    )
+
+
 def scrape_targets(config: CognitoraConfig) -> list[ScrapeTarget]:
     """One target per endpoint id (an engine serving several models is scraped once)."""
     targets: dict[str, ScrapeTarget] = {}
     for model in config.models:
         for endpoint in model.endpoints:
-            targets.setdefault(endpoint.id, ScrapeTarget(endpoint.id, endpoint.url, endpoint.engine.value))
+            targets.setdefault(endpoint.id, scrape_target(endpoint))
     return list(targets.values())
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "LimitsConfig",
     "ModelConfig",
     "PlacementConfig",
+    "PowerSourceConfig",
     "PriorityClass",
     "Role",
     "ScrapeConfig",
@@ -120,6 +121,35 @@ def _check_zmq_address(value: str) -> str:
     return value
 
 
+class PowerSourceConfig(_Strict):
+    """Where an endpoint's power is measured: a page with the DCGM exporter's names (dcgm-exporter, or
+    ``cognitora node-agent``) and which of the node's GPUs the endpoint uses (docs/power.md)."""
+
+    url: str
+    """The page's URL, e.g. ``http://gpu-node-1:9400/metrics`` (no path: ``/metrics``)."""
+    gpus: list[int | str] = Field(default_factory=list)
+    """The GPUs this endpoint runs on, by NVML index (the page's ``gpu`` label) or UUID (``GPU-...``); their power
+    and energy are summed. Empty: every GPU on the page (an exporter that serves this endpoint alone)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        url = _check_http_url(value)
+        return url if urlsplit(url).path not in {"", "/"} else url.rstrip("/") + "/metrics"
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[int | str]) -> list[int | str]:
+        for gpu in value:
+            if isinstance(gpu, int) and gpu < 0:
+                raise ValueError(f"a GPU index is 0 or more, got {gpu}")
+            if isinstance(gpu, str) and not gpu.strip():
+                raise ValueError("a GPU UUID must not be empty")
+        if len({str(g) for g in value}) != len(value):
+            raise ValueError(f"a GPU is listed twice in {value}")
+        return value
+
+
 class EndpointConfig(_Strict):
     """One inference engine serving the model."""
 
@@ -139,6 +169,9 @@ class EndpointConfig(_Strict):
     """Prior prefill throughput (tokens/s) until one is learned from the engine's metrics."""
     joules_per_token: float | None = Field(default=None, gt=0)
     """Prior marginal energy per token (J), until one is learned from the power meter; absent: no power preference."""
+    power: PowerSourceConfig | None = None
+    """A separate power page for this endpoint's GPUs (``{url: http://node:9400/metrics, gpus: [0, 1]}``); absent:
+    power is read from DCGM names on the engine's own /metrics, when it has them."""
 
     @field_validator("url")
     @classmethod
@@ -678,6 +711,7 @@ def reference_markdown() -> str:
         ("top level", CognitoraConfig),
         ("models[]", ModelConfig),
         ("models[].endpoints[]", EndpointConfig),
+        ("models[].endpoints[].power", PowerSourceConfig),
         ("placement", PlacementConfig),
         ("placement.priorities.<name>", PriorityClass),
         ("limits", LimitsConfig),

@@ -57,7 +57,9 @@ class ScrapeTarget:
     engine: str
     """Engine kind, a key of the engine registry (``vllm``, ``sglang``, ...)."""
     power_url: str | None = None
-    """Full URL of a separate DCGM exporter for this endpoint's GPUs (e.g. ``http://host:9400/metrics``)."""
+    """Full URL of a separate DCGM exporter or node agent for this endpoint's GPUs (``http://host:9400/metrics``)."""
+    power_gpus: tuple[str, ...] = ()
+    """The GPUs on that page this endpoint uses (``gpu`` index as text, or ``UUID``); empty: every series on it."""
 
 
 def base_url(url: str) -> str:
@@ -292,6 +294,8 @@ class _Endpoint:
     load: EngineLoad = field(default_factory=EngineLoad)
     power: EngineLoad = field(default_factory=EngineLoad)
     """DCGM values from ``power_url`` (only power fields set)."""
+    power_gpus_missing: list[str] = field(default_factory=list)
+    """Mapped GPUs the power page did not show last time (logged when the set changes)."""
     metrics_broken: bool = False
     """The last metrics fetch failed or was garbage: log only the first of a streak."""
     snapshot: EndpointSnapshot | None = None
@@ -474,6 +478,16 @@ class Scraper:
             self.stats.garbage += 1
             self._metrics_problem(endpoint, "power exporter body is not Prometheus text", str(exc))
             return
+        gpus = endpoint.target.power_gpus
+        if gpus:
+            missing = sorted(set(gpus) - dcgm.gpus_shown(samples))
+            if missing and missing != endpoint.power_gpus_missing:
+                log.warning(
+                    "power exporter shows no power series for some of the endpoint's GPUs",
+                    extra={"endpoint": endpoint.target.endpoint_id, "missing_gpus": missing},
+                )
+            endpoint.power_gpus_missing = missing
+            samples = dcgm.only_gpus(samples, gpus)
         endpoint.power = EngineLoad(power_watts=dcgm.power_watts(samples), energy_joules=dcgm.energy_joules(samples))
 
     def _parse(self, endpoint: _Endpoint, body: str) -> EngineLoad | None:
