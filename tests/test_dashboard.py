@@ -185,9 +185,15 @@ async def watch(browser: Chromium, url: str, listen: str, endpoints: list[str], 
     assert number(shown["queue_depth"]) == total(page, "cognitora_endpoint_waiting") == 0
     assert not [line for line in browser.console if line.startswith("exception")], browser.console
 
-    if screenshot is not None:  # a second, longer wave, so the charts show traffic
-        traffic = asyncio.create_task(send(listen, 6 * REQUESTS, concurrency=4))
-        await asyncio.sleep(12)
+    if screenshot is not None:  # under steady traffic for a while, so the charts show it
+        stop = time.monotonic() + 25
+
+        async def steady() -> None:
+            while time.monotonic() < stop:
+                await send(listen, 12, concurrency=4)
+
+        traffic = asyncio.create_task(steady())
+        await asyncio.sleep(20)
         await browser.screenshot(screenshot)
         await traffic
 
