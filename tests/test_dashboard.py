@@ -236,3 +236,91 @@ def test_dashboard_in_chromium_shows_what_metrics_says(tmp_path: Path, smollm2_d
             tail = extproc.log_tail(60)
             code = extproc.stop()
         assert code == 0, tail
+
+
+PARSER_CASE = r"""(() => {
+  const d = window.cognitoraDashboard;
+  const text = [
+    '# HELP x_total A "help" line',
+    '# TYPE x_total counter',
+    'x_total{path="C:\\\\dir",quote="say \\"hi\\"",nl="a\\nb",} 3 1700000000000',
+    'x_total{path="other"} 2.5e1',
+    'g NaN',
+    'h_bucket{le="0.1"} 2',
+    'h_bucket{le="0.5"} 6',
+    'h_bucket{le="+Inf"} 10',
+    'not a sample {',
+    'y -Inf',
+    '# EOF',
+  ].join('\n');
+  const p = d.parseProm(text);
+  const samples = p.samples.map((s) => [s.name, s.labels, String(s.value)]);
+  const bs = d.buckets(d.mergePages([p]), 'h');
+  const quantiles = [0.25, 0.5, 0.9, 0.99].map((q) => d.histogramQuantile(q, bs));
+  // Two gateways' pages: their own counters add up; the fleet's gauges come once, from the freshest snapshot.
+  const a = d.parseProm([
+    'cognitora_decisions_total{outcome="placed",endpoint="e1"} 3',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e1"} 1.5',
+    'cognitora_endpoint_running{endpoint="e1"} 2',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.1',
+    'cognitora_endpoint_running{endpoint="e2"} 7',
+    'cognitora_fleet_power_watts 100',
+  ].join('\n'));
+  const b = d.parseProm([
+    'cognitora_decisions_total{outcome="placed",endpoint="e1"} 4',
+    'cognitora_decisions_total{outcome="shed",endpoint=""} 1',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e1"} 0.2',
+    'cognitora_endpoint_running{endpoint="e1"} 5',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.9',
+    'cognitora_endpoint_running{endpoint="e2"} 6',
+    'cognitora_fleet_power_watts 120',
+  ].join('\n'));
+  const m = d.mergePages([a, b]);
+  const value = (name, labels) => (m.byName[name] || []).filter((s) =>
+    Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((x, s) => x + s.value, 0);
+  return {
+    samples, bad: p.bad, types: p.types, quantiles,
+    merged: {
+      placed: value('cognitora_decisions_total', {outcome: 'placed'}),
+      shed: value('cognitora_decisions_total', {outcome: 'shed'}),
+      e1: value('cognitora_endpoint_running', {endpoint: 'e1'}),
+      e2: value('cognitora_endpoint_running', {endpoint: 'e2'}),
+      power: value('cognitora_fleet_power_watts', {}),
+    },
+  };
+})()"""
+
+
+def test_dashboard_parser_merge_and_quantiles_in_chromium() -> None:
+    """The page's own functions, in the browser: the tolerant parser, the merge of several pages, the quantiles."""
+
+    async def run() -> dict[str, Any]:
+        async with Chromium() as browser:
+            await browser.open(DASHBOARD.as_uri())
+            deadline = time.monotonic() + 20
+            while not await browser.evaluate("!!(window.cognitoraDashboard && document.body)"):
+                assert time.monotonic() < deadline, browser.console
+                await asyncio.sleep(0.1)
+            got: dict[str, Any] = await browser.evaluate(PARSER_CASE)
+            assert not browser.console, browser.console
+            return got
+
+    got = asyncio.run(run())
+    assert got["samples"] == [
+        ["x_total", {"path": "C:\\dir", "quote": 'say "hi"', "nl": "a\nb"}, "3"],
+        ["x_total", {"path": "other"}, "25"],
+        ["g", {}, "NaN"],
+        ["h_bucket", {"le": "0.1"}, "2"],
+        ["h_bucket", {"le": "0.5"}, "6"],
+        ["h_bucket", {"le": "+Inf"}, "10"],
+        ["y", {}, "-Infinity"],
+    ]
+    assert got["bad"] == 1 and got["types"] == {"x_total": "counter"}
+    page = {
+        ("h_bucket", frozenset({("le", "0.1")})): 2.0,
+        ("h_bucket", frozenset({("le", "0.5")})): 6.0,
+        ("h_bucket", frozenset({("le", "+Inf")})): 10.0,
+    }
+    expected = [histogram_quantile(q, page, "h") for q in (0.25, 0.5, 0.9, 0.99)]
+    assert got["quantiles"] == pytest.approx(expected) and expected == pytest.approx([0.15, 0.4, 0.5, 0.5])
+    assert got["merged"] == {"placed": 7, "shed": 1, "e1": 5, "e2": 7, "power": 100}
