@@ -1,0 +1,326 @@
+"""dashboard/index.html in a real headless Chromium, against a running simulated fleet and Cognitora.
+
+A fleet of 2 simulated engines, ``cognitora extproc --collector --metrics-listen`` behind the real Envoy, real
+requests through Envoy; the page is opened from disk (``file://.../dashboard/index.html?metrics=...``) in Debian's
+``chromium`` driven over the DevTools protocol (tests/chromium.py). The test reads the numbers the page shows (the
+text of its ``data-metric`` elements) and compares them with a parse of the same ``/metrics`` page: decisions,
+nodes and their state, TTFT quantiles (histogram_quantile computed here), the cache hit rate, fleet power and energy
+per token; and it sees the live rates move while the requests run.
+
+``COGNITORA_DASHBOARD_SCREENSHOT=docs/dashboard.png`` also saves a screenshot taken under a second wave of traffic
+(how docs/dashboard.png is made).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from cognitora.process import ManagedProcess, free_port
+from cognitora.sim.launch import start_fleet
+from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from tests.chromium import Chromium
+from tests.test_metrics_e2e import by_label, fleet_models, metrics, send, total
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "dashboard" / "index.html"
+NONE_SHOWN = "\u2013"  # what the page shows for a figure it does not have (an en dash)
+REQUESTS = 30
+
+# Everything the page shows: each [data-metric] outside the node rows, and each node row's cells.
+READ_PAGE = """(() => {
+  const shown = {};
+  for (const el of document.querySelectorAll('[data-metric]')) {
+    if (!el.closest('[data-endpoint]') && !(el.dataset.metric in shown)) shown[el.dataset.metric] = el.textContent;
+  }
+  const nodes = {};
+  for (const row of document.querySelectorAll('tr[data-endpoint]')) {
+    const cells = {};
+    for (const el of row.querySelectorAll('[data-metric]')) cells[el.dataset.metric] = el.textContent;
+    nodes[row.dataset.endpoint] = cells;
+  }
+  const sources = [...document.querySelectorAll('[data-source]')].map((el) => el.dataset.state);
+  return {shown, nodes, sources, ready: !!document.body && document.body.dataset.ready === '1'};
+})()"""
+
+
+def number(text: str) -> float:
+    """A number as the page shows it: '24', '1.5 k', '12.3 ms', '250 µs', '1.234 s', '41.7 %'; NONE_SHOWN is NaN."""
+    text = text.strip()
+    if text in (NONE_SHOWN, ""):
+        return math.nan
+    m = re.fullmatch(r"(-?[\d.]+)\s*(k|M|µs|ms|s|%)?", text)
+    assert m, f"not a number the page shows: {text!r}"
+    scale = {None: 1, "k": 1e3, "M": 1e6, "µs": 1e-6, "ms": 1e-3, "s": 1, "%": 0.01}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def histogram_quantile(q: float, page: dict[tuple[str, frozenset[tuple[str, str]]], float], family: str) -> float:
+    """Prometheus's histogram_quantile over every series of ``family`` summed by ``le`` (what the page computes)."""
+    by_le: dict[float, float] = {}
+    for (name, labels), value in page.items():
+        if name == f"{family}_bucket":
+            le = float(dict(labels)["le"])
+            by_le[le] = by_le.get(le, 0.0) + value
+    bounds = sorted(by_le)
+    counts = [by_le[b] for b in bounds]
+    rank = q * counts[-1]
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(bounds) - 1:
+        return bounds[-2]
+    start, below = (0.0, 0.0) if b == 0 else (bounds[b - 1], counts[b - 1])
+    return start + (bounds[b] - start) * (rank - below) / (counts[b] - below)
+
+
+def close(shown: float, expected: float, rel: float, abs_: float = 0.0) -> bool:
+    return abs(shown - expected) <= rel * abs(expected) + abs_
+
+
+async def until(browser: Chromium, check: Any, timeout_s: float, what: str) -> dict[str, Any]:
+    """Read the page every 0.2 s until ``check(read)`` holds; the last read on timeout, in the failure."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        read: dict[str, Any] = await browser.evaluate(READ_PAGE)
+        if check(read):
+            return read
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the page never showed {what}: {read}\nconsole: {browser.console}")
+        await asyncio.sleep(0.2)
+
+
+async def watch(browser: Chromium, url: str, listen: str, endpoints: list[str], screenshot: Path | None) -> None:
+    query = f"metrics={url}&interval=500&rate_window=3&quantile_window=600"
+    await browser.open(f"{DASHBOARD.as_uri()}?{query}")
+    await until(browser, lambda r: r["ready"] and r["shown"]["nodes"] == str(len(endpoints)), 30, "both nodes")
+
+    # Live rates while requests run: the page's requests/s and tokens/s move above zero.
+    traffic = asyncio.create_task(send(listen, REQUESTS, concurrency=3))
+    seen_rps, seen_out = 0.0, 0.0
+    done_at: float | None = None
+    while True:
+        read = await browser.evaluate(READ_PAGE)
+        seen_rps = max(seen_rps, number(read["shown"]["requests_per_s"]) or 0.0)
+        seen_out = max(seen_out, number(read["shown"]["tokens_out_per_s"]) or 0.0)
+        if traffic.done():
+            done_at = done_at or time.monotonic()
+            if (seen_rps > 0 and seen_out > 0) or time.monotonic() > done_at + 10:
+                break
+        await asyncio.sleep(0.2)
+    assert await traffic == [200] * REQUESTS
+    assert seen_rps > 0 and seen_out > 0, (seen_rps, seen_out, browser.console)
+
+    # Once every attempt's end is counted, the page catches up with /metrics; then both are read and compared.
+    deadline = time.monotonic() + 30
+    while total(metrics(url), "cognitora_attempts_finished_total") < REQUESTS:
+        assert time.monotonic() < deadline, "attempts' ends never reached /metrics"
+        await asyncio.sleep(0.2)
+    settled = metrics(url)
+    ttft_count = total(settled, "cognitora_attempt_ttft_achieved_seconds_count")
+    read = await until(
+        browser,
+        lambda r: (
+            r["shown"]["decisions_total"] == str(REQUESTS)
+            and r["shown"].get("ttft_count") == str(int(ttft_count))
+            and r["shown"]["queue_depth"] == "0"
+        ),
+        15,
+        f"{REQUESTS} decisions and {ttft_count} TTFTs",
+    )
+    # The fleet's gauges move (power falls to idle, the energy window slides): bracket the page's newest poll
+    # between two reads of /metrics, and check each figure lies between them.
+    before = metrics(url)
+    polls = int(read["shown"]["polls"])
+    read = await until(browser, lambda r: int(r["shown"]["polls"]) >= polls + 2, 10, "two more polls")
+    page = metrics(url)
+    shown, nodes = read["shown"], read["nodes"]
+
+    def between(text: str, name: str, rel: float = 0.01, abs_: float = 0.0, **labels: str) -> bool:
+        low, high = sorted((total(before, name, **labels), total(page, name, **labels)))
+        return low - rel * abs(low) - abs_ <= number(text) <= high + rel * abs(high) + abs_
+
+    assert read["sources"] == ["ok"]
+
+    assert number(shown["decisions_total"]) == total(page, "cognitora_decisions_total") == REQUESTS
+    assert number(shown["decisions_placed"]) == total(page, "cognitora_decisions_total", outcome="placed")
+    assert number(shown["nodes"]) == len(endpoints)
+    healthy = by_label(page, "cognitora_endpoint_healthy", "endpoint")
+    assert set(nodes) == set(endpoints) == set(healthy)
+    assert number(shown["nodes_healthy"]) == sum(healthy.values())
+    for ep in endpoints:
+        assert nodes[ep]["healthy"] == ("healthy" if healthy[ep] == 1 else "down"), nodes[ep]
+        assert number(nodes[ep]["decisions"]) == total(page, "cognitora_decisions_total", endpoint=ep)
+        assert between(nodes[ep]["running"], "cognitora_endpoint_running", endpoint=ep), nodes[ep]
+        assert between(nodes[ep]["waiting"], "cognitora_endpoint_waiting", endpoint=ep), nodes[ep]
+        assert between(nodes[ep]["kv_use"], "cognitora_endpoint_kv_usage_ratio", 0.0, 0.0006, endpoint=ep), nodes
+        assert between(nodes[ep]["power_w"], "cognitora_endpoint_power_watts", 0.0, 0.06, endpoint=ep), nodes
+    assert sum(number(nodes[ep]["decisions"]) for ep in endpoints) == REQUESTS
+
+    # Histograms: the page's quantiles are histogram_quantile's over the same buckets (its window covers them all).
+    for q in ("p50", "p90", "p99"):
+        expected = histogram_quantile(int(q[1:]) / 100, page, "cognitora_attempt_ttft_achieved_seconds")
+        assert close(number(shown[f"ttft_{q}"]), expected, 0.01, 1e-4), (q, shown[f"ttft_{q}"], expected)
+    assert number(shown["decision_count"]) == REQUESTS
+
+    # Cache, power, energy (the fleet's gauges move between two reads: a tolerance).
+    achieved = total(page, "cognitora_attempt_cached_tokens_achieved_total")
+    hit = achieved / total(page, "cognitora_attempt_cache_prompt_tokens_total")
+    assert achieved > 0 and close(number(shown["kv_hit_rate"]), hit, 0.0, 0.0011), (shown["kv_hit_rate"], hit)
+    assert total(page, "cognitora_fleet_power_watts") > 0
+    assert between(shown["fleet_power_w"], "cognitora_fleet_power_watts", 0.0, 0.06), shown
+    assert total(page, "cognitora_fleet_joules_per_token") > 0
+    assert between(shown["joules_per_token"], "cognitora_fleet_joules_per_token", 0.0, 0.0006), shown
+    assert between(shown["joules_per_output_token"], "cognitora_fleet_joules_per_output_token", 0.0, 0.0006), shown
+    assert number(shown["queue_depth"]) == total(page, "cognitora_endpoint_waiting") == 0
+    assert not [line for line in browser.console if line.startswith("exception")], browser.console
+
+    if screenshot is not None:  # under steady traffic for a while, so the charts show it
+        stop = time.monotonic() + 25
+
+        async def steady() -> None:
+            while time.monotonic() < stop:
+                await send(listen, 12, concurrency=4)
+
+        traffic = asyncio.create_task(steady())
+        await asyncio.sleep(20)
+        await browser.screenshot(screenshot)
+        await traffic
+
+
+def test_dashboard_in_chromium_shows_what_metrics_says(tmp_path: Path, smollm2_dir: Path) -> None:
+    with start_fleet(2, time_scale=10.0, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path) as fleet:
+        config = {"models": fleet_models(fleet, smollm2_dir), "scrape": {"interval_s": 0.5, "timeout_s": 0.4}}
+        config_path = tmp_path / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        extproc_port, metrics_port, listen, admin = free_port(), free_port(), free_port(), free_port()
+        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
+        argv += ["--listen", f"127.0.0.1:{extproc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+        extproc = ManagedProcess(argv, tmp_path / "extproc.log", cwd=ROOT)
+        envoy = None
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        shot = os.environ.get("COGNITORA_DASHBOARD_SCREENSHOT")
+        try:
+            wait_listening(extproc_port, extproc)
+            extproc.wait_http(url)
+            envoy_text = render_config(
+                listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
+            )
+            envoy = start_envoy(envoy_text, tmp_path / "envoy", admin)
+            httpx.get(url, timeout=10).raise_for_status()
+
+            async def run() -> None:
+                async with Chromium() as browser:
+                    await watch(
+                        browser,
+                        url,
+                        f"http://127.0.0.1:{listen}",
+                        list(fleet.endpoint_ids),
+                        Path(shot) if shot else None,
+                    )
+
+            asyncio.run(run())
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            tail = extproc.log_tail(60)
+            code = extproc.stop()
+        assert code == 0, tail
+
+
+PARSER_CASE = r"""(() => {
+  const d = window.cognitoraDashboard;
+  const text = [
+    '# HELP x_total A "help" line',
+    '# TYPE x_total counter',
+    'x_total{path="C:\\\\dir",quote="say \\"hi\\"",nl="a\\nb",} 3 1700000000000',
+    'x_total{path="other"} 2.5e1',
+    'g NaN',
+    'h_bucket{le="0.1"} 2',
+    'h_bucket{le="0.5"} 6',
+    'h_bucket{le="+Inf"} 10',
+    'not a sample {',
+    'y -Inf',
+    '# EOF',
+  ].join('\n');
+  const p = d.parseProm(text);
+  const samples = p.samples.map((s) => [s.name, s.labels, String(s.value)]);
+  const bs = d.buckets(d.mergePages([p]), 'h');
+  const quantiles = [0.25, 0.5, 0.9, 0.99].map((q) => d.histogramQuantile(q, bs));
+  // Two gateways' pages: their own counters add up; the fleet's gauges come once, from the freshest snapshot.
+  const a = d.parseProm([
+    'cognitora_decisions_total{outcome="placed",endpoint="e1"} 3',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e1"} 1.5',
+    'cognitora_endpoint_running{endpoint="e1"} 2',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.1',
+    'cognitora_endpoint_running{endpoint="e2"} 7',
+    'cognitora_fleet_power_watts 100',
+  ].join('\n'));
+  const b = d.parseProm([
+    'cognitora_decisions_total{outcome="placed",endpoint="e1"} 4',
+    'cognitora_decisions_total{outcome="shed",endpoint=""} 1',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e1"} 0.2',
+    'cognitora_endpoint_running{endpoint="e1"} 5',
+    'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.9',
+    'cognitora_endpoint_running{endpoint="e2"} 6',
+    'cognitora_fleet_power_watts 120',
+  ].join('\n'));
+  const m = d.mergePages([a, b]);
+  const value = (name, labels) => (m.byName[name] || []).filter((s) =>
+    Object.entries(labels).every(([k, v]) => s.labels[k] === v)).reduce((x, s) => x + s.value, 0);
+  return {
+    samples, bad: p.bad, types: p.types, quantiles,
+    merged: {
+      placed: value('cognitora_decisions_total', {outcome: 'placed'}),
+      shed: value('cognitora_decisions_total', {outcome: 'shed'}),
+      e1: value('cognitora_endpoint_running', {endpoint: 'e1'}),
+      e2: value('cognitora_endpoint_running', {endpoint: 'e2'}),
+      power: value('cognitora_fleet_power_watts', {}),
+    },
+  };
+})()"""
+
+
+def test_dashboard_parser_merge_and_quantiles_in_chromium() -> None:
+    """The page's own functions, in the browser: the tolerant parser, the merge of several pages, the quantiles."""
+
+    async def run() -> dict[str, Any]:
+        async with Chromium() as browser:
+            await browser.open(DASHBOARD.as_uri())
+            deadline = time.monotonic() + 20
+            while not await browser.evaluate("!!(window.cognitoraDashboard && document.body)"):
+                assert time.monotonic() < deadline, browser.console
+                await asyncio.sleep(0.1)
+            got: dict[str, Any] = await browser.evaluate(PARSER_CASE)
+            assert not browser.console, browser.console
+            return got
+
+    got = asyncio.run(run())
+    assert got["samples"] == [
+        ["x_total", {"path": "C:\\dir", "quote": 'say "hi"', "nl": "a\nb"}, "3"],
+        ["x_total", {"path": "other"}, "25"],
+        ["g", {}, "NaN"],
+        ["h_bucket", {"le": "0.1"}, "2"],
+        ["h_bucket", {"le": "0.5"}, "6"],
+        ["h_bucket", {"le": "+Inf"}, "10"],
+        ["y", {}, "-Infinity"],
+    ]
+    assert got["bad"] == 1 and got["types"] == {"x_total": "counter"}
+    page = {
+        ("h_bucket", frozenset({("le", "0.1")})): 2.0,
+        ("h_bucket", frozenset({("le", "0.5")})): 6.0,
+        ("h_bucket", frozenset({("le", "+Inf")})): 10.0,
+    }
+    expected = [histogram_quantile(q, page, "h") for q in (0.25, 0.5, 0.9, 0.99)]
+    assert got["quantiles"] == pytest.approx(expected) and expected == pytest.approx([0.15, 0.4, 0.5, 0.5])
+    assert got["merged"] == {"placed": 7, "shed": 1, "e1": 5, "e2": 7, "power": 100}
