@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import msgpack
@@ -326,6 +327,29 @@ async def test_a_store_outage_is_survived_and_followed_by_a_resync(ctx: zmq.asyn
             assert h.subscriber.stats.purges == 1
     finally:
         await engine.close()
+
+
+async def test_a_store_outage_logs_one_error_not_one_per_message(
+    ctx: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="kvstate.events.subscriber")
+    store = FlakyStore()
+    engine = FakeEngine(ctx, replay="topic")
+    try:
+        async with running(store, engine) as h:
+            await engine.publish(block_batch(0))
+            await h.until_held(A, 1)
+            store.down = True
+            for seq in (1, 2):  # the engine keeps publishing through a Redis outage: each one fails in the store
+                await engine.publish(block_batch(seq))
+                await h.until_stat("store_errors", seq)
+            store.down = False
+            await engine.publish(block_batch(3))
+            await h.until_held(A, 4)
+    finally:
+        await engine.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
 
 
 async def test_a_bad_pub_address_fails_at_once_saying_what_to_give(ctx: zmq.asyncio.Context) -> None:

@@ -269,9 +269,7 @@ class KVEventSubscriber:
         try:
             await self.ingestor.flush(self.endpoint)
         except Exception as exc:  # the store failed (StoreUnavailable or a driver error): never kill the loop
-            self.stats.store_errors += 1
-            self._resync_needed = True
-            log.error("KV events of %s: store write failed (%s); will resync when it answers", self.endpoint, exc)
+            self._store_failed("store write failed (%s); will resync when it answers", exc)
             return
         finally:
             applied, replayed = self._unflushed, self._unflushed_replayed
@@ -315,9 +313,7 @@ class KVEventSubscriber:
         try:
             await self.ingestor.purge(self.endpoint)
         except Exception as exc:
-            self.stats.store_errors += 1
-            self._resync_needed = True
-            log.error("KV events of %s: cannot purge (%s); will retry on the next message", self.endpoint, exc)
+            self._store_failed("cannot purge (%s); will retry on the next message", exc)
             return
         self._resync_needed = False
         if reason is not None:
@@ -335,6 +331,17 @@ class KVEventSubscriber:
             track.last = seq
         await self._flush()
 
+    def _store_failed(self, what: str, exc: Exception) -> None:
+        """Count a store failure; log it once per outage (the first failure since the last good resync), not once
+        per message: an engine publishes many batches a second, and a Redis outage must not flood the log."""
+        self.stats.store_errors += 1
+        first = not self._resync_needed
+        self._resync_needed = True
+        if first:
+            log.error("KV events of %s: " + what, self.endpoint, exc)
+        else:
+            log.debug("KV events of %s: (store still down) " + what, self.endpoint, exc)
+
     async def _purge(self, reason: str) -> None:
         """Purge the endpoint's state. Sequence tracking goes on: the caller decides where it resumes."""
         self.stats.purges += 1
@@ -343,9 +350,7 @@ class KVEventSubscriber:
         try:
             await self.ingestor.purge(self.endpoint)
         except Exception as exc:
-            self.stats.store_errors += 1
-            self._resync_needed = True
-            log.error("KV events of %s: cannot purge (%s); will resync when the store answers", self.endpoint, exc)
+            self._store_failed("cannot purge (%s); will resync when the store answers", exc)
 
     async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """The engine's buffered batches from ``start`` on, or None without a replay address or an answer."""
