@@ -37,8 +37,8 @@ LITELLM = Path(sys.executable).parent / "litellm"
 
 N_ENGINES = 4
 N_PROMPTS = 8
-SLOW_ROUNDS = 5
-"""Rounds of 32 requests within which an engine slowed 50x must lose most of its share of new requests."""
+SLOW_ROUNDS = 7
+"""Rounds of 32 requests within which an engine slowed 50x must lose at least half its share of new requests."""
 TOPICS = ["rockets", "tax law", "gardening", "databases", "chess", "cooking", "astronomy", "sailing"]
 
 
