@@ -113,9 +113,12 @@ def why_unusable(run: TargetRun) -> str | None:
     """
     if run.skipped:
         return run.skipped
-    if run.total_ok == 0:
-        if not run.total_requests:
-            return "it sent no request"
+    if not run.total_requests:
+        return "it sent no request"
+    # Requests the run's deadline cut while they streamed are a result (an overloaded target: its TTFT and
+    # token pace are measured), not a failure to run: unusable is no success and not one token streamed.
+    streamed = any(stage.output_tps > 0 for stage in run.stages)
+    if run.total_ok == 0 and not streamed:
         common = "; ".join(f"{count} x {error}" for error, count in run.errors.items())
         return f"none of its {run.total_requests} requests succeeded" + (f" ({common})" if common else "")
     return None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench import demo, run_all
-from bench.report import TargetRun, why_unusable
+from bench.report import StageSummary, TargetRun, why_unusable
 
 
 def test_demo_reports_the_real_error_and_exits_1_when_the_fleet_cannot_start(
@@ -47,3 +48,17 @@ def test_a_run_where_no_request_succeeded_is_not_a_result() -> None:
     assert why_unusable(run) == "none of its 5 requests succeeded (5 x HTTP 503)"
     assert why_unusable(TargetRun(target="t", settings="", skipped="failed to start: boom")) == "failed to start: boom"
     assert why_unusable(TargetRun(target="t", settings="", total_requests=5, total_ok=1)) is None
+
+
+def test_an_overloaded_target_whose_requests_the_deadline_cut_is_still_a_result() -> None:
+    """Round-robin in `make demo`: every request still streaming when the run ended, none finished; its TTFT and
+    token pace are the result (the slow target the demo exists to show), not a failure to run."""
+    stage = StageSummary(
+        stage="10 rps", offered_rps=10, duration_s=8, requests=5, ok=0, failed=0, ttft_p50=2.7, ttft_p90=4.2,
+        ttft_p99=4.9, itl_p50=0.02, e2e_p50=9.0, e2e_p99=12.0, output_tps=180.0, goodput_rps=0.0, hit_rate=0.2,
+        reuse_bound=0.6, prompt_tokens=5000, cached_tokens=1000, completion_tokens=0,
+    )  # fmt: skip
+    run = TargetRun(target="envoy-rr", settings="", total_requests=5, total_ok=0, stages=[stage])
+    assert why_unusable(run) is None
+    silent = TargetRun(target="t", settings="", total_requests=5, total_ok=0, stages=[replace(stage, output_tps=0.0)])
+    assert why_unusable(silent) == "none of its 5 requests succeeded"
