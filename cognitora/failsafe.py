@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cognitora.config import CognitoraConfig
-from cognitora.decision import Decision, Rejection
+from cognitora.decision import Decision
+from cognitora.placement import reject
 from cognitora.placement.state import HealthMark
 from cognitora.request import RouteRequest
 from kvstate.store import InFlight
@@ -100,12 +101,4 @@ def fallback_decision(
 
 
 def _rejected(req: RouteRequest, message: str) -> Decision:
-    return Decision(
-        request_id=req.request_id,
-        model=req.model,
-        endpoint=None,
-        url=None,
-        prompt_tokens=0,
-        reason=message,
-        rejection=Rejection(503, message, ERROR_RETRY_AFTER_S),
-    )
+    return reject(req, 503, message, ERROR_RETRY_AFTER_S)
