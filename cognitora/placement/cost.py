@@ -30,6 +30,14 @@ Beside the TTFT, each candidate gets the request's marginal energy there, for th
 
     request_joules(e) = joules_per_token(e) x (prompt_tokens - cached_tokens(e) + expected_decode_tokens)
 
+and the request's predicted decode time, for the power rule's E2E bound:
+
+    predicted_decode_s(e) = expected_decode_tokens / decode_speed(e)
+
+``decode_speed(e)`` is the per-sequence decode speed the scraper learned from the engine's inter-token latency
+(so it is the pace at the engine's recent load: a busier engine decodes each sequence slower), else the
+endpoint's ``decode_tokens_per_s`` prior, else unknown.
+
 A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the scraper
 learns one J/token over prompt and generated tokens together (``kvstate.energy``), so both kinds of token are
 charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the
@@ -75,6 +83,22 @@ def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) ->
     if snap is not None and snap.joules_per_token is not None and snap.joules_per_token > 0:
         return snap.joules_per_token
     return endpoint.joules_per_token
+
+
+def decode_speed(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
+    """Per-sequence decode speed (tokens/s): learned from the engine's inter-token latency at its recent load, else
+    the configured prior, else unknown."""
+    if snap is not None and snap.decode_tokens_per_s > 0:
+        return snap.decode_tokens_per_s
+    return endpoint.decode_tokens_per_s
+
+
+def predicted_decode_s(endpoint: EndpointConfig, snap: EndpointSnapshot | None, decode_tokens: int) -> float | None:
+    """Seconds to decode ``decode_tokens`` here at the engine's current pace; 0 for none, None when unknown."""
+    if decode_tokens <= 0:
+        return 0.0
+    speed = decode_speed(endpoint, snap)
+    return None if speed is None else decode_tokens / speed
 
 
 def mean_service_s(snap: EndpointSnapshot, flight: InFlight) -> float:
@@ -143,6 +167,7 @@ def score_endpoint(
         recompute_penalty_s=recompute_penalty,
         joules_per_token=jpt,
         request_joules=request_joules,
+        predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens),
     )
 
 
