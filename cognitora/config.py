@@ -286,6 +286,11 @@ class PlacementConfig(_Strict):
     fastest predicted E2E AND within ``power_e2e_slack_ratio`` of it (the smaller bound applies). Packing onto one
     engine slows every sequence's decode there; this bound stops the rule once that costs more than it allows.
     A candidate whose decode speed is unknown is not taken for energy when the request expects decode tokens."""
+    decode_itl_s_per_running: float = Field(default=0.0001, ge=0)
+    """Power rule's E2E estimate: seconds each running sequence adds to an engine's inter-token latency (decode
+    attention reads its KV every step: ~0.1 ms for a 2k-token context of an 8B or 32B model on H100s). Used to
+    charge the request's own load, and to estimate the pace of an engine that has not decoded yet from the others'
+    learned paces (docs/placement.md)."""
     power_e2e_slack_ratio: float = Field(default=0.1, ge=0)
     """Power rule: the E2E slack as a fraction of the fastest predicted E2E; the slack is the smaller of the two."""
     power_energy_band_ratio: float = Field(default=0.2, ge=0)

@@ -315,6 +315,23 @@ CASES = [
         expect=A,
     ),
     Case(
+        "power: an engine that never decoded gets a stand-in pace, so packing onto the other is still bounded",
+        # A, the packed engine, runs 40 sequences at 26 tokens/s each; B has no learned pace (it got nothing since
+        # the scraper started). B's stand-in: A's 38.5 ms inter-token latency less 40 x 0.1 ms = 34.5 ms: E2E 7.30 s
+        # against A's 8.15 s, so A is refused. Without it A would be "within the bound" of itself alone.
+        FleetState(
+            NOW,
+            inflight={A: InFlight(1, 300, 0)},
+            snapshots={
+                A: snap(A, running=40, joules_per_token=0.135, decode_tokens_per_s=26.0),
+                B: snap(B, joules_per_token=0.30),
+            },
+        ),
+        config=fleet(ep(8001), ep(8002)),
+        request={"max_tokens": 200},
+        expect=B,
+    ),
+    Case(
         "power: with the E2E slack opened up, the rule packs again (the behaviour the bound replaced)",
         FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(26.0, 57.0)),
         config=fleet(ep(8001), ep(8002), placement={"power_e2e_slack_s": 1000.0, "power_e2e_slack_ratio": 1000.0}),

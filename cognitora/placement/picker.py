@@ -159,7 +159,9 @@ def _close(feasible: Sequence[CandidateScore], params: PlacementConfig, band: fl
         if c.predicted_ttft_s > ttft_limit:
             continue
         e2e = predicted_e2e_s(c)
-        if e2e is None or fastest is None or e2e > fastest + max(band, power_e2e_slack_s(fastest, params)):
+        if c.decode_estimated or e2e is None or fastest is None:
+            continue
+        if e2e > fastest + max(band, power_e2e_slack_s(fastest, params)):
             continue
         close.append(c)
     return close
