@@ -3,10 +3,11 @@
     python -m bench.power_tradeoff bench/results/power_tradeoff_run1 [bench/results/power_tradeoff_run2 ...] \\
         --out bench/results/power_tradeoff
 
-Each argument is a ``bench.run_all --out`` prefix (its ``.json`` and ``.requests.jsonl.gz``). Latencies are over
-the measured stages' successful requests (engine seconds); J per output token is the run's whole-fleet energy over
-its output tokens (``bench.run_all``'s figure, warm-up included). With several runs, each cell shows the mean and
-the range (min-max) across runs.
+Each argument is a ``bench.run_all --out`` prefix (its ``.json`` and ``.requests.jsonl.gz``), optionally with
+``#target|target`` to take only those targets from it (a run whose other rows were made by older code).
+Latencies are over the measured stages' successful requests (engine seconds); J per output token is the run's
+whole-fleet energy over its output tokens (``bench.run_all``'s figure, warm-up included). With several runs, each
+cell shows the mean and the range (min-max) across runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shlex
 import statistics
 import sys
 from collections.abc import Sequence
@@ -67,11 +69,12 @@ def _cell(values: list[float], fmt: str) -> str:
 
 
 def render(prefixes: Sequence[Path], runs: list[dict[str, dict[str, Any]]], out: Path) -> str:
-    first = json.loads(prefixes[0].with_suffix(".json").read_text())
+    paths = [Path(str(p).partition("#")[0]) for p in prefixes]
+    first = json.loads(paths[0].with_suffix(".json").read_text())
     lines = ["# Power trade-off: energy against TTFT and E2E on a mixed fleet", "", "Commands:", "", "```bash"]
-    for p in prefixes:
+    for p in dict.fromkeys(paths):
         lines.append(json.loads(p.with_suffix(".json").read_text())["command"])
-    lines.append(f"python -m bench.power_tradeoff {' '.join(map(str, prefixes))} --out {out}")
+    lines.append(f"python -m bench.power_tradeoff {' '.join(shlex.quote(str(p)) for p in prefixes)} --out {out}")
     lines += [
         "```",
         "",
@@ -80,15 +83,17 @@ def render(prefixes: Sequence[Path], runs: list[dict[str, dict[str, Any]]], out:
         f"{len(runs)} run(s); with more than one, each cell is the mean (min-max). Latencies in engine seconds over",
         "the measured stage's successful requests; J per output token over the whole run (warm-up included).",
         "",
-        "| target | J / output token | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 | requests per engine (run 1) |",
-        "|---|---|---|---|---|---|---|",
+        "| target | runs | J / output token | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 | per engine (1st run) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name in runs[0]:
+    names = list(dict.fromkeys(name for r in runs for name in r))
+    for name in names:
         got = [r[name] for r in runs if name in r and not r[name]["skipped"]]
         if not got:
-            lines.append(f"| {name} | skipped: {runs[0][name]['skipped'][:80]} | | | | | |")
+            lines.append(f"| {name} | 0 | skipped | | | | | |")
             continue
         cells = [
+            str(len(got)),
             _cell([g["j_per_output_token"] for g in got], ".3f"),
             *(_cell([g[k] for g in got], ".3f") for k in ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90")),
             " / ".join(map(str, got[0]["per_engine"])),
@@ -99,14 +104,20 @@ def render(prefixes: Sequence[Path], runs: list[dict[str, dict[str, Any]]], out:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.power_tradeoff", description=__doc__.split("\n")[0])
-    p.add_argument("prefixes", nargs="+", type=Path)
+    p.add_argument("prefixes", nargs="+", help="run_all --out prefixes, each optionally PREFIX#target|target")
     p.add_argument("--out", type=Path, default=Path("bench/results/power_tradeoff"))
     args = p.parse_args(argv)
-    runs = [summarize(prefix) for prefix in args.prefixes]
+    runs = []
+    for arg in args.prefixes:
+        prefix, _, only = str(arg).partition("#")
+        got = summarize(Path(prefix))
+        keep = set(only.split("|")) if only else set(got)
+        runs.append({name: row for name, row in got.items() if name in keep})
+    # Row order: the first run that has each target.
+    order = list(dict.fromkeys(name for r in runs for name in r))
+    runs = [{name: r[name] for name in order if name in r} for r in runs]
     args.out.with_suffix(".md").write_text(render(args.prefixes, runs, args.out))
-    args.out.with_suffix(".json").write_text(
-        json.dumps({str(p): r for p, r in zip(args.prefixes, runs, strict=True)}, indent=1)
-    )
+    args.out.with_suffix(".json").write_text(json.dumps(dict(zip(args.prefixes, runs, strict=True)), indent=1))
     print(args.out.with_suffix(".md").read_text())
     return 0
 
