@@ -55,6 +55,7 @@ from bench.targets import (
     all_targets,
     make_target,
     process_group_cpu_seconds,
+    split_target,
 )
 from cognitora.process import ManagedProcess, free_port_block, wait_until
 from cognitora.sim.tokenizer import SMOLLM2_DIR
@@ -383,7 +384,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rates", help="ladder of offered loads, requests per engine second (default per workload)")
     p.add_argument("--stage-duration", type=float, default=20.0, help="engine seconds per ladder stage")
     p.add_argument("--warmup", default="15:20", help="RATE:SECONDS unmeasured warm-up ('' for none)")
-    p.add_argument("--targets", default="all", help="comma list, 'all' or 'peers'; known: " + ", ".join(all_targets()))
+    p.add_argument(
+        "--targets",
+        default="all",
+        help="comma list, 'all' or 'peers' (a Cognitora target takes placement overrides: "
+        "'cognitora-envoy@power_ttft_slack_s=0;tie_band_s=0.01'); known: " + ", ".join(all_targets()),
+    )
     p.add_argument("--duration", type=float, help="stop sending after this many wall seconds per target")
     p.add_argument("--max-requests", type=int, help="send at most this many requests per target")
     p.add_argument("--time-scale", default="auto", help="sim time scale X (engine time = X * wall time) or 'auto'")
@@ -421,7 +427,7 @@ def resolve_targets(spec: str) -> list[str]:
     if spec == "peers":
         return list(PEER_TARGETS)
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in all_targets()]
+    unknown = [n for n in names if split_target(n)[0] not in all_targets()]
     if unknown:
         raise SystemExit(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(all_targets())}")
     return names

@@ -77,6 +77,8 @@ class Target(ABC):
 
     name: str = ""
     settings: str = ""
+    placement: dict[str, Any] | None = None
+    """``placement`` settings for Cognitora targets (``name@key=value``), over Cognitora's defaults."""
 
     def __init__(self, model: str, workdir: Path | None = None) -> None:
         self.model = model
@@ -467,7 +469,11 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
             cf.urls,
             "cognitora",
             {
-                "routing_strategy_args": {"models": [cognitora_model(self.model, cf)], "scrape": {"interval_s": 1.0}},
+                "routing_strategy_args": {
+                    "models": [cognitora_model(self.model, cf)],
+                    "scrape": {"interval_s": 1.0},
+                    **({"placement": dict(self.placement)} if self.placement else {}),
+                },
                 "num_retries": 2,
             },
         )
@@ -504,7 +510,10 @@ class CognitoraEnvoyTarget(Target):
             for url, ev, rp in zip(cf.urls, cf.events_addresses, cf.replay_addresses, strict=True)
         ]
         config_path = self.workdir / "cognitora.yaml"
-        config_path.write_text(yaml.safe_dump({"models": [model], "scrape": {"interval_s": 1.0}}, sort_keys=False))
+        doc: dict[str, Any] = {"models": [model], "scrape": {"interval_s": 1.0}}
+        if self.placement:
+            doc["placement"] = dict(self.placement)
+        config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         extproc_port = free_port()
         extproc = self._spawn(
             "extproc",
@@ -563,8 +572,30 @@ def all_targets() -> dict[str, TargetFactory]:
     return {**PEER_TARGETS, **COGNITORA_TARGETS}
 
 
+def split_target(name: str) -> tuple[str, dict[str, Any]]:
+    """``cognitora-envoy@power_ttft_slack_s=0;power_e2e_slack_s=1`` -> the base name and ``placement`` overrides.
+
+    Values are YAML scalars (numbers, booleans). Only Cognitora targets take overrides."""
+    base, _, rest = name.partition("@")
+    overrides: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(";"))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TargetUnavailable(f"bad placement override {item!r} in {name!r}; use key=value")
+        overrides[key.strip()] = yaml.safe_load(value)
+    return base, overrides
+
+
 def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
     targets = all_targets()
-    if name not in targets:
-        raise TargetUnavailable(f"unknown target {name!r}; known: {', '.join(targets)}")
-    return targets[name](model, workdir)
+    base, overrides = split_target(name)
+    if base not in targets:
+        raise TargetUnavailable(f"unknown target {base!r}; known: {', '.join(targets)}")
+    if overrides and base not in COGNITORA_TARGETS:
+        raise TargetUnavailable(f"{base} takes no placement overrides (only {', '.join(COGNITORA_TARGETS)} do)")
+    target = targets[base](model, workdir)
+    if overrides:
+        target.placement = overrides
+        target.name = name
+        target.settings += "; placement overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return target

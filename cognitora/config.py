@@ -167,6 +167,9 @@ class EndpointConfig(_Strict):
     """``both`` serves whole requests; ``prefill``/``decode`` are the halves of a disaggregated pair."""
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     """Prior prefill throughput (tokens/s) until one is learned from the engine's metrics."""
+    decode_tokens_per_s: float | None = Field(default=None, gt=0)
+    """Prior per-sequence decode speed (tokens/s) until one is learned from the engine's metrics; the power rule's
+    E2E bound needs one (docs/placement.md)."""
     joules_per_token: float | None = Field(default=None, gt=0)
     """Prior marginal energy per token (J), until one is learned from the power meter; absent: no power preference."""
     power: PowerSourceConfig | None = None
@@ -277,6 +280,19 @@ class PlacementConfig(_Strict):
     for the request wins. The rule never costs a request more than this, nor more than that fraction."""
     power_ttft_slack_ratio: float = Field(default=0.1, ge=0)
     """Power rule: the slack as a fraction of the best predicted TTFT; the slack is the smaller of the two."""
+    power_e2e_slack_s: float = Field(default=0.3, ge=0)
+    """Power rule, end to end: a greener candidate is taken only when its predicted E2E (TTFT + the request's
+    expected decode tokens at the engine's learned per-sequence decode speed) is within this many seconds of the
+    fastest predicted E2E AND within ``power_e2e_slack_ratio`` of it (the smaller bound applies). Packing onto one
+    engine slows every sequence's decode there; this bound stops the rule once that costs more than it allows.
+    A candidate whose decode speed is unknown is not taken for energy when the request expects decode tokens."""
+    decode_itl_s_per_running: float = Field(default=0.0001, ge=0)
+    """Power rule's E2E estimate: seconds each running sequence adds to an engine's inter-token latency (decode
+    attention reads its KV every step: ~0.1 ms for a 2k-token context of an 8B or 32B model on H100s). Used to
+    charge the request's own load, and to estimate the pace of an engine that has not decoded yet from the others'
+    learned paces (docs/placement.md)."""
+    power_e2e_slack_ratio: float = Field(default=0.1, ge=0)
+    """Power rule: the E2E slack as a fraction of the fastest predicted E2E; the slack is the smaller of the two."""
     power_energy_band_ratio: float = Field(default=0.2, ge=0)
     """Power rule: request energies within this fraction of the lowest count as equal (marginal J/token is
     learned, noisy, and lower on a busier engine of the same hardware; a smaller gap would herd on noise)."""

@@ -27,6 +27,15 @@ class CandidateScore:
     slot_wait_s: float = 0.0
     """The slot-wait term included in ``predicted_ttft_s`` (seconds): on an engine at capacity, how long until
     enough running requests finish for this one to be admitted. 0 when the engine has room or nothing is known."""
+    predicted_decode_s: float | None = 0.0
+    """The request's expected decode tokens over the endpoint's per-sequence decode speed (learned at its current
+    load, else the endpoint's prior): what decoding would take here (seconds). 0 when the request expects no decode
+    tokens; None when they are expected but the speed is unknown. Predicted E2E = ``predicted_ttft_s`` + this."""
+    running: int = 0
+    """Requests running on the endpoint as placement counted them (scraped or router-counted, the larger)."""
+    decode_estimated: bool = False
+    """``predicted_decode_s`` is a stand-in (the engine has not decoded since the scraper started): it counts toward
+    the fastest E2E, but the power rule does not pick the endpoint for energy on it."""
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""

@@ -62,3 +62,18 @@ def test_an_overloaded_target_whose_requests_the_deadline_cut_is_still_a_result(
     assert why_unusable(run) is None
     silent = TargetRun(target="t", settings="", total_requests=5, total_ok=0, stages=[replace(stage, output_tps=0.0)])
     assert why_unusable(silent) == "none of its 5 requests succeeded"
+
+
+def test_cognitora_targets_take_placement_overrides_and_peers_refuse_them(tmp_path: Path) -> None:
+    from bench.targets import TargetUnavailable, make_target, split_target
+
+    name = "cognitora-envoy@power_ttft_slack_s=0;power_e2e_slack_ratio=0.2"
+    assert split_target(name) == ("cognitora-envoy", {"power_ttft_slack_s": 0, "power_e2e_slack_ratio": 0.2})
+    target = make_target(name, "m", tmp_path)
+    assert target.name == name and target.placement == {"power_ttft_slack_s": 0, "power_e2e_slack_ratio": 0.2}
+    assert "placement overrides: power_ttft_slack_s=0" in target.settings
+    assert run_all.resolve_targets(f"envoy-rr,{name}") == ["envoy-rr", name]
+    with pytest.raises(TargetUnavailable, match="takes no placement overrides"):
+        make_target("envoy-rr@tie_band_s=0", "m", tmp_path)
+    with pytest.raises(TargetUnavailable, match="key=value"):
+        split_target("cognitora-envoy@oops")

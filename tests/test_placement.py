@@ -78,6 +78,14 @@ SATURATED_B = FleetState(
 )
 
 
+def _decoding(a_tokens_per_s: float, b_tokens_per_s: float) -> dict[str, EndpointSnapshot]:
+    """A greener A (0.135 J/token learned) and B (0.30), each with its learned per-sequence decode speed."""
+    return {
+        A: snap(A, joules_per_token=0.135, decode_tokens_per_s=a_tokens_per_s),
+        B: snap(B, joules_per_token=0.30, decode_tokens_per_s=b_tokens_per_s),
+    }
+
+
 CASES = [
     Case(
         "cached endpoint wins while it has headroom",
@@ -265,11 +273,70 @@ CASES = [
     ),
     Case(
         "power: expected decode tokens count in the request's energy",
-        # Same as above with max_tokens=20000: A 0.3 x 20256 = 6077 J vs B 0.1 x 24096 = 2410 J.
+        # Same as above with max_tokens=20000: A 0.3 x 20256 = 6077 J vs B 0.1 x 24096 = 2410 J. Both decode at
+        # 50 tokens/s (priors), so the E2E bound holds: 400.41 s vs 400.41 s.
         FleetState(NOW, matches={A: cached(3840)}, inflight={A: InFlight(1, 3800, 0)}),
-        config=fleet(ep(8001, joules_per_token=0.3), ep(8002, joules_per_token=0.1)),
+        config=fleet(
+            ep(8001, joules_per_token=0.3, decode_tokens_per_s=50),
+            ep(8002, joules_per_token=0.1, decode_tokens_per_s=50),
+        ),
         request={"max_tokens": 20000},
         expect=B,
+    ),
+    Case(
+        "power: refused when packing would double E2E (A decodes at half B's pace under its load)",
+        # The multi-turn chat run: A's learned J/token is 55% lower (a busier engine shares idle power over more
+        # tokens) and its TTFT is inside the power slack (440 ms vs B's 410 ms: 30 ms, under 41 ms), but its learned
+        # per-sequence decode speed is 26 tokens/s against B's 57: 200 tokens end at 8.13 s there, 3.92 s on B.
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(26.0, 57.0)),
+        config=fleet(ep(8001), ep(8002)),
+        request={"max_tokens": 200},
+        expect=B,
+    ),
+    Case(
+        "power: within the E2E bound it still saves energy (A decodes 3% slower: E2E 4.04 s vs 3.92 s)",
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(55.5, 57.0)),
+        config=fleet(ep(8001), ep(8002)),
+        request={"max_tokens": 200},
+        expect=A,
+    ),
+    Case(
+        "power: the E2E slack is the smaller of 0.3 s and 10% (E2E 1.59 s vs 1.41 s: 0.18 s, over 0.141 s)",
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(43.5, 50.0)),
+        config=fleet(ep(8001), ep(8002)),
+        request={"max_tokens": 50},
+        expect=B,
+    ),
+    Case(
+        "power: unknown decode speed, decode tokens expected: no energy preference (its E2E cannot be bounded)",
+        FleetState(NOW, matches={A: cached(256)}),
+        config=fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1)),
+        request={"max_tokens": 200},
+        expect=A,
+    ),
+    Case(
+        "power: an engine that never decoded gets a stand-in pace, so packing onto the other is still bounded",
+        # A, the packed engine, runs 40 sequences at 26 tokens/s each; B has no learned pace (it got nothing since
+        # the scraper started). B's stand-in: A's 38.5 ms inter-token latency less 40 x 0.1 ms = 34.5 ms: E2E 7.30 s
+        # against A's 8.15 s, so A is refused. Without it A would be "within the bound" of itself alone.
+        FleetState(
+            NOW,
+            inflight={A: InFlight(1, 300, 0)},
+            snapshots={
+                A: snap(A, running=40, joules_per_token=0.135, decode_tokens_per_s=26.0),
+                B: snap(B, joules_per_token=0.30),
+            },
+        ),
+        config=fleet(ep(8001), ep(8002)),
+        request={"max_tokens": 200},
+        expect=B,
+    ),
+    Case(
+        "power: with the E2E slack opened up, the rule packs again (the behaviour the bound replaced)",
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(26.0, 57.0)),
+        config=fleet(ep(8001), ep(8002), placement={"power_e2e_slack_s": 1000.0, "power_e2e_slack_ratio": 1000.0}),
+        request={"max_tokens": 200},
+        expect=A,
     ),
     Case(
         "power: the slack is the smaller of 50 ms and 10% of the best TTFT",

@@ -11,7 +11,7 @@ from dataclasses import replace
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
 from cognitora.decision import Decision, Rejection
 from cognitora.placement.affinity import affinity_key
-from cognitora.placement.cost import by_ranking_cost, excluded_score, score_endpoint
+from cognitora.placement.cost import by_ranking_cost, estimate_unknown_decode, excluded_score, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.state import FleetState, HealthMark
@@ -73,6 +73,7 @@ def place(
         (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
         key=by_ranking_cost,
     )
+    estimate_unknown_decode(ranked, decode, params)
     excluded = [excluded_score(by_id[eid], why, state, params) for eid, why in filtered.excluded.items()]
     base = Decision(
         request_id=req.request_id,

@@ -30,6 +30,15 @@ Beside the TTFT, each candidate gets the request's marginal energy there, for th
 
     request_joules(e) = joules_per_token(e) x (prompt_tokens - cached_tokens(e) + expected_decode_tokens)
 
+and the request's predicted decode time, for the power rule's E2E bound:
+
+    predicted_decode_s(e) = expected_decode_tokens x (1 / decode_speed(e) + decode_itl_s_per_running)
+
+``decode_speed(e)`` is the per-sequence decode speed the scraper learned from the engine's inter-token latency
+(so it is the pace at the engine's recent load: a busier engine decodes each sequence slower), else the
+endpoint's ``decode_tokens_per_s`` prior, plus ``decode_itl_s_per_running`` per token for the request's own share
+of the batch. An engine with neither gets a stand-in (``estimate_unknown_decode``) for the fastest-E2E figure only.
+
 A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the scraper
 learns one J/token over prompt and generated tokens together (``kvstate.energy``), so both kinds of token are
 charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the
@@ -44,6 +53,8 @@ recomputed prefix takes from later requests, which the request's own TTFT does n
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
@@ -75,6 +86,47 @@ def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) ->
     if snap is not None and snap.joules_per_token is not None and snap.joules_per_token > 0:
         return snap.joules_per_token
     return endpoint.joules_per_token
+
+
+def decode_speed(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
+    """Per-sequence decode speed (tokens/s): learned from the engine's inter-token latency at its recent load, else
+    the configured prior, else unknown."""
+    if snap is not None and snap.decode_tokens_per_s > 0:
+        return snap.decode_tokens_per_s
+    return endpoint.decode_tokens_per_s
+
+
+def predicted_decode_s(
+    endpoint: EndpointConfig, snap: EndpointSnapshot | None, decode_tokens: int, params: PlacementConfig
+) -> float | None:
+    """Seconds to decode ``decode_tokens`` here at the engine's current pace, slowed by this request's own share of
+    the batch (``decode_itl_s_per_running``); 0 for none, None when the pace is unknown."""
+    if decode_tokens <= 0:
+        return 0.0
+    speed = decode_speed(endpoint, snap)
+    return None if speed is None else decode_tokens * (1.0 / speed + params.decode_itl_s_per_running)
+
+
+def estimate_unknown_decode(ranked: list[CandidateScore], decode_tokens: int, params: PlacementConfig) -> None:
+    """Give candidates with no known decode pace a stand-in, in place: the fastest known engine's inter-token
+    latency with its running sequences taken out, plus this one's (``decode_itl_s_per_running`` each).
+
+    Without it, a power rule packing onto one engine compares that engine's E2E with itself only: the idle engines
+    it packs away from never decode, so their pace is never learned."""
+    if decode_tokens <= 0:
+        return
+    k = params.decode_itl_s_per_running
+    known = [c for c in ranked if c.predicted_decode_s is not None]
+    if not known or len(known) == len(ranked):
+        return
+    base = min(
+        max(0.0, c.predicted_decode_s / decode_tokens - k * (c.running + 1)) for c in known if c.predicted_decode_s
+    )
+    for i, c in enumerate(ranked):
+        if c.predicted_decode_s is None:
+            ranked[i] = replace(
+                c, predicted_decode_s=decode_tokens * (base + k * (c.running + 1)), decode_estimated=True
+            )
 
 
 def mean_service_s(snap: EndpointSnapshot, flight: InFlight) -> float:
@@ -143,6 +195,8 @@ def score_endpoint(
         recompute_penalty_s=recompute_penalty,
         joules_per_token=jpt,
         request_joules=request_joules,
+        predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens, params),
+        running=running,
     )
 
 

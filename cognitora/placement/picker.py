@@ -12,8 +12,11 @@ Rules, in order:
    compare the *request's* marginal energy (``CandidateScore.request_joules``: J/token x (uncached prompt +
    expected decode tokens)), so a cache hit saves prefill energy too. If the fastest endpoint's is known and a
    close one's is lower by more than ``power_energy_band_ratio``, the close ones within that band of the lowest
-   are the pool rule 3 picks from. Close is never narrower than the tie band. Unknown energy never beats known,
-   and never loses to it either: a fleet without power data ranks by TTFT alone.
+   are the pool rule 3 picks from. Close is never narrower than the tie band. Close also bounds the end-to-end
+   cost: the candidate's predicted E2E (TTFT + expected decode tokens / its learned per-sequence decode speed) must
+   be within ``min(power_e2e_slack_s, power_e2e_slack_ratio x fastest)`` of the fastest predicted E2E, so packing
+   requests onto one low-energy engine stops once its slower decode costs more than that. Unknown energy never
+   beats known, and never loses to it either: a fleet without power data ranks by TTFT alone.
 3. **Ties**: candidates whose ranking cost is within ``max(tie_band_s, tie_band_ratio x best)`` of the best are
    equal (the prediction is not more precise than that). Among them, or among the power rule's winners, the
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
@@ -80,19 +83,17 @@ def pick(
     best = feasible[0]
     band = tie_band_s(best, params)
     tied = [c for c in feasible if ranking_cost_s(c) <= ranking_cost_s(best) + band]
-    lowest = _lowest_close_energy(feasible, params, band)
+    close = _close(feasible, params, band)
+    lowest = min((c.request_joules for c in close if c.request_joules is not None), default=None)
+    if best.request_joules is None:
+        lowest = None
     greener = False
     pool = tied
     if lowest is not None:
         energy_limit = lowest * (1.0 + params.power_energy_band_ratio)
         greener = best.request_joules is not None and energy_limit < best.request_joules
         if greener:
-            limit = best.predicted_ttft_s + max(band, power_slack_s(best, params))
-            pool = [
-                c
-                for c in feasible
-                if c.predicted_ttft_s <= limit and c.request_joules is not None and c.request_joules <= energy_limit
-            ]
+            pool = [c for c in close if c.request_joules is not None and c.request_joules <= energy_limit]
         else:
             # Equal in TTFT, but clearly more energy for this request: out. Unknown energy neither wins nor loses.
             pool = [c for c in tied if c.request_joules is None or c.request_joules <= energy_limit]
@@ -104,6 +105,12 @@ def pick(
             f"predicted TTFT {_ms(chosen.predicted_ttft_s)} within {_ms(power_slack_s(best, params))} of its "
             f"{_ms(best.predicted_ttft_s)}"
         )
+        fastest = _fastest_e2e_s(feasible)
+        if fastest is not None and chosen.predicted_decode_s:
+            reason += (
+                f", predicted E2E {_ms(predicted_e2e_s(chosen) or 0.0)} within "
+                f"{_ms(power_e2e_slack_s(fastest, params))} of the fastest {_ms(fastest)}"
+            )
     elif len(pool) == 1:
         reason = _ttft_reason(chosen, ranked)
     else:
@@ -121,16 +128,43 @@ def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
     return min(params.power_ttft_slack_s, params.power_ttft_slack_ratio * best.predicted_ttft_s)
 
 
-def _lowest_close_energy(feasible: Sequence[CandidateScore], params: PlacementConfig, band: float) -> float | None:
-    """The lowest request energy among candidates close to the best in TTFT; None when the best one's is unknown.
+def power_e2e_slack_s(fastest_e2e_s: float, params: PlacementConfig) -> float:
+    """How much predicted E2E the power rule may trade for energy: the smaller of the absolute and relative slack."""
+    return min(params.power_e2e_slack_s, params.power_e2e_slack_ratio * fastest_e2e_s)
 
-    Close means within the power slack, and never less than the tie band: tied candidates are equal in TTFT.
+
+def predicted_e2e_s(c: CandidateScore) -> float | None:
+    """Predicted TTFT plus the predicted decode time; None when the decode speed is unknown."""
+    return None if c.predicted_decode_s is None else c.predicted_ttft_s + c.predicted_decode_s
+
+
+def _fastest_e2e_s(feasible: Sequence[CandidateScore]) -> float | None:
+    return min((e for e in map(predicted_e2e_s, feasible) if e is not None), default=None)
+
+
+def _close(feasible: Sequence[CandidateScore], params: PlacementConfig, band: float) -> list[CandidateScore]:
+    """Candidates the power rule may pick for energy: close to the best in predicted TTFT and to the fastest in
+    predicted E2E.
+
+    TTFT: within the power slack of the best, never less than the tie band (tied candidates are equal in TTFT).
+    E2E: within ``power_e2e_slack_s`` of the fastest predicted E2E (never less than the tie band either); a candidate
+    whose E2E cannot be predicted (decode tokens expected, decode speed unknown) is not close: the rule saves
+    energy only where it can bound what it costs.
     """
     best = feasible[0]
-    if best.request_joules is None:
-        return None
-    limit = best.predicted_ttft_s + max(band, power_slack_s(best, params))
-    return min(c.request_joules for c in feasible if c.predicted_ttft_s <= limit and c.request_joules is not None)
+    ttft_limit = best.predicted_ttft_s + max(band, power_slack_s(best, params))
+    fastest = _fastest_e2e_s(feasible)
+    close = []
+    for c in feasible:
+        if c.predicted_ttft_s > ttft_limit:
+            continue
+        e2e = predicted_e2e_s(c)
+        if c.decode_estimated or e2e is None or fastest is None:
+            continue
+        if e2e > fastest + max(band, power_e2e_slack_s(fastest, params)):
+            continue
+        close.append(c)
+    return close
 
 
 def _tie_reason(chosen: CandidateScore, best: CandidateScore, tied: Sequence[CandidateScore], band: float) -> str:
