@@ -139,11 +139,6 @@ class Attempt:
     def request_id(self) -> str:
         return self.decision.request_id
 
-    @property
-    def done(self) -> bool:
-        """``finish`` was called (its effects may still be on their way to the router's loop)."""
-        return self._finish_claimed
-
     # -- what adapters call (any thread) ----------------------------------------------------------------------
     def first_token(self) -> None:
         """The first token came back. Once; ignored after ``finish``."""

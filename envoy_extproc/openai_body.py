@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cognitora.request import InvalidRequest, read_max_tokens
+from cognitora.config import DEFAULT_PRIORITY
+from cognitora.request import InvalidRequest, RouteRequest, read_max_tokens
 from envoy_extproc import headers
 from kvstate.prompt import PromptError, completion_prompts
 
@@ -43,6 +44,32 @@ class ParsedBody:
     max_tokens: int | None
     client_wants_usage: bool
     """The client asked for ``stream_options.include_usage`` itself (so its usage chunk must reach it)."""
+
+    def route_request(
+        self,
+        *,
+        team: str | None = None,
+        api_key_id: str | None = None,
+        user: str | None = None,
+        priority: str = DEFAULT_PRIORITY,
+    ) -> RouteRequest:
+        """The core's request for this body; identity comes from the caller (trusted headers), never the body."""
+        return RouteRequest(
+            model=self.model,
+            messages=self.messages,
+            prompt=self.prompt,
+            tools=self.tools,
+            add_special_tokens=self.add_special_tokens,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template_kwargs=self.chat_template_kwargs,
+            team=team,
+            api_key_id=api_key_id,
+            user=user,
+            priority=priority,
+            max_tokens=self.max_tokens,
+            stream=self.stream,
+        )
 
 
 def parse_body(raw: bytes, path: str) -> ParsedBody:

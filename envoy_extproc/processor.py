@@ -132,21 +132,11 @@ class Exchange:
                 400, exc.message, error_type="invalid_request_error", param=exc.param, details="cognitora_bad_body"
             )
         trusted, identity = self._settings.trusted, self._identity
-        request = RouteRequest(
-            model=parsed.model,
-            messages=parsed.messages,
-            prompt=parsed.prompt,
-            tools=parsed.tools,
-            add_special_tokens=parsed.add_special_tokens,
-            add_generation_prompt=parsed.add_generation_prompt,
-            continue_final_message=parsed.continue_final_message,
-            chat_template_kwargs=parsed.chat_template_kwargs,
+        request = parsed.route_request(
             team=identity.get(trusted.team) or None,
             api_key_id=identity.get(trusted.key) or None,
             user=identity.get(trusted.user) or None,
             priority=identity.get(trusted.priority) or DEFAULT_PRIORITY,
-            max_tokens=parsed.max_tokens,
-            stream=parsed.stream,
         )
         # The core answers every failure of its own (store down: degraded; a placement bug: placement.on_error), so
         # an exception here is not caught: the service answers this phase with a 503 (server.py), never unplaced.

@@ -818,15 +818,5 @@ def test_router_admits_hostile_bodies_as_the_envoy_service_reads_them(
         parsed = parse_body(raw.replace(b'"model": "m"', b'"model": "smollm2"'), path)
     except BadRequest:
         return
-    request = RouteRequest(
-        model=parsed.model,
-        messages=parsed.messages,
-        prompt=parsed.prompt,
-        tools=parsed.tools,
-        add_special_tokens=parsed.add_special_tokens,
-        add_generation_prompt=parsed.add_generation_prompt,
-        continue_final_message=parsed.continue_final_message,
-        chat_template_kwargs=parsed.chat_template_kwargs,
-        max_tokens=parsed.max_tokens,
-    )
+    request = parsed.route_request()
     _admit(core, request)
