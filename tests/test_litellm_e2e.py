@@ -15,7 +15,8 @@ import secrets
 import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,32 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
     return figures
 
 
+@asynccontextmanager
+async def long_stream_after_its_first_token(
+    proxy: Proxy, fleet: SimFleet, salt: str
+) -> AsyncIterator[tuple[str, AsyncIterator[str]]]:
+    """A 4,000-token stream through the proxy, opened and read up to its first token: yields the endpoint serving
+    it and the rest of its lines. Leaving the block closes the connection, read to the end or not."""
+    body = {
+        "model": "chat",
+        "messages": [{"role": "system", "content": system_prompt(0, salt)}, {"role": "user", "content": "go"}],
+        "max_tokens": 4000,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp,
+    ):
+        assert resp.status_code == 200
+        engine = resp.headers["x-litellm-model-api-base"].removesuffix("/v1")
+        lines = resp.aiter_lines()
+        async for line in lines:
+            if line.startswith("data: "):
+                break  # the first token is out; the stream goes on for seconds
+        yield fleet.endpoint_ids[fleet.urls.index(engine)], lines
+
+
 async def check_stream_prefill_released_at_first_token(
     proxy: Proxy, fleet: SimFleet, redis_url: str, key_prefix: str
 ) -> None:
@@ -334,25 +361,8 @@ async def check_stream_prefill_released_at_first_token(
     otherwise each long stream counts as queued prefill for its whole life, and placement sees every engine
     swamped by work that is long done."""
     store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
-    body = {
-        "model": "chat",
-        "messages": [{"role": "system", "content": system_prompt(0, "first-token")}, {"role": "user", "content": "go"}],
-        "max_tokens": 4000,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {proxy.key}"}
     try:
-        async with (
-            httpx.AsyncClient(timeout=60) as client,
-            client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp,
-        ):
-            assert resp.status_code == 200
-            engine = resp.headers["x-litellm-model-api-base"].removesuffix("/v1")
-            endpoint = fleet.endpoint_ids[fleet.urls.index(engine)]
-            lines = resp.aiter_lines()
-            async for line in lines:
-                if line.startswith("data: "):
-                    break  # the first token is out; the stream goes on for seconds
+        async with long_stream_after_its_first_token(proxy, fleet, "first-token") as (endpoint, lines):
             deadline = asyncio.get_running_loop().time() + 10
             while True:
                 work = (await store.inflight([endpoint]))[endpoint]
@@ -370,24 +380,8 @@ async def check_abandoned_stream_is_released(proxy: Proxy, fleet: SimFleet, redi
     """A client that walks away from a long stream: the proxy closes the stream, and the core's count of that
     request (in the store every gateway reads) returns to zero at once, not after the in-flight lease."""
     store = RedisStore.from_url(redis_url, key_prefix=key_prefix)
-    body = {
-        "model": "chat",
-        "messages": [{"role": "system", "content": system_prompt(1, "abandon")}, {"role": "user", "content": "go"}],
-        "max_tokens": 4000,
-        "stream": True,
-    }
-    headers = {"Authorization": f"Bearer {proxy.key}"}
     try:
-        async with (
-            httpx.AsyncClient(timeout=60) as client,
-            client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=headers) as resp,
-        ):
-            assert resp.status_code == 200
-            engine = resp.headers["x-litellm-model-api-base"].removesuffix("/v1")
-            endpoint = fleet.endpoint_ids[fleet.urls.index(engine)]
-            async for line in resp.aiter_lines():
-                if line.startswith("data: "):
-                    break
+        async with long_stream_after_its_first_token(proxy, fleet, "abandon") as (endpoint, _):
             assert (await store.inflight([endpoint]))[endpoint].requests == 1
             # The connection is closed here, thousands of tokens before the stream's end.
         deadline = asyncio.get_running_loop().time() + 15
