@@ -84,7 +84,8 @@ def fallback_decision(
     eligible = [e.id for e in model.endpoints if (allowed is None or e.id in allowed) and e.id not in marks]
     if not eligible:
         return _rejected(req, f"{why}, and no endpoint is eligible for a fallback pick")
-    chosen = min(eligible, key=lambda e: (local.get(e, InFlight()).requests, eligible.index(e)))
+    # Least work first; sorted() is stable, so equal loads keep the configured order.
+    chosen, *others = sorted(eligible, key=lambda e: local.get(e, InFlight()).requests)
     endpoint = config.endpoint(chosen)
     return Decision(
         request_id=req.request_id,
@@ -96,7 +97,7 @@ def fallback_decision(
         degraded=True,
         exact_keys=False,
         expected_decode_tokens=req.max_tokens or 0,
-        fallbacks=tuple(e for e in sorted(eligible, key=lambda e: local.get(e, InFlight()).requests) if e != chosen),
+        fallbacks=tuple(others),
     )
 
 
