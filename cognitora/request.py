@@ -7,7 +7,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cognitora.intent.rewrite import Rewrite
 
 MAX_TOKENS_LIMIT = 16_777_216
 """The most ``max_tokens`` a request may ask for (2**24): more than any model's context window (the longest are
@@ -103,3 +106,9 @@ class RouteRequest:
     otherwise the request is placed like any other of its model (a client never skips placement or shedding)."""
     may_pin: bool = False
     """A trusted source (an admin-set key flag) lets this request's ``pinned_endpoint`` decide."""
+    intent_hint: str | None = None
+    """A trusted intent hint for the rewrite rules (an Envoy header set after authentication, or LiteLLM key/team
+    metadata ``cognitora_intent``); never the client's body."""
+    rewrite: Rewrite | None = None
+    """The model rewrite already decided for this request (LiteLLM decides it before choosing the model group):
+    placement does not decide it again, and the decision carries it. None: the core decides (``Router.place``)."""

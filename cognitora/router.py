@@ -31,6 +31,7 @@ from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.failsafe import RateLimitedLog, fallback_decision
+from cognitora.intent import IntentSource, Rewrite
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
@@ -179,6 +180,8 @@ class Router:
                     "the router's text-approximate keys cannot match them; set models[].tokenizer",
                     m.name,
                 )
+        self.intent = None if config.intent is None else IntentSource.shared(config.intent, set(config.model_names()))
+        """The model-rewrite policy in force (``cognitora.intent``), reloaded when its file changes."""
         self._local = _LocalInflight()
         self._routed = RoutedPrefixes()
         self._snapshots: dict[str, EndpointSnapshot] = {}
@@ -203,6 +206,8 @@ class Router:
         self._stale = False
         self._seen_heartbeat = False
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
+        if self.intent is not None:
+            self.telemetry.names = self.intent.label_names()
         """Decisions, attempts and store reads, by label, for ``cognitora.metrics`` and the decision log."""
         self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._offloaded_chars = 0
@@ -216,25 +221,38 @@ class Router:
 
     # -- deciding -------------------------------------------------------------------------------------------
     async def place(self, req: RouteRequest) -> Decision:
-        """Where ``req`` should go, and why. Reads the store; writes nothing."""
+        """Where ``req`` should go, and why. Reads the store; writes nothing. The model rewrite (``intent``) comes
+        first, once: placement then runs among the chosen model's endpoints."""
+        rewrite = req.rewrite if req.rewrite is not None else self.rewrite(req)
+        if rewrite is not None and rewrite.model != req.model:
+            req = replace(req, model=rewrite.model)
+        decision = await self._place(req)
+        return self._record(decision if rewrite is None else replace(decision, rewrite=rewrite))
+
+    def rewrite(self, req: RouteRequest) -> Rewrite | None:
+        """Which model serves ``req`` (``cognitora.intent``); None when the config has no ``intent`` section.
+        Pure: nothing is counted (``admit`` counts the decision that carries it)."""
+        return None if self.intent is None else self.intent.current().decide(req)
+
+    async def _place(self, req: RouteRequest) -> Decision:
         if req.pinned_endpoint is not None and req.may_pin:
             req = replace(req, candidates=(req.pinned_endpoint,))
         model = self.config.model(req.model)
         if model is None:
-            return self._record(unknown_model(req, self.config))
+            return unknown_model(req, self.config)
         bad_text = _invalid_unicode(req)
         if bad_text is not None:
-            return self._record(reject(req, 400, f"{bad_text} is not valid Unicode (a lone surrogate): fix the client"))
+            return reject(req, 400, f"{bad_text} is not valid Unicode (a lone surrogate): fix the client")
         try:
             prompt = await self._prompt_keys(model, req)
         except _PromptTooLarge as exc:
-            return self._record(reject(req, 413, str(exc)))
+            return reject(req, 413, str(exc))
         except PromptError as exc:
-            return self._record(reject(req, 400, f"cannot read the prompt: {exc}"))
+            return reject(req, 400, f"cannot read the prompt: {exc}")
         except UnicodeError as exc:
-            return self._record(reject(req, 400, f"the prompt is not valid Unicode: {exc}"))
+            return reject(req, 400, f"the prompt is not valid Unicode: {exc}")
         except RecursionError:
-            return self._record(reject(req, 400, "the prompt is nested too deeply to read"))
+            return reject(req, 400, "the prompt is nested too deeply to read")
         state, age, stale = await self._fleet_state(model, prompt)
         decision = place(req, prompt, self.config, state)
         if stale is not None:
@@ -246,7 +264,7 @@ class Router:
         if req.pinned_endpoint is not None and not req.may_pin:
             note = f"the request named {req.pinned_endpoint}: placed like its model (this key may not pin an engine)"
             decision = replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
-        return self._record(decision)
+        return decision
 
     async def _prompt_keys(self, model: ModelConfig, req: RouteRequest) -> PromptKeys:
         """The one prompt normalizer (``kvstate.prompt``), rooted at the LoRA adapter when ``req.model`` names one.

@@ -154,6 +154,10 @@ class Telemetry:
     """Priority classes the config defines."""
     decisions: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict)
     """(model, priority, endpoint, outcome, status) -> decisions. ``endpoint`` and ``status`` are "" when unset."""
+    rewrites: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    """(requested, model, intent, how) -> decisions that carried a model rewrite (``cognitora.intent``)."""
+    names: frozenset[str] = frozenset()
+    """Names a rewrite label may show beside the models: the intents, aliases and weighted names of the policy."""
     decision_seconds: dict[str, Histogram] = field(default_factory=dict)
     """model -> how long ``admit`` took to decide (prompt keys, store read, placement)."""
     finished_attempts: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
@@ -186,6 +190,16 @@ class Telemetry:
         status = "" if decision.rejection is None else str(decision.rejection.status)
         key = (model, priority, decision.endpoint or "", outcome.value, status)
         self.decisions[key] = self.decisions.get(key, 0) + 1
+        rewrite = decision.rewrite
+        if rewrite is not None:
+            known = self.models | self.names
+            rkey = (
+                rewrite.requested if rewrite.requested in known else UNKNOWN,
+                rewrite.model if rewrite.model in known else UNKNOWN,
+                "" if rewrite.intent is None else rewrite.intent if rewrite.intent in known else UNKNOWN,
+                rewrite.how,
+            )
+            self.rewrites[rkey] = self.rewrites.get(rkey, 0) + 1
         hist = self.decision_seconds.get(model)
         if hist is None:
             hist = self.decision_seconds[model] = Histogram(DECISION_SECONDS_BUCKETS)
@@ -249,6 +263,8 @@ def _log_decision(decision: Decision, priority: str, outcome: DecisionOutcome, s
         "decision_s": round(seconds, 6),
         "reason": decision.reason,
     }
+    if decision.rewrite is not None:
+        fields["rewrite"] = decision.rewrite.explain()
     if decision.rejection is not None:
         fields["status"] = decision.rejection.status
     decision_log.info("decision", extra=fields)

@@ -104,6 +104,7 @@ class RouterFamilies(PrometheusCollector):
         t = self.router.telemetry
         stats = self.router.stats
         yield _counters("cognitora_decisions", t.decisions)
+        yield _counters("cognitora_rewrites", t.rewrites)
         yield _histograms("cognitora_decision_duration_seconds", {(m,): h for m, h in t.decision_seconds.items()})
         yield _counters("cognitora_attempts_finished", t.finished_attempts)
         yield _one("cognitora_attempts_open", len(self.router.open_attempts()))

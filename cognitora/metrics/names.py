@@ -91,6 +91,16 @@ SPECS: tuple[MetricSpec, ...] = (
         `(unknown)`. One request is one decision, whatever retries follow.""",
     ),
     _m(
+        "cognitora_rewrites",
+        C,
+        ("requested", "model", "intent", "how"),
+        R,
+        """Model rewrites decided before placement (config `intent`, docs/intent.md), one per decision that had a
+        rewrite policy: `requested` the name the client sent, `model` the one that served it, `intent` the intent found
+        (empty when none), `how`: rule, classifier, default or kept. A name the config does not define is
+        `(unknown)`.""",
+    ),
+    _m(
         "cognitora_decision_duration_seconds",
         H,
         ("model",),

@@ -1,0 +1,135 @@
+"""The rewrite decision: which model serves a request, and why (``Rewrite``), made once, in the core, before
+placement (``Router.place`` and, in LiteLLM, the proxy's pre-call hook through ``Router.rewrite``).
+
+Order: is the requested name one the policy rewrites? Then the rules (first match), else the classifier (when its
+score reaches ``min_score``), else the ``default``; then the team's allow list; then a weighted split of the chosen
+name. A name the policy does not rewrite is kept, though a weighted split of it still applies (a canary of an
+explicit model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cognitora.intent.classifier import TfidfClassifier, build_classifier
+from cognitora.intent.policy import ANY_MODEL, IntentPolicy
+from cognitora.intent.rules import PromptFeatures, RuleSet, features
+from cognitora.intent.split import pick_version
+from cognitora.request import RouteRequest
+
+
+class How:
+    """How the model was chosen: the ``how`` label of ``cognitora_rewrites_total``."""
+
+    RULE = "rule"
+    CLASSIFIER = "classifier"
+    DEFAULT = "default"
+    KEPT = "kept"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Which model serves a request, and why."""
+
+    requested: str
+    """The model the client asked for."""
+    model: str
+    """The model that serves it (equal to ``requested`` when nothing was rewritten)."""
+    how: str
+    """``rule``, ``classifier``, ``default`` or ``kept`` (a ``How``)."""
+    intent: str | None = None
+    detail: str = ""
+    """The rule that matched, or the classifier's score, or why the default or the allow list applied."""
+    score: float | None = None
+    """The classifier's probability for ``intent``, when it was consulted."""
+    version_of: str | None = None
+    """The weighted name ``model`` is a version of (``small`` for ``small-v2``), when a split chose it."""
+
+    @property
+    def changed(self) -> bool:
+        return self.model != self.requested
+
+    def explain(self) -> str:
+        """One line for ``cognitora explain`` and the decision's reason."""
+        if self.how == How.KEPT and not self.changed:
+            text = f"model {self.requested!r} kept ({self.detail or 'not a rewritten name'})"
+        else:
+            text = f"model {self.requested!r} -> {self.model!r}: "
+            text += f"intent {self.intent!r} by {self.how}" if self.intent else self.how
+            if self.detail:
+                text += f" ({self.detail})"
+        if self.version_of is not None:
+            text += f"; weighted split of {self.version_of!r} chose {self.model!r}"
+        return text
+
+
+class Rewriter:
+    """A policy compiled: rules, the fitted classifier. Immutable; a reload builds a new one."""
+
+    def __init__(self, policy: IntentPolicy, classifier: TfidfClassifier | None = None) -> None:
+        self.policy = policy
+        self._rules = RuleSet(policy)
+        self._classifier = classifier
+        self._targets = {i.name: i.target for i in policy.intents}
+        self._names = frozenset(policy.rewrite)
+        self._any = ANY_MODEL in self._names
+        self._teams = {team: list(models) for team, models in policy.teams.items()}
+
+    @classmethod
+    def build(cls, policy: IntentPolicy) -> Rewriter:
+        """Compile and fit (raises ``ClassifierUnavailable``/``ExamplesError`` for the operator)."""
+        return cls(policy, build_classifier(policy))
+
+    def rewrites(self, model: str) -> bool:
+        return self._any or model in self._names
+
+    def decide(self, req: RouteRequest) -> Rewrite:
+        requested = req.model
+        if not self.rewrites(requested) and requested not in self.policy.weighted:
+            return Rewrite(requested, requested, How.KEPT)
+        f = features(req)
+        if self.rewrites(requested):
+            chosen = self._by_intent(requested, f)
+            chosen = self._allowed(chosen, req.team)
+        else:
+            chosen = Rewrite(requested, requested, How.KEPT, detail="an explicit model")
+        split = self.policy.weighted.get(chosen.model)
+        if split is None:
+            return chosen
+        version = pick_version(split, self._sticky_key(req, f))
+        return Rewrite(
+            requested, version, chosen.how, chosen.intent, chosen.detail, chosen.score, version_of=chosen.model
+        )
+
+    def _by_intent(self, requested: str, f: PromptFeatures) -> Rewrite:
+        hit = self._rules.match(f)
+        if hit is not None:
+            return Rewrite(requested, self._targets[hit.intent], How.RULE, hit.intent, hit.rule)
+        fallback = self.policy.default or requested
+        if self._classifier is not None and f.last_user:
+            p = self._classifier.predict(f.last_user)
+            if p.score >= self._classifier.spec.min_score:
+                return Rewrite(
+                    requested, self._targets[p.intent], How.CLASSIFIER, p.intent, f"score {p.score:.2f}", p.score
+                )
+            detail = f"classifier unsure: {p.intent!r} at {p.score:.2f} < min_score {self._classifier.spec.min_score:g}"
+            return Rewrite(requested, fallback, How.DEFAULT, None, detail, p.score)
+        return Rewrite(requested, fallback, How.DEFAULT, None, "no rule matched")
+
+    def _allowed(self, chosen: Rewrite, team: str | None) -> Rewrite:
+        allowed = self._teams.get(team) if team is not None else None
+        if allowed is None or chosen.model in allowed:
+            return chosen
+        default = self.policy.default
+        model = default if default is not None and default in allowed else allowed[0]
+        note = f"team {team!r} may not use {chosen.model!r}; its allow list gives {model!r}"
+        detail = f"{chosen.detail}; {note}" if chosen.detail else note
+        return Rewrite(chosen.requested, model, chosen.how, chosen.intent, detail, chosen.score)
+
+    def _sticky_key(self, req: RouteRequest, f: PromptFeatures) -> str:
+        if self.policy.sticky_by == "user":
+            if req.user:
+                return f"user:{req.user}"
+            if req.api_key_id:
+                return f"key:{req.api_key_id}"
+        return f"conversation:{f.first_user}"
