@@ -687,6 +687,8 @@ class Router:
         if self._key_thread is not None:
             self._key_thread.shutdown(wait=False, cancel_futures=True)
             self._key_thread = None
+        if self.intent is not None:
+            self.intent.close()
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------

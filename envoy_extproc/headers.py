@@ -24,6 +24,14 @@ DEFAULT_TEAM_HEADER = "x-cognitora-team"
 DEFAULT_KEY_HEADER = "x-cognitora-key-id"
 DEFAULT_PRIORITY_HEADER = "x-cognitora-priority"
 DEFAULT_USER_HEADER = "x-cognitora-user"
+DEFAULT_INTENT_HEADER = "x-cognitora-intent"
+"""An intent hint for the rewrite rules (``intent.intents[].rules[].hint``): set by the operator's Envoy config
+(a route, a JWT claim) after authentication, like the identity headers."""
+
+# -- what the service adds to the response ------------------------------------------------------------------------
+SERVED_MODEL = "x-cognitora-model"
+"""The model that served the request, on every response to a request the ``intent`` policy rewrote or kept: the
+client sees which model answered (the engine's own ``model`` field says the same)."""
 
 # -- what Envoy adds to the response for us (route ``response_headers_to_add`` / ``include_attempt_count_in_response``)
 UPSTREAM_HOST = "x-cognitora-upstream-host"

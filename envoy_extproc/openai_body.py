@@ -52,6 +52,7 @@ class ParsedBody:
         api_key_id: str | None = None,
         user: str | None = None,
         priority: str = DEFAULT_PRIORITY,
+        intent_hint: str | None = None,
     ) -> RouteRequest:
         """The core's request for this body; identity comes from the caller (trusted headers), never the body."""
         return RouteRequest(
@@ -69,6 +70,7 @@ class ParsedBody:
             priority=priority,
             max_tokens=self.max_tokens,
             stream=self.stream,
+            intent_hint=intent_hint,
         )
 
 

@@ -101,6 +101,8 @@ class Exchange:
         self._identity: dict[str, str] = {}
         self.attempt: PlacedAttempt | None = None
         self.response: ResponseRead | None = None
+        self._served_model: str | None = None
+        """The model that serves the request, when the core's ``intent`` policy decided it (a response header)."""
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
 
@@ -137,6 +139,7 @@ class Exchange:
             api_key_id=identity.get(trusted.key) or None,
             user=identity.get(trusted.user) or None,
             priority=identity.get(trusted.priority) or DEFAULT_PRIORITY,
+            intent_hint=identity.get(trusted.intent) or None,
         )
         # The core answers every failure of its own (store down: degraded; a placement bug: placement.on_error), so
         # an exception here is not caught: the service answers this phase with a 503 (server.py), never unplaced.
@@ -163,11 +166,19 @@ class Exchange:
         if read_stream:
             response.sse = SseUsageScanner(strip_usage_chunk=include_usage)
         self.attempt, self.response = attempt, response
+        if decision.rewrite is not None:
+            self._served_model = decision.model
         order = fallback_order(decision, self._settings.fallbacks)
         return protocol.route_to([self._addresses.address(e) for e in order], new_body)
 
     # -- phase 3 ----------------------------------------------------------------------------------------------
     async def on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
+        answer = await self._on_response_headers(message)
+        if self._served_model is not None and answer.HasField("response_headers"):
+            answer = protocol.with_response_header(answer, headers.SERVED_MODEL, self._served_model)
+        return answer
+
+    async def _on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         attempt, response = self.attempt, self.response
         if attempt is None or response is None:
             return _UNPLACED_RESPONSE

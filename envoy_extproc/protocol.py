@@ -99,6 +99,15 @@ def response_headers(body_mode: int, remove: Sequence[str]) -> ProcessingRespons
     return response
 
 
+def with_response_header(answer: ProcessingResponse, key: str, value: str) -> ProcessingResponse:
+    """A copy of a response-headers ``answer`` that also sets ``key: value`` on the response to the client (the
+    shared, prebuilt answers are never mutated)."""
+    out = ep.ProcessingResponse()
+    out.CopyFrom(answer)
+    out.response_headers.response.header_mutation.set_headers.append(set_header(key, value))
+    return out
+
+
 def replace_response_chunk(body: bytes) -> ProcessingResponse:
     """Forward ``body`` in place of the streamed chunk Envoy sent (empty: forward nothing for now)."""
     response = ep.ProcessingResponse(response_body=ep.BodyResponse())

@@ -32,11 +32,12 @@ class TrustedHeaders:
     key: str = headers.DEFAULT_KEY_HEADER
     priority: str = headers.DEFAULT_PRIORITY_HEADER
     user: str = headers.DEFAULT_USER_HEADER
+    intent: str = headers.DEFAULT_INTENT_HEADER
 
     @cached_property
     def names(self) -> frozenset[str]:
         """The header names to read (the ones turned on)."""
-        return frozenset({self.team, self.key, self.priority, self.user} - {""})
+        return frozenset({self.team, self.key, self.priority, self.user, self.intent} - {""})
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-user-header",
         default=headers.DEFAULT_USER_HEADER,
         help=f"header carrying the end user id (default {headers.DEFAULT_USER_HEADER}; '' = off)",
+    )
+    p.add_argument(
+        "--trusted-intent-header",
+        default=headers.DEFAULT_INTENT_HEADER,
+        help=f"header carrying an intent hint for intent rules (default {headers.DEFAULT_INTENT_HEADER}; '' = off)",
     )
     p.add_argument(
         "--usage",
@@ -203,6 +209,7 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
             key=args.trusted_key_header.lower(),
             priority=args.trusted_priority_header.lower(),
             user=args.trusted_user_header.lower(),
+            intent=args.trusted_intent_header.lower(),
         ),
         usage=args.usage,
         fallbacks=args.fallbacks,

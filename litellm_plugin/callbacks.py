@@ -37,9 +37,20 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from cognitora.attempt import Attempt, Outcome, OutcomeKind
+from cognitora.intent import Rewrite
+from cognitora.request import InvalidRequest, RouteRequest
+from cognitora.router import Router
 from litellm_plugin.register import register
 from litellm_plugin.runtime import CoreHost, HostClosed
-from litellm_plugin.translate import failure_outcome, placement_id, success_outcome
+from litellm_plugin.translate import (
+    REWRITE_KEY,
+    failure_outcome,
+    metadata_of,
+    note_rewrite,
+    placement_id,
+    route_request,
+    success_outcome,
+)
 
 # Importing this module is what the proxy's `litellm_settings.callbacks` line does, before it builds its Router.
 register()
@@ -66,6 +77,42 @@ class CognitoraCallbacks(CustomLogger):
         return [a for host in list(self._hosts) for a in host.open_attempts()]
 
     # -- async hooks (the proxy and acompletion) ----------------------------------------------------------------
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
+    ) -> dict[str, Any] | None:
+        # The proxy's pre-call hook runs after authentication and before the proxy hands the request to its Router:
+        # the one supported place where the model group can change before LiteLLM picks a deployment (its own
+        # pre-routing hook runs inside the Router's default deployment choice, which a custom strategy replaces).
+        kind = str(getattr(call_type, "value", call_type))
+        if kind not in _REWRITTEN_CALLS or not isinstance(data.get("model"), str):
+            return None
+        host = next((h for h in list(self._hosts) if h.config.intent is not None), None)
+        if host is None:
+            return None
+        try:
+            req = route_request(data["model"], data.get("messages"), data.get("prompt"), data, [])
+        except InvalidRequest:
+            return None  # the strategy refuses it with the same message, in its place
+        rewrite = await host.call(lambda router: _rewrite(router, req))
+        note_rewrite(data, rewrite)
+        if rewrite is not None and rewrite.changed:
+            data["model"] = rewrite.model
+        return data
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict[str, Any],
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+        litellm_call_info: dict[str, object] | None = None,
+    ) -> dict[str, str] | None:
+        # Which model served the request, as Envoy's adapter says it too (the engine's `model` field agrees).
+        found = metadata_of(data).get(REWRITE_KEY)
+        if isinstance(found, dict) and isinstance(found.get("model"), str):
+            return {SERVED_MODEL_HEADER: found["model"]}
+        return None
+
     async def async_post_call_failure_deployment_hook(
         self,
         request_data: Any,
@@ -154,6 +201,17 @@ class CognitoraCallbacks(CustomLogger):
             pass  # the strategy was uninstalled; its store is gone with it
         except Exception as exc:  # a logging callback must never fail the request it reports on
             log.warning("cognitora: could not report to the core: %s", exc)
+
+
+SERVED_MODEL_HEADER = "x-cognitora-model"
+"""The response header naming the model that served a request the ``intent`` policy decided (as through Envoy)."""
+
+_REWRITTEN_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+"""LiteLLM call types whose model the intent policy may rewrite (chat and completions, as Envoy places)."""
+
+
+async def _rewrite(router: Router, req: RouteRequest) -> Rewrite | None:
+    return router.rewrite(req)
 
 
 cognitora = CognitoraCallbacks()

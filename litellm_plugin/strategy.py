@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from cognitora import jsonlog
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
+from cognitora.intent import How, Rewrite
 from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unresolved_problems
 from cognitora.request import InvalidRequest
 from cognitora.router import Router
@@ -170,6 +172,10 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
         except InvalidRequest as exc:
             raise rejection_error(Rejection(400, exc.message), model) from None
+        if req.rewrite is None and self.fleet.config.intent is not None:
+            # LiteLLM has chosen the model group: the core must not choose another model now (the proxy's pre-call
+            # hook decides the rewrite, before the group is chosen; an SDK Router has no such hook).
+            req = replace(req, rewrite=Rewrite(group, group, How.KEPT, detail=_NO_HOOK))
         decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)
@@ -223,3 +229,4 @@ def preflight(fleet: Fleet) -> dict[str, PromptKeyer]:
 
 
 _NO_PICK = Rejection(503, "no endpoint was picked", 5)
+_NO_HOOK = "no rewrite before LiteLLM chose the model group (it runs in the proxy's pre-call hook)"

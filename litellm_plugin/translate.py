@@ -9,6 +9,7 @@ metadata is never read.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import math
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ import litellm
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Rejection
+from cognitora.intent import Rewrite
 from cognitora.request import RouteRequest, new_request_id, read_max_tokens
 
 PLACEMENT_KEY = "cognitora_request_id"
@@ -30,6 +32,14 @@ PRIORITY_KEY = "cognitora_priority"
 ALLOW_PINNING_KEY = "cognitora_allow_pinning"
 """Key (or team) ``metadata`` entry that lets a key's requests name one engine's deployment id and be served there
 (``true``): set by an admin, never by the client. Without it a named engine is placed like its model group."""
+
+INTENT_KEY = "cognitora_intent"
+"""Key (or team) ``metadata`` entry with an intent hint for the rewrite rules (``rules[].hint``): set by an admin,
+never by the client."""
+
+REWRITE_KEY = "cognitora_rewrite"
+"""Metadata key the pre-call hook writes: the core's model rewrite, which the strategy hands back to the core with
+the placement (so it is decided once and explained with the decision). Any client copy is dropped first."""
 
 CONNECTION_ERROR_TEXT = "Connection error"
 """What the OpenAI client says when it cannot reach a server (refused, reset); LiteLLM keeps it in the message."""
@@ -186,7 +196,33 @@ def route_request(
         candidates=tuple(candidates),
         pinned_endpoint=pinned_endpoint,
         may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
+        intent_hint=_admin_str(meta, INTENT_KEY),
+        rewrite=rewrite_of(request_kwargs, model),
     )
+
+
+def _admin_str(meta: Mapping[str, Any], name: str) -> str | None:
+    value = _admin_set(meta, name)
+    return value if isinstance(value, str) and value else None
+
+
+def rewrite_of(request_kwargs: Mapping[str, Any], group: str) -> Rewrite | None:
+    """The rewrite the pre-call hook decided for this request, when it chose ``group``; None otherwise."""
+    found = metadata_of(request_kwargs).get(REWRITE_KEY)
+    if not isinstance(found, Mapping) or found.get("model") != group:
+        return None
+    try:
+        return Rewrite(**{f.name: found[f.name] for f in dataclasses.fields(Rewrite) if f.name in found})
+    except TypeError:
+        return None
+
+
+def note_rewrite(data: dict[str, Any], rewrite: Rewrite | None) -> None:
+    """Record the pre-call hook's rewrite in the request's metadata (dropping whatever was there: a client's)."""
+    meta = writable_metadata(data)
+    meta.pop(REWRITE_KEY, None)
+    if rewrite is not None:
+        meta[REWRITE_KEY] = dataclasses.asdict(rewrite)  # plain JSON: LiteLLM's logging serializes metadata
 
 
 # -- responses -> Outcome ------------------------------------------------------------------------------------

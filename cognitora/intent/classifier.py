@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cognitora.intent.policy import ClassifierSpec, IntentPolicy
+from cognitora.intent.policy import ClassifierSpec, FeatureSet, IntentPolicy
 
 EXTRA = "pip install 'cognitora[intent]'"
 
@@ -59,9 +59,9 @@ def read_examples(path: Path, intents: set[str]) -> list[tuple[str, str]]:
     return out
 
 
-FEATURES: dict[str, dict[str, Any]] = {
-    "words": {"analyzer": "word", "ngram_range": (1, 1), "sublinear_tf": True},
-    "chars": {"analyzer": "char_wb", "ngram_range": (2, 5), "sublinear_tf": True, "min_df": 2},
+FEATURES: dict[FeatureSet, dict[str, Any]] = {
+    FeatureSet.WORDS: {"analyzer": "word", "ngram_range": (1, 1), "sublinear_tf": True},
+    FeatureSet.CHARS: {"analyzer": "char_wb", "ngram_range": (2, 5), "sublinear_tf": True, "min_df": 2},
 }
 """The TF-IDF feature sets a classifier may use (``ClassifierSpec.features``); measured in docs/intent.md."""
 
@@ -94,7 +94,7 @@ class TfidfClassifier:
             )
         self.spec = spec
         self._np = np
-        union = FeatureUnion([(name, TfidfVectorizer(**FEATURES[name])) for name in spec.features])
+        union = FeatureUnion([(str(name), TfidfVectorizer(**FEATURES[name])) for name in spec.features])
         self.pipeline: Any = make_pipeline(union, LogisticRegression(C=spec.c, max_iter=2000))
         """The fitted scikit-learn pipeline (what ``predict`` reproduces; benchmarks and tests compare)."""
         self.pipeline.fit([self.clip(t) for t, _ in examples], [i for _, i in examples])

@@ -21,6 +21,7 @@ without a restart; a bad new file is refused with a logged error and the old pol
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +93,13 @@ class IntentSpec(_Strict):
     """Labeled examples for the classifier (besides ``classifier.examples_file``)."""
 
 
+class FeatureSet(StrEnum):
+    """TF-IDF feature sets of the classifier."""
+
+    WORDS = "words"
+    CHARS = "chars"
+
+
 class ClassifierSpec(_Strict):
     """The learned classifier, consulted when no rule matched (needs ``pip install 'cognitora[intent]'``)."""
 
@@ -102,7 +110,7 @@ class ClassifierSpec(_Strict):
     """JSON lines ``{"text": ..., "intent": ...}`` (relative to the config file); intents the policy does not
     name are refused. Cognitora ships one: ``cognitora/intent/data/examples.jsonl`` (code, math, small_talk,
     travel, finance; from HumanEval, GSM8K and CLINC150, bench/intent_eval/PROVENANCE.md)."""
-    features: list[Literal["words", "chars"]] = Field(default_factory=lambda: ["chars"], min_length=1)
+    features: list[FeatureSet] = Field(default_factory=lambda: [FeatureSet.WORDS], min_length=1)
     """TF-IDF features: ``chars`` (character 2- to 5-grams within words: robust to typos and code syntax) and/or
     ``words`` (single words). The default is the most accurate on the evaluation set (docs/intent.md)."""
     c: float = Field(default=10.0, gt=0)

@@ -2,12 +2,15 @@
 
 The core asks ``current()`` once per request. When the policy lives in a file, that call ``stat``s the file at most
 every ``reload_interval_s``; a new modification time (or size) re-reads, validates and compiles it (the classifier
-is refitted), in both gateways alike since both call the core. A file that no longer parses or validates is refused:
-the error is logged, naming the file and the key, and the policy in force stays, so no request is lost to a typo.
+is refitted) on a thread of its own, and a later request adopts it once it is ready: the gateway serves the policy
+in force meanwhile. Both gateways alike, since both call the core. No request, no check: an idle gateway adopts a
+new file on its first requests after the change. A file that no longer parses or validates is refused: the error
+is logged, naming the file and the key, and the policy in force stays, so no request is lost to a typo.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import time
@@ -44,11 +47,19 @@ class IntentSource:
         self._file = section.file
         self._stamp: tuple[int, int] | None = None
         self._next_check = 0.0
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._building: concurrent.futures.Future[Rewriter] | None = None
         self.reloads = 0
         """Policies loaded from the file after the first (successful reloads)."""
         self.reload_errors = 0
         try:
-            self._rewriter = self._load() if self._file is not None else self._compile(section, source)
+            if self._file is not None:
+                self._stamp = _stamp(self._file)
+                self._rewriter = self._load()
+            else:
+                self._rewriter = self._compile(section, source)
+        except OSError as exc:
+            raise ConfigError(f"{source}: intent.file: cannot read {self._file} ({exc.strerror or exc})") from None
         except _PolicyError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -81,21 +92,52 @@ class IntentSource:
 
     def _maybe_reload(self) -> None:
         assert self._file is not None
+        building = self._building
+        if building is not None:
+            if building.done():
+                self._building = None
+                self._adopt(building)
+            return
         try:
             stamp = _stamp(self._file)
         except OSError as exc:
-            self._refused(f"{self._file}: cannot stat the intent policy file ({exc.strerror or exc})")
+            if self._stamp is not None:  # said once per disappearance, not once a second
+                self._stamp = None
+                self._refused(f"{self._file}: cannot stat the intent policy file ({exc.strerror or exc})")
             return
         if stamp == self._stamp:
             return
+        self._stamp = stamp  # one attempt per change: a refused file is refused once, not once a second
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-intent")
+        # Off the request path: refitting the classifier takes seconds, and the gateway keeps serving meanwhile.
+        self._building = self._thread.submit(self._load)
+
+    def _adopt(self, building: concurrent.futures.Future[Rewriter]) -> None:
         try:
-            self._rewriter = self._load()
+            self._rewriter = building.result()
         except _PolicyError as exc:
-            self._stamp = stamp  # refused once per change, not once a second
             self._refused(str(exc))
+            return
+        except Exception as exc:  # a bug must not stop the gateway: the policy in force stays
+            self._refused(f"{self._file}: reloading the intent policy failed: {exc!r}")
             return
         self.reloads += 1
         log.warning("intent policy reloaded from %s", self._file)
+
+    def close(self) -> None:
+        """Stop the reload thread (a reload under way is abandoned)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
+
+    def wait_reloaded(self) -> None:
+        """Tests: let a reload already started finish and take effect."""
+        building = self._building
+        if building is not None:
+            concurrent.futures.wait([building])
+            self._building = None
+            self._adopt(building)
 
     def _refused(self, why: str) -> None:
         self.reload_errors += 1
@@ -106,7 +148,6 @@ class IntentSource:
 
         assert self._file is not None
         path = self._file
-        stamp = _stamp(path)
         try:
             data = read_yaml(path)
         except ValueError as exc:  # ConfigError names the file and line
@@ -119,9 +160,7 @@ class IntentSource:
             policy = IntentPolicy.model_validate(data)
         except ValidationError as exc:
             raise _PolicyError(_validation_message(str(path), exc)) from None
-        rewriter = self._compile(policy, str(path))
-        self._stamp = stamp
-        return rewriter
+        return self._compile(policy, str(path))
 
     def _compile(self, policy: IntentPolicy, source: str) -> Rewriter:
         problems = policy.problems(self._models)
