@@ -34,6 +34,7 @@ import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from litellm.constants import RETURN_RAW_MODEL_NAME_METADATA_KEY
 from litellm.integrations.custom_logger import CustomLogger
 
 from cognitora.attempt import Attempt, Outcome, OutcomeKind
@@ -50,6 +51,7 @@ from litellm_plugin.translate import (
     placement_id,
     route_request,
     success_outcome,
+    writable_metadata,
 )
 
 # Importing this module is what the proxy's `litellm_settings.callbacks` line does, before it builds its Router.
@@ -97,6 +99,9 @@ class CognitoraCallbacks(CustomLogger):
         note_rewrite(data, rewrite)
         if rewrite is not None and rewrite.changed:
             data["model"] = rewrite.model
+            # The proxy stamps the client's own model name on responses; LiteLLM's complexity router, which also
+            # changes the model, sets this flag so the response's `model` is the one that served it. So do we.
+            writable_metadata(data)[RETURN_RAW_MODEL_NAME_METADATA_KEY] = True
         return data
 
     async def async_post_call_response_headers_hook(

@@ -122,7 +122,7 @@ def test_weighted_split_reloads_without_restart_and_sticks_per_conversation(gate
     wait_until(small_goes_to_code, 20, "the reloaded weights to send 'small' to the code model")
 
     # Half and half, sticky: each conversation keeps its version on every request.
-    fleet.write_policy(weighted={"small": {"small": 50, "code": 50}})
+    fleet.write_policy(weighted={"small": {"small": 50, "code": 50}}, sticky_by="conversation")
     wait_until(lambda: len(versions(gateway, range(12))) == 2, 20, "the 50/50 split to serve both versions")
     seen = {i: versions(gateway, [i]) for i in range(12)}
     again = {i: versions(gateway, [i]) for i in range(12)}

@@ -94,8 +94,9 @@ class TfidfClassifier:
             )
         self.spec = spec
         self._np = np
+        # saga: the same fit as lbfgs on these examples (same accuracy) in ~0.1 s instead of seconds.
         union = FeatureUnion([(str(name), TfidfVectorizer(**FEATURES[name])) for name in spec.features])
-        self.pipeline: Any = make_pipeline(union, LogisticRegression(C=spec.c, max_iter=2000))
+        self.pipeline: Any = make_pipeline(union, LogisticRegression(C=spec.c, solver="saga", max_iter=2000))
         """The fitted scikit-learn pipeline (what ``predict`` reproduces; benchmarks and tests compare)."""
         self.pipeline.fit([self.clip(t) for t, _ in examples], [i for _, i in examples])
         self.labels: list[str] = [str(c) for c in self.pipeline.classes_]
