@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--priority", default=DEFAULT_PRIORITY, help="priority class (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=None, help="the request's max_tokens")
+    parser.add_argument("--team", default=None, help="the caller's team (intent allow lists)")
+    parser.add_argument("--user", default=None, help="the caller's user id (a weighted rewrite's sticky key)")
+    parser.add_argument("--intent-hint", default=None, help="a trusted intent hint (intent rules' `hint`)")
     return parser
 
 
@@ -95,6 +98,9 @@ async def _run(args: argparse.Namespace) -> int:
         prompt=None if messages is not None else text,
         priority=args.priority,
         max_tokens=args.max_tokens,
+        team=args.team,
+        user=args.user,
+        intent_hint=args.intent_hint,
     )
     try:
         router = Router.from_config(config)  # loads each model's tokenizer and chat template

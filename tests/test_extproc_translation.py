@@ -48,9 +48,10 @@ def test_an_unresolvable_engine_host_is_an_error_naming_the_endpoint_and_the_hos
 def test_settings_defaults_and_turning_an_identity_header_off() -> None:
     s = parse_settings(["--config", "c.yaml"])
     assert s.config_path == Path("c.yaml") and s.listen == "127.0.0.1:9002" and s.usage == "all"
-    assert s.trusted.names == {"x-cognitora-team", "x-cognitora-key-id", "x-cognitora-priority", "x-cognitora-user"}
+    ids = {"x-cognitora-team", "x-cognitora-key-id", "x-cognitora-priority", "x-cognitora-user"}
+    assert s.trusted.names == {*ids, "x-cognitora-intent"}
     s = parse_settings(["--config", "c.yaml", "--trusted-priority-header", "", "--trusted-team-header", "X-Org"])
-    assert s.trusted.names == {"x-org", "x-cognitora-key-id", "x-cognitora-user"}
+    assert s.trusted.names == {"x-org", "x-cognitora-key-id", "x-cognitora-user", "x-cognitora-intent"}
 
 
 def test_bad_flags_exit_with_a_message() -> None:

@@ -1,0 +1,239 @@
+"""Intent classification: accuracy on the held-out set and decision overhead, side by side for each candidate.
+
+    .venv/bin/python bench/intent_bench.py --runs 3
+
+Candidates (all offline, CPU): the example policy's rules alone (examples/intent.yaml without its classifier), and
+TF-IDF + logistic regression on word unigrams, on character 2-5-grams, and on both, each alone and behind the
+example's rules. For each: accuracy on bench/intent_eval/eval.jsonl (500 prompts, 5 intents, PROVENANCE.md there),
+the classifier's own top-1 accuracy (ignoring ``min_score``), its fit time, and the latency of the rewrite decision
+for a 1,000-token prompt (the smollm2 tokenizer's count; the last user turn is classified, clipped to
+``max_chars``). Then the whole decision (``Router.place`` on an in-process store) with and without the intent
+section, so the overhead is measured where it is paid. Each latency figure is a run of ``--calls`` decisions,
+repeated ``--runs`` times: the median and range over runs are reported (this machine is shared: expect noise).
+
+Writes bench/results/intent_eval.json and .md, with the confusion matrix of the chosen default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cognitora.config import config_from_dict  # noqa: E402
+from cognitora.intent import Rewriter  # noqa: E402
+from cognitora.intent.policy import IntentPolicy  # noqa: E402
+from cognitora.request import RouteRequest  # noqa: E402
+from cognitora.router import Router  # noqa: E402
+from kvstate.memory_store import MemoryStore  # noqa: E402
+
+EVAL = ROOT / "bench" / "intent_eval" / "eval.jsonl"
+EXAMPLE = ROOT / "examples" / "intent.yaml"
+TOKENIZER = ROOT / "cognitora" / "sim" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+OUT = ROOT / "bench" / "results" / "intent_eval"
+CHOSEN = "rules + tfidf words"
+"""The configuration examples/intent.yaml ships (rules, then the default classifier)."""
+
+
+def example_policy(features: list[str] | None, rules: bool) -> IntentPolicy:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["classifier"]["examples_file"] = str((EXAMPLE.parent / data["classifier"]["examples_file"]).resolve())
+    if features is None:
+        del data["classifier"]
+    else:
+        data["classifier"]["features"] = features
+    if not rules:
+        for intent in data["intents"]:
+            intent["rules"] = []
+    return IntentPolicy.model_validate(data)
+
+
+CANDIDATES: dict[str, tuple[list[str] | None, bool]] = {
+    "rules only": (None, True),
+    "tfidf words": (["words"], False),
+    "tfidf chars": (["chars"], False),
+    "tfidf words+chars": (["words", "chars"], False),
+    "rules + tfidf words": (["words"], True),
+    "rules + tfidf chars": (["chars"], True),
+}
+
+
+def thousand_token_prompt(rows: list[dict[str, str]]) -> RouteRequest:
+    """A chat of ~1,000 tokens, a system prompt and a long last user turn that no rule of the example matches: the
+    worst case, where the classifier runs (a rule match never reaches it)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    rules = Rewriter.build(example_policy(None, True))
+    text = ""
+    for row in rows:
+        probe = RouteRequest(model="auto", messages=[{"role": "user", "content": row["text"]}])
+        if rules.decide(probe).how == "rule":
+            continue
+        if len(tok.encode(text).ids) >= 950:
+            break
+        text += row["text"] + "\n"
+    messages = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": text}]
+    return RouteRequest(model="auto", messages=messages)
+
+
+def timed(fn: Any, calls: int) -> dict[str, float]:
+    samples = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    samples.sort()
+    return {"p50_ms": samples[len(samples) // 2] * 1e3, "p99_ms": samples[int(len(samples) * 0.99)] * 1e3}
+
+
+def spread(runs: list[dict[str, float]], key: str) -> dict[str, float]:
+    values = [r[key] for r in runs]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def evaluate(name: str, rows: list[dict[str, str]], prompt: RouteRequest, args: argparse.Namespace) -> dict[str, Any]:
+    features, rules = CANDIDATES[name]
+    started = time.perf_counter()
+    rewriter = Rewriter.build(example_policy(features, rules))
+    fit_s = time.perf_counter() - started
+    decided = [
+        rewriter.decide(RouteRequest(model="auto", messages=[{"role": "user", "content": r["text"]}])) for r in rows
+    ]
+    labels = [r["intent"] for r in rows]
+    correct = sum(d.intent == label for d, label in zip(decided, labels, strict=True))
+    result: dict[str, Any] = {"accuracy": correct / len(rows), "fit_s": fit_s}
+    result["how"] = dict(Counter(d.how for d in decided))
+    classifier = rewriter._classifier
+    if classifier is not None:
+        top1 = sum(classifier.predict(r["text"]).intent == r["intent"] for r in rows)
+        result["classifier_top1_accuracy"] = top1 / len(rows)
+    assert name == "rules only" or rewriter.decide(prompt).how != "rule", "the latency prompt must reach the classifier"
+    runs = [timed(lambda: rewriter.decide(prompt), args.calls) for _ in range(args.runs)]
+    result["rewrite_1000_tokens"] = {k: spread(runs, k) for k in ("p50_ms", "p99_ms")}
+    result["confusion"] = {
+        label: dict(Counter(str(d.intent) for d, lab in zip(decided, labels, strict=True) if lab == label))
+        for label in sorted(set(labels))
+    }
+    return result
+
+
+async def place_overhead(prompt: RouteRequest, args: argparse.Namespace) -> dict[str, Any]:
+    """``Router.place`` for the 1,000-token prompt, without and with the example's intent section."""
+    tokenizer = str(TOKENIZER)
+    models = [
+        {"name": m, "tokenizer": tokenizer, "endpoints": [{"url": f"http://127.0.0.1:{9000 + i}"}]}
+        for i, m in enumerate(("code", "small"))
+    ]
+    policy = example_policy(["words"], True).model_dump(mode="json", exclude_defaults=True)
+    out: dict[str, Any] = {}
+    for label, intent in (("without intent", None), ("with intent", policy)):
+        config = config_from_dict({"models": models, **({"intent": intent} if intent else {})})
+        router = Router(config, MemoryStore())
+        req = prompt if intent else RouteRequest(model="code", messages=prompt.messages)
+        await router.place(req)  # warm: the tokenizer's piece cache holds the prompt, as in steady traffic
+        runs = []
+        for _ in range(args.runs):
+            samples = []
+            for _ in range(args.calls):
+                t = time.perf_counter()
+                await router.place(req)
+                samples.append(time.perf_counter() - t)
+            samples.sort()
+            runs.append({"p50_ms": samples[len(samples) // 2] * 1e3, "p99_ms": samples[int(len(samples) * 0.99)] * 1e3})
+        await router.close()
+        out[label] = {k: spread(runs, k) for k in ("p50_ms", "p99_ms")}
+    return out
+
+
+def markdown(results: dict[str, Any], command: str) -> str:
+    lines = [
+        "# Intent classification: accuracy and decision overhead",
+        "",
+        f"Command: `{command}` ({results['machine']}). Evaluation set: `bench/intent_eval/eval.jsonl`, "
+        f"{results['prompts']} prompts, 100 per intent, held out from the training examples "
+        "(`bench/intent_eval/PROVENANCE.md`). Latency: the rewrite decision for a "
+        f"{results['prompt_tokens']}-token prompt, {results['calls']} calls a run, {results['runs']} runs: "
+        "median [min, max] over runs. The machine is shared with other work: p99s carry its noise.",
+        "",
+        "| candidate | accuracy | classifier top-1 | fit s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results["candidates"].items():
+        lat = r["rewrite_1000_tokens"]
+        top1 = r.get("classifier_top1_accuracy")
+        lines.append(
+            f"| {name}{' (default)' if name == CHOSEN else ''} | {r['accuracy']:.1%} | "
+            f"{'-' if top1 is None else f'{top1:.1%}'} | {r['fit_s']:.2f} | "
+            f"{lat['p50_ms']['median']:.2f} [{lat['p50_ms']['min']:.2f}, {lat['p50_ms']['max']:.2f}] | "
+            f"{lat['p99_ms']['median']:.2f} [{lat['p99_ms']['min']:.2f}, {lat['p99_ms']['max']:.2f}] |"
+        )
+    lines += [
+        "",
+        "Accuracy counts a prompt right when the intent found is its label; one the classifier is unsure of "
+        "(below `min_score`, 0.5) gets no intent (the default model serves it) and counts as wrong.",
+        "",
+        "## The whole decision, `Router.place` (in-process store, the same 1,000-token prompt)",
+        "",
+        "| | p50 ms | p99 ms |",
+        "|---|---|---|",
+    ]
+    for label, r in results["place"].items():
+        lines.append(
+            f"| {label} | {r['p50_ms']['median']:.2f} [{r['p50_ms']['min']:.2f}, {r['p50_ms']['max']:.2f}] | "
+            f"{r['p99_ms']['median']:.2f} [{r['p99_ms']['min']:.2f}, {r['p99_ms']['max']:.2f}] |"
+        )
+    chosen = results["candidates"][CHOSEN]["confusion"]
+    intents = sorted(chosen)
+    cols = [*intents, "None"]
+    lines += [
+        "",
+        f"## Confusion matrix: {CHOSEN} (rows: label, columns: intent found; None: unsure, default model)",
+        "",
+        "| label | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for label in intents:
+        lines.append(f"| {label} | " + " | ".join(str(chosen[label].get(c, 0)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=1000)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in EVAL.read_text().splitlines() if line.strip()]
+    prompt = thousand_token_prompt(rows)
+    from tokenizers import Tokenizer
+
+    n_tokens = len(Tokenizer.from_file(str(TOKENIZER)).encode(prompt.messages[-1]["content"]).ids)  # type: ignore[index]
+    results: dict[str, Any] = {
+        "prompts": len(rows),
+        "prompt_tokens": n_tokens,
+        "calls": args.calls,
+        "runs": args.runs,
+        "machine": "2 shared CPU cores, no GPU",
+        "candidates": {name: evaluate(name, rows, prompt, args) for name in CANDIDATES},
+        "place": asyncio.run(place_overhead(prompt, args)),
+    }
+    command = "python bench/intent_bench.py " + " ".join(sys.argv[1:])
+    results["command"] = command
+    OUT.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    OUT.with_suffix(".md").write_text(markdown(results, command.strip()))
+    print(markdown(results, command.strip()))
+
+
+if __name__ == "__main__":
+    main()
