@@ -75,7 +75,7 @@ class TfidfClassifier:
     matrix product: the same probabilities (tests/test_intent.py checks them against ``predict_proba``).
     """
 
-    def __init__(self, spec: ClassifierSpec, examples: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, spec: ClassifierSpec, examples: Sequence[tuple[str, str]], max_chars: int = 2000) -> None:
         try:
             import numpy as np
             from sklearn.feature_extraction.text import TfidfVectorizer
@@ -93,6 +93,7 @@ class TfidfClassifier:
                 "add examples (intent.intents[].examples or intent.classifier.examples_file)"
             )
         self.spec = spec
+        self.max_chars = max_chars
         self._np = np
         # saga: the same fit as lbfgs on these examples (same accuracy) in ~0.1 s instead of seconds.
         union = FeatureUnion([(str(name), TfidfVectorizer(**FEATURES[name])) for name in spec.features])
@@ -115,8 +116,9 @@ class TfidfClassifier:
             offset += len(vocab)
 
     def clip(self, text: str) -> str:
-        """What is classified of ``text``: its last ``max_chars`` characters (a question ends a long prompt)."""
-        return text[-self.spec.max_chars :]
+        """What is classified of ``text``: its last ``max_chars`` characters (the policy's; the request path has
+        cut the turn already, the examples are cut here the same way)."""
+        return text[-self.max_chars :]
 
     def scores(self, text: str) -> Any:
         """Class probabilities for ``text`` (in ``labels`` order), as ``predict_proba`` gives them."""
@@ -161,4 +163,4 @@ def build_classifier(policy: IntentPolicy) -> TfidfClassifier | None:
     examples = [(text, i.name) for i in policy.intents for text in i.examples]
     if spec.examples_file is not None:
         examples += read_examples(spec.examples_file, names)
-    return TfidfClassifier(spec, examples)
+    return TfidfClassifier(spec, examples, policy.max_chars)

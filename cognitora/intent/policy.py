@@ -117,8 +117,6 @@ class ClassifierSpec(_Strict):
     """Inverse regularization strength of the logistic regression (scikit-learn's ``C``)."""
     min_score: float = Field(default=0.5, ge=0, le=1)
     """The classifier's probability for its best intent must reach this, else the ``default`` is used."""
-    max_chars: int = Field(default=2000, gt=0)
-    """Only the last user turn's last this-many characters are classified (bounds the cost of a long prompt)."""
 
 
 class IntentPolicy(_Strict):
@@ -141,6 +139,9 @@ class IntentPolicy(_Strict):
     """Weighted rewrites (A/B, canary): ``name: {version: weight, ...}``. A request whose model (asked for, or
     chosen by intent) is ``name`` goes to one version, chosen by hashing its user (else its API key, else its
     conversation's first message), so one user stays on one version while the weights stay."""
+    max_chars: int = Field(default=2000, gt=0)
+    """Rules and the classifier read only the last this-many characters of the last user turn (and the first of the
+    system prompt): the decision's cost is bounded whatever the prompt's length (a question ends a long turn)."""
     sticky_by: Literal["user", "conversation"] = "user"
     """What a weighted split hashes: ``user`` (the trusted user id, else the API key id, else the conversation),
     or ``conversation`` (the first user message: each conversation keeps its version)."""

@@ -87,7 +87,7 @@ class Rewriter:
         requested = req.model
         if not self.rewrites(requested) and requested not in self.policy.weighted:
             return Rewrite(requested, requested, How.KEPT)
-        f = features(req)
+        f = features(req, self.policy.max_chars)
         if self.rewrites(requested):
             chosen = self._by_intent(requested, f)
             chosen = self._allowed(chosen, req.team)

@@ -14,18 +14,15 @@ from typing import Any
 from cognitora.intent.policy import IntentPolicy, RuleSpec
 from cognitora.request import RouteRequest
 
-SEARCH_MAX_CHARS = 8192
-"""Rules search at most the last this-many characters of the last user turn and the first of the system prompt."""
-
 
 @dataclass(frozen=True)
 class PromptFeatures:
     """The parts of a request the intent rules and the classifier look at."""
 
     last_user: str
-    """The last user turn's text (its last ``SEARCH_MAX_CHARS``); a completions prompt's text."""
+    """The last user turn's text (its last ``max_chars``); a completions prompt's text."""
     system: str
-    """The system prompt's text (its first ``SEARCH_MAX_CHARS``); empty when there is none."""
+    """The system prompt's text (its first ``max_chars``); empty when there is none."""
     first_user: str
     """The first user turn's text (its first 512 characters): what names a conversation for a sticky split."""
     has_tools: bool
@@ -46,8 +43,8 @@ def _text(content: Any) -> str:
     return ""
 
 
-def features(req: RouteRequest) -> PromptFeatures:
-    """The request's features, read once per request."""
+def features(req: RouteRequest, max_chars: int) -> PromptFeatures:
+    """The request's features, read once per request; the texts cut to ``max_chars`` (the policy's)."""
     last_user = system = first_user = ""
     total = 0
     if req.messages is not None:
@@ -70,8 +67,8 @@ def features(req: RouteRequest) -> PromptFeatures:
         texts = [str(p) for p in req.prompt]
         last_user, first_user, total = texts[-1], texts[0], sum(map(len, texts))
     return PromptFeatures(
-        last_user=last_user[-SEARCH_MAX_CHARS:],
-        system=system[:SEARCH_MAX_CHARS],
+        last_user=last_user[-max_chars:],
+        system=system[:max_chars],
         first_user=first_user[:512],
         has_tools=bool(req.tools),
         prompt_chars=total,
