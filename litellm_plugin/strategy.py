@@ -30,7 +30,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from cognitora import jsonlog
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.decision import Rejection
-from cognitora.intent import How, Rewrite
+from cognitora.intent import How, IntentSource, Rewrite
 from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unresolved_problems
 from cognitora.request import InvalidRequest
 from cognitora.router import Router
@@ -220,6 +220,10 @@ def preflight(fleet: Fleet) -> dict[str, PromptKeyer]:
     host that does not resolve, or a Redis that does not answer, is a warning: both are resolved and retried on
     every connection, and may come up after the proxy."""
     keyers = prompt_keyers(fleet.config)
+    if fleet.config.intent is not None:
+        # The rewrite policy (its file, the classifier and its extra) is checked and fitted now, at start-up: the
+        # core that uses it starts on the first request. The Router built then gets this same one.
+        IntentSource.shared(fleet.config.intent, set(fleet.config.model_names()))
     for problem in unresolved_problems(resolve_engines(fleet.config, fleet.endpoint_sources)):
         log.warning("%s; placing on it anyway (LiteLLM resolves the name on every connection)", problem)
     store_warning = check_store(fleet.config)

@@ -92,6 +92,11 @@ def test_the_classifier_without_its_extra_is_a_clear_start_up_error(monkeypatch:
     cfg = config(classifier={"examples_file": str(EXAMPLES)}, intents=[{"name": n, "target": "small"} for n in INTENTS])
     with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install 'cognitora\[intent\]'"):
         Router(cfg, MemoryStore())
+    from litellm_plugin.fleet import Fleet
+    from litellm_plugin.strategy import preflight
+
+    with pytest.raises(ConfigError, match=r"pip install 'cognitora\[intent\]'"):
+        preflight(Fleet(config=cfg, endpoint_by_deployment={}))  # the proxy's start, not its first request
     rules_only = Router(config(), MemoryStore())  # rules need nothing extra
     assert rules_only.rewrite(ask("def f(): pass")) is not None
 
