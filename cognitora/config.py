@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "CognitoraConfig",
     "ConfigError",
+    "DisaggregationConfig",
     "EndpointConfig",
     "EngineKind",
     "LimitsConfig",
@@ -211,6 +212,9 @@ class ModelConfig(_Strict):
     one of them goes to this model's endpoints, its block keys rooted at the adapter, as the engines' KV events are."""
     endpoints: list[EndpointConfig] = Field(min_length=1)
     """The engines serving this model (at least one)."""
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)
+    """Bytes of KV cache one token takes on the engines (layers x KV heads x head dim x 2 x dtype bytes; Llama-3-8B
+    in bf16: 131072). Prices the KV transfer of a prefill/decode pair; absent: ``disaggregation.kv_bytes_per_token``."""
 
 
 class PriorityClass(_Strict):
@@ -361,6 +365,22 @@ class ScrapeConfig(_Strict):
     """A scrape slower than this fails; repeated failures mark the endpoint unhealthy."""
 
 
+class DisaggregationConfig(_Strict):
+    """Prefill/decode disaggregation: how a pair's KV transfer is priced (docs/disaggregation.md). Used only by
+    models with ``role: prefill`` endpoints; their ``role: decode`` endpoints are addressed at their
+    ``cognitora pd-sidecar``."""
+
+    link_gbps: float = Field(default=100.0, gt=0)
+    """Bandwidth of the link a pair's KV crosses, gigabits per second (RDMA NIC, NVLink, or TCP)."""
+    link_latency_s: float = Field(default=0.001, ge=0)
+    """Fixed cost of one KV transfer (seconds): the handshake and the first bytes, whatever the size."""
+    kv_bytes_per_token: int = Field(default=131072, gt=0)
+    """KV bytes per token for a model that does not set ``models[].kv_bytes_per_token`` (Llama-3-8B, bf16)."""
+    min_gain_s: float = Field(default=0.0, ge=0)
+    """A pair is placed only when its predicted TTFT beats the best whole placement by more than this (seconds):
+    a split costs two engines' capacity for one request."""
+
+
 class CognitoraConfig(_Strict):
     """The whole of ``cognitora.yaml``."""
 
@@ -379,6 +399,8 @@ class CognitoraConfig(_Strict):
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     """Metrics polling."""
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+    """Prefill/decode pairs: the KV link's bandwidth and latency."""
 
     @field_validator("redis_url")
     @classmethod
@@ -732,6 +754,7 @@ def reference_markdown() -> str:
         ("placement.priorities.<name>", PriorityClass),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
+        ("disaggregation", DisaggregationConfig),
     ]
     out: list[str] = []
     for title, model in sections:
