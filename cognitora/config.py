@@ -379,6 +379,10 @@ class DisaggregationConfig(_Strict):
     min_gain_s: float = Field(default=0.0, ge=0)
     """A pair is placed only when its predicted TTFT beats the best whole placement by more than this (seconds):
     a split costs two engines' capacity for one request."""
+    whole_on_decode: bool = True
+    """Decode endpoints may take a request whole (their sidecar prefills locally) when that is predicted faster.
+    False keeps their batches for decoding (classic P/D): every request is split while a prefill endpoint is up,
+    unless a ``role: both`` endpoint is faster."""
 
 
 class CognitoraConfig(_Strict):

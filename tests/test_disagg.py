@@ -265,3 +265,14 @@ def test_trtllm_context_and_generation_bodies() -> None:
     assert answer["choices"][0]["disaggregated_params"]["request_type"] == "context_only"  # a copy was changed
     with pytest.raises(pd.ProtocolError, match="disaggregated_params"):
         pd.trtllm_generation_body(CLIENT, {"choices": [{}]})
+
+
+def test_classic_pd_splits_even_what_a_decode_engine_would_take_whole() -> None:
+    config = fleet(prefill_rate=10000.0, decode_rate=10000.0, link={"whole_on_decode": False})
+    req = RouteRequest(model="m", prompt="x", request_id="r1", max_tokens=32)
+    d = place_with_pairs(req, prompt(2048), config, FleetState(NOW))
+    assert d.prefill is not None and d.endpoint in {D1, D2}, d.explain()
+    # With the prefill pool down, a decode engine still takes it whole rather than the request being refused.
+    down = {P1: HealthMark(NOW - 1, "refused"), P2: HealthMark(NOW - 1, "refused")}
+    d = place_with_pairs(req, prompt(2048), config, FleetState(NOW, health_marks=down))
+    assert d.rejection is None and d.prefill is None and d.endpoint in {D1, D2}

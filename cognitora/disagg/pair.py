@@ -11,7 +11,8 @@ does). A pair (p, d) is priced in the same seconds:
                       slot wait (a request holds prompt + output tokens of KV on d for its whole decode)
 
 ``p`` ranges over the ``role: prefill`` endpoints, ``d`` over the ``role: decode`` ones; both go through the same
-filters (health, candidates, KV headroom: a decode endpoint near KV exhaustion is out like any other). The two
+filters (health, candidates, KV headroom: a decode endpoint near KV exhaustion is out like any other). With
+``disaggregation.whole_on_decode: false`` only ``role: both`` endpoints compete whole (classic P/D). The two
 halves are independent, so the best pair is the best prefill with the best decode. The pair is placed when it
 beats the best whole placement by more than ``disaggregation.min_gain_s``; a short prompt, or one mostly cached on
 a decode endpoint, is placed whole because its predicted cost says so (llm-d's ``prefix-based-pd-decider`` splits
@@ -101,12 +102,14 @@ def place_with_pairs(req: RouteRequest, prompt: PromptKeys, config: CognitoraCon
     predicted faster by more than ``disaggregation.min_gain_s`` (or when it alone meets the priority's SLO)."""
     model = config.model(req.model)
     assert model is not None and uses_pairs(model), "only for a model served disaggregated"
-    whole = place(req, prompt, config, state, role=Role.DECODE)
+    whole_role = Role.DECODE if config.disaggregation.whole_on_decode else Role.BOTH
+    whole = place(req, prompt, config, state, role=whole_role)
     if whole.rejection is not None and whole.rejection.status not in (429, 503):
         return whole  # the request itself is wrong (unknown priority class): a pair will not fix it
     pair = best_pair(req, prompt, config, model, state)
     if pair is None:
-        return whole
+        # No pair possible: whole, on a decode endpoint too (its sidecar prefills locally) rather than refused.
+        return whole if whole_role is Role.DECODE else place(req, prompt, config, state, role=Role.DECODE)
     whole_ttft = None if whole.endpoint is None else whole.predicted_ttft_s
     pclass = config.placement.priorities.get(req.priority or DEFAULT_PRIORITY)
     slo = float("inf") if pclass is None else pclass.ttft_slo_s

@@ -233,16 +233,19 @@ async def _stream_back(
     request: web.Request, upstream: aiohttp.ClientResponse, extra: Mapping[str, str]
 ) -> web.StreamResponse:
     """The engine's response to the client as it comes (SSE chunks unbuffered), with ``extra`` headers."""
+    headers = {k: upstream.headers[k] for k in _PASS_BACK if k in upstream.headers}
+    resp = web.StreamResponse(status=upstream.status, headers={**headers, **extra})
     try:
-        headers = {k: upstream.headers[k] for k in _PASS_BACK if k in upstream.headers}
-        resp = web.StreamResponse(status=upstream.status, headers={**headers, **extra})
         await resp.prepare(request)
         async for chunk in upstream.content.iter_any():
             await resp.write(chunk)
         await resp.write_eof()
-        return resp
+    except (ConnectionResetError, aiohttp.ClientError):
+        # The client (or the engine) went away mid-answer: closing the upstream response ends the engine's work.
+        pass
     finally:
         upstream.release()
+    return resp
 
 
 def _forward_headers(incoming: Mapping[str, str]) -> dict[str, str]:
