@@ -42,6 +42,7 @@ from kvstate.store import InFlight
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
+PD_EXAMPLE = ROOT / "examples" / "cognitora-pd.yaml"
 LITELLM_EXAMPLE = ROOT / "examples" / "litellm_config.yaml"
 LITELLM = Path(sys.executable).parent / "litellm"
 TIME_SCALE = 5.0
@@ -68,6 +69,18 @@ class World:
 
     def endpoint_url(self, i: int) -> str:
         return self.sidecars[DECODE.index(i)] if i in DECODE else self.fleet.urls[i]
+
+    def example_config(self) -> dict[str, Any]:
+        """examples/cognitora-pd.yaml with this fleet's ports, Redis, and this test's link and priors."""
+        doc: dict[str, Any] = yaml.safe_load(PD_EXAMPLE.read_text())
+        ours = self.config((*PREFILL, *DECODE))
+        model = doc["models"][0]
+        assert [e["role"] for e in model["endpoints"]] == ["prefill", "prefill", "decode", "decode"]
+        for endpoint, mine in zip(model["endpoints"], ours["models"][0]["endpoints"], strict=True):
+            endpoint.update(mine)
+        model.update(tokenizer=str(self.tokenizer), chat_template=str(self.chat_template))
+        doc["disaggregation"].update(ours["disaggregation"])
+        return {**ours, "models": [model], "disaggregation": doc["disaggregation"]}
 
     def config(self, engines: tuple[int, ...]) -> dict[str, Any]:
         profiles = PROFILES.split(",")
@@ -148,9 +161,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, smoll
 
 @pytest.fixture(scope="module")
 def envoy_url(world: World) -> Iterator[str]:
-    """Envoy on the 2 prefill + 2 decode fleet."""
+    """Envoy on the 2 prefill + 2 decode fleet, configured by examples/cognitora-pd.yaml."""
     path = world.work / "cognitora-pd.yaml"
-    path.write_text(yaml.safe_dump(world.config((*PREFILL, *DECODE))))
+    path.write_text(yaml.safe_dump(world.example_config()))
     port, listen, admin = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
     extproc = ManagedProcess(argv, world.work / "extproc.log", cwd=ROOT)
