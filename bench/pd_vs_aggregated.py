@@ -29,6 +29,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,6 +142,7 @@ def summarize(load: LoadResult, duration_s: float, slo_ttft: float, slo_itl: flo
         "itl_p90": quantile(itl, 0.9),
         "goodput_rps": len(good) / duration_s,
         "harness_saturated": load.health.saturated,
+        "errors": dict(Counter(f"{r.status} {r.error[:80]}".strip() for r in load.results if not r.ok).most_common(3)),
     }
 
 

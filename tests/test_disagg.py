@@ -276,3 +276,31 @@ def test_classic_pd_splits_even_what_a_decode_engine_would_take_whole() -> None:
     down = {P1: HealthMark(NOW - 1, "refused"), P2: HealthMark(NOW - 1, "refused")}
     d = place_with_pairs(req, prompt(2048), config, FleetState(NOW, health_marks=down))
     assert d.rejection is None and d.prefill is None and d.endpoint in {D1, D2}
+
+
+async def test_envoy_drops_a_clients_prefill_header_and_sets_the_pairs() -> None:
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from envoy_extproc.processor import AddressBook, Exchange
+    from envoy_extproc.settings import parse_settings
+
+    def header_map(**values: str) -> Any:
+        message = ep.HttpHeaders()
+        for key, value in values.items():
+            message.headers.headers.append(base_pb2.HeaderValue(key=key, raw_value=value.encode()))
+        return message
+
+    router = Router(fleet(), MemoryStore())
+    exchange = Exchange(router, parse_settings(["--config", "c.yaml"]), AddressBook({}))
+    forged = header_map(**{":path": "/v1/completions", ":method": "POST", "x-cognitora-prefill-endpoint": "evil:1"})
+    answer = await exchange.on_request_headers(forged)
+    assert list(answer.request_headers.response.header_mutation.remove_headers) == ["x-cognitora-prefill-endpoint"]
+    body = ep.HttpBody(
+        body=b'{"model": "m", "prompt": "' + b"word " * 3000 + b'", "max_tokens": 8}', end_of_stream=True
+    )
+    answer = await exchange.on_request_body(body)
+    sets = {h.header.key: h.header.raw_value.decode() for h in answer.request_body.response.header_mutation.set_headers}
+    assert sets["x-cognitora-prefill-endpoint"] in {f"http://{P1}", f"http://{P2}"}
+    assert sets["x-gateway-destination-endpoint"] in {D1, D2}
+    exchange.attempt.finish(Outcome(OutcomeKind.COMPLETED))  # type: ignore[union-attr]
