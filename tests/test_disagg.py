@@ -304,3 +304,31 @@ async def test_envoy_drops_a_clients_prefill_header_and_sets_the_pairs() -> None
     assert sets["x-cognitora-prefill-endpoint"] in {f"http://{P1}", f"http://{P2}"}
     assert sets["x-gateway-destination-endpoint"] in {D1, D2}
     exchange.attempt.finish(Outcome(OutcomeKind.COMPLETED))  # type: ignore[union-attr]
+
+
+async def test_the_sidecar_uses_only_the_prefill_endpoints_it_allows() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from cognitora.disagg.sidecar import Sidecar, SidecarSettings
+
+    calls: list[str] = []
+
+    async def engine(request: web.Request) -> web.Response:
+        calls.append(request.headers.get("x-cognitora-prefill-endpoint", "-"))
+        return web.json_response({"choices": [{"message": {"content": "ok"}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", engine)
+    async with TestServer(app) as upstream:
+        url = str(upstream.make_url("")).rstrip("/")
+        sidecar = Sidecar(SidecarSettings(engine_url=url, allowed_prefill=frozenset({"p:1"})))
+        async with TestClient(TestServer(sidecar.build_app())) as client:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m"},
+                headers={"x-cognitora-prefill-endpoint": "169.254.169.254:80"},
+            )
+            assert r.status == 200 and r.headers["x-cognitora-pd"] == "fallback"
+            assert "not allowed" in r.headers["x-cognitora-pd-fallback"]
+    assert calls == ["-"]  # answered locally, and the header never reached the engine

@@ -63,6 +63,9 @@ class SidecarSettings:
     sglang_bootstrap_port: int | None = None
     """The prefill servers' bootstrap port (SGLang); None: the prefill endpoint's own HTTP port (``cognitora
     sim`` serves bootstrap there), a real SGLang's default is 8998."""
+    allowed_prefill: frozenset[str] = frozenset()
+    """``host:port`` of the prefill endpoints this sidecar may send a prefill step to; empty: any the header names
+    (the gateway strips clients' copies of it, but a sidecar reachable by clients directly should list them)."""
 
 
 @dataclass
@@ -129,6 +132,9 @@ class Sidecar:
         headers.setdefault(wire.REQUEST_ID_HEADER, uuid.uuid4().hex)
         prefill_url = _base_url(target)
         try:
+            allowed = self.settings.allowed_prefill
+            if allowed and urlsplit(prefill_url).netloc not in allowed:
+                raise _Fallback(f"prefill not allowed: {urlsplit(prefill_url).netloc} is not a --allow-prefill")
             return await self._split(request, body, prefill_url, headers)
         except _Fallback as why:
             reason = str(why)
@@ -283,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-timeout-s", type=float, default=30.0)
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
     p.add_argument("--sglang-bootstrap-port", type=int, default=None)
+    p.add_argument(
+        "--allow-prefill",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a prefill endpoint this sidecar may use (repeat); default: any the gateway names",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -324,6 +337,7 @@ def main(argv: list[str]) -> int:
             prefill_timeout_s=args.prefill_timeout_s,
             transfer_timeout_s=args.transfer_timeout_s,
             sglang_bootstrap_port=args.sglang_bootstrap_port,
+            allowed_prefill=frozenset(args.allow_prefill),
         )
         pairs.append((host, int(port), settings))
     with contextlib.suppress(KeyboardInterrupt):
