@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "CognitoraConfig",
     "ConfigError",
+    "DisaggregationConfig",
     "EndpointConfig",
     "EngineKind",
     "LimitsConfig",
@@ -212,6 +213,9 @@ class ModelConfig(_Strict):
     one of them goes to this model's endpoints, its block keys rooted at the adapter, as the engines' KV events are."""
     endpoints: list[EndpointConfig] = Field(min_length=1)
     """The engines serving this model (at least one)."""
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)
+    """Bytes of KV cache one token takes on the engines (layers x KV heads x head dim x 2 x dtype bytes; Llama-3-8B
+    in bf16: 131072). Prices the KV transfer of a prefill/decode pair; absent: ``disaggregation.kv_bytes_per_token``."""
 
 
 class PriorityClass(_Strict):
@@ -362,6 +366,26 @@ class ScrapeConfig(_Strict):
     """A scrape slower than this fails; repeated failures mark the endpoint unhealthy."""
 
 
+class DisaggregationConfig(_Strict):
+    """Prefill/decode disaggregation: how a pair's KV transfer is priced (docs/disaggregation.md). Used only by
+    models with ``role: prefill`` endpoints; their ``role: decode`` endpoints are addressed at their
+    ``cognitora pd-sidecar``."""
+
+    link_gbps: float = Field(default=100.0, gt=0)
+    """Bandwidth of the link a pair's KV crosses, gigabits per second (RDMA NIC, NVLink, or TCP)."""
+    link_latency_s: float = Field(default=0.001, ge=0)
+    """Fixed cost of one KV transfer (seconds): the handshake and the first bytes, whatever the size."""
+    kv_bytes_per_token: int = Field(default=131072, gt=0)
+    """KV bytes per token for a model that does not set ``models[].kv_bytes_per_token`` (Llama-3-8B, bf16)."""
+    min_gain_s: float = Field(default=0.0, ge=0)
+    """A pair is placed only when its predicted TTFT beats the best whole placement by more than this (seconds):
+    a split costs two engines' capacity for one request."""
+    whole_on_decode: bool = True
+    """Decode endpoints may take a request whole (their sidecar prefills locally) when that is predicted faster.
+    False keeps their batches for decoding (classic P/D): every request is split while a prefill endpoint is up,
+    unless a ``role: both`` endpoint is faster."""
+
+
 class CognitoraConfig(_Strict):
     """The whole of ``cognitora.yaml``."""
 
@@ -382,6 +406,8 @@ class CognitoraConfig(_Strict):
     """Metrics polling."""
     intent: IntentConfig | None = None
     """Intent-based and weighted model rewrite, before placement (docs/intent.md); absent: no rewrite."""
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+    """Prefill/decode pairs: the KV link's bandwidth and latency."""
 
     @field_validator("redis_url")
     @classmethod
@@ -746,6 +772,7 @@ def reference_markdown() -> str:
         ("intent.intents[]", IntentSpec),
         ("intent.intents[].rules[]", RuleSpec),
         ("intent.classifier", ClassifierSpec),
+        ("disaggregation", DisaggregationConfig),
     ]
     out: list[str] = []
     for title, model in sections:

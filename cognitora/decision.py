@@ -46,6 +46,27 @@ class CandidateScore:
 
 
 @dataclass(frozen=True)
+class PrefillLeg:
+    """The prefill half of a disaggregated pair (``cognitora.disagg``): the request goes to the decode endpoint's
+    sidecar, which runs its prefill here first and moves the KV over. Times are seconds."""
+
+    endpoint: str
+    url: str
+    cached_tokens: float
+    """Tier-weighted prefix tokens the prefill endpoint holds."""
+    prefill_s: float
+    """Predicted TTFT of the prefill step on this endpoint (its queue and the uncached prompt)."""
+    transfer_s: float
+    """Predicted KV transfer: link latency + the prompt tokens the decode endpoint lacks x KV bytes per token over
+    the link's bandwidth."""
+    admission_s: float
+    """Predicted wait on the decode endpoint before its first decode step (its queue, decode load, slot wait)."""
+    whole_ttft_s: float | None = None
+    """The best whole (not split) placement's predicted TTFT the pair beat; None when no endpoint could take it
+    whole."""
+
+
+@dataclass(frozen=True)
 class Rejection:
     """The request is refused: an HTTP status, a message saying what to do, and Retry-After when it helps."""
 
@@ -95,6 +116,8 @@ class Decision:
     the config has no ``intent`` section."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
+    prefill: PrefillLeg | None = None
+    """Set when the request is split: ``endpoint`` is the decode side (its sidecar), this the prefill side."""
 
     def explain(self) -> str:
         """A human-readable explanation: the pick, the runner-up, every candidate."""
@@ -107,6 +130,14 @@ class Decision:
             lines.append(
                 f"picked {self.endpoint} for model {self.model}: predicted TTFT {self.predicted_ttft_s * 1000:.1f} ms, "
                 f"{self.predicted_cached_tokens:.0f}/{self.prompt_tokens} prompt tokens cached"
+            )
+        if self.prefill is not None:
+            p = self.prefill
+            whole = "none possible" if p.whole_ttft_s is None else f"{p.whole_ttft_s * 1000:.1f} ms"
+            lines.append(
+                f"split: prefill on {p.endpoint} ({p.cached_tokens:.0f} cached, {p.prefill_s * 1000:.1f} ms) + KV "
+                f"transfer {p.transfer_s * 1000:.1f} ms + decode admission {p.admission_s * 1000:.1f} ms; "
+                f"best whole placement {whole}"
             )
         if self.runner_up is not None:
             r = self.runner_up

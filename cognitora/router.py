@@ -30,6 +30,7 @@ from typing import TypeVar
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
+from cognitora.disagg import place_with_pairs, uses_pairs
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.intent import IntentSource, Rewrite
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
@@ -254,7 +255,10 @@ class Router:
         except RecursionError:
             return reject(req, 400, "the prompt is nested too deeply to read")
         state, age, stale = await self._fleet_state(model, prompt)
-        decision = place(req, prompt, self.config, state)
+        if uses_pairs(model):
+            decision = place_with_pairs(req, prompt, self.config, state)
+        else:
+            decision = place(req, prompt, self.config, state)
         if stale is not None:
             self.stats.stale_state += 1
             reason = f"{decision.reason}; {stale}" if decision.reason else stale
@@ -482,8 +486,13 @@ class Router:
         if attempt.group is not None:
             self._groups.setdefault(attempt.group, set()).add(decision.request_id)
         prefill = _queued_prefill(decision)
-        entry = _LocalRequest(endpoint, prefill, decision.expected_decode_tokens, now + params.inflight_ttl_s)
+        leg = decision.prefill
+        expires = now + params.inflight_ttl_s
+        # A pair's prefill queues on its prefill endpoint; the decode endpoint holds the decode only.
+        entry = _LocalRequest(endpoint, 0 if leg else prefill, decision.expected_decode_tokens, expires)
         self._local.add(decision.request_id, entry, now)
+        if leg is not None:
+            self._local.add(_prefill_leg_id(decision.request_id), _LocalRequest(leg.endpoint, prefill, 0, expires), now)
         self.stats.dispatched += 1
         ttl = self._history_ttl(endpoint)
         if decision.keys:
@@ -496,17 +505,18 @@ class Router:
         attempt._write(lambda: self._share_dispatch(decision, endpoint, prefill, ttl), "record a dispatch")
 
     async def _share_dispatch(self, decision: Decision, endpoint: str, prefill: int, ttl: float) -> None:
+        leg, lease = decision.prefill, self.config.placement.inflight_ttl_s
         calls: list[Awaitable[object]] = [
             self.store.inflight_add(
-                endpoint,
-                decision.request_id,
-                prefill,
-                decision.expected_decode_tokens,
-                self.config.placement.inflight_ttl_s,
+                endpoint, decision.request_id, 0 if leg else prefill, decision.expected_decode_tokens, lease
             )
         ]
+        if leg is not None:
+            calls.append(self.store.inflight_add(leg.endpoint, _prefill_leg_id(decision.request_id), prefill, 0, lease))
         if decision.keys:
             calls.append(self.store.add_speculative(self._key_space(decision), endpoint, decision.keys, ttl))
+            if leg is not None:  # the prefill endpoint computes the prompt and keeps it cached
+                calls.append(self.store.add_speculative(self._key_space(decision), leg.endpoint, decision.keys, ttl))
         if self._store_suspends:
             await asyncio.gather(*calls)
         else:
@@ -533,6 +543,16 @@ class Router:
         self._local.prefill_done(attempt.request_id)
         endpoint, rid = attempt.endpoint, attempt.request_id
         attempt._write(lambda: self.store.inflight_prefill_done(endpoint, rid), "record a first token")
+        self._release_prefill_leg(attempt)
+
+    def _release_prefill_leg(self, attempt: Attempt) -> None:
+        """A pair's prefill endpoint is done with the request at its first token (or its end): release it there."""
+        leg = attempt.decision.prefill
+        leg_id = _prefill_leg_id(attempt.request_id)
+        if leg is None or not self._local.has(leg_id):
+            return
+        self._local.release(leg_id)
+        attempt._write(lambda: self.store.inflight_release(leg.endpoint, leg_id), "release a prefill leg")
 
     def _attempt_finished(self, attempt: Attempt, outcome: Outcome) -> None:
         """From the attempt, once: release its work, learn from it, and decide what it says of the endpoint."""
@@ -542,6 +562,7 @@ class Router:
         attempt._cancel_overdue()
         rid, endpoint = attempt.request_id, attempt.endpoint
         self._forget(attempt)
+        self._release_prefill_leg(attempt)
         self._local.release(rid)
         self._learn(attempt, outcome)
         if outcome.kind.marks_unhealthy(outcome.status):
@@ -563,6 +584,7 @@ class Router:
             predicted_cached_tokens=score.cached_tokens if score is not None else 0.0,
             predicted_ttft_s=score.predicted_ttft_s if score is not None else decision.predicted_ttft_s,
             fallbacks=tuple(e for e in decision.fallbacks if e != endpoint),
+            prefill=None,  # counted as whole where it landed: the prediction above is the whole placement's
         )
         new = self.dispatch(moved, group=attempt.group)
         new.dispatched_at = attempt.dispatched_at
@@ -781,6 +803,11 @@ def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMa
         if other is None or mark.since > other.since:
             out[endpoint] = mark
     return out
+
+
+def _prefill_leg_id(request_id: str) -> str:
+    """The in-flight entry of a pair's prefill half, on its prefill endpoint."""
+    return f"{request_id}.prefill"
 
 
 def _queued_prefill(decision: Decision) -> int:

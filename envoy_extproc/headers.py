@@ -6,6 +6,8 @@ Header names are lowercase: Envoy hands ext_proc lowercase header keys (HTTP/2 r
 
 from __future__ import annotations
 
+from cognitora.disagg.wire import PREFILL_ENDPOINT_HEADER
+
 # -- where the pick goes (the Gateway API Inference Extension convention) ----------------------------------------
 LB_METADATA_NAMESPACE = "envoy.lb"
 """Dynamic-metadata namespace the pick is written to; the ext_proc filter must list it in
@@ -32,6 +34,11 @@ DEFAULT_INTENT_HEADER = "x-cognitora-intent"
 SERVED_MODEL = "x-cognitora-model"
 """The model that served the request, on every response to a request the ``intent`` policy rewrote or kept: the
 client sees which model answered (the engine's own ``model`` field says the same)."""
+
+# -- prefill/decode pairs (cognitora.disagg.wire; the decode endpoint's pd-sidecar reads it) ------------------------
+PREFILL_ENDPOINT = PREFILL_ENDPOINT_HEADER
+"""The prefill endpoint of a split request, its base URL from cognitora.yaml: set (OVERWRITE) with the pick. A copy
+the client sent is removed in the request-headers phase of every request: only placement names a prefill endpoint."""
 
 # -- what Envoy adds to the response for us (route ``response_headers_to_add`` / ``include_attempt_count_in_response``)
 UPSTREAM_HOST = "x-cognitora-upstream-host"

@@ -110,15 +110,20 @@ class Exchange:
     async def on_request_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         wanted = self._settings.trusted.names
         method = ""
+        forged = False
         for h in message.headers.headers:
             key = h.key
-            if key == headers.PATH:
+            if key == headers.PREFILL_ENDPOINT:
+                forged = True
+            elif key == headers.PATH:
                 self._path = h.raw_value.decode("latin-1").split("?", 1)[0]
             elif key == headers.METHOD:
                 method = h.raw_value.decode("latin-1")
             elif key in wanted:
                 self._identity[key] = h.raw_value.decode("latin-1")
         self._placeable = method == "POST" and self._settings.placed(self._path) and not message.end_of_stream
+        if forged:  # a client naming the prefill engine would make a decode sidecar fetch from anywhere
+            return protocol.remove_request_headers((headers.PREFILL_ENDPOINT,))
         return protocol.CONTINUE_REQUEST_HEADERS
 
     # -- phase 2 ----------------------------------------------------------------------------------------------
@@ -169,7 +174,9 @@ class Exchange:
         if decision.rewrite is not None:
             self._served_model = decision.model
         order = fallback_order(decision, self._settings.fallbacks)
-        return protocol.route_to([self._addresses.address(e) for e in order], new_body)
+        leg = decision.prefill
+        split = () if leg is None else ((headers.PREFILL_ENDPOINT, leg.url),)
+        return protocol.route_to([self._addresses.address(e) for e in order], new_body, split)
 
     # -- phase 3 ----------------------------------------------------------------------------------------------
     async def on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:

@@ -66,7 +66,16 @@ def openai_error(
     )
 
 
-def route_to(endpoints: Sequence[str], new_body: bytes | None) -> ProcessingResponse:
+def remove_request_headers(names: Sequence[str]) -> ProcessingResponse:
+    """The request-headers answer that drops ``names`` (copies a client must not set) and carries on."""
+    response = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+    response.request_headers.response.header_mutation.remove_headers.extend(names)
+    return response
+
+
+def route_to(
+    endpoints: Sequence[str], new_body: bytes | None, extra_headers: Sequence[tuple[str, str]] = ()
+) -> ProcessingResponse:
     """The request-body answer that sends the request to ``endpoints[0]`` (the rest are fallbacks for retries).
 
     Three carriers, for every way an Envoy may be configured: dynamic metadata ``envoy.lb`` with the pick alone
@@ -77,6 +86,8 @@ def route_to(endpoints: Sequence[str], new_body: bytes | None) -> ProcessingResp
     common = ep.CommonResponse()
     set_headers = common.header_mutation.set_headers
     set_headers.append(set_header(headers.DESTINATION_ENDPOINT, endpoints[0]))
+    for key, value in extra_headers:
+        set_headers.append(set_header(key, value))
     if new_body is not None:
         common.body_mutation.body = new_body
         set_headers.append(set_header(headers.CONTENT_LENGTH, str(len(new_body))))

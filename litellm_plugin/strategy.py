@@ -40,7 +40,14 @@ from litellm_plugin.callbacks import cognitora as callbacks
 from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
 from litellm_plugin.register import in_proxy
 from litellm_plugin.runtime import CoreHost
-from litellm_plugin.translate import PLACEMENT_KEY, rejection_error, route_request, trace_id, writable_metadata
+from litellm_plugin.translate import (
+    PLACEMENT_KEY,
+    rejection_error,
+    route_request,
+    set_prefill_endpoint,
+    trace_id,
+    writable_metadata,
+)
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -187,6 +194,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
                 f"deployments {sorted(by_endpoint)}: a core bug, please report it with this message"
             )
         writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
+        set_prefill_endpoint(request_kwargs, decision)
         return chosen
 
     def _endpoint_of(self, deployment: Mapping[str, Any]) -> str | None:

@@ -19,7 +19,8 @@ import litellm
 
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
-from cognitora.decision import Rejection
+from cognitora.decision import Decision, Rejection
+from cognitora.disagg.wire import PREFILL_ENDPOINT_HEADER
 from cognitora.intent import Rewrite
 from cognitora.request import RouteRequest, new_request_id, read_max_tokens
 
@@ -83,6 +84,22 @@ def placement_id(kwargs: Mapping[str, Any]) -> str | None:
         if isinstance(value, str):
             return value
     return None
+
+
+def set_prefill_endpoint(kwargs: dict[str, Any], decision: Decision) -> None:
+    """The call's upstream headers name the split request's prefill endpoint for the decode endpoint's pd-sidecar
+    (``cognitora.disagg.sidecar``), or name none: any copy from the client is dropped first (only placement may
+    name it, on every attempt: a retry may land whole)."""
+    for name in ("extra_headers", "headers"):
+        headers = kwargs.get(name)
+        if isinstance(headers, dict) and any(k.lower() == PREFILL_ENDPOINT_HEADER for k in headers):
+            kwargs[name] = {k: v for k, v in headers.items() if k.lower() != PREFILL_ENDPOINT_HEADER}
+    if decision.prefill is not None:
+        extra = kwargs.get("extra_headers")
+        kwargs["extra_headers"] = {
+            **(extra if isinstance(extra, dict) else {}),
+            PREFILL_ENDPOINT_HEADER: decision.prefill.url,
+        }
 
 
 def trace_id(kwargs: Mapping[str, Any]) -> str | None:

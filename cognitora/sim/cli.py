@@ -10,8 +10,9 @@ from pathlib import Path
 import prometheus_client
 
 from cognitora import jsonlog
+from cognitora.sim.disagg import DEFAULT_LINK, ROLES, SIM_KV_BYTES_PER_TOKEN, KvLink
 from cognitora.sim.engine import EngineConfig
-from cognitora.sim.fleet import Fleet, serve
+from cognitora.sim.fleet import Fleet, PdSettings, serve
 from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
 from cognitora.sim.tokenizer import load_tokenizer
 
@@ -76,6 +77,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fleet admin listener for faults (POST /sim/fault {engine, kind}) and GET /sim/state",
     )
+    p.add_argument(
+        "--roles",
+        default="both",
+        help="prefill/decode role per engine, a comma list cycled over engines: both, prefill, decode (default both)",
+    )
+    p.add_argument(
+        "--link-gbps", type=float, default=None, help="KV link bandwidth of every P/D pair (default: by profile pair)"
+    )
+    p.add_argument("--link-latency-ms", type=float, default=None, help="KV link latency of every P/D pair")
+    p.add_argument("--kv-bytes-per-token", type=int, default=SIM_KV_BYTES_PER_TOKEN, help="KV size of one token")
+    p.add_argument(
+        "--kv-transfer-timeout-s", type=float, default=10.0, help="a decode engine waits this long for its KV (wall s)"
+    )
+    p.add_argument("--kv-park-s", type=float, default=30.0, help="a prefill engine keeps KV for its decode this long")
     p.add_argument("--log-level", default="WARNING")
 
 
@@ -144,8 +159,25 @@ def main(argv: list[str]) -> int:
         )
         for i in range(n)
     ]
+    roles = tuple(r.strip() for r in str(args.roles).split(",") if r.strip())
+    if not roles or any(r not in ROLES for r in roles):
+        parser.error(f"--roles takes a comma list of {', '.join(ROLES)}; got {args.roles!r}")
+    if (args.link_gbps is not None and args.link_gbps <= 0) or (args.link_latency_ms or 0) < 0:
+        parser.error("--link-gbps must be positive and --link-latency-ms at least 0")
+    link = None
+    if args.link_gbps is not None or args.link_latency_ms is not None:
+        link = KvLink(
+            gbps=args.link_gbps or DEFAULT_LINK.gbps,
+            latency_s=DEFAULT_LINK.latency_s if args.link_latency_ms is None else args.link_latency_ms / 1000,
+        )
+    pd = PdSettings(roles, link, args.kv_bytes_per_token, args.kv_park_s, args.kv_transfer_timeout_s)
     fleet = Fleet(
-        configs, tokenizer, args.time_scale, accept_any_model=args.accept_any_model, admin_port=args.admin_port
+        configs,
+        tokenizer,
+        args.time_scale,
+        accept_any_model=args.accept_any_model,
+        admin_port=args.admin_port,
+        pd=pd,
     )
     try:
         import uvloop  # optional: a cheaper event loop when installed

@@ -19,6 +19,7 @@ from typing import Any
 import zmq.asyncio
 from aiohttp import web
 
+from cognitora.sim.disagg import SIM_KV_BYTES_PER_TOKEN, KvLink, PdEngine
 from cognitora.sim.engine import EngineConfig, EngineTime, SimEngine
 from cognitora.sim.server import FAULT_KINDS, EngineServer, error_response, read_json
 from cognitora.sim.tokenizer import SimTokenizer
@@ -42,12 +43,14 @@ class Fleet:
         *,
         accept_any_model: bool = False,
         admin_port: int | None = None,
+        pd: PdSettings | None = None,
     ) -> None:
         self.configs = configs
         self.tokenizer = tokenizer
         self.clock = EngineTime(time_scale)
         self.accept_any_model = accept_any_model
         self.admin_port = admin_port
+        self.pd = pd or PdSettings()
         self.members: list[_Member] = []
         self._zmq: zmq.asyncio.Context | None = None
         self._admin: web.AppRunner | None = None
@@ -56,7 +59,7 @@ class Fleet:
         self._zmq = zmq.asyncio.Context()
         for cfg in self.configs:
             engine = SimEngine(cfg, self.tokenizer, self._zmq, self.clock)
-            server = EngineServer(engine, self.fault, self.accept_any_model)
+            server = EngineServer(engine, self.fault, self.accept_any_model, self.pd.engine(engine))
             member = _Member(engine, server)
             self.members.append(member)
             engine.start()
@@ -82,6 +85,7 @@ class Fleet:
             await self._admin.cleanup()
         for m in self.members:
             await m.engine.stop()
+            await m.server.pd.close()
             if m.runner is not None:
                 await m.runner.cleanup()
                 m.runner = None
@@ -100,6 +104,7 @@ class Fleet:
                     "endpoint_id": c.endpoint_id,
                     "model": c.model,
                     "profile": c.profile.name,
+                    "role": m.server.pd.role,
                     "events": f"tcp://{c.host}:{c.events_port}" if c.events_port is not None else None,
                     "replay": f"tcp://{c.host}:{c.replay_port}" if c.replay_port is not None else None,
                     "topic": c.topic,
@@ -118,7 +123,10 @@ class Fleet:
             raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}")
         m = self.members[index]
         e = m.engine
-        if kind == "crash":
+        pd = m.server.pd.faults
+        if kind in ("crash_after_prefill", "stall_kv", "reject_kv"):
+            setattr(pd, kind, True)
+        elif kind == "crash":
             if e.crashed:
                 return
             e.crash()
@@ -126,6 +134,7 @@ class Fleet:
                 runner, m.runner = m.runner, None
                 await runner.cleanup()
         elif kind == "recover":
+            pd.crash_after_prefill = pd.stall_kv = pd.reject_kv = False
             was_crashed = e.crashed
             e.recover()
             if was_crashed and m.runner is None:
@@ -154,6 +163,30 @@ class Fleet:
 
     async def _admin_state(self, request: web.Request) -> web.Response:
         return web.json_response({"engines": [m.engine.state() for m in self.members]})
+
+
+@dataclass(frozen=True)
+class PdSettings:
+    """The fleet's prefill/decode settings (``cognitora.sim.disagg``)."""
+
+    roles: tuple[str, ...] = ("both",)
+    """Cycled over the engines, like ``--profile``."""
+    link: KvLink | None = None
+    """Every pair's link; None: from the two engines' profiles."""
+    kv_bytes_per_token: int = SIM_KV_BYTES_PER_TOKEN
+    park_s: float = 30.0
+    transfer_timeout_s: float = 10.0
+
+    def engine(self, engine: SimEngine) -> PdEngine:
+        role = self.roles[engine.config.index % len(self.roles)]
+        return PdEngine(
+            engine,
+            role,
+            link=self.link,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            park_s=self.park_s,
+            transfer_timeout_s=self.transfer_timeout_s,
+        )
 
 
 async def _ok() -> web.Response:

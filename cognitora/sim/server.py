@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from cognitora.sim.disagg import PdEngine, PdSide, TransferFailed, classify
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.scheduler import SimRequest
 from kvstate.prompt import (
@@ -51,7 +52,17 @@ from kvstate.prompt import (
 )
 
 FaultHandler = Callable[[int, str, float | None], Coroutine[Any, Any, None]]
-FAULT_KINDS = ("crash", "hang", "slow", "clear_cache", "restart", "recover")
+FAULT_KINDS = (
+    "crash",
+    "hang",
+    "slow",
+    "clear_cache",
+    "restart",
+    "recover",
+    "crash_after_prefill",
+    "stall_kv",
+    "reject_kv",
+)
 
 INLINE_TOKENIZE_CHARS = 16_384
 """Prompts up to this size (``kvstate.prompt.prompt_chars``) are tokenized on the loop (~20 ms at most); larger
@@ -102,8 +113,11 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 class EngineServer:
     """The aiohttp application of one engine. ``fault`` applies a fault to an engine of the fleet by index."""
 
-    def __init__(self, engine: SimEngine, fault: FaultHandler, accept_any_model: bool = False) -> None:
+    def __init__(
+        self, engine: SimEngine, fault: FaultHandler, accept_any_model: bool = False, pd: PdEngine | None = None
+    ) -> None:
         self.engine = engine
+        self.pd = pd if pd is not None else PdEngine(engine, "both")
         self.fault = fault
         self.accept_any_model = accept_any_model
         self.model = engine.config.model
@@ -124,6 +138,7 @@ class EngineServer:
         r.add_post("/v1/chat/completions/render", self.render_chat)
         r.add_post("/v1/completions/render", self.render_completion)
         r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        r.add_post("/kv/pull", self.pd.serve_pull)
         r.add_post("/sim/fault", self.sim_fault)
         r.add_get("/sim/state", self.sim_state)
         return app
@@ -153,7 +168,7 @@ class EngineServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        resp = web.Response(body=self.engine.metrics.exposition())
+        resp = web.Response(body=self.engine.metrics.exposition() + self.pd.exposition())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
@@ -279,6 +294,20 @@ class EngineServer:
         continuous_usage = include_usage and bool(stream_options.get("continuous_usage_stats"))
         prefix = "chatcmpl" if chat else "cmpl"
         rid = f"{prefix}-{uuid.uuid4().hex}"
+        side = classify(body, self.pd.role)
+        if isinstance(side, str):
+            return error_response(400, side)
+        reported_cached: int | None = None
+        if side is not None:
+            if len(batch) != 1:
+                return error_response(400, "a prefill/decode pair takes one prompt per request")
+            if side.prefill:  # the prefill step: its first token only, answered whole
+                raw_max, stream = 1, False
+            else:
+                try:
+                    reported_cached = await self.pd.receive(side, batch[0])
+                except TransferFailed as exc:
+                    return error_response(exc.status, str(exc), "KVTransferError", "kv_transfer_params")
         reqs: list[SimRequest] = []
         try:
             try:
@@ -291,16 +320,24 @@ class EngineServer:
                 return error_response(400, str(exc))
             except EngineDown:
                 return _cut_connection(request)
+            if reported_cached is not None:
+                reqs[0].cached_tokens = reported_cached  # set before its first step: the scheduler keeps it
             if stream:
                 return await self._stream(request, rid, reqs, chat, str(model), include_usage, continuous_usage)
-            return await self._complete(request, rid, reqs, chat, str(model))
+            return await self._complete(request, rid, reqs, chat, str(model), side if side and side.prefill else None)
         finally:
             for req in reqs:
                 if not req.finished:
                     self.engine.abort(req)
 
     async def _complete(
-        self, request: web.Request, rid: str, reqs: list[SimRequest], chat: bool, model: str
+        self,
+        request: web.Request,
+        rid: str,
+        reqs: list[SimRequest],
+        chat: bool,
+        model: str,
+        prefill_side: PdSide | None = None,
     ) -> web.StreamResponse:
         for req in reqs:
             while not req.finished:
@@ -308,6 +345,18 @@ class EngineServer:
                 req.wakeup.clear()
                 if req.aborted:
                     return _cut_connection(request)
+        top: dict[str, Any] = {}
+        in_choice: dict[str, Any] = {}
+        if prefill_side is not None:
+            req = reqs[0]
+            await self.pd.park(prefill_side.key or rid, req.tokens[: req.prompt_len], req.cached_tokens or 0)
+            top, in_choice = self.pd.prefill_answer(prefill_side, rid, req.tokens[: req.prompt_len])
+            if self.pd.faults.crash_after_prefill:
+                self.pd.faults.crash_after_prefill = False
+                # answered first, then gone: the decode side's pull finds nobody
+                asyncio.get_running_loop().call_soon(
+                    lambda: asyncio.ensure_future(self.fault(self.engine.config.index, "crash", None))
+                )
         choices: list[dict[str, Any]] = []
         for index, req in enumerate(reqs):
             text = "".join(req.output_text)
@@ -325,6 +374,7 @@ class EngineServer:
                 choices.append(
                     {"index": index, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
                 )
+            choices[-1].update(in_choice)
         return web.json_response(
             {
                 "id": rid,
@@ -333,6 +383,7 @@ class EngineServer:
                 "model": model,
                 "choices": choices,
                 "usage": _usage(reqs),
+                **top,
             }
         )
 
