@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.burst.config import BurstConfig, CloudTargetConfig
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -379,6 +380,8 @@ class CognitoraConfig(_Strict):
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     """Metrics polling."""
+    burst: BurstConfig = Field(default_factory=BurstConfig)
+    """Cloud targets for a saturated fleet, and who may burst to them (docs/burst.md). Default: nothing bursts."""
 
     @field_validator("redis_url")
     @classmethod
@@ -620,6 +623,21 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
                     "one id must mean one engine"
                 )
             urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
+    problems.extend(_burst_problems(config))
+    return problems
+
+
+def _burst_problems(config: CognitoraConfig) -> list[str]:
+    problems = [
+        f"burst.priorities: {name!r} is not a class of placement.priorities ({', '.join(config.placement.priorities)})"
+        for name in config.burst.priorities
+        if name not in config.placement.priorities
+    ]
+    for i, t in enumerate(config.burst.targets):
+        for local in t.models:
+            if config.model(local) is None:
+                names = ", ".join(config.model_names())
+                problems.append(f"burst.targets[{i}].models: {local!r} is not a configured model ({names})")
     return problems
 
 
@@ -732,6 +750,8 @@ def reference_markdown() -> str:
         ("placement.priorities.<name>", PriorityClass),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
+        ("burst", BurstConfig),
+        ("burst.targets[]", CloudTargetConfig),
     ]
     out: list[str] = []
     for title, model in sections:
