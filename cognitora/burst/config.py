@@ -75,7 +75,8 @@ class BurstConfig(_Strict):
     x the SLO; the (model, class) leaves burst when a decision's best local TTFT is below it. Lower than
     ``enter_ratio``: the hysteresis that keeps a fleet at the edge from flapping."""
     min_dwell_s: float = Field(default=5.0, ge=0)
-    """A (model, class) stays in (or out of) burst at least this long after it entered (or left)."""
+    """A (model, class) leaves burst only after every decision for this long had its best local TTFT under the
+    exit threshold. Entering is immediate."""
     team_spend_limit_usd: dict[str, float] = Field(default_factory=dict)
     """Cloud spend (USD) per team after which its requests stop bursting (``"*"``: the limit of every team not
     named). Kept by ``cognitora.burst.spend`` (in-process), since this gateway process started."""

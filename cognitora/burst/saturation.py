@@ -1,11 +1,16 @@
-"""When a (model, priority class) bursts: hysteresis between two thresholds, and a minimum dwell in each state.
+"""When a (model, priority class) bursts: hysteresis between two thresholds, and a minimum dwell in burst.
 
-The input is one number per decision: the best local predicted TTFT (seconds) for the request, over its class's
-SLO. Out of burst, a decision whose best local TTFT exceeds ``enter_ratio`` x SLO enters burst (once the class
-has been out at least ``min_dwell_s``). In burst, each request whose best local TTFT still exceeds ``exit_ratio``
-x SLO goes to the cloud; one below it leaves burst (once the class has been in at least ``min_dwell_s``). So the
-local fleet is kept at about ``exit_ratio`` x SLO while the load lasts, the overflow goes out, and a fleet that
-hovers at the SLO does not switch back and forth request by request.
+The input is one number per decision: the best local predicted TTFT (seconds) for the request, against its
+class's SLO.
+
+- Out of burst, a decision whose best local TTFT exceeds ``enter_ratio`` x SLO enters burst at once (waiting
+  would pile requests onto an engine that already cannot meet the SLO).
+- In burst, each request whose best local TTFT exceeds ``exit_ratio`` x SLO (lower) goes to the cloud; the others
+  are placed locally. So the local fleet is kept at about ``exit_ratio`` x SLO while the load lasts and the
+  overflow goes out.
+- The class leaves burst only once every decision for ``min_dwell_s`` has had its best local TTFT under the exit
+  threshold: a single quiet moment in a load step does not end it, and a fleet hovering at the SLO does not
+  switch back and forth request by request.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from dataclasses import dataclass
 @dataclass
 class _ClassState:
     bursting: bool = False
-    since: float = float("-inf")
-    """When the class last entered or left burst (the clock of ``SaturationDetector``)."""
+    calm_since: float | None = None
+    """In burst: when the current run of decisions under the exit threshold began (None: the last was over)."""
 
 
 @dataclass(frozen=True)
@@ -29,9 +34,7 @@ class Verdict:
     bursting: bool
     """The class is in burst after this decision."""
     threshold_s: float
-    """The predicted TTFT the request was compared with (enter or exit threshold)."""
-    held: bool = False
-    """The state would have changed but the minimum dwell kept it."""
+    """The predicted TTFT the request was compared with (the enter or the exit threshold)."""
 
 
 class SaturationDetector:
@@ -43,10 +46,6 @@ class SaturationDetector:
         self.min_dwell_s = min_dwell_s
         self._states: dict[tuple[str, str], _ClassState] = {}
 
-    def bursting(self, model: str, priority: str) -> bool:
-        state = self._states.get((model, priority))
-        return state is not None and state.bursting
-
     def states(self) -> dict[tuple[str, str], bool]:
         """(model, class) -> whether it is in burst, for every pair seen."""
         return {key: state.bursting for key, state in self._states.items()}
@@ -54,19 +53,19 @@ class SaturationDetector:
     def observe(self, model: str, priority: str, best_local_ttft_s: float, slo_s: float, now: float) -> Verdict:
         """One decision's best local predicted TTFT (``inf`` when no local endpoint is eligible)."""
         state = self._states.setdefault((model, priority), _ClassState())
-        dwelt = now - state.since >= self.min_dwell_s
         if not state.bursting:
             threshold = self.enter_ratio * slo_s
             if best_local_ttft_s <= threshold:
                 return Verdict(burst=False, bursting=False, threshold_s=threshold)
-            if not dwelt:
-                return Verdict(burst=False, bursting=False, threshold_s=threshold, held=True)
-            state.bursting, state.since = True, now
+            state.bursting, state.calm_since = True, None
             return Verdict(burst=True, bursting=True, threshold_s=threshold)
         threshold = self.exit_ratio * slo_s
         if best_local_ttft_s > threshold:
+            state.calm_since = None
             return Verdict(burst=True, bursting=True, threshold_s=threshold)
-        if not dwelt:
-            return Verdict(burst=False, bursting=True, threshold_s=threshold, held=True)
-        state.bursting, state.since = False, now
-        return Verdict(burst=False, bursting=False, threshold_s=threshold)
+        if state.calm_since is None:
+            state.calm_since = now
+        if now - state.calm_since >= self.min_dwell_s:
+            state.bursting, state.calm_since = False, None
+            return Verdict(burst=False, bursting=False, threshold_s=threshold)
+        return Verdict(burst=False, bursting=True, threshold_s=threshold)
