@@ -22,46 +22,57 @@ class Answer:
     status: int
     ttft_s: float | None
     served_by: str
-    """Who answered: LiteLLM's ``x-litellm-model-api-base`` header when it is there, else the answer's ``model``
-    (an engine's name, or the cloud's: the simulated cloud echoes the rewritten name)."""
+    """Who answered: LiteLLM's ``x-litellm-model-api-base`` header, or Envoy's ``x-cognitora-upstream-host`` (the
+    address that answered, after any retry), else the answer's ``model``."""
     error: str = ""
+    model_field: str = ""
+    """The ``model`` of the answer's chunks."""
 
     def cloud(self, marks: frozenset[str]) -> bool:
         return self.served_by in marks
 
 
-def prompt(seed: str, words: int = 200) -> str:
+def prompt(seed: str, words: int = 120) -> str:
     rng = random.Random(seed)
     return "Summarize these notes: " + " ".join(f"note{rng.randrange(1_000_000)}" for _ in range(words))
 
 
-async def chat(client: httpx.AsyncClient, url: str, headers: dict[str, str], seed: str, max_tokens: int = 24) -> Answer:
+async def chat(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], seed: str, max_tokens: int = 24, model: str = "chat"
+) -> Answer:
     body: dict[str, Any] = {
-        "model": "chat",
+        "model": model,
         "messages": [{"role": "user", "content": prompt(seed)}],
         "max_tokens": max_tokens,
         "stream": True,
     }
     started = time.monotonic()
     ttft: float | None = None
-    model = ""
+    served = ""
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
         if resp.status_code != 200:
             return Answer(resp.status_code, None, "", (await resp.aread()).decode(errors="replace")[:300])
-        api_base = resp.headers.get("x-litellm-model-api-base", "")
+        # LiteLLM names the deployment's api_base; Envoy (expose_upstream_host) the address that answered.
+        api_base = resp.headers.get("x-litellm-model-api-base") or resp.headers.get("x-cognitora-upstream-host", "")
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            model = model or chunk.get("model", "")
+            served = served or chunk.get("model", "")
             choices = chunk.get("choices") or []
             if ttft is None and choices and (choices[0].get("delta") or {}).get("content"):
                 ttft = time.monotonic() - started
-    return Answer(200, ttft, api_base or model)
+    return Answer(200, ttft, api_base or served, model_field=served)
 
 
 async def closed_loop(
-    url: str, headers: dict[str, str], workers: int, requests: int, tag: str, max_tokens: int = 24
+    url: str,
+    headers: dict[str, str],
+    workers: int,
+    requests: int,
+    tag: str,
+    max_tokens: int = 24,
+    model: str = "chat",
 ) -> list[Answer]:
     """``requests`` requests from ``workers`` concurrent clients, each sending its next when the last is done."""
     counter = iter(range(requests))
@@ -70,7 +81,7 @@ async def closed_loop(
     async def worker(client: httpx.AsyncClient) -> None:
         for i in counter:
             try:
-                answers.append(await chat(client, url, headers, f"{tag}-{i}", max_tokens))
+                answers.append(await chat(client, url, headers, f"{tag}-{i}", max_tokens, model))
             except httpx.HTTPError as exc:
                 answers.append(Answer(0, None, "", f"{type(exc).__name__}: {exc}"))
 
