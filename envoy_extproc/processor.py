@@ -75,7 +75,7 @@ class AddressBook:
     def __init__(self, addresses: Mapping[str, str], cloud_keys: Mapping[str, str] | None = None) -> None:
         self.addresses = dict(addresses)
         self.cloud_keys = dict(cloud_keys or {})
-        """Cloud target -> API key the service injects (``burst.targets[].api_key_env``); never logged."""
+        """Cloud target -> API key the service injects (``burst.targets[].credential_env``); never logged."""
         self._endpoints = {address: endpoint for endpoint, address in self.addresses.items()}
 
     def address(self, endpoint: str) -> str:

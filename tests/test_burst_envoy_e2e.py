@@ -117,7 +117,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
                     {
                         "name": "sim-cloud",
                         "base_url": f"https://cloud.sim.test:{cloud.port}/v1",
-                        "api_key_env": "CLOUD_API_KEY",
+                        "credential_env": "CLOUD_API_KEY",
                         "models": {fleet.model: CLOUD_MODEL},
                         "input_usd_per_mtok": 0.15,
                         "output_usd_per_mtok": 0.6,

@@ -1,7 +1,7 @@
 """``burst:`` in ``cognitora.yaml``: the cloud targets a saturated fleet may burst to, and who may burst.
 
 Nothing leaves the premises unless an operator says so: with no ``teams`` (the default) no request bursts.
-The API key is never in this file or in these models: ``api_key_env`` names the environment variable that holds
+The API key is never in this file or in these models: ``credential_env`` names the environment variable that holds
 it, read once at start-up by the gateway that needs it (Envoy's ext_proc) and registered with
 ``cognitora.redaction`` so no log line or error shows it.
 """
@@ -30,7 +30,7 @@ class CloudTargetConfig(_Strict):
     base_url: str | None = None
     """The provider's OpenAI-compatible base URL including its version path, e.g. ``https://api.openai.com/v1``.
     Required for Envoy (the ext_proc names the route); through LiteLLM the deployment's ``api_base`` is used."""
-    api_key_env: str | None = None
+    credential_env: str | None = None
     """Name of the environment variable holding the API key the ext_proc injects as ``Authorization: Bearer``
     (Envoy only; LiteLLM's deployment has its own ``api_key: os.environ/...``). The key itself is never logged."""
     models: dict[str, str] = Field(default_factory=dict)
