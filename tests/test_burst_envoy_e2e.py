@@ -25,12 +25,12 @@ import httpx
 import pytest
 import yaml
 
+from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from envoy_extproc.launch import render_config, start_envoy, wait_listening
-from tests.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 
 pytestmark = pytest.mark.e2e
 

@@ -21,10 +21,10 @@ import httpx
 import pytest
 import yaml
 
+from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
-from tests.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 
 pytestmark = pytest.mark.e2e
 

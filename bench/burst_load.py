@@ -1,4 +1,4 @@
-"""The load both burst end-to-end tests (and bench/burst_ladder.py) drive: streamed chat requests with unique
+"""The load the burst end-to-end tests and bench/burst_ladder.py drive: streamed chat requests with unique
 ~500-token prompts, timed to their first token at the client, and told apart by who answered (engine or cloud)."""
 
 from __future__ import annotations
