@@ -120,8 +120,9 @@ def start_proxy(config: Path, work: Path, env: dict[str, str]) -> tuple[ManagedP
     return proc, url
 
 
-async def open_loop(url: str, rps: float, duration_s: float, seed: str) -> list[Answer]:
-    """Poisson arrivals at ``rps`` for ``duration_s``; every request is awaited to its end."""
+async def open_loop(url: str, rps: float, duration_s: float, seed: str, tag: str) -> list[Answer]:
+    """Poisson arrivals at ``rps`` for ``duration_s`` (the schedule is ``seed``'s: the same for every arm);
+    every request is awaited to its end. ``tag`` makes the prompts unique (no arm finds another's cached)."""
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {TEAM_KEY}"}
     tasks: list[asyncio.Task[Answer]] = []
@@ -129,7 +130,7 @@ async def open_loop(url: str, rps: float, duration_s: float, seed: str) -> list[
 
         async def one(i: int) -> Answer:
             try:
-                return await chat(client, url, headers, f"{seed}-{i}")
+                return await chat(client, url, headers, f"{tag}-{i}")
             except httpx.HTTPError as exc:
                 return Answer(0, None, "", f"{type(exc).__name__}: {exc}")
 
@@ -213,12 +214,13 @@ def run(args: argparse.Namespace) -> list[Rung]:
             for arm in args.arms.split(","):
                 proc, url = start_proxy(proxy_config(arm, fleet, cloud, args.slo_s, work), work, env)
                 try:
-                    asyncio.run(open_loop(url, 0.5, 4, f"{arm}-warm"))  # the proxy's clients set up
+                    asyncio.run(open_loop(url, 0.5, 4, "warm", f"{arm}-warm"))  # the proxy's clients set up
                     for x in rates:
                         idle(fleet)
                         before = cloud.metrics().get("sim_cloud_cost_usd_total", 0.0)
                         rps = x * args.capacity_rps
-                        answers = asyncio.run(open_loop(url, rps, args.stage_s, f"{arm}-{x}-{args.seed}"))
+                        schedule = f"{x}-{args.seed}"
+                        answers = asyncio.run(open_loop(url, rps, args.stage_s, schedule, f"{arm}-{schedule}"))
                         cost = cloud.metrics().get("sim_cloud_cost_usd_total", 0.0) - before
                         row = rung(arm, x, rps, answers, args.stage_s, args.slo_s, cost, cloud.base_url)
                         print(json.dumps(asdict(row)), flush=True)
@@ -265,8 +267,8 @@ def markdown(runs: list[list[Rung]], command: str, slo_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.burst_ladder", description=__doc__.splitlines()[0])
     p.add_argument("--rates", default="1,2,3", help="multiples of --capacity-rps")
-    p.add_argument("--capacity-rps", type=float, default=1.0)
-    p.add_argument("--stage-s", type=float, default=20.0)
+    p.add_argument("--capacity-rps", type=float, default=0.5, help="what the engine serves within the SLO")
+    p.add_argument("--stage-s", type=float, default=15.0)
     p.add_argument("--slo-s", type=float, default=2.5)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--runs", type=int, default=3)
