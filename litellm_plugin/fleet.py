@@ -10,9 +10,11 @@ The fleet is the part of ``model_list`` that says it is one. A deployment is an 
 
 Every other deployment (``azure/``, ``anthropic/``, ``openai/`` even at a localhost ``api_base``: an
 OpenAI-compatible address says nothing about what answers there) is not an engine: it is never scraped, and in a
-model group that also has engines Cognitora places among the engines only. (The burst issue uses such deployments
-as cloud targets.) An engine's endpoint id is ``host:port`` of its ``api_base``, its model the deployment's
-``model_name`` (the name clients send). Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_``
+model group that also has engines Cognitora places among the engines only. One marked
+``model_info.cognitora_cloud: <target>`` is that ``burst.targets[]`` cloud target: still never scraped, picked only
+on a burst decision (docs/burst.md).
+An engine's endpoint id is ``host:port`` of its ``api_base``, its model the deployment's ``model_name`` (the name
+clients send). Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_``
 keys (a bare key like ``tier`` would collide with LiteLLM's own ``model_info`` fields).
 
 ``routing_strategy_args`` holds the rest, with the keys of ``cognitora.yaml`` (``redis_url``, ``key_prefix``,
