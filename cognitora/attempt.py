@@ -85,6 +85,8 @@ class Outcome:
     """Time to first token as the gateway measured it; the attempt's own ``first_token`` timing wins when it has one."""
     detail: str = ""
     """What went wrong, for logs and the health mark's reason (empty when completed)."""
+    retry_after_s: float | None = None
+    """The answer's ``Retry-After`` (seconds) when it had one (a cloud target's 429: ``cognitora.burst``)."""
 
     @property
     def ok(self) -> bool:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.burst.config import BurstConfig, CloudTargetConfig
 from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
 from cognitora.redaction import redact, redact_url, register_secret
 
@@ -408,6 +409,8 @@ class CognitoraConfig(_Strict):
     """Intent-based and weighted model rewrite, before placement (docs/intent.md); absent: no rewrite."""
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     """Prefill/decode pairs: the KV link's bandwidth and latency."""
+    burst: BurstConfig = Field(default_factory=BurstConfig)
+    """Cloud targets for a saturated fleet, and who may burst to them (docs/burst.md). Default: nothing bursts."""
 
     @field_validator("redis_url")
     @classmethod
@@ -651,6 +654,21 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
             urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
     if config.intent is not None and config.intent.file is None:
         problems += [f"intent.{p}" for p in config.intent.problems(set(config.model_names()))]
+    problems.extend(_burst_problems(config))
+    return problems
+
+
+def _burst_problems(config: CognitoraConfig) -> list[str]:
+    problems = [
+        f"burst.priorities: {name!r} is not a class of placement.priorities ({', '.join(config.placement.priorities)})"
+        for name in config.burst.priorities
+        if name not in config.placement.priorities
+    ]
+    for i, t in enumerate(config.burst.targets):
+        for local in t.models:
+            if config.model(local) is None:
+                names = ", ".join(config.model_names())
+                problems.append(f"burst.targets[{i}].models: {local!r} is not a configured model ({names})")
     return problems
 
 
@@ -773,6 +791,8 @@ def reference_markdown() -> str:
         ("intent.intents[].rules[]", RuleSpec),
         ("intent.classifier", ClassifierSpec),
         ("disaggregation", DisaggregationConfig),
+        ("burst", BurstConfig),
+        ("burst.targets[]", CloudTargetConfig),
     ]
     out: list[str] = []
     for title, model in sections:

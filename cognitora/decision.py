@@ -76,6 +76,23 @@ class Rejection:
 
 
 @dataclass(frozen=True)
+class CloudPick:
+    """The request bursts to a cloud target (``cognitora.burst``): where, under which model name, and why."""
+
+    target: str
+    model: str
+    """The cloud's name for the model: the request's ``model`` field is rewritten to it."""
+    url: str | None
+    """The target's OpenAI-compatible base URL (``burst.targets[].base_url``); None when only LiteLLM knows it."""
+    reason: str
+    """Why it burst, e.g. ``saturated: best local predicted TTFT 3.1 s over 0.8 x SLO 2 s``."""
+    team: str
+    """The (trusted) team the spend is recorded for."""
+    local_fallbacks: tuple[str, ...] = ()
+    """The local endpoints, best first: where the request goes when the cloud fails before its first token."""
+
+
+@dataclass(frozen=True)
 class Decision:
     """Where a request goes, and why.
 
@@ -114,6 +131,8 @@ class Decision:
     rewrite: Rewrite | None = None
     """The model rewrite (intent, weighted split) decided before placement; ``model`` is its result. None when
     the config has no ``intent`` section."""
+    cloud: CloudPick | None = None
+    """Set when the request bursts to a cloud target: ``endpoint`` is then ``cloud:<target>``."""
     keys: tuple[int, ...] = field(default=(), repr=False)
     """The prompt's block keys (kept so the router can mark them speculative on dispatch)."""
     prefill: PrefillLeg | None = None
@@ -126,6 +145,8 @@ class Decision:
             lines.append(f"rewrite: {self.rewrite.explain()}")
         if self.rejection is not None:
             lines.append(f"rejected {self.rejection.status}: {self.rejection.message}")
+        elif self.cloud is not None:
+            lines.append(f"burst to cloud target {self.cloud.target} as model {self.cloud.model}: {self.cloud.reason}")
         else:
             lines.append(
                 f"picked {self.endpoint} for model {self.model}: predicted TTFT {self.predicted_ttft_s * 1000:.1f} ms, "

@@ -101,6 +101,9 @@ class RouteRequest:
     max_tokens: int | None = None
     stream: bool = False
     candidates: Sequence[str] | None = None
+    burst_targets: Sequence[str] | None = None
+    """Cloud targets (``burst.targets[].name``) the gateway can reach for this request (LiteLLM: those with a
+    healthy ``cognitora_cloud`` deployment in the group); None means every configured target."""
     pinned_endpoint: str | None = None
     """The endpoint the client named (LiteLLM: a deployment id as ``model``). Honoured only with ``may_pin``;
     otherwise the request is placed like any other of its model (a client never skips placement or shedding)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
+from cognitora.burst.policy import BurstPolicy
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.decision import Decision
 from cognitora.disagg import place_with_pairs, uses_pairs
@@ -206,6 +207,8 @@ class Router:
         self._started = clock()
         self._stale = False
         self._seen_heartbeat = False
+        self.burst = BurstPolicy(config)
+        """Burst to a cloud target when the fleet is saturated (``cognitora.burst``); inert without ``burst:``."""
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
         if self.intent is not None:
             self.telemetry.names = self.intent.label_names()
@@ -441,10 +444,22 @@ class Router:
         except Exception as exc:
             decision = self._placement_failed(request, exc)
             failed = True
+        else:
+            decision = self._burst(request, decision, group)
         self.telemetry.decided(request, decision, time.perf_counter() - started, fallback=failed)
         if decision.endpoint is None:
             return decision, None
         return decision, self.dispatch(decision, group=group)
+
+    def _burst(self, request: RouteRequest, decision: Decision, group: str | None) -> Decision:
+        """The local decision, or the burst decision that replaces it (``cognitora.burst.policy``)."""
+        burst = self.burst.consider(request, decision, group)
+        if burst is not decision and self._recent and self._recent[-1] is decision:
+            self._recent[-1] = burst  # explain and the decision log show what was done
+            if decision.rejection is not None and burst.rejection is None:
+                self.stats.rejected -= 1
+                self.stats.placed += 1
+        return burst
 
     def _placement_failed(self, request: RouteRequest, exc: Exception) -> Decision:
         """Placement raised (a bug): ``placement.on_error`` decides (cognitora.failsafe); counted, logged rarely."""
@@ -485,6 +500,10 @@ class Router:
         self._attempts[decision.request_id] = attempt
         if attempt.group is not None:
             self._groups.setdefault(attempt.group, set()).add(decision.request_id)
+        if decision.cloud is not None:  # not the fleet's work: no in-flight count, no cache, no store write
+            self.stats.dispatched += 1
+            self.burst.dispatched(decision)
+            return
         prefill = _queued_prefill(decision)
         leg = decision.prefill
         expires = now + params.inflight_ttl_s
@@ -538,7 +557,7 @@ class Router:
 
     def _prefill_done(self, attempt: Attempt) -> None:
         """From the attempt: its prefill is over (first token, or its deadline passed)."""
-        if self._attempts.get(attempt.request_id) is not attempt:
+        if self._attempts.get(attempt.request_id) is not attempt or attempt.decision.cloud is not None:
             return
         self._local.prefill_done(attempt.request_id)
         endpoint, rid = attempt.endpoint, attempt.request_id
@@ -563,6 +582,11 @@ class Router:
         rid, endpoint = attempt.request_id, attempt.endpoint
         self._forget(attempt)
         self._release_prefill_leg(attempt)
+        if attempt.decision.cloud is not None:
+            first = attempt.first_token_at is not None
+            self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group)
+            self._learn(attempt, outcome)
+            return
         self._local.release(rid)
         self._learn(attempt, outcome)
         if outcome.kind.marks_unhealthy(outcome.status):
@@ -576,6 +600,7 @@ class Router:
         predicted for that endpoint, timed from the original dispatch (the client waited all along)."""
         decision = attempt.decision
         score = next((c for c in decision.candidates if c.endpoint == endpoint), None)
+        others = decision.cloud.local_fallbacks if decision.cloud is not None else decision.fallbacks
         moved = replace(
             decision,
             request_id=f"{decision.request_id}.{endpoint}",
@@ -583,8 +608,9 @@ class Router:
             url=self.endpoint_url(endpoint),
             predicted_cached_tokens=score.cached_tokens if score is not None else 0.0,
             predicted_ttft_s=score.predicted_ttft_s if score is not None else decision.predicted_ttft_s,
-            fallbacks=tuple(e for e in decision.fallbacks if e != endpoint),
+            fallbacks=tuple(e for e in others if e != endpoint),
             prefill=None,  # counted as whole where it landed: the prediction above is the whole placement's
+            cloud=None,  # a burst request retried on a local engine is local from here on
         )
         new = self.dispatch(moved, group=attempt.group)
         new.dispatched_at = attempt.dispatched_at

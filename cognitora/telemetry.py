@@ -86,6 +86,8 @@ class DecisionOutcome(StrEnum):
     """Placed without the store (unreachable or too slow): on load and this process's own in-flight counts."""
     FALLBACK = "fallback"
     """Placement raised (a bug): placed by ``placement.on_error: fallback`` on the least-loaded eligible endpoint."""
+    BURST = "burst"
+    """Sent to a cloud target (``cognitora.burst``): the fleet could not meet the class's SLO."""
     SHED = "shed"
     """Refused with 429 and Retry-After: the fleet is saturated for a sheddable class."""
     REJECTED = "rejected"
@@ -99,6 +101,8 @@ def decision_outcome(decision: Decision, *, fallback: bool = False) -> DecisionO
         return DecisionOutcome.SHED if shed else DecisionOutcome.REJECTED
     if fallback:
         return DecisionOutcome.FALLBACK
+    if decision.cloud is not None:
+        return DecisionOutcome.BURST
     if decision.degraded:
         return DecisionOutcome.DEGRADED
     if decision.saturated:
@@ -267,4 +271,7 @@ def _log_decision(decision: Decision, priority: str, outcome: DecisionOutcome, s
         fields["rewrite"] = decision.rewrite.explain()
     if decision.rejection is not None:
         fields["status"] = decision.rejection.status
+    if decision.cloud is not None:
+        fields["cloud_target"] = decision.cloud.target
+        fields["cloud_model"] = decision.cloud.model
     decision_log.info("decision", extra=fields)

@@ -22,6 +22,11 @@ DESTINATION_ENDPOINTS = "x-cognitora-destination-endpoints"
 ``override_host`` load-balancing policy, which moves to the next address on each retry."""
 
 # -- identity, set by the operator's auth filter (never trusted from the client: Envoy strips client copies) ----------
+CLOUD_TARGET = "x-cognitora-cloud"
+"""Set by the service on a burst: the cloud target's name, which the Envoy route matches (examples/envoy_burst.yaml).
+The Envoy config strips any copy the client sent, so only the service's pick reaches a cloud route."""
+AUTHORIZATION = "authorization"
+
 DEFAULT_TEAM_HEADER = "x-cognitora-team"
 DEFAULT_KEY_HEADER = "x-cognitora-key-id"
 DEFAULT_PRIORITY_HEADER = "x-cognitora-priority"

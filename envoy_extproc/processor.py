@@ -72,8 +72,10 @@ class AddressBook:
     Ids without an entry are already literal addresses (the default id of an endpoint is its ``host:port``).
     """
 
-    def __init__(self, addresses: Mapping[str, str]) -> None:
+    def __init__(self, addresses: Mapping[str, str], cloud_keys: Mapping[str, str] | None = None) -> None:
         self.addresses = dict(addresses)
+        self.cloud_keys = dict(cloud_keys or {})
+        """Cloud target -> API key the service injects (``burst.targets[].credential_env``); never logged."""
         self._endpoints = {address: endpoint for endpoint, address in self.addresses.items()}
 
     def address(self, endpoint: str) -> str:
@@ -103,6 +105,8 @@ class Exchange:
         self.response: ResponseRead | None = None
         self._served_model: str | None = None
         """The model that serves the request, when the core's ``intent`` policy decided it (a response header)."""
+        self._cloud_fallbacks: frozenset[str] = frozenset()
+        """On a burst: the local engines Envoy may retry a failed cloud request on."""
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
 
@@ -173,6 +177,13 @@ class Exchange:
         self.attempt, self.response = attempt, response
         if decision.rewrite is not None:
             self._served_model = decision.model
+        cloud = decision.cloud
+        if cloud is not None:
+            body = rewrite_body(parsed, raw, model=cloud.model, include_usage=include_usage)
+            local = [self._addresses.address(e) for e in cloud.local_fallbacks[: self._settings.fallbacks + 1]]
+            self._cloud_fallbacks = frozenset(cloud.local_fallbacks)
+            api_key = self._addresses.cloud_keys.get(cloud.target)
+            return protocol.route_to_cloud(cloud.target, api_key, local, body or raw)
         order = fallback_order(decision, self._settings.fallbacks)
         leg = decision.prefill
         split = () if leg is None else ((headers.PREFILL_ENDPOINT, leg.url),)
@@ -238,6 +249,12 @@ class Exchange:
         served = self._addresses.endpoint(upstream)
         if served == attempt.endpoint:
             return
+        if self._cloud_fallbacks:
+            if served in self._cloud_fallbacks:  # the cloud failed before answering; Envoy retried locally
+                self._cloud_fallbacks = frozenset()
+                failed = Outcome(OutcomeKind.UPSTREAM_ERROR, status=503, detail=f"Envoy retried on {served}")
+                self.attempt = attempt.rerouted(served, failed)
+            return  # the cloud's own address (resolved by Envoy): not a reroute
         if attempts > 1:
             failed = Outcome(OutcomeKind.CONNECT_FAILED, detail=f"unreachable: Envoy retried the request on {served}")
         else:

@@ -180,6 +180,7 @@ def address_book(engines: Mapping[str, EngineAddress]) -> AddressBook:
 
 
 async def _run(settings: ExtprocSettings) -> int:
+    from cognitora.burst.credentials import cloud_api_keys
     from cognitora.collector import Collector, CollectorThread
     from cognitora.config import load_config
     from cognitora.router import Router
@@ -199,6 +200,7 @@ async def _run(settings: ExtprocSettings) -> int:
     # What needs the world, checked before serving: each a message naming the key (cognitora.preflight).
     try:
         addresses = address_book(resolve_engines(config))
+        addresses.cloud_keys = cloud_api_keys(config.burst)  # burst.targets[].credential_env, read once
         store_warning = await asyncio.to_thread(check_store, config)
         router = Router.from_config(config)  # loads and compiles each model's tokenizer and chat template
     except ConfigError as exc:

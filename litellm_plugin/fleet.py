@@ -10,9 +10,11 @@ The fleet is the part of ``model_list`` that says it is one. A deployment is an 
 
 Every other deployment (``azure/``, ``anthropic/``, ``openai/`` even at a localhost ``api_base``: an
 OpenAI-compatible address says nothing about what answers there) is not an engine: it is never scraped, and in a
-model group that also has engines Cognitora places among the engines only. (The burst issue uses such deployments
-as cloud targets.) An engine's endpoint id is ``host:port`` of its ``api_base``, its model the deployment's
-``model_name`` (the name clients send). Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_``
+model group that also has engines Cognitora places among the engines only. One marked
+``model_info.cognitora_cloud: <target>`` is that ``burst.targets[]`` cloud target: still never scraped, picked only
+on a burst decision (docs/burst.md).
+An engine's endpoint id is ``host:port`` of its ``api_base``, its model the deployment's ``model_name`` (the name
+clients send). Facts LiteLLM has no field for go in ``model_info`` under ``cognitora_``
 keys (a bare key like ``tier`` would collide with LiteLLM's own ``model_info`` fields).
 
 ``routing_strategy_args`` holds the rest, with the keys of ``cognitora.yaml`` (``redis_url``, ``key_prefix``,
@@ -56,6 +58,10 @@ ENDPOINT_KEYS: tuple[str, ...] = tuple(k for k in EndpointConfig.model_fields if
 MODEL_KEYS: tuple[str, ...] = tuple(k for k in ModelConfig.model_fields if k not in {"name", "endpoints"})
 """``model_info`` ``cognitora_<key>`` entries that describe the model (must agree across its deployments)."""
 
+CLOUD_KEY = MODEL_INFO_PREFIX + "cloud"
+"""``model_info.cognitora_cloud: <target>``: the deployment is that ``burst.targets[]`` cloud target, never an
+engine: never scraped, and chosen by Cognitora only when it decides to burst (docs/burst.md)."""
+
 ARGS_KEY_CONFIG = "config"
 """``routing_strategy_args.config``: path of a ``cognitora.yaml`` whose settings the inline ones override."""
 
@@ -89,6 +95,8 @@ class Fleet:
     config: CognitoraConfig
     endpoint_by_deployment: dict[str, str]
     """LiteLLM deployment id (``model_info.id``) -> endpoint id (``host:port``), for engines only."""
+    cloud_by_deployment: dict[str, str] = field(default_factory=dict)
+    """LiteLLM deployment id -> the cloud target it is (``model_info.cognitora_cloud``)."""
     endpoint_sources: dict[str, str] = field(default_factory=dict)
     """Endpoint id -> where its first deployment is written (``model_list[3].litellm_params.api_base``), for
     messages about the engine (``cognitora.preflight``)."""
@@ -145,11 +153,20 @@ def build_fleet(
     by_deployment: dict[str, str] = {}
     sources: dict[str, str] = {}
     others = 0
+    clouds: dict[str, str] = {}
+    cloud_models: dict[str, dict[str, str]] = {}
     for index, deployment in enumerate(model_list):
         params = deployment.get("litellm_params") or {}
         api_base = params.get("api_base")
         group = str(deployment.get("model_name", ""))
         info = dict(deployment.get("model_info") or {})
+        if CLOUD_KEY in info:
+            target = _cloud_target(info, f"model_list[{index}] (model_name {group!r})", settings)
+            clouds[deployment_id(deployment)] = target
+            model_name = str(params.get("model") or "")
+            cloud_models.setdefault(target, {}).setdefault(group, model_name.split("/", 1)[-1])
+            others += 1
+            continue
         claims = sorted(str(k) for k in info if str(k).startswith(MODEL_INFO_PREFIX))
         provider = provider_of(deployment)
         where = f"model_list[{index}] (model_name {group!r}, api_base {api_base})"
@@ -221,8 +238,48 @@ def build_fleet(
         model.pop("_from_model_info")
         model.pop("_file_endpoints")
     data = {**settings, "models": list(models.values())}
+    _fill_cloud_models(data, cloud_models)
     config = config_from_dict(data, source=source, base_dir=base)
-    return Fleet(config=config, endpoint_by_deployment=by_deployment, endpoint_sources=sources)
+    return Fleet(
+        config=config, endpoint_by_deployment=by_deployment, cloud_by_deployment=clouds, endpoint_sources=sources
+    )
+
+
+def _cloud_target(info: Mapping[str, Any], where: str, settings: Mapping[str, Any]) -> str:
+    """The target a ``cognitora_cloud`` deployment names; it must be one of ``burst.targets`` (its prices, cap)."""
+    target = info[CLOUD_KEY]
+    extra = sorted(str(k) for k in info if str(k).startswith(MODEL_INFO_PREFIX) and k != CLOUD_KEY)
+    if extra:
+        raise ConfigError(
+            f"{where}: model_info has {CLOUD_KEY} and {', '.join(extra)}: a cloud target is not an engine; "
+            f"keep only {CLOUD_KEY}"
+        )
+    burst = settings.get("burst")
+    targets = burst.get("targets") if isinstance(burst, Mapping) else None
+    names = [str(t.get("name")) for t in targets or [] if isinstance(t, Mapping)]
+    if not isinstance(target, str) or target not in names:
+        known = ", ".join(names) or "none"
+        raise ConfigError(
+            f"{where}: model_info.{CLOUD_KEY} is {target!r}, which routing_strategy_args.burst.targets does not "
+            f"define (defined: {known}); add a target with that name (its prices and max_concurrency)"
+        )
+    return target
+
+
+def _fill_cloud_models(data: dict[str, Any], cloud_models: Mapping[str, Mapping[str, str]]) -> None:
+    """Each target serves the model groups it has a deployment in, under the deployment's model name, unless
+    ``burst.targets[].models`` says otherwise."""
+    if not cloud_models:
+        return
+    burst = dict(data["burst"])
+    targets = []
+    for t in burst["targets"]:
+        t = dict(t)
+        found = cloud_models.get(str(t.get("name")), {})
+        t["models"] = {**found, **(t.get("models") or {})}
+        targets.append(t)
+    burst["targets"] = targets
+    data["burst"] = burst
 
 
 _ENGINE_RULE = (

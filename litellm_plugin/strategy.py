@@ -168,15 +168,27 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
 
         group = str(healthy[0].get("model_name", model)) if healthy else model
         by_endpoint: dict[str, dict[str, Any]] = {}
+        clouds: dict[str, dict[str, Any]] = {}
         for deployment in healthy:
             ep = self._endpoint_of(deployment)
             if ep is not None:
                 by_endpoint.setdefault(ep, deployment)
+            target = self.fleet.cloud_by_deployment.get(deployment_id(deployment))
+            if target is not None:
+                clouds.setdefault(target, deployment)
         if group not in self._managed_models or not by_endpoint:
             return self._litellm_default(model, healthy, request_kwargs)
 
         try:
-            req = route_request(group, messages, input, request_kwargs, list(by_endpoint), pinned_endpoint=pinned)
+            req = route_request(
+                group,
+                messages,
+                input,
+                request_kwargs,
+                list(by_endpoint),
+                pinned_endpoint=pinned,
+                burst_targets=list(clouds),
+            )
         except InvalidRequest as exc:
             raise rejection_error(Rejection(400, exc.message), model) from None
         if req.rewrite is None and self.fleet.config.intent is not None:
@@ -186,7 +198,8 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)
-        chosen = by_endpoint.get(attempt.endpoint)
+        # A burst goes to the group's cloud deployment (LiteLLM calls it with its own model name and api_key).
+        chosen = by_endpoint.get(attempt.endpoint) if decision.cloud is None else clouds.get(decision.cloud.target)
         if chosen is None:
             attempt.finish(Outcome(OutcomeKind.FAILED, detail="placed outside LiteLLM's healthy deployments"))
             raise RuntimeError(

@@ -195,6 +195,7 @@ def route_request(
     request_kwargs: Mapping[str, Any],
     candidates: Sequence[str],
     pinned_endpoint: str | None = None,
+    burst_targets: Sequence[str] = (),
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids.
 
@@ -211,6 +212,7 @@ def route_request(
         max_tokens=read_max_tokens(request_kwargs),
         stream=bool(request_kwargs.get("stream")),
         candidates=tuple(candidates),
+        burst_targets=tuple(burst_targets),
         pinned_endpoint=pinned_endpoint,
         may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
         intent_hint=_admin_str(meta, INTENT_KEY),
@@ -320,7 +322,22 @@ def failure_outcome(error: BaseException | str | None) -> Outcome:
         kind = OutcomeKind.UPSTREAM_ERROR
     elif status is not None and status >= 400:
         kind = OutcomeKind.REJECTED
-    return Outcome(kind, status=status, detail=detail)
+    return Outcome(kind, status=status, detail=detail, retry_after_s=_retry_after(error))
+
+
+def _retry_after(error: BaseException) -> float | None:
+    """The ``Retry-After`` (seconds) of the answer behind ``error`` (a provider's 429), when it had one."""
+    response = getattr(error, "response", None)
+    for headers in (getattr(error, "litellm_response_headers", None), getattr(response, "headers", None)):
+        value = headers.get("retry-after") if headers is not None and hasattr(headers, "get") else None
+        if value is not None:
+            try:
+                seconds = float(value)
+            except (TypeError, ValueError):
+                continue  # an HTTP date: the target's default hold-off applies
+            if math.isfinite(seconds) and seconds >= 0:
+                return seconds
+    return None
 
 
 # -- Rejection -> LiteLLM's error ------------------------------------------------------------------------------

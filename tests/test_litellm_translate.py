@@ -227,10 +227,10 @@ def test_placement_id_found_where_each_hook_sees_it() -> None:
 
 def test_docs_name_every_routing_strategy_arg_and_model_info_key() -> None:
     from cognitora.config import CognitoraConfig, ModelConfig
-    from litellm_plugin.fleet import ARGS_KEY_CONFIG, ENDPOINT_KEYS, MODEL_INFO_PREFIX, MODEL_KEYS
+    from litellm_plugin.fleet import ARGS_KEY_CONFIG, CLOUD_KEY, ENDPOINT_KEYS, MODEL_INFO_PREFIX, MODEL_KEYS
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "litellm.md").read_text()
     keys = [ARGS_KEY_CONFIG, *CognitoraConfig.model_fields, *ModelConfig.model_fields]
-    keys += [MODEL_INFO_PREFIX + k for k in (*ENDPOINT_KEYS, *MODEL_KEYS)]
+    keys += [*(MODEL_INFO_PREFIX + k for k in (*ENDPOINT_KEYS, *MODEL_KEYS)), CLOUD_KEY]
     missing = [k for k in keys if f"`{k}`" not in doc]
     assert not missing, f"docs/litellm.md does not document: {missing}"

@@ -128,6 +128,39 @@ class RouterFamilies(PrometheusCollector):
             errors.add_metric(["extproc"], self.extproc_errors())
         yield errors
         yield _one("cognitora_endpoints_marked_unhealthy", stats.marked_unhealthy)
+        yield from _burst_families(self.router)
+
+
+def _burst_families(router: Router) -> Iterator[Metric]:
+    burst = router.burst
+    yield _counters("cognitora_burst_decisions", burst.decisions)
+    yield _counters("cognitora_burst_denied", burst.denied)
+    active = family("cognitora_burst_active")
+    for (model, priority), bursting in burst.detector.states().items():
+        active.add_metric([model, priority], 1.0 if bursting else 0.0)
+    yield active
+    inflight = family("cognitora_cloud_inflight")
+    for cloud_target in burst.settings.targets:
+        inflight.add_metric([cloud_target.name], burst.cloud.inflight(cloud_target.name))
+    yield inflight
+    requests, tokens, cost = (
+        family(n) for n in ("cognitora_cloud_requests", "cognitora_cloud_tokens", "cognitora_cloud_cost_usd")
+    )
+    rows: dict[tuple[str, str], list[float]] = {}
+    for (team, target), row in burst.ledger.rows.items():
+        acc = rows.setdefault((burst.team_label(team), target), [0, 0, 0, 0.0])
+        acc[0] += row.requests
+        acc[1] += row.input_tokens
+        acc[2] += row.output_tokens
+        acc[3] += row.cost_usd
+    for (team, target), (n, prompt, completion, usd) in rows.items():
+        requests.add_metric([team, target], n)
+        tokens.add_metric([team, target, "prompt"], prompt)
+        tokens.add_metric([team, target, "completion"], completion)
+        cost.add_metric([team, target], usd)
+    yield requests
+    yield tokens
+    yield cost
 
 
 _SKIPPED = ("unknown_parent", "block_size_mismatch", "inconsistent", "unknown_blocks", "map_overflow")

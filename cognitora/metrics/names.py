@@ -209,6 +209,42 @@ SPECS: tuple[MetricSpec, ...] = (
         R,
         "Times this process marked an endpoint unhealthy from what a request saw (connection refused, 502/503).",
     ),
+    # -- burst to a cloud target (cognitora.burst) -------------------------------------------------------------
+    _m(
+        "cognitora_burst_decisions",
+        C,
+        ("model", "priority", "target", "reason"),
+        R,
+        """Requests sent to a cloud target, by `reason`: saturated (the best local predicted TTFT missed the class's
+        burst threshold) or no_local_endpoint (none was eligible).""",
+    ),
+    _m(
+        "cognitora_burst_denied",
+        C,
+        ("model", "priority", "why"),
+        R,
+        """Requests that would have burst and stayed local (placed or shed as without burst), by `why`:
+        team_not_allowed, no_target_for_model, cloud_failed_this_request, spend_exhausted, cloud_unhealthy,
+        cloud_rate_limited (a 429's Retry-After running), cloud_at_capacity.""",
+    ),
+    _m("cognitora_burst_active", G, ("model", "priority"), R, "1 while the (model, class) is in burst, else 0."),
+    _m("cognitora_cloud_inflight", G, ("target",), R, "Requests this process has in flight at each cloud target."),
+    _m(
+        "cognitora_cloud_requests",
+        C,
+        ("team", "target"),
+        R,
+        """Finished cloud requests whose answer counted its tokens, per team (a team allowed only by `"*"` is
+        `(other)`) and target.""",
+    ),
+    _m("cognitora_cloud_tokens", C, ("team", "target", "kind"), R, "Their tokens, `kind` prompt or completion."),
+    _m(
+        "cognitora_cloud_cost_usd",
+        C,
+        ("team", "target"),
+        R,
+        "What they cost (USD) at the target's `input_usd_per_mtok` / `output_usd_per_mtok`.",
+    ),
     # -- KV events ----------------------------------------------------------------------------------------------
     _m("cognitora_kv_event_batches_received", C, E, K, "Live KV-event messages received from the engine."),
     _m("cognitora_kv_event_batches_applied", C, E, K, "Event batches written to the store (live and replayed)."),

@@ -1,4 +1,4 @@
-"""``cognitora sim fleet|engine``: run simulated vLLM engines (see docs/sim.md)."""
+"""``cognitora sim fleet|engine|cloud``: run simulated vLLM engines, or a simulated cloud provider (docs/sim.md)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--engines", type=int, required=True)
     fleet.add_argument("--base-port", type=int, required=True)
     _add_common(fleet)
+    sub.add_parser("cloud", help="a simulated cloud provider (`cognitora sim cloud --help`)", add_help=False)
     engine = sub.add_parser("engine", help="one engine")
     engine.add_argument("--port", type=int, required=True)
     _add_common(engine)
@@ -108,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["cloud"]:  # a provider, not engines: its own options (cognitora.sim.cloud)
+        from cognitora.sim import cloud
+
+        return cloud.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     jsonlog.configure(args.log_level)

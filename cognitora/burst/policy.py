@@ -1,0 +1,222 @@
+"""The burst decision: given the local placement of a request, does it go to a cloud target instead, and why.
+
+``BurstPolicy.consider`` runs after ``cognitora.placement.place`` on every decision of ``Router.admit``. It reads
+the local decision's candidates (the best local predicted TTFT), feeds the class's hysteresis
+(``saturation``), and bursts only when every rule allows it:
+
+- the class is in burst and this request's best local TTFT is over the threshold (or no local endpoint is
+  eligible at all);
+- its team (from the gateway's authentication) is in ``burst.teams`` and its class in ``burst.priorities``;
+- a target serves the model, has room (``max_concurrency``), has not answered 429 with a Retry-After still
+  running and is not unreachable (``cloud_state``);
+- the team's spend gate allows it (``spend``);
+- the request is not a retry of one the cloud already failed before its first token (it is retried locally).
+
+Anything else leaves the local decision exactly as it was (placed on the fastest engine, or shed with 429), with
+the reason it did not burst added to its explanation and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from enum import StrEnum
+
+from cognitora.attempt import Outcome
+from cognitora.burst.cloud_state import CloudState
+from cognitora.burst.config import ANY_TEAM, BurstConfig, CloudTargetConfig
+from cognitora.burst.saturation import SaturationDetector
+from cognitora.burst.spend import InProcessSpend, SpendGate
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig
+from cognitora.decision import CloudPick, Decision
+from cognitora.request import RouteRequest
+
+CLOUD_ENDPOINT_PREFIX = "cloud:"
+"""``Decision.endpoint`` of a burst decision: ``cloud:<target>`` (never a local engine's ``host:port``)."""
+OTHER_TEAM = "(other)"
+"""The ``team`` label of a team not named in ``burst.teams`` (allowed by ``"*"``): labels stay bounded."""
+FAILED_GROUPS_KEPT = 4096
+
+
+class BurstReason(StrEnum):
+    """Why a request burst: the ``reason`` label of ``cognitora_burst_decisions_total``."""
+
+    SATURATED = "saturated"
+    """The best local predicted TTFT missed the class's burst threshold (``enter_ratio``/``exit_ratio`` x SLO)."""
+    NO_LOCAL_ENDPOINT = "no_local_endpoint"
+    """No local endpoint was eligible (all unhealthy or full)."""
+
+
+class Denied(StrEnum):
+    """Why a request that would have burst stayed local: the ``why`` label of ``cognitora_burst_denied_total``."""
+
+    TEAM = "team_not_allowed"
+    NO_TARGET = "no_target_for_model"
+    RETRY = "cloud_failed_this_request"
+    SPEND = "spend_exhausted"
+    UNHEALTHY = "cloud_unhealthy"
+    RATE_LIMITED = "cloud_rate_limited"
+    AT_CAPACITY = "cloud_at_capacity"
+
+
+def cloud_endpoint(target: str) -> str:
+    return CLOUD_ENDPOINT_PREFIX + target
+
+
+def is_cloud_endpoint(endpoint: str) -> bool:
+    return endpoint.startswith(CLOUD_ENDPOINT_PREFIX)
+
+
+class BurstPolicy:
+    """The burst rules over one Router's decisions. Called on the router's loop."""
+
+    def __init__(
+        self, config: CognitoraConfig, spend: SpendGate | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.config = config
+        self.settings: BurstConfig = config.burst
+        self._clock = clock or time.monotonic
+        self.detector = SaturationDetector(
+            self.settings.enter_ratio, self.settings.exit_ratio, self.settings.min_dwell_s
+        )
+        self.cloud = CloudState(self.settings.retry_after_s, self.settings.unhealthy_s)
+        self.ledger = InProcessSpend(self.settings.spend_limit_usd)
+        self.spend: SpendGate = spend if spend is not None else self.ledger
+        self._failed_groups: OrderedDict[str, None] = OrderedDict()
+        self.decisions: dict[tuple[str, str, str, str], int] = {}
+        """(model, priority, target, BurstReason) -> requests sent to the cloud."""
+        self.denied: dict[tuple[str, str, str], int] = {}
+        """(model, priority, Denied) -> requests that would have burst and stayed local."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.settings.targets) and bool(self.settings.priorities)
+
+    def team_label(self, team: str) -> str:
+        return team if team in self.settings.teams and team != ANY_TEAM else OTHER_TEAM
+
+    # -- the decision ----------------------------------------------------------------------------------------
+    def consider(self, req: RouteRequest, decision: Decision, group: str | None = None) -> Decision:
+        """``decision`` (the local placement of ``req``), or the burst decision that replaces it."""
+        if not self.enabled or decision.cloud is not None:
+            return decision
+        priority = req.priority or DEFAULT_PRIORITY
+        pclass = self.config.placement.priorities.get(priority)
+        model = self.config.model(req.model)
+        if pclass is None or model is None or priority not in self.settings.priorities:
+            return decision
+        best = _best_local_ttft(decision)
+        if best is None:
+            return decision  # refused for a reason of its own (bad prompt, unknown model): not the fleet's load
+        verdict = self.detector.observe(model.name, priority, best, pclass.ttft_slo_s, self._clock())
+        if not verdict.burst:
+            return decision
+        why = BurstReason.NO_LOCAL_ENDPOINT if math.isinf(best) else BurstReason.SATURATED
+        detail = (
+            "no local endpoint is eligible"
+            if why is BurstReason.NO_LOCAL_ENDPOINT
+            else f"best local predicted TTFT {best:.2f} s over the burst threshold {verdict.threshold_s:.2f} s "
+            f"(class {priority!r}, SLO {pclass.ttft_slo_s:g} s)"
+        )
+        target, denied = self._target_for(req, decision, group)
+        if target is None:
+            assert denied is not None
+            key = (model.name, priority, denied.value)
+            self.denied[key] = self.denied.get(key, 0) + 1
+            note = f"would burst ({detail}) but stays local: {denied.value.replace('_', ' ')}"
+            return replace(decision, reason=f"{decision.reason}; {note}" if decision.reason else note)
+        assert req.team is not None
+        key4 = (model.name, priority, target.name, why.value)
+        self.decisions[key4] = self.decisions.get(key4, 0) + 1
+        local = _local_order(decision)
+        pick = CloudPick(
+            target=target.name,
+            model=target.models[decision.model],
+            url=target.base_url,
+            reason=f"{why.value}: {detail}",
+            team=req.team,
+            local_fallbacks=local,
+        )
+        return replace(
+            decision,
+            endpoint=cloud_endpoint(target.name),
+            url=target.base_url,
+            rejection=None,
+            cloud=pick,
+            saturated=True,
+            predicted_cached_tokens=0.0,
+            predicted_ttft_s=0.0,
+            fallbacks=(),
+            reason=f"burst to {target.name}: {pick.reason}; local placement: {decision.reason}",
+        )
+
+    def _target_for(
+        self, req: RouteRequest, decision: Decision, group: str | None
+    ) -> tuple[CloudTargetConfig | None, Denied | None]:
+        if not self.settings.team_may_burst(req.team):
+            return None, Denied.TEAM
+        if group is not None and group in self._failed_groups:
+            return None, Denied.RETRY
+        assert req.team is not None
+        allowed = None if req.burst_targets is None else set(req.burst_targets)
+        serving = [
+            t for t in self.settings.targets if decision.model in t.models and (allowed is None or t.name in allowed)
+        ]
+        if not serving:
+            return None, Denied.NO_TARGET
+        if not self.spend.may_burst(req.team):
+            return None, Denied.SPEND
+        now = self._clock()
+        first_problem: str | None = None
+        for t in serving:
+            problem = self.cloud.unavailable(t.name, t.max_concurrency, now)
+            if problem is None:
+                return t, None
+            first_problem = first_problem or problem
+        return None, Denied(first_problem or Denied.AT_CAPACITY)
+
+    # -- the attempt's life ----------------------------------------------------------------------------------
+    def dispatched(self, decision: Decision) -> None:
+        assert decision.cloud is not None
+        self.cloud.dispatched(decision.cloud.target)
+
+    def finished(self, decision: Decision, outcome: Outcome, *, first_token_seen: bool, group: str | None) -> None:
+        """A cloud attempt ended: learn the target's state, record the spend, and remember a request the cloud
+        failed before its first token (its retry goes local)."""
+        pick = decision.cloud
+        assert pick is not None
+        self.cloud.finished(pick.target, outcome, self._clock())
+        target = self.settings.target(pick.target)
+        if target is not None and outcome.completion_tokens is not None:
+            prompt, completion = outcome.prompt_tokens or 0, outcome.completion_tokens
+            cost = target.cost_usd(prompt, completion)
+            self.ledger.record(pick.team, pick.target, prompt, completion, cost)  # the exporter's figures
+            if self.spend is not self.ledger:
+                self.spend.record(pick.team, pick.target, prompt, completion, cost)
+        if not outcome.ok and not first_token_seen and group is not None:
+            self._failed_groups[group] = None
+            while len(self._failed_groups) > FAILED_GROUPS_KEPT:
+                self._failed_groups.popitem(last=False)
+
+
+def _best_local_ttft(decision: Decision) -> float | None:
+    """The best local predicted TTFT of ``decision``: ``inf`` when every local endpoint was excluded; None when
+    the decision was refused for a reason other than the fleet's load (nothing to burst for)."""
+    ranked = [c.predicted_ttft_s for c in decision.candidates if c.excluded is None]
+    if ranked:
+        if decision.rejection is not None and not decision.saturated:
+            return None
+        return min(ranked)
+    if decision.rejection is not None and decision.rejection.status == 503 and decision.candidates:
+        return math.inf
+    return None
+
+
+def _local_order(decision: Decision) -> tuple[str, ...]:
+    if decision.endpoint is not None:
+        return (decision.endpoint, *decision.fallbacks)
+    ranked = sorted((c for c in decision.candidates if c.excluded is None), key=lambda c: c.predicted_ttft_s)
+    return tuple(c.endpoint for c in ranked)

@@ -1,0 +1,71 @@
+"""When a (model, priority class) bursts: hysteresis between two thresholds, and a minimum dwell in burst.
+
+The input is one number per decision: the best local predicted TTFT (seconds) for the request, against its
+class's SLO.
+
+- Out of burst, a decision whose best local TTFT exceeds ``enter_ratio`` x SLO enters burst at once (waiting
+  would pile requests onto an engine that already cannot meet the SLO).
+- In burst, each request whose best local TTFT exceeds ``exit_ratio`` x SLO (lower) goes to the cloud; the others
+  are placed locally. So the local fleet is kept at about ``exit_ratio`` x SLO while the load lasts and the
+  overflow goes out.
+- The class leaves burst only once every decision for ``min_dwell_s`` has had its best local TTFT under the exit
+  threshold: a single quiet moment in a load step does not end it, and a fleet hovering at the SLO does not
+  switch back and forth request by request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class _ClassState:
+    bursting: bool = False
+    calm_since: float | None = None
+    """In burst: when the current run of decisions under the exit threshold began (None: the last was over)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the detector says of one decision."""
+
+    burst: bool
+    """The request should go to the cloud (if it may)."""
+    bursting: bool
+    """The class is in burst after this decision."""
+    threshold_s: float
+    """The predicted TTFT the request was compared with (the enter or the exit threshold)."""
+
+
+class SaturationDetector:
+    """Per (model, class) burst state. Not thread-safe: the Router calls it on its loop."""
+
+    def __init__(self, enter_ratio: float, exit_ratio: float, min_dwell_s: float) -> None:
+        self.enter_ratio = enter_ratio
+        self.exit_ratio = exit_ratio
+        self.min_dwell_s = min_dwell_s
+        self._states: dict[tuple[str, str], _ClassState] = {}
+
+    def states(self) -> dict[tuple[str, str], bool]:
+        """(model, class) -> whether it is in burst, for every pair seen."""
+        return {key: state.bursting for key, state in self._states.items()}
+
+    def observe(self, model: str, priority: str, best_local_ttft_s: float, slo_s: float, now: float) -> Verdict:
+        """One decision's best local predicted TTFT (``inf`` when no local endpoint is eligible)."""
+        state = self._states.setdefault((model, priority), _ClassState())
+        if not state.bursting:
+            threshold = self.enter_ratio * slo_s
+            if best_local_ttft_s <= threshold:
+                return Verdict(burst=False, bursting=False, threshold_s=threshold)
+            state.bursting, state.calm_since = True, None
+            return Verdict(burst=True, bursting=True, threshold_s=threshold)
+        threshold = self.exit_ratio * slo_s
+        if best_local_ttft_s > threshold:
+            state.calm_since = None
+            return Verdict(burst=True, bursting=True, threshold_s=threshold)
+        if state.calm_since is None:
+            state.calm_since = now
+        if now - state.calm_since >= self.min_dwell_s:
+            state.bursting, state.calm_since = False, None
+            return Verdict(burst=False, bursting=False, threshold_s=threshold)
+        return Verdict(burst=False, bursting=True, threshold_s=threshold)
