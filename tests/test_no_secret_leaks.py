@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,20 +72,31 @@ def cognitora_yaml(tmp: Path, redis_url: str, name: str = "cognitora.yaml") -> P
 
 
 def run(argv: list[str], tmp: Path, *, env: dict[str, str] | None = None, for_s: float | None = None) -> str:
-    """Run a command; with ``for_s``, let it serve that long, then SIGTERM it. Everything it printed."""
+    """Run a command; with ``for_s``, let it serve at least that long and until it has printed something (its
+    start-up lines: a loaded machine may take longer than ``for_s`` to get there; 60 s at most), then SIGTERM it.
+    Everything it printed."""
     full_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=tmp
     )
     if for_s is None:
         out, _ = proc.communicate(timeout=120)
-    else:
-        try:
-            out, _ = proc.communicate(timeout=for_s)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
-    return out.decode(errors="replace")
+        return out.decode(errors="replace")
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stdout.readline, b"")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    started = time.monotonic()
+    deadline = started + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if chunks and time.monotonic() - started >= for_s:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    reader.join(timeout=30)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def assert_clean(output: str, what: str) -> None:
