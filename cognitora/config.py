@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.budgets.config import BudgetsConfig
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -379,6 +380,8 @@ class CognitoraConfig(_Strict):
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     """Metrics polling."""
+    budgets: BudgetsConfig | None = None
+    """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
 
     @field_validator("redis_url")
     @classmethod
@@ -620,6 +623,13 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
                     "one id must mean one engine"
                 )
             urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
+    if config.budgets is not None:
+        for team, entry in config.budgets.teams.items():
+            if entry.priority is not None and entry.priority not in config.placement.priorities:
+                problems.append(
+                    f"budgets.teams.{team}.priority: {entry.priority!r} is not a class of placement.priorities "
+                    f"({', '.join(sorted(config.placement.priorities))})"
+                )
     return problems
 
 

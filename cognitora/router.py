@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
-from cognitora.config import CognitoraConfig, ModelConfig
-from cognitora.decision import Decision
+from cognitora.budgets.gate import BudgetGate, gate_for
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ModelConfig
+from cognitora.decision import Decision, Rejection
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.preflight import prompt_keyers
@@ -207,6 +208,8 @@ class Router:
         self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._offloaded_chars = 0
         """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
+        self.budgets: BudgetGate | None = gate_for(config, store)
+        """Token budgets (``cognitora.budgets``): reserved in ``admit``, settled at the attempt's finish."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
@@ -412,6 +415,11 @@ class Router:
         a group means its earlier attempts are over, so those still open are finished as ``ABANDONED`` first."""
         if group is not None:
             self._abandon_group(group, "the gateway started another attempt of this request")
+        gate = self.budgets
+        if gate is not None and request.priority == DEFAULT_PRIORITY:
+            team_class = gate.priority_for(request.team)
+            if team_class is not None:
+                request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
             decision = await self.place(request)
@@ -419,10 +427,28 @@ class Router:
         except Exception as exc:
             decision = self._placement_failed(request, exc)
             failed = True
+        hold = None
+        if gate is not None and decision.endpoint is not None:
+            verdict = await gate.reserve(request, decision.model, decision.prompt_tokens)
+            if isinstance(verdict, Rejection):
+                decision = self._refused_by_budget(decision, verdict)
+            else:
+                hold = verdict
         self.telemetry.decided(request, decision, time.perf_counter() - started, fallback=failed)
         if decision.endpoint is None:
             return decision, None
-        return decision, self.dispatch(decision, group=group)
+        attempt = self.dispatch(decision, group=group)
+        attempt.budget_hold = hold
+        return decision, attempt
+
+    def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:
+        """A placed decision the budget refused: a rejection (placement's pick stays in the explanation)."""
+        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=())
+        if self._recent and self._recent[-1].request_id == placed.request_id:
+            self._recent[-1] = replace(refused, keys=())
+        self.stats.placed -= 1
+        self.stats.rejected += 1
+        return refused
 
     def _placement_failed(self, request: RouteRequest, exc: Exception) -> Decision:
         """Placement raised (a bug): ``placement.on_error`` decides (cognitora.failsafe); counted, logged rarely."""
@@ -523,6 +549,10 @@ class Router:
         attempt.outcome = outcome
         attempt._cancel_overdue()
         rid, endpoint = attempt.request_id, attempt.endpoint
+        hold, attempt.budget_hold = attempt.budget_hold, None
+        if hold is not None and self.budgets is not None:
+            # Its own task, not the attempt's write chain: that chain's per-write timeout could cut a settle short.
+            self._track(asyncio.get_running_loop().create_task(self.budgets.settle(hold, outcome)))
         self._forget(attempt)
         self._local.release(rid)
         self._learn(attempt, outcome)
@@ -669,6 +699,8 @@ class Router:
         if self._key_thread is not None:
             self._key_thread.shutdown(wait=False, cancel_futures=True)
             self._key_thread = None
+        if self.budgets is not None:
+            await self.budgets.close()
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------
