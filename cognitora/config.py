@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cognitora.budgets.config import BudgetsConfig
+from cognitora.budgets.config import BudgetsConfig, LimitConfig, ModelPrice, SubjectBudget
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -742,6 +742,10 @@ def reference_markdown() -> str:
         ("placement.priorities.<name>", PriorityClass),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
+        ("budgets", BudgetsConfig),
+        ("budgets.teams.<name> / keys.<name> / users.<name>", SubjectBudget),
+        ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
+        ("budgets.prices.<model>", ModelPrice),
     ]
     out: list[str] = []
     for title, model in sections:

@@ -551,8 +551,8 @@ class Router:
         rid, endpoint = attempt.request_id, attempt.endpoint
         hold, attempt.budget_hold = attempt.budget_hold, None
         if hold is not None and self.budgets is not None:
-            # Its own task, not the attempt's write chain: that chain's per-write timeout could cut a settle short.
-            self._track(asyncio.get_running_loop().create_task(self.budgets.settle(hold, outcome)))
+            # Not on the attempt's write chain: that chain's per-write timeout could cut a settle short.
+            self.budgets.settle_later(hold, outcome)
         self._forget(attempt)
         self._local.release(rid)
         self._learn(attempt, outcome)

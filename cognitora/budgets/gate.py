@@ -127,6 +127,7 @@ class BudgetGate:
         self._backlog: deque[tuple[Reservation, Usage]] = deque()
         self._flushing: asyncio.Task[int] | None = None
         self._down = False
+        self._settling: set[asyncio.Task[None]] = set()
         self.stats = GateStats()
 
     # -- who and which class ------------------------------------------------------------------------------------
@@ -218,6 +219,17 @@ class BudgetGate:
             completion = est.output_tokens
         return self.planner.usage(r.model, prompt, completion, outcome.cached_tokens or 0)
 
+    def settle_later(self, hold: Hold, outcome: Outcome) -> None:
+        """Settle in the background (on the running loop): the finish never waits on the store."""
+        task = asyncio.get_running_loop().create_task(self.settle(hold, outcome))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def drain(self) -> None:
+        """Wait until every settle started so far has landed (or gone to the backlog)."""
+        while self._settling:
+            await asyncio.gather(*list(self._settling), return_exceptions=True)
+
     async def settle(self, hold: Hold, outcome: Outcome) -> None:
         """Settle once (the attempt calls this from its ordered background writes)."""
         if hold.settled:
@@ -273,6 +285,7 @@ class BudgetGate:
         return await call
 
     async def close(self) -> None:
+        await self.drain()
         if self._backlog:
             await self.flush()
         await self.ledger.close()
