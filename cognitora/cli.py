@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collector": ("cognitora.collector", "feed the store from engine KV events and /metrics"),
     "explain": ("cognitora.explain", "show where a prompt would be placed, and why"),
     "extproc": ("envoy_extproc.server", "Envoy ext_proc service"),
+    "budgets": ("cognitora.budgets.cli", "token budget reports, limits and resets, from Redis alone"),
     "node-agent": ("cognitora.node_agent.cli", "serve this node's GPU/Mac power under DCGM's metric names"),
 }
 

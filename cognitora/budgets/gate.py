@@ -39,6 +39,7 @@ __all__ = ["BudgetGate", "Hold", "open_ledger"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
+USAGE_REFRESH_S = 5.0
 BACKLOG_MAX = 1_000_000
 """Settles kept while the store is down (fail-open); past this the oldest are dropped, and logged."""
 _ERRORS = (StoreUnavailable, TimeoutError, ConnectionError, OSError)
@@ -129,6 +130,10 @@ class BudgetGate:
         self._down = False
         self._settling: set[asyncio.Task[None]] = set()
         self.stats = GateStats()
+        self.last_usage: dict[tuple[str, str, str], float] = {}
+        """``usage_gauges`` as last read (metrics), refreshed in the background every ``USAGE_REFRESH_S``."""
+        self._usage_read_at = 0.0
+        self._usage_task: asyncio.Task[None] | None = None
 
     # -- who and which class ------------------------------------------------------------------------------------
     def team_label(self, team: str | None) -> str:
@@ -165,7 +170,22 @@ class BudgetGate:
             self._count_refusal(identity.team, refusal.counter.metric.value)
             return self._rejection(refusal, now)
         self.stats.reserved += 1
+        self._refresh_usage_soon(now)
         return Hold(reservation, in_store=True)
+
+    def _refresh_usage_soon(self, now: float) -> None:
+        if not self.config.teams or now - self._usage_read_at < USAGE_REFRESH_S:
+            return
+        if self._usage_task is not None and not self._usage_task.done():
+            return
+        self._usage_read_at = now
+        self._usage_task = asyncio.get_running_loop().create_task(self._refresh_usage())
+
+    async def _refresh_usage(self) -> None:
+        try:
+            self.last_usage = await self.usage_gauges()
+        except _ERRORS as exc:
+            log.debug("could not read budget usage for metrics: %s", exc)
 
     def _store_down(self, reservation: Reservation, exc: BaseException) -> Hold | Rejection:
         why = str(exc) or type(exc).__name__
@@ -286,6 +306,8 @@ class BudgetGate:
 
     async def close(self) -> None:
         await self.drain()
+        if self._usage_task is not None:
+            await asyncio.gather(self._usage_task, return_exceptions=True)
         if self._backlog:
             await self.flush()
         await self.ledger.close()
