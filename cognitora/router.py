@@ -208,7 +208,7 @@ class Router:
         self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._offloaded_chars = 0
         """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
-        self.budgets: BudgetGate | None = gate_for(config, store)
+        self.budgets: BudgetGate | None = gate_for(config, store, clock)
         """Token budgets (``cognitora.budgets``): reserved in ``admit``, settled at the attempt's finish."""
 
     @classmethod

@@ -180,3 +180,45 @@ def test_bad_budget_config_names_the_key(smollm2_dir: Path, budgets: dict[str, A
     with pytest.raises(ConfigError) as caught:
         make_config(smollm2_dir, budgets)
     assert named in str(caught.value)
+
+
+async def test_concurrent_admits_never_overshoot_and_metrics_say_so(
+    smollm2_dir: Path, store: Store, key_prefix: str
+) -> None:
+    """N=64 concurrent requests through the core against a budget for N/4: N/4 admitted, usage <= limit, and the
+    exporter's families show the limit, the usage and the refusals."""
+    import asyncio
+
+    from cognitora.metrics.families import RouterFamilies
+
+    probe = Router(make_config(smollm2_dir, {}, key_prefix=key_prefix), MemoryStore())
+    one, _ = await probe.admit(ask("alpha"))
+    await probe.close()
+    estimate = one.prompt_tokens + 100
+    n = 64
+    limit = estimate * n // 4
+    config = make_config(
+        smollm2_dir, {"teams": {"alpha": {"limits": [{"window": "day", "total_tokens": limit}]}}}, key_prefix=key_prefix
+    )
+    router = Router(config, store)
+    results = await asyncio.gather(*(router.admit(ask("alpha")) for _ in range(n)))
+    admitted = [a for _, a in results if a is not None]
+    assert len(admitted) == n // 4
+    assert await team_usage(router, "alpha") == limit
+    for attempt in admitted:
+        attempt.finish(Outcome(OutcomeKind.COMPLETED, prompt_tokens=10, completion_tokens=5))
+    assert await team_usage(router, "alpha") == 15 * n // 4
+    gate = router.budgets
+    assert gate is not None
+    gate.last_usage = await gate.usage_gauges()
+    samples = {
+        (m.name, tuple(sorted(s.labels.items()))): s.value
+        for m in RouterFamilies(router).collect()
+        for s in m.samples
+        if m.name.startswith("cognitora_budget")
+    }
+    labels = (("metric", "total_tokens"), ("team", "alpha"), ("window", "day"))
+    assert samples[("cognitora_budget_limit", labels)] == limit
+    assert samples[("cognitora_budget_usage", labels)] == 15 * n // 4
+    assert samples[("cognitora_budget_rejections", (("reason", "total_tokens"), ("team", "alpha")))] == n - n // 4
+    await router.close()

@@ -84,7 +84,7 @@ def open_ledger(redis_url: str | None, prefix: str, history_days: int, cluster: 
     return RedisLedger.from_url(redis_url, prefix, history_days, cluster=cluster)
 
 
-def gate_for(config: CognitoraConfig, store: Store) -> BudgetGate | None:
+def gate_for(config: CognitoraConfig, store: Store, clock: Callable[[], float] = time.time) -> BudgetGate | None:
     """The Router's gate: None without a ``budgets`` section. The ledger lives where the store does: on the
     RedisStore's own client (one connection pool), or in process beside a MemoryStore."""
     budgets = config.budgets
@@ -101,7 +101,7 @@ def gate_for(config: CognitoraConfig, store: Store) -> BudgetGate | None:
         ledger = open_ledger(config.redis_url, config.key_prefix, budgets.history_days, config.redis_cluster)
     else:
         ledger = MemoryLedger()
-    return BudgetGate(budgets, ledger, timeout_s=config.placement.store_timeout_s)
+    return BudgetGate(budgets, ledger, timeout_s=config.placement.store_timeout_s, clock=clock)
 
 
 def _in_process(store: Store) -> bool:
@@ -293,6 +293,11 @@ class BudgetGate:
             written += 1
             self.stats.flushed += 1
         return written
+
+    async def flushed(self) -> None:
+        """Wait for the backlog write that is under way, if any (tests, shutdown)."""
+        if self._flushing is not None:
+            await asyncio.gather(self._flushing, return_exceptions=True)
 
     @property
     def backlog(self) -> int:
