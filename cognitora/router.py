@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
-from cognitora.budgets.gate import BudgetGate, gate_for
+from cognitora.budgets.gate import BudgetGate, Hold, gate_for
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ModelConfig
 from cognitora.decision import Decision, Rejection
 from cognitora.failsafe import RateLimitedLog, fallback_decision
@@ -210,6 +210,8 @@ class Router:
         """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
         self.budgets: BudgetGate | None = gate_for(config, store, clock)
         """Token budgets (``cognitora.budgets``): reserved in ``admit``, settled at the attempt's finish."""
+        self._reserving: dict[str, asyncio.Future[Hold | Rejection]] = {}
+        """Budget reservations ``place`` started for ``admit`` (by request id), picked up there."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
@@ -218,8 +220,9 @@ class Router:
         return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster), keyers=keyers)
 
     # -- deciding -------------------------------------------------------------------------------------------
-    async def place(self, req: RouteRequest) -> Decision:
-        """Where ``req`` should go, and why. Reads the store; writes nothing."""
+    async def place(self, req: RouteRequest, *, reserve: bool = False) -> Decision:
+        """Where ``req`` should go, and why. Reads the store; writes nothing (``reserve``: ``admit``'s budget
+        reservation is sent alongside the fleet read, once the prompt's token count is known)."""
         if req.pinned_endpoint is not None and req.may_pin:
             req = replace(req, candidates=(req.pinned_endpoint,))
         model = self.config.model(req.model)
@@ -238,6 +241,11 @@ class Router:
             return self._record(reject(req, 400, f"the prompt is not valid Unicode: {exc}"))
         except RecursionError:
             return self._record(reject(req, 400, "the prompt is nested too deeply to read"))
+        if reserve and self.budgets is not None:
+            # One round trip's wait for both: the reserve runs while the fleet state is read.
+            self._reserving[req.request_id] = asyncio.ensure_future(
+                self.budgets.reserve(req, req.model, prompt.prompt_tokens)
+            )
         state, age, stale = await self._fleet_state(model, prompt)
         decision = place(req, prompt, self.config, state)
         if stale is not None:
@@ -422,18 +430,23 @@ class Router:
                 request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
-            decision = await self.place(request)
+            decision = await self.place(request, reserve=gate is not None)
             failed = False
         except Exception as exc:
             decision = self._placement_failed(request, exc)
             failed = True
         hold = None
-        if gate is not None and decision.endpoint is not None:
-            verdict = await gate.reserve(request, decision.model, decision.prompt_tokens)
-            if isinstance(verdict, Rejection):
-                decision = self._refused_by_budget(decision, verdict)
-            else:
-                hold = verdict
+        if gate is not None:
+            pending = self._reserving.pop(request.request_id, None)
+            if decision.endpoint is not None:
+                # Done by now nearly always (it ran beside the fleet read): awaiting it then does not suspend.
+                verdict = await (pending or gate.reserve(request, decision.model, decision.prompt_tokens))
+                if isinstance(verdict, Rejection):
+                    decision = self._refused_by_budget(decision, verdict)
+                else:
+                    hold = verdict
+            elif pending is not None:
+                gate.release_later(pending)  # placement refused it: the reservation is given back
         self.telemetry.decided(request, decision, time.perf_counter() - started, fallback=failed)
         if decision.endpoint is None:
             return decision, None

@@ -132,12 +132,18 @@ async def test_settles_follow_the_outcome(smollm2_dir: Path, store: Store, key_p
 async def test_a_team_maps_to_its_priority_class(smollm2_dir: Path, key_prefix: str) -> None:
     config = make_config(
         smollm2_dir,
-        {"teams": {"nightly": {"priority": "batch"}}},
+        {"teams": {"nightly": {"priority": "batch", "limits": [{"window": "day", "total_tokens": 100_000}]}}},
         placement={"priorities": {"default": {"ttft_slo_s": 5}, "batch": {"ttft_slo_s": 1e-9, "sheddable": True}}},
     )
     router = Router(config, MemoryStore())
     shed, _ = await router.admit(ask("nightly"))
     assert shed.rejection is not None and shed.rejection.status == 429 and "budget" not in shed.rejection.message
+    assert await team_usage(router, "nightly") == 0  # reserved beside the fleet read, given back when shed
+    gate = router.budgets
+    assert gate is not None
+    day = gate.planner.plan("-", Identity(), MODEL, gate.planner.usage(MODEL, 0, 0)).day
+    rows = (await gate.ledger.days([day]))[day]
+    assert rows.get(f"team\tnightly\t{MODEL}\trequests", 0) == 0
     _, placed = await router.admit(ask("nightly", priority="default_explicit_is_the_default"))
     assert placed is None  # an unknown class named by a trusted source is that source's (placement refuses it)
     _, kept = await router.admit(ask("others"))

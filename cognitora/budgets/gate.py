@@ -85,20 +85,22 @@ def open_ledger(redis_url: str | None, prefix: str, history_days: int, cluster: 
 
 
 def gate_for(config: CognitoraConfig, store: Store, clock: Callable[[], float] = time.time) -> BudgetGate | None:
-    """The Router's gate: None without a ``budgets`` section. The ledger lives where the store does: on the
-    RedisStore's own client (one connection pool), or in process beside a MemoryStore."""
+    """The Router's gate: None without a ``budgets`` section. The ledger lives where the store does: on
+    ``redis_url`` (its own connection pool), on a RedisStore's client when the config names no URL, or in process
+    beside a MemoryStore."""
     budgets = config.budgets
     if budgets is None:
         return None
     from kvstate.redis_store import RedisStore
 
     ledger: BudgetLedger
-    if isinstance(store, RedisStore):
+    if config.redis_url is not None and not _in_process(store):
+        # Its own connections: a burst of admits must not take the store's (redis-py's pool raises when full).
+        ledger = open_ledger(config.redis_url, config.key_prefix, budgets.history_days, config.redis_cluster)
+    elif isinstance(store, RedisStore):
         from cognitora.budgets.redis_ledger import RedisLedger
 
-        ledger = RedisLedger(store.client, config.key_prefix, budgets.history_days)
-    elif config.redis_url is not None and not _in_process(store):
-        ledger = open_ledger(config.redis_url, config.key_prefix, budgets.history_days, config.redis_cluster)
+        ledger = RedisLedger.beside(store.client, config.key_prefix, budgets.history_days)
     else:
         ledger = MemoryLedger()
     return BudgetGate(budgets, ledger, timeout_s=config.placement.store_timeout_s, clock=clock)
@@ -125,7 +127,7 @@ class BudgetGate:
         self._timeout_s = timeout_s
         self._clock = clock
         self._suspends = not isinstance(ledger, MemoryLedger)
-        self._backlog: deque[tuple[Reservation, Usage]] = deque()
+        self._backlog: deque[tuple[Reservation, Usage, int]] = deque()
         self._flushing: asyncio.Task[int] | None = None
         self._down = False
         self._settling: set[asyncio.Task[None]] = set()
@@ -239,11 +241,26 @@ class BudgetGate:
             completion = est.output_tokens
         return self.planner.usage(r.model, prompt, completion, outcome.cached_tokens or 0)
 
-    def settle_later(self, hold: Hold, outcome: Outcome) -> None:
-        """Settle in the background (on the running loop): the finish never waits on the store."""
-        task = asyncio.get_running_loop().create_task(self.settle(hold, outcome))
+    def release_later(self, pending: Awaitable[Hold | Rejection]) -> None:
+        """A reservation made for a request that was then not dispatched (placement refused it): given back in
+        full, and the request not counted as served (its refusal is placement's, not a budget's)."""
+
+        async def release() -> None:
+            verdict = await pending
+            if isinstance(verdict, Hold) and not verdict.settled:
+                verdict.settled = True
+                await self._settle(verdict.reservation, Usage(), requests=0)
+
+        self._track(release())
+
+    def _track(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+    def settle_later(self, hold: Hold, outcome: Outcome) -> None:
+        """Settle in the background (on the running loop): the finish never waits on the store."""
+        self._track(self.settle(hold, outcome))
 
     async def drain(self) -> None:
         """Wait until every settle started so far has landed (or gone to the backlog)."""
@@ -257,35 +274,35 @@ class BudgetGate:
         hold.settled = True
         await self._settle(hold.reservation, self.actual_usage(hold, outcome))
 
-    async def _settle(self, reservation: Reservation, actual: Usage) -> None:
+    async def _settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> None:
         try:
-            result = await self._call(self.ledger.settle(reservation, actual))
+            result = await self._call(self.ledger.settle(reservation, actual, requests))
         except _ERRORS as exc:
             if not self._down:
                 log.warning("budget store unavailable at a settle (%s): kept to write when it is back", exc)
                 self._down = True
-            self._keep(reservation, actual)
+            self._keep(reservation, actual, requests)
             return
         self.stats.settled += 1
         if result is SettleResult.ALREADY:
             log.debug("request %s was settled already (or at its estimate)", reservation.request_id)
         self._store_back()
 
-    def _keep(self, reservation: Reservation, actual: Usage) -> None:
+    def _keep(self, reservation: Reservation, actual: Usage, requests: int) -> None:
         if len(self._backlog) >= BACKLOG_MAX:
             self._backlog.popleft()
             self.stats.dropped += 1
             log.error("budget backlog full (%d settles): dropped the oldest", BACKLOG_MAX)
-        self._backlog.append((reservation, actual))
+        self._backlog.append((reservation, actual, requests))
 
     async def flush(self) -> int:
         """Write the backlog (settles counted while the store was down) in order; stops at the first failure.
         Each is idempotent by request id, so a flush that is cut short and repeated counts nothing twice."""
         written = 0
         while self._backlog:
-            reservation, actual = self._backlog[0]
+            reservation, actual, requests = self._backlog[0]
             try:
-                await self._call(self.ledger.settle(reservation, actual))
+                await self._call(self.ledger.settle(reservation, actual, requests))
             except _ERRORS:
                 self._down = True
                 break

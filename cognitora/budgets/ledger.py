@@ -54,7 +54,9 @@ class CounterValue:
 class BudgetLedger(Protocol):
     async def reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None: ...
 
-    async def settle(self, reservation: Reservation, actual: Usage) -> SettleResult: ...
+    async def settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> SettleResult:
+        """``requests``: 1 for a request that was served, 0 for a reservation given back (not dispatched)."""
+        ...
 
     async def counter_values(self, counters: Sequence[CounterPlan], now_ms: int) -> list[int]:
         """Each counter's current value (rolling: the sum of the buckets in its window)."""

@@ -3,6 +3,7 @@ atomic on the event loop, as the Redis script is on the server."""
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence
 
@@ -18,7 +19,9 @@ class MemoryLedger:
         self._rolling: dict[str, dict[int, int]] = {}
         self._expiry: dict[str, float] = {}
         self._leases: dict[str, float] = {}
+        self._lease_heap: list[tuple[float, str]] = []
         self._done: dict[str, float] = {}
+        self._done_heap: list[tuple[float, str]] = []
         self._days: dict[str, dict[str, int]] = {}
 
     def _used(self, c: CounterPlan, now_ms: int) -> int:
@@ -53,12 +56,26 @@ class MemoryLedger:
             table[name] = table.get(name, 0) + value
 
     def _reap(self, now_ms: int) -> None:
-        expired = [rid for rid, at in self._leases.items() if at <= now_ms][:REAP_BATCH]
-        for rid in expired:
-            del self._leases[rid]
-            self._done[rid] = now_ms + DONE_TTL_S * 1000
-        for rid in [r for r, at in self._done.items() if at <= now_ms][:REAP_BATCH]:
-            del self._done[rid]
+        # Heaps of (expiry, id), so a reserve costs O(log n), not a scan of every open reservation; an entry
+        # whose id has moved on (settled, or expiring later) is skipped when it surfaces.
+        for _ in range(REAP_BATCH):
+            if not self._lease_heap or self._lease_heap[0][0] > now_ms:
+                break
+            at, rid = heapq.heappop(self._lease_heap)
+            if self._leases.get(rid) == at:
+                del self._leases[rid]
+                self._mark_done(rid, now_ms)
+        for _ in range(REAP_BATCH):
+            if not self._done_heap or self._done_heap[0][0] > now_ms:
+                break
+            at, rid = heapq.heappop(self._done_heap)
+            if self._done.get(rid) == at:
+                del self._done[rid]
+
+    def _mark_done(self, rid: str, now_ms: float) -> None:
+        at = now_ms + DONE_TTL_S * 1000
+        self._done[rid] = at
+        heapq.heappush(self._done_heap, (at, rid))
 
     async def reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None:
         self._reap(now_ms)
@@ -74,6 +91,7 @@ class MemoryLedger:
             self._add(c, c.amount)
         self._row(reservation.day, reservation.row_fields(reservation.estimate, 1))
         self._leases[rid] = reservation.lease_expires_ms
+        heapq.heappush(self._lease_heap, (reservation.lease_expires_ms, rid))
         return None
 
     def _resets_at(self, c: CounterPlan) -> int:
@@ -84,7 +102,7 @@ class MemoryLedger:
         oldest = min((b for b, v in buckets.items() if v > 0), default=c.min_bucket)
         return (oldest + (c.bucket or 0) - c.min_bucket + 1) * c.bucket_ms
 
-    async def settle(self, reservation: Reservation, actual: Usage) -> SettleResult:
+    async def settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> SettleResult:
         rid = reservation.request_id
         if rid in self._done:
             return SettleResult.ALREADY
@@ -98,10 +116,10 @@ class MemoryLedger:
                 actual.cached_tokens - reservation.estimate.cached_tokens,
                 actual.cost_micro_usd - reservation.estimate.cost_micro_usd,
             )
-            self._row(reservation.day, reservation.row_fields(delta, 0))
+            self._row(reservation.day, reservation.row_fields(delta, requests - 1))
         else:
-            self._row(reservation.day, reservation.row_fields(actual, 1))
-        self._done[rid] = time.time() * 1000 + DONE_TTL_S * 1000
+            self._row(reservation.day, reservation.row_fields(actual, requests))
+        self._mark_done(rid, time.time() * 1000)
         return SettleResult.SETTLED if held else SettleResult.ADDED
 
     async def counter_values(self, counters: Sequence[CounterPlan], now_ms: int) -> list[int]:

@@ -9,12 +9,13 @@ window is a new counter (no reset job), and reordering limits in the config move
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
 from cognitora.budgets.config import BudgetsConfig, LimitConfig, Metric, SubjectKind
-from cognitora.budgets.windows import current_window, day_of, window_label
+from cognitora.budgets.windows import WindowCache, window_label
 
 __all__ = ["CounterPlan", "Identity", "Planner", "Reservation", "Usage", "counter_name", "escape", "row_field"]
 
@@ -23,6 +24,7 @@ MICRO = 1_000_000
 ROW_METRICS = ("requests", "input_tokens", "output_tokens", "cached_tokens", "cost_micro_usd", "rejections")
 
 
+@functools.lru_cache(maxsize=4096)
 def escape(name: str) -> str:
     """A subject or model name made safe inside a key or a report field (no separator, no hash-tag brace)."""
     out = name.replace("%", "%25")
@@ -41,6 +43,7 @@ def counter_name(kind: SubjectKind, subject: str, metric: Metric, window_id: str
     return f"{kind.value}:{escape(subject)}:{metric.value}:{window_id}"
 
 
+@functools.lru_cache(maxsize=4096)
 def row_field(kind: str, subject: str, model: str, metric: str) -> str:
     """A field of a day's usage hash: ``team\\talpha\\tsmollm2\\tinput_tokens``."""
     return f"{kind}\t{escape(subject)}\t{escape(model)}\t{metric}"
@@ -143,6 +146,7 @@ class Planner:
     def __init__(self, config: BudgetsConfig) -> None:
         self.config = config
         self.zone = ZoneInfo(config.time_zone)
+        self._windows = WindowCache(self.zone)
 
     def cost_micro(self, model: str, input_tokens: int, output_tokens: int) -> int:
         price = self.config.prices.get(model)
@@ -179,7 +183,7 @@ class Planner:
             model=model,
             estimate=estimate,
             counters=tuple(counters.values()),
-            day=day_of(now, self.zone),
+            day=self._windows.day(now),
             rows=tuple(rows),
             lease_expires_ms=int((now + self.config.reservation_ttl_s) * 1000),
             created_at=now,
@@ -188,7 +192,7 @@ class Planner:
     def _counters(
         self, kind: SubjectKind, subject: str, path: str, limit: LimitConfig, estimate: Usage, now: float
     ) -> list[CounterPlan]:
-        span = current_window(limit, now, self.zone)
+        span = self._windows.span(limit, now)
         out = []
         for metric, cap in limit.caps():
             out.append(

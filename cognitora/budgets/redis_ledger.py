@@ -85,8 +85,27 @@ class RedisLedger:
             "socket_connect_timeout": timeout_s,
             "retry": Retry(NoBackoff(), 1),
         }
-        client = RedisCluster.from_url(url, **options) if cluster else aioredis.Redis.from_url(url, **options)
+        if cluster:
+            client = RedisCluster.from_url(url, **options)
+        else:
+            # A full pool waits for a connection (the default pool raises); the semaphore keeps it from filling.
+            pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONCURRENT_CALLS + 8, **options)
+            client = aioredis.Redis(connection_pool=pool)
         return cls(client, prefix, history_days, owns_client=True)
+
+    @classmethod
+    def beside(cls, client: aioredis.Redis | RedisCluster, prefix: str, history_days: int) -> RedisLedger:
+        """A ledger on the same server as ``client`` (a store's), with connections of its own (a plain Redis:
+        the same settings in a waiting pool) so budget calls and store calls never starve each other."""
+        if isinstance(client, RedisCluster):
+            return cls(client, prefix, history_days)
+        pool = client.connection_pool
+        own = aioredis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=MAX_CONCURRENT_CALLS + 8,
+            **pool.connection_kwargs,
+        )
+        return cls(aioredis.Redis(connection_pool=own), prefix, history_days, owns_client=True)
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def counter_key(self, name: str) -> str:
@@ -163,7 +182,7 @@ class RedisLedger:
             return Refusal(counter, int(result[2]), int(result[3]))
         return None
 
-    async def settle(self, reservation: Reservation, actual: Usage) -> SettleResult:
+    async def settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> SettleResult:
         r = reservation
         keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
         keys += [self.counter_key(c.name) for c in r.counters]
@@ -171,7 +190,7 @@ class RedisLedger:
         for c in r.counters:
             args += ["" if c.bucket is None else c.bucket, c.amount, actual.of(c.metric), c.expire_at_ms]
         reserved = dict(r.row_fields(r.estimate, 1))
-        used = dict(r.row_fields(actual, 1))
+        used = dict(r.row_fields(actual, requests))
         names = sorted(set(reserved) | set(used))
         args.append(len(names))
         for name in names:

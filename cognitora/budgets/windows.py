@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from cognitora.budgets.config import LimitConfig, WindowKind
 
-__all__ = ["ROLLING_BUCKETS", "WindowSpan", "current_window", "day_of", "window_label"]
+__all__ = ["ROLLING_BUCKETS", "WindowCache", "WindowSpan", "current_window", "day_of", "window_label"]
 
 ROLLING_BUCKETS = 60
 
@@ -33,6 +33,8 @@ class WindowSpan:
     min_bucket: int | None = None
     """Rolling only: the oldest bucket still inside the window."""
     bucket_s: float | None = None
+    starts_at: float | None = None
+    """Calendar only: the window's start (with ``resets_at``, the span a cached window is good for)."""
 
 
 def current_window(limit: LimitConfig, now: float, zone: ZoneInfo) -> WindowSpan:
@@ -62,10 +64,11 @@ def current_window(limit: LimitConfig, now: float, zone: ZoneInfo) -> WindowSpan
         ident, end = f"d{start:%Y-%m-%d}", _midnight(next_day, zone)
     else:
         first = local.date().replace(day=1)
+        start = dt.datetime(first.year, first.month, 1, tzinfo=zone)
         following = (first + dt.timedelta(days=32)).replace(day=1)
         ident, end = f"m{first:%Y-%m}", _midnight(following, zone)
     # A day past the end: a settle of a request that started in this window still finds its counter.
-    return WindowSpan(id=ident, resets_at=end, expire_at=end + 86400)
+    return WindowSpan(id=ident, resets_at=end, expire_at=end + 86400, starts_at=start.timestamp())
 
 
 def _midnight(day: dt.date, zone: ZoneInfo) -> float:
@@ -82,3 +85,30 @@ def window_label(limit: LimitConfig, zone: ZoneInfo) -> str:
     if limit.window is WindowKind.ROLLING:
         return f"rolling {limit.rolling_s:g} s"
     return f"{limit.window.value} ({zone.key})"
+
+
+class WindowCache:
+    """``current_window`` for calendar windows, computed once per window (time-zone arithmetic is most of a
+    reservation's planning cost); rolling windows are plain arithmetic and computed each time."""
+
+    def __init__(self, zone: ZoneInfo) -> None:
+        self.zone = zone
+        self._spans: dict[WindowKind, WindowSpan] = {}
+        self._day: tuple[float, float, str] | None = None
+
+    def span(self, limit: LimitConfig, now: float) -> WindowSpan:
+        if limit.window is WindowKind.ROLLING:
+            return current_window(limit, now, self.zone)
+        known = self._spans.get(limit.window)
+        if known is not None and known.starts_at is not None and known.starts_at <= now < known.resets_at:
+            return known
+        span = self._spans[limit.window] = current_window(limit, now, self.zone)
+        return span
+
+    def day(self, now: float) -> str:
+        if self._day is not None and self._day[0] <= now < self._day[1]:
+            return self._day[2]
+        span = current_window(LimitConfig(window=WindowKind.DAY, total_tokens=0), now, self.zone)
+        assert span.starts_at is not None
+        self._day = (span.starts_at, span.resets_at, span.id[1:])
+        return self._day[2]
