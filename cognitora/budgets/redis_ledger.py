@@ -39,7 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cognitora.budgets import redis_scripts
 from cognitora.budgets.ledger import DONE_TTL_S, REAP_BATCH, Refusal, SettleResult
-from cognitora.budgets.plan import CounterPlan, Reservation, Usage
+from cognitora.budgets.plan import CounterPlan, Reservation, Usage, row_field
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = ["RedisLedger", "budget_key_base"]
@@ -155,27 +155,16 @@ class RedisLedger:
             r.lease_expires_ms,
             DONE_TTL_S,
             self._day_expire_ms(r.day),
-            f"{self.base}",
+            self.base,
             REAP_BATCH,
-            len(r.counters),
+            _prefixes(r),
+            _usage(r.estimate),
         ]
-        for c in r.counters:
-            args += [
-                "" if c.bucket is None else c.bucket,
-                c.cap,
-                c.amount,
-                c.expire_at_ms,
-                "" if c.min_bucket is None else c.min_bucket,
-                "" if c.bucket_ms is None else c.bucket_ms,
-                c.resets_at_ms,
-            ]
-        rows = r.row_fields(r.estimate, 1)
-        args.append(len(rows))
-        for name, value in rows:
-            args += [name, value]
-        rejections = [name for name, _ in r.row_fields(Usage(), 0, rejections=1)]
-        args.append(len(rejections))
-        args += rejections
+        args += [
+            f"{_or_dash(c.bucket)} {c.cap} {c.amount} {c.expire_at_ms} {_or_dash(c.min_bucket)} "
+            f"{_or_dash(c.bucket_ms)} {c.resets_at_ms}"
+            for c in r.counters
+        ]
         result = await self._run(self._reserve, keys, args, "reserve a budget")
         if int(result[0]) == 1:
             counter = r.counters[int(result[1]) - 1]
@@ -186,15 +175,16 @@ class RedisLedger:
         r = reservation
         keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
         keys += [self.counter_key(c.name) for c in r.counters]
-        args: list[Any] = [r.request_id, DONE_TTL_S, self._day_expire_ms(r.day), len(r.counters)]
-        for c in r.counters:
-            args += ["" if c.bucket is None else c.bucket, c.amount, actual.of(c.metric), c.expire_at_ms]
-        reserved = dict(r.row_fields(r.estimate, 1))
-        used = dict(r.row_fields(actual, requests))
-        names = sorted(set(reserved) | set(used))
-        args.append(len(names))
-        for name in names:
-            args += [name, reserved.get(name, 0), used.get(name, 0)]
+        args: list[Any] = [
+            r.request_id,
+            DONE_TTL_S,
+            self._day_expire_ms(r.day),
+            _prefixes(r),
+            _usage(r.estimate),
+            _usage(actual),
+            requests,
+        ]
+        args += [f"{_or_dash(c.bucket)} {c.amount} {actual.of(c.metric)} {c.expire_at_ms}" for c in r.counters]
         result = int(await self._run(self._settle, keys, args, "settle a budget"))
         return {1: SettleResult.SETTLED, 2: SettleResult.ADDED}.get(result, SettleResult.ALREADY)
 
@@ -241,3 +231,16 @@ class RedisLedger:
     async def close(self) -> None:
         if self._owns:
             await self._client.aclose()
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _usage(usage: Usage) -> str:
+    return f"{usage.input_tokens} {usage.output_tokens} {usage.cached_tokens} {usage.cost_micro_usd}"
+
+
+def _prefixes(r: Reservation) -> str:
+    """The report rows' field prefixes, one per line (``row_field`` without the metric)."""
+    return "\n".join(row_field(kind, subject, model, "") for kind, subject, model in r.rows)

@@ -3,14 +3,17 @@
 Every key of both scripts is in the budget slot (``{<prefix>.budget}``, see ``redis_ledger``), so each runs whole on
 one Redis Cluster node. Fixed-window counters are STRINGs (INCRBY); rolling ones are HASHes of bucket -> amount.
 
+Few, packed arguments (a counter is one space-separated string, ``-`` for none; the report rows are their field
+prefixes, one per line): redis-py's encoding of each argument is most of a call's client-side CPU.
+
 RESERVE  KEYS: leases, done:<rid>, day:<date>, counters...
-         ARGV: rid, now_ms, lease_expires_ms, done_ttl_s, day_expire_ms, key_prefix, reap_batch, n,
-               n x (bucket or "", cap, amount, expire_ms, min_bucket or "", bucket_ms or "", resets_ms),
-               m, m x (row field, value at estimate), r, r x (rejection row field)
+         ARGV: rid, now_ms, lease_expires_ms, done_ttl_s, day_expire_ms, key base, reap_batch, row prefixes,
+               estimate "in out cached cost", then per counter "bucket cap amount expire_ms min_bucket bucket_ms
+               resets_ms"
          -> {0} admitted, {2} already reserved, {1, i, used, resets_ms} refused by counter i (1-based)
 SETTLE   KEYS: leases, done:<rid>, day:<date>, counters...
-         ARGV: rid, done_ttl_s, day_expire_ms, n, n x (bucket or "", reserved, actual, expire_ms),
-               m, m x (row field, reserved, actual)
+         ARGV: rid, done_ttl_s, day_expire_ms, row prefixes, reserved "in out cached cost", actual "in out cached
+               cost", requests (1 served, 0 given back), then per counter "bucket reserved actual expire_ms"
          -> 1 settled (delta applied), 2 added in full (the store never saw the reservation), 0 already settled
 """
 
@@ -18,28 +21,36 @@ from __future__ import annotations
 
 RESERVE = """
 local rid, now = ARGV[1], tonumber(ARGV[2])
-local done_ttl, day_exp, prefix, batch = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local done_ttl, day_exp, base, batch = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local function words(s)
+  local out = {}
+  for w in string.gmatch(s, '%S+') do out[#out + 1] = w end
+  return out
+end
+local function rows(s)
+  local out = {}
+  for line in string.gmatch(s, '[^\\n]+') do out[#out + 1] = line end
+  return out
+end
 -- reservations whose gateway never settled them: settled at their estimate (already counted), once
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch)
 for _, old in ipairs(expired) do
-  redis.call('SET', prefix .. 'done:' .. old, '1', 'EX', done_ttl)
+  redis.call('SET', base .. 'done:' .. old, '1', 'EX', done_ttl)
   redis.call('ZREM', KEYS[1], old)
 end
 if redis.call('ZSCORE', KEYS[1], rid) or redis.call('EXISTS', KEYS[2]) == 1 then
   return {2}
 end
-local n = tonumber(ARGV[8])
-local base = 8
-local used = {}
-for i = 1, n do
-  local a = base + (i - 1) * 7
-  local key, bucket, cap, amount = KEYS[3 + i], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local value = 0
-  local oldest = nil
-  if bucket == '' then
+local prefixes = rows(ARGV[8])
+local counters = {}
+for i = 10, #ARGV do counters[#counters + 1] = words(ARGV[i]) end
+for i, c in ipairs(counters) do
+  local key, bucket, cap, amount = KEYS[3 + i], c[1], tonumber(c[2]), tonumber(c[3])
+  local value, oldest = 0, nil
+  if bucket == '-' then
     value = tonumber(redis.call('GET', key) or '0')
   else
-    local min_bucket = tonumber(ARGV[a + 5])
+    local min_bucket = tonumber(c[5])
     local flat = redis.call('HGETALL', key)
     for j = 1, #flat, 2 do
       local b, v = tonumber(flat[j]), tonumber(flat[j + 1])
@@ -52,34 +63,32 @@ for i = 1, n do
     end
   end
   if value + amount > cap then
-    local resets = tonumber(ARGV[a + 7])
-    if bucket ~= '' then
-      local min_bucket, bucket_ms = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-      local from = oldest or min_bucket
-      resets = (from + tonumber(bucket) - min_bucket + 1) * bucket_ms
+    local resets = tonumber(c[7])
+    if bucket ~= '-' then
+      local min_bucket, bucket_ms = tonumber(c[5]), tonumber(c[6])
+      resets = ((oldest or min_bucket) + tonumber(bucket) - min_bucket + 1) * bucket_ms
     end
-    local m = tonumber(ARGV[base + n * 7 + 1])
-    local r_at = base + n * 7 + 1 + m * 2 + 1
-    for j = 1, tonumber(ARGV[r_at]) do
-      redis.call('HINCRBY', KEYS[3], ARGV[r_at + j], 1)
-    end
+    for _, p in ipairs(prefixes) do redis.call('HINCRBY', KEYS[3], p .. 'rejections', 1) end
     redis.call('PEXPIREAT', KEYS[3], day_exp)
     return {1, i, value, resets}
   end
 end
-for i = 1, n do
-  local a = base + (i - 1) * 7
-  local key, bucket, amount, expire = KEYS[3 + i], ARGV[a + 1], ARGV[a + 3], ARGV[a + 4]
-  if bucket == '' then
-    redis.call('INCRBY', key, amount)
+for i, c in ipairs(counters) do
+  local key = KEYS[3 + i]
+  if c[1] == '-' then
+    redis.call('INCRBY', key, c[3])
   else
-    redis.call('HINCRBY', key, bucket, amount)
+    redis.call('HINCRBY', key, c[1], c[3])
   end
-  redis.call('PEXPIREAT', key, expire)
+  redis.call('PEXPIREAT', key, c[4])
 end
-local m_at = base + n * 7 + 1
-for j = 1, tonumber(ARGV[m_at]) do
-  redis.call('HINCRBY', KEYS[3], ARGV[m_at + 2 * j - 1], ARGV[m_at + 2 * j])
+local est = words(ARGV[9])
+local names = {'input_tokens', 'output_tokens', 'cached_tokens', 'cost_micro_usd'}
+for _, p in ipairs(prefixes) do
+  redis.call('HINCRBY', KEYS[3], p .. 'requests', 1)
+  for k, name in ipairs(names) do
+    if tonumber(est[k]) ~= 0 then redis.call('HINCRBY', KEYS[3], p .. name, est[k]) end
+  end
 end
 redis.call('PEXPIREAT', KEYS[3], day_exp)
 redis.call('ZADD', KEYS[1], ARGV[3], rid)
@@ -88,31 +97,40 @@ return {0}
 
 SETTLE = """
 local rid, done_ttl, day_exp = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function words(s)
+  local out = {}
+  for w in string.gmatch(s, '%S+') do out[#out + 1] = w end
+  return out
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end
 local held = redis.call('ZREM', KEYS[1], rid) == 1
-local n = tonumber(ARGV[4])
-for i = 1, n do
-  local a = 4 + (i - 1) * 4
-  local key, bucket = KEYS[3 + i], ARGV[a + 1]
-  local delta = tonumber(ARGV[a + 3])
-  if held then delta = delta - tonumber(ARGV[a + 2]) end
+for i = 8, #ARGV do
+  local c = words(ARGV[i])
+  local key, bucket = KEYS[3 + i - 7], c[1]
+  local delta = tonumber(c[3])
+  if held then delta = delta - tonumber(c[2]) end
   if delta ~= 0 then
-    if bucket == '' then
+    if bucket == '-' then
       redis.call('INCRBY', key, delta)
     else
       redis.call('HINCRBY', key, bucket, delta)
     end
-    redis.call('PEXPIREAT', key, ARGV[a + 4])
+    redis.call('PEXPIREAT', key, c[4])
   end
 end
-local m_at = 4 + n * 4 + 1
-for j = 1, tonumber(ARGV[m_at]) do
-  local f = m_at + (j - 1) * 3
-  local delta = tonumber(ARGV[f + 3])
-  if held then delta = delta - tonumber(ARGV[f + 2]) end
-  if delta ~= 0 then redis.call('HINCRBY', KEYS[3], ARGV[f + 1], delta) end
+local reserved, actual = words(ARGV[5]), words(ARGV[6])
+local requests = tonumber(ARGV[7])
+if held then requests = requests - 1 end
+local names = {'input_tokens', 'output_tokens', 'cached_tokens', 'cost_micro_usd'}
+for p in string.gmatch(ARGV[4], '[^\\n]+') do
+  if requests ~= 0 then redis.call('HINCRBY', KEYS[3], p .. 'requests', requests) end
+  for k, name in ipairs(names) do
+    local delta = tonumber(actual[k])
+    if held then delta = delta - tonumber(reserved[k]) end
+    if delta ~= 0 then redis.call('HINCRBY', KEYS[3], p .. name, delta) end
+  end
 end
 redis.call('PEXPIREAT', KEYS[3], day_exp)
 redis.call('SET', KEYS[2], '1', 'EX', done_ttl)
