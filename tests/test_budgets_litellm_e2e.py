@@ -62,9 +62,9 @@ def test_two_teams_one_runs_out_through_litellm(
         env={"PYTHONPATH": str(budgets_e2e.ROOT)},
         cwd=tmp_path,
     )
-    assert export.proc.wait(timeout=60) == 0, export.log_tail()
-    proxy = Proxy(path, tmp_path, salt="budgets")
+    proxy = Proxy(path, tmp_path, salt="budgets")  # (the export runs meanwhile)
     try:
+        assert export.proc.wait(timeout=60) == 0, export.log_tail()
         spoof = {"x-cognitora-team": "beta", "x-cognitora-user": "bob"}
         headers = {
             "alpha": {"Authorization": "Bearer sk-alpha", **spoof},
