@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -115,10 +117,7 @@ class RedisLedger:
         return f"{self.base}day:{day}"
 
     def _day_expire_ms(self, day: str) -> int:
-        import datetime as dt
-
-        start = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp() * 1000
-        return int(start + DAY_MS + self._history_ms)
+        return _day_start_ms(day) + DAY_MS + self._history_ms
 
     # -- calls --------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -244,3 +243,8 @@ def _usage(usage: Usage) -> str:
 def _prefixes(r: Reservation) -> str:
     """The report rows' field prefixes, one per line (``row_field`` without the metric)."""
     return "\n".join(row_field(kind, subject, model, "") for kind, subject, model in r.rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _day_start_ms(day: str) -> int:
+    return int(dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp() * 1000)
