@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from cognitora.decision import Decision
 
 if TYPE_CHECKING:
+    from cognitora.budgets.gate import Hold
     from cognitora.router import Router
 
 __all__ = ["Attempt", "AttemptRecord", "Outcome", "OutcomeKind"]
@@ -136,6 +137,8 @@ class Attempt:
         self._lock = threading.Lock()
         self._first_token_claimed = False
         self._finish_claimed = False
+        self.budget_hold: Hold | None = None
+        """The request's budget reservation (``cognitora.budgets``): settled by the finish, once."""
 
     @property
     def request_id(self) -> str:
@@ -163,8 +166,11 @@ class Attempt:
         """The gateway served this request on ``endpoint`` instead (Envoy retried on a fallback): this attempt ends
         with ``outcome`` (``CONNECT_FAILED`` when the pick could not be reached), and a new one, on ``endpoint``, is
         counted in its place. Call on the router's loop."""
+        hold, self.budget_hold = self.budget_hold, None  # the request goes on: its reservation moves with it
         self.finish(outcome)
-        return self._router._redispatch(self, endpoint)
+        new = self._router._redispatch(self, endpoint)
+        new.budget_hold = hold
+        return new
 
     async def settled(self) -> None:
         """On the router's loop: wait until every store write this attempt made so far has landed (or failed)."""

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cognitora.budgets.config import BudgetsConfig, LimitConfig, ModelPrice, SubjectBudget
 from cognitora.burst.config import BurstConfig, CloudTargetConfig
 from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
 from cognitora.redaction import redact, redact_url, register_secret
@@ -411,6 +412,8 @@ class CognitoraConfig(_Strict):
     """Prefill/decode pairs: the KV link's bandwidth and latency."""
     burst: BurstConfig = Field(default_factory=BurstConfig)
     """Cloud targets for a saturated fleet, and who may burst to them (docs/burst.md). Default: nothing bursts."""
+    budgets: BudgetsConfig | None = None
+    """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
 
     @field_validator("redis_url")
     @classmethod
@@ -654,6 +657,13 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
             urls_by_id.setdefault(e.id, (e.url, f"{where}.url"))
     if config.intent is not None and config.intent.file is None:
         problems += [f"intent.{p}" for p in config.intent.problems(set(config.model_names()))]
+    if config.budgets is not None:
+        for team, entry in config.budgets.teams.items():
+            if entry.priority is not None and entry.priority not in config.placement.priorities:
+                problems.append(
+                    f"budgets.teams.{team}.priority: {entry.priority!r} is not a class of placement.priorities "
+                    f"({', '.join(sorted(config.placement.priorities))})"
+                )
     problems.extend(_burst_problems(config))
     return problems
 
@@ -793,6 +803,10 @@ def reference_markdown() -> str:
         ("disaggregation", DisaggregationConfig),
         ("burst", BurstConfig),
         ("burst.targets[]", CloudTargetConfig),
+        ("budgets", BudgetsConfig),
+        ("budgets.teams.<name> / keys.<name> / users.<name>", SubjectBudget),
+        ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
+        ("budgets.prices.<model>", ModelPrice),
     ]
     out: list[str] = []
     for title, model in sections:

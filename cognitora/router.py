@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
+from cognitora.budgets.gate import BudgetGate, Hold, gate_for
 from cognitora.burst.policy import BurstPolicy
-from cognitora.config import CognitoraConfig, ModelConfig
-from cognitora.decision import Decision
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ModelConfig
+from cognitora.decision import Decision, Rejection
 from cognitora.disagg import place_with_pairs, uses_pairs
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.intent import IntentSource, Rewrite
@@ -216,6 +217,10 @@ class Router:
         self._key_thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._offloaded_chars = 0
         """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
+        self.budgets: BudgetGate | None = gate_for(config, store, clock)
+        """Token budgets (``cognitora.budgets``): reserved in ``admit``, settled at the attempt's finish."""
+        self._reserving: dict[str, asyncio.Future[Hold | Rejection]] = {}
+        """Budget reservations ``place`` started for ``admit`` (by request id), picked up there."""
 
     @classmethod
     def from_config(cls, config: CognitoraConfig, *, keyers: Mapping[str, PromptKeyer] | None = None) -> Router:
@@ -224,13 +229,14 @@ class Router:
         return cls(config, open_store(config.redis_url, config.key_prefix, config.redis_cluster), keyers=keyers)
 
     # -- deciding -------------------------------------------------------------------------------------------
-    async def place(self, req: RouteRequest) -> Decision:
-        """Where ``req`` should go, and why. Reads the store; writes nothing. The model rewrite (``intent``) comes
-        first, once: placement then runs among the chosen model's endpoints."""
+    async def place(self, req: RouteRequest, *, reserve: bool = False) -> Decision:
+        """Where ``req`` should go, and why. Reads the store; writes nothing (``reserve``: ``admit``'s budget
+        reservation is sent alongside the fleet read, once the prompt's token count is known). The model rewrite
+        (``intent``) comes first, once: placement then runs among the chosen model's endpoints."""
         rewrite = req.rewrite if req.rewrite is not None else self.rewrite(req)
         if rewrite is not None and rewrite.model != req.model:
             req = replace(req, model=rewrite.model)
-        decision = await self._place(req)
+        decision = await self._place(req, reserve=reserve)
         return self._record(decision if rewrite is None else replace(decision, rewrite=rewrite))
 
     def rewrite(self, req: RouteRequest) -> Rewrite | None:
@@ -238,7 +244,7 @@ class Router:
         Pure: nothing is counted (``admit`` counts the decision that carries it)."""
         return None if self.intent is None else self.intent.current().decide(req)
 
-    async def _place(self, req: RouteRequest) -> Decision:
+    async def _place(self, req: RouteRequest, *, reserve: bool) -> Decision:
         if req.pinned_endpoint is not None and req.may_pin:
             req = replace(req, candidates=(req.pinned_endpoint,))
         model = self.config.model(req.model)
@@ -257,6 +263,11 @@ class Router:
             return reject(req, 400, f"the prompt is not valid Unicode: {exc}")
         except RecursionError:
             return reject(req, 400, "the prompt is nested too deeply to read")
+        if reserve and self.budgets is not None:
+            # One round trip's wait for both: the reserve runs while the fleet state is read.
+            self._reserving[req.request_id] = asyncio.ensure_future(
+                self.budgets.reserve(req, req.model, prompt.prompt_tokens)
+            )
         state, age, stale = await self._fleet_state(model, prompt)
         if uses_pairs(model):
             decision = place_with_pairs(req, prompt, self.config, state)
@@ -437,19 +448,47 @@ class Router:
         a group means its earlier attempts are over, so those still open are finished as ``ABANDONED`` first."""
         if group is not None:
             self._abandon_group(group, "the gateway started another attempt of this request")
+        gate = self.budgets
+        if gate is not None and request.priority == DEFAULT_PRIORITY:
+            team_class = gate.priority_for(request.team)
+            if team_class is not None:
+                request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
-            decision = await self.place(request)
+            decision = await self.place(request, reserve=gate is not None)
             failed = False
         except Exception as exc:
             decision = self._placement_failed(request, exc)
             failed = True
         else:
             decision = self._burst(request, decision, group)
+        hold = None
+        if gate is not None:
+            pending = self._reserving.pop(request.request_id, None)
+            if decision.endpoint is not None:
+                # Done by now nearly always (it ran beside the fleet read): awaiting it then does not suspend.
+                verdict = await (pending or gate.reserve(request, decision.model, decision.prompt_tokens))
+                if isinstance(verdict, Rejection):
+                    decision = self._refused_by_budget(decision, verdict)
+                else:
+                    hold = verdict
+            elif pending is not None:
+                gate.release_later(pending)  # placement refused it: the reservation is given back
         self.telemetry.decided(request, decision, time.perf_counter() - started, fallback=failed)
         if decision.endpoint is None:
             return decision, None
-        return decision, self.dispatch(decision, group=group)
+        attempt = self.dispatch(decision, group=group)
+        attempt.budget_hold = hold
+        return decision, attempt
+
+    def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:
+        """A placed decision the budget refused: a rejection (placement's pick stays in the explanation)."""
+        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=())
+        if self._recent and self._recent[-1].request_id == placed.request_id:
+            self._recent[-1] = replace(refused, keys=())
+        self.stats.placed -= 1
+        self.stats.rejected += 1
+        return refused
 
     def _burst(self, request: RouteRequest, decision: Decision, group: str | None) -> Decision:
         """The local decision, or the burst decision that replaces it (``cognitora.burst.policy``)."""
@@ -580,6 +619,10 @@ class Router:
         attempt.outcome = outcome
         attempt._cancel_overdue()
         rid, endpoint = attempt.request_id, attempt.endpoint
+        hold, attempt.budget_hold = attempt.budget_hold, None
+        if hold is not None and self.budgets is not None:
+            # Not on the attempt's write chain: that chain's per-write timeout could cut a settle short.
+            self.budgets.settle_later(hold, outcome)
         self._forget(attempt)
         self._release_prefill_leg(attempt)
         if attempt.decision.cloud is not None:
@@ -737,6 +780,8 @@ class Router:
             self._key_thread = None
         if self.intent is not None:
             self.intent.close()
+        if self.budgets is not None:
+            await self.budgets.close()
         await self.store.close()
 
     # -- store access that degrades instead of failing ------------------------------------------------------

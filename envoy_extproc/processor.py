@@ -26,6 +26,7 @@ from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Decision
 from cognitora.request import RouteRequest
 from envoy_extproc import headers, protocol
+from envoy_extproc.identity_metadata import identity_from_metadata
 from envoy_extproc.openai_body import BadRequest, parse_body, rewrite_body
 from envoy_extproc.response import ResponseRead
 from envoy_extproc.settings import ExtprocSettings
@@ -101,6 +102,8 @@ class Exchange:
         self._path = ""
         self._placeable = False
         self._identity: dict[str, str] = {}
+        self._verified: dict[str, str] = {}
+        """Identity from Envoy's dynamic metadata (jwt_authn, ext_authz): read before the headers."""
         self.attempt: PlacedAttempt | None = None
         self.response: ResponseRead | None = None
         self._served_model: str | None = None
@@ -111,6 +114,10 @@ class Exchange:
         """An immediate response was sent: Envoy expects nothing more on this stream."""
 
     # -- phase 1 ----------------------------------------------------------------------------------------------
+    def note_metadata(self, metadata_context: object) -> None:
+        """The dynamic metadata Envoy forwarded with the request headers (``identity_metadata``)."""
+        self._verified = identity_from_metadata(metadata_context)
+
     async def on_request_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         wanted = self._settings.trusted.names
         method = ""
@@ -142,12 +149,12 @@ class Exchange:
             return protocol.openai_error(
                 400, exc.message, error_type="invalid_request_error", param=exc.param, details="cognitora_bad_body"
             )
-        trusted, identity = self._settings.trusted, self._identity
+        trusted, identity, verified = self._settings.trusted, self._identity, self._verified
         request = parsed.route_request(
-            team=identity.get(trusted.team) or None,
-            api_key_id=identity.get(trusted.key) or None,
-            user=identity.get(trusted.user) or None,
-            priority=identity.get(trusted.priority) or DEFAULT_PRIORITY,
+            team=verified.get("team") or identity.get(trusted.team) or None,
+            api_key_id=verified.get("key") or identity.get(trusted.key) or None,
+            user=verified.get("user") or identity.get(trusted.user) or None,
+            priority=verified.get("priority") or identity.get(trusted.priority) or DEFAULT_PRIORITY,
             intent_hint=identity.get(trusted.intent) or None,
         )
         # The core answers every failure of its own (store down: degraded; a placement bug: placement.on_error), so

@@ -52,6 +52,11 @@ class ResponseRead:
                 OutcomeKind.CLIENT_CANCELLED,
                 status=status,
                 prompt_tokens=self.usage.prompt_tokens if self.usage else None,
+                # What reached the client: the usage when it came, else one token per SSE data event (vLLM's
+                # default stream_interval; a role-only first event makes it one more, never fewer).
+                completion_tokens=(
+                    self.usage.completion_tokens if self.usage else self.sse.data_events if self.sse else None
+                ),
                 detail="the response ended before its end of stream (client gone or stream reset)",
             )
         return Outcome(

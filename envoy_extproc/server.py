@@ -91,6 +91,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         kind = message.WhichOneof("request")
         try:
             if kind == "request_headers":
+                exchange.note_metadata(message.metadata_context)
                 return await exchange.on_request_headers(message.request_headers)
             if kind == "request_body":
                 return await exchange.on_request_body(message.request_body)

@@ -285,6 +285,11 @@ class RedisStore:
     def cluster(self) -> bool:
         return isinstance(self._client, RedisCluster)
 
+    @property
+    def client(self) -> Client:
+        """The Redis client (budgets share its connection pool: ``cognitora.budgets.gate``)."""
+        return self._client
+
     @contextlib.contextmanager
     def _unavailable(self, what: str) -> Iterator[None]:
         try:

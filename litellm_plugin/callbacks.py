@@ -155,18 +155,25 @@ class CognitoraCallbacks(CustomLogger):
         attempt = found[1] if found is not None else None
         first = True
         ended = False
+        streamed = 0
         try:
             async for chunk in response:
                 if first and attempt is not None:
                     first = False
                     attempt.first_token()  # never waits: the client's first token does not wait for the core
+                streamed += 1
                 yield chunk
             ended = True
         finally:
             if not ended and attempt is not None:
                 # The client went away (the proxy closed this generator) before the stream's end; LiteLLM may never
-                # log this stream's success, and a later call is ignored by the attempt.
-                attempt.finish(Outcome(OutcomeKind.CLIENT_CANCELLED, detail="the client closed the stream"))
+                # log this stream's success, and a later call is ignored by the attempt. What it streamed is
+                # settled: one token per chunk (vLLM's default stream_interval; never fewer than were sent).
+                attempt.finish(
+                    Outcome(
+                        OutcomeKind.CLIENT_CANCELLED, completion_tokens=streamed, detail="the client closed the stream"
+                    )
+                )
 
     # -- sync twins (Router.completion; LiteLLM also calls these from worker threads) ---------------------------
     def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:

@@ -129,10 +129,13 @@ def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
     from litellm_plugin import metrics
     from litellm_plugin.fleet import build_fleet
+    from litellm_plugin.router_redis import router_redis_url
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
     metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
+    if "redis_url" not in fleet_args and (shared := router_redis_url(router)) is not None:
+        fleet_args["redis_url"] = shared  # LiteLLM's own router_settings Redis: one Redis setting, not two
     fleet = build_fleet(router.model_list or [], fleet_args, litellm_config_dir())
     problem = embedded_mode_problem(fleet.config, proxy_workers())
     if problem is not None:

@@ -127,6 +127,13 @@ def _admin_set(meta: Mapping[str, Any], name: str) -> Any:
 
 def _priority(meta: Mapping[str, Any]) -> str:
     value = _admin_set(meta, PRIORITY_KEY)
+    if not (isinstance(value, str) and value):
+        # LiteLLM's own spelling (its priority reservation reads it the same way: the team's, then the key's).
+        for key in ("user_api_key_team_metadata", "user_api_key_metadata"):
+            admin_set = meta.get(key)
+            if isinstance(admin_set, Mapping) and isinstance(admin_set.get("priority"), str):
+                value = admin_set["priority"]
+                break
     return value if isinstance(value, str) and value else DEFAULT_PRIORITY
 
 
@@ -206,8 +213,10 @@ def route_request(
         **_prompt_fields(messages, input, request_kwargs),
         request_id=new_request_id(),
         team=_first_str(meta, "user_api_key_team_id"),
-        api_key_id=_first_str(meta, "user_api_key_hash", "user_api_key"),
-        user=_first_str(meta, "user_api_key_user_id", "user_api_key_end_user_id"),
+        # The key's admin-set alias names it in budgets when it has one; else its hash (never the key itself).
+        api_key_id=_first_str(meta, "user_api_key_alias", "user_api_key_hash", "user_api_key"),
+        # Only the key's owner: LiteLLM's end-user id is the body's `user` field, which the client chooses.
+        user=_first_str(meta, "user_api_key_user_id"),
         priority=_priority(meta),
         max_tokens=read_max_tokens(request_kwargs),
         stream=bool(request_kwargs.get("stream")),

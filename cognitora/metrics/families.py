@@ -29,6 +29,7 @@ from cognitora.telemetry import Histogram
 from kvstate.store import EndpointSnapshot
 
 if TYPE_CHECKING:
+    from cognitora.budgets.gate import BudgetGate
     from cognitora.collector import Collector
     from cognitora.router import Router
 
@@ -128,6 +129,9 @@ class RouterFamilies(PrometheusCollector):
             errors.add_metric(["extproc"], self.extproc_errors())
         yield errors
         yield _one("cognitora_endpoints_marked_unhealthy", stats.marked_unhealthy)
+        gate = self.router.budgets
+        if gate is not None:
+            yield from budget_families(gate)
         yield from _burst_families(self.router)
 
 
@@ -161,6 +165,20 @@ def _burst_families(router: Router) -> Iterator[Metric]:
     yield requests
     yield tokens
     yield cost
+
+
+def budget_families(gate: BudgetGate) -> Iterator[Metric]:
+    """``cognitora_budget_*``: limits from the config, usage as last read from the store, refusals, backlog."""
+    usage = family("cognitora_budget_usage")
+    for labels, value in sorted(gate.last_usage.items()):
+        usage.add_metric(list(labels), value)
+    yield usage
+    limit = family("cognitora_budget_limit")
+    for labels, value in sorted(gate.limit_gauges().items()):
+        limit.add_metric(list(labels), value)
+    yield limit
+    yield _counters("cognitora_budget_rejections", gate.stats.refused)
+    yield _one("cognitora_budget_backlog", gate.backlog)
 
 
 _SKIPPED = ("unknown_parent", "block_size_mismatch", "inconsistent", "unknown_blocks", "map_overflow")

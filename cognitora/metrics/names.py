@@ -245,6 +245,39 @@ SPECS: tuple[MetricSpec, ...] = (
         R,
         "What they cost (USD) at the target's `input_usd_per_mtok` / `output_usd_per_mtok`.",
     ),
+    # -- budgets (cognitora.budgets) -------------------------------------------------------------------------------
+    _m(
+        "cognitora_budget_usage",
+        G,
+        ("team", "window", "metric"),
+        F,
+        "Tokens (or dollars, metric cost_usd) counted against a configured team's limit in its current window: "
+        "settled usage plus open reservations, as last read from the budget store (every few seconds while requests "
+        "come). Every gateway reads the same store.",
+    ),
+    _m(
+        "cognitora_budget_limit",
+        G,
+        ("team", "window", "metric"),
+        F,
+        "The cap of a configured team's limit (tokens, or dollars for metric cost_usd).",
+    ),
+    _m(
+        "cognitora_budget_rejections",
+        C,
+        ("team", "reason"),
+        R,
+        "Requests refused by a budget. `team`: a configured team, `default` (any other) or `none`; `reason`: the "
+        "metric of the limit (input_tokens, output_tokens, total_tokens, cost_usd) or store_unavailable "
+        "(fail_closed with the store down).",
+    ),
+    _m(
+        "cognitora_budget_backlog",
+        G,
+        (),
+        R,
+        "Settles counted in this process while the budget store was unreachable (fail_open), not written yet.",
+    ),
     # -- KV events ----------------------------------------------------------------------------------------------
     _m("cognitora_kv_event_batches_received", C, E, K, "Live KV-event messages received from the engine."),
     _m("cognitora_kv_event_batches_applied", C, E, K, "Event batches written to the store (live and replayed)."),

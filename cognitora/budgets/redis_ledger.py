@@ -1,0 +1,250 @@
+"""``RedisLedger``: budget counters in Redis or a Redis Cluster.
+
+Key layout (every key in ONE hash slot, tag ``{<prefix>.budget}``, so one script holds all of a request's limits,
+team, key and user alike, on a Cluster too; the cost is that one node serves all budget traffic, a few small
+commands per request):
+
+| key | type | content |
+|---|---|---|
+| ``B:c:<counter name>`` | STRING / HASH | a fixed window's count / a rolling window's bucket -> count |
+| ``B:leases`` | ZSET | open reservations (request id), scored by lease expiry (ms) |
+| ``B:done:<request id>`` | STRING | the request was settled (or its lease expired): TTL ``DONE_TTL_S`` |
+| ``B:day:<YYYY-MM-DD>`` | HASH | report rows (``plan.row_field``) -> value; TTL ``budgets.history_days`` |
+
+``B`` is ``<prefix>:budget:{<prefix>.budget}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from cognitora.budgets import redis_scripts
+from cognitora.budgets.ledger import DONE_TTL_S, REAP_BATCH, Refusal, SettleResult
+from cognitora.budgets.plan import CounterPlan, Reservation, Usage, row_field
+from kvstate.store import StoreRefused, StoreUnavailable
+
+__all__ = ["RedisLedger", "budget_key_base"]
+
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
+DAY_MS = 86_400_000
+MAX_CONCURRENT_CALLS = 48
+"""Budget scripts in flight at once per ledger: redis-py's pools hold 100 connections and raise (not wait) past
+that, and the ledger usually shares the store's pool; the rest wait here for their turn."""
+
+
+def budget_key_base(prefix: str) -> str:
+    return f"{prefix}:budget:{{{prefix}.budget}}:"
+
+
+class _Script:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+class RedisLedger:
+    def __init__(
+        self, client: aioredis.Redis | RedisCluster, prefix: str, history_days: int, *, owns_client: bool = False
+    ) -> None:
+        self._client = client
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        self._owns = owns_client
+        self.base = budget_key_base(prefix)
+        self._history_ms = history_days * DAY_MS
+        self._reserve = _Script(redis_scripts.RESERVE)
+        self._settle = _Script(redis_scripts.SETTLE)
+        self._counters = _Script(redis_scripts.COUNTERS)
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+
+    @classmethod
+    def from_url(
+        cls, url: str, prefix: str, history_days: int, *, cluster: bool = False, timeout_s: float = 1.0
+    ) -> RedisLedger:
+        client: aioredis.Redis | RedisCluster
+        options: dict[str, Any] = {
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+            "retry": Retry(NoBackoff(), 1),
+        }
+        if cluster:
+            client = RedisCluster.from_url(url, **options)
+        else:
+            # A full pool waits for a connection (the default pool raises); the semaphore keeps it from filling.
+            pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONCURRENT_CALLS + 8, **options)
+            client = aioredis.Redis(connection_pool=pool)
+        return cls(client, prefix, history_days, owns_client=True)
+
+    @classmethod
+    def beside(cls, client: aioredis.Redis | RedisCluster, prefix: str, history_days: int) -> RedisLedger:
+        """A ledger on the same server as ``client`` (a store's), with connections of its own (a plain Redis:
+        the same settings in a waiting pool) so budget calls and store calls never starve each other."""
+        if isinstance(client, RedisCluster):
+            return cls(client, prefix, history_days)
+        pool = client.connection_pool
+        own = aioredis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=MAX_CONCURRENT_CALLS + 8,
+            **pool.connection_kwargs,
+        )
+        return cls(aioredis.Redis(connection_pool=own), prefix, history_days, owns_client=True)
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+    def counter_key(self, name: str) -> str:
+        return f"{self.base}c:{name}"
+
+    def _day_key(self, day: str) -> str:
+        return f"{self.base}day:{day}"
+
+    def _day_expire_ms(self, day: str) -> int:
+        return _day_start_ms(day) + DAY_MS + self._history_ms
+
+    # -- calls --------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _unavailable(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except AuthenticationError as exc:
+            raise StoreRefused(f"Redis refused the credentials ({what}: {exc}); fix redis_url") from exc
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"the budget store did not answer ({what}: {type(exc).__name__}: {exc})") from exc
+        except RedisClusterException as exc:
+            if not isinstance(exc.__cause__, _UNAVAILABLE):
+                raise
+            raise StoreUnavailable(f"the budget store's cluster did not answer ({what}: {exc})") from exc
+
+    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any], what: str) -> Any:
+        async with self._slots, contextlib.AsyncExitStack() as stack:
+            stack.enter_context(self._unavailable(what))
+            if self._cluster is not None:
+                await self._cluster.initialize()
+            try:
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._client.script_load(script.source)
+                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None:
+        r = reservation
+        keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
+        keys += [self.counter_key(c.name) for c in r.counters]
+        args: list[Any] = [
+            r.request_id,
+            now_ms,
+            r.lease_expires_ms,
+            DONE_TTL_S,
+            self._day_expire_ms(r.day),
+            self.base,
+            REAP_BATCH,
+            _prefixes(r),
+            _usage(r.estimate),
+        ]
+        args += [
+            f"{_or_dash(c.bucket)} {c.cap} {c.amount} {c.expire_at_ms} {_or_dash(c.min_bucket)} "
+            f"{_or_dash(c.bucket_ms)} {c.resets_at_ms}"
+            for c in r.counters
+        ]
+        result = await self._run(self._reserve, keys, args, "reserve a budget")
+        if int(result[0]) == 1:
+            counter = r.counters[int(result[1]) - 1]
+            return Refusal(counter, int(result[2]), int(result[3]))
+        return None
+
+    async def settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> SettleResult:
+        r = reservation
+        keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
+        keys += [self.counter_key(c.name) for c in r.counters]
+        args: list[Any] = [
+            r.request_id,
+            DONE_TTL_S,
+            self._day_expire_ms(r.day),
+            _prefixes(r),
+            _usage(r.estimate),
+            _usage(actual),
+            requests,
+        ]
+        args += [f"{_or_dash(c.bucket)} {c.amount} {actual.of(c.metric)} {c.expire_at_ms}" for c in r.counters]
+        result = int(await self._run(self._settle, keys, args, "settle a budget"))
+        return {1: SettleResult.SETTLED, 2: SettleResult.ADDED}.get(result, SettleResult.ALREADY)
+
+    async def counter_values(self, counters: Sequence[CounterPlan], now_ms: int) -> list[int]:
+        if not counters:
+            return []
+        keys = [self.counter_key(c.name) for c in counters]
+        args = ["" if c.min_bucket is None else c.min_bucket for c in counters]
+        return [int(v) for v in await self._run(self._counters, keys, args, "read budget counters")]
+
+    async def days(self, days: Sequence[str]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self._unavailable("read budget history"):
+            for day in days:
+                raw = await self._client.hgetall(self._day_key(day))
+                if raw:
+                    out[day] = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        return out
+
+    async def open_reservations(self) -> int:
+        with self._unavailable("count open reservations"):
+            return int(await self._client.zcard(f"{self.base}leases"))
+
+    async def reset(self, counter_prefix: str) -> int:
+        pattern = f"{self.counter_key(counter_prefix)}*"
+        deleted = 0
+        with self._unavailable("reset budget counters"):
+            if self._cluster is not None:
+                node = self._cluster.get_node_from_key(self.counter_key(counter_prefix))
+                found = [k async for k in self._cluster.scan_iter(match=pattern, target_nodes=node)]
+            else:
+                found = [k async for k in self._client.scan_iter(match=pattern)]
+            for key in found:
+                deleted += int(await self._client.delete(key))
+        return deleted
+
+    async def ping(self) -> bool:
+        try:
+            with self._unavailable("ping"):
+                return bool(await self._client.ping())
+        except StoreUnavailable:
+            return False
+
+    async def close(self) -> None:
+        if self._owns:
+            await self._client.aclose()
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _usage(usage: Usage) -> str:
+    return f"{usage.input_tokens} {usage.output_tokens} {usage.cached_tokens} {usage.cost_micro_usd}"
+
+
+def _prefixes(r: Reservation) -> str:
+    """The report rows' field prefixes, one per line (``row_field`` without the metric)."""
+    return "\n".join(row_field(kind, subject, model, "") for kind, subject, model in r.rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _day_start_ms(day: str) -> int:
+    return int(dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp() * 1000)

@@ -1,0 +1,166 @@
+"""What the two gateways' budget end-to-end tests share: the budgets, the traffic (two teams, one runs out mid-run),
+the engines' own token counters, and the report read with the CLI from Redis alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_TOKENS = 20
+ALPHA_LIMIT = 700
+"""Total tokens a day for team alpha: about a dozen of the test's requests (~35 prompt + 20 output tokens each)."""
+BUDGETS: dict[str, Any] = {
+    "teams": {
+        "alpha": {"limits": [{"window": "day", "total_tokens": ALPHA_LIMIT}]},
+        "beta": {
+            "limits": [{"window": "day", "total_tokens": 1_000_000}, {"window": "minute", "total_tokens": 500_000}]
+        },
+    },
+}
+
+
+@dataclass
+class Sent:
+    team: str
+    status: int
+    retry_after: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    body: str = ""
+
+
+@dataclass
+class Traffic:
+    sent: list[Sent] = field(default_factory=list)
+
+    def of(self, team: str, status: int | None = None) -> list[Sent]:
+        return [s for s in self.sent if s.team == team and (status is None or s.status == status)]
+
+
+def body(team: str, i: int, stream: bool, model: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        **(extra or {}),
+        "model": model,
+        "messages": [{"role": "user", "content": f"Team {team}, question {i}: what is a KV cache, in short?"}],
+        "max_tokens": MAX_TOKENS,
+        "stream": stream,
+    }
+    if stream:
+        data["stream_options"] = {"include_usage": True}
+    return data
+
+
+async def send(
+    client: httpx.AsyncClient, url: str, team: str, data: dict[str, Any], headers: Mapping[str, str]
+) -> Sent:
+    if not data["stream"]:
+        r = await client.post(url, json=data, headers=dict(headers))
+        sent = Sent(team, r.status_code, r.headers.get("retry-after"), body=r.text)
+        if r.status_code == 200:
+            usage = r.json()["usage"]
+            sent.prompt_tokens, sent.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        return sent
+    async with client.stream("POST", url, json=data, headers=dict(headers)) as r:
+        sent = Sent(team, r.status_code, r.headers.get("retry-after"))
+        async for line in r.aiter_lines():
+            sent.body += line + "\n"
+            if line.startswith("data: {") and '"usage"' in line:
+                usage = json.loads(line[6:]).get("usage")
+                if usage:
+                    sent.prompt_tokens, sent.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+    return sent
+
+
+async def two_teams(
+    url: str,
+    headers: Mapping[str, Mapping[str, str]],
+    model: str,
+    per_team: int = 20,
+    concurrency: int = 4,
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Traffic:
+    """``per_team`` requests of each team, interleaved, a third of them streamed, ``concurrency`` at a time;
+    ``extra``: more body fields per team (what a client claims about itself)."""
+    jobs = [(team, i, i % 3 == 0) for i in range(per_team) for team in ("alpha", "beta")]
+    traffic = Traffic()
+    queue: asyncio.Queue[tuple[str, int, bool]] = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            team, i, stream = queue.get_nowait()
+            traffic.sent.append(
+                await send(client, url, team, body(team, i, stream, model, (extra or {}).get(team)), headers[team])
+            )
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return traffic
+
+
+def engine_tokens(urls: Sequence[str]) -> tuple[int, int]:
+    """The fleet's own counters: (prompt tokens, generation tokens) summed over its engines' /metrics."""
+    prompt = generated = 0.0
+    for base in urls:
+        for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:prompt_tokens_total"):
+                prompt += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:generation_tokens_total"):
+                generated += float(line.rsplit(" ", 1)[1])
+    return int(prompt), int(generated)
+
+
+def budgets_cli(*args: str, cwd: Path) -> dict[str, Any]:
+    """``cognitora budgets ... --format json``: a separate process that reads Redis only."""
+    argv = [sys.executable, "-m", "cognitora.cli", "budgets", *args, "--format", "json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def team_totals(report: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in report["usage"]:
+        if row["kind"] != "team":
+            continue
+        acc = out.setdefault(row["subject"], {"requests": 0, "input_tokens": 0, "output_tokens": 0, "rejections": 0})
+        for k in acc:
+            acc[k] += row[k]
+    return out
+
+
+def check_two_teams(traffic: Traffic, report: Mapping[str, Any], engines: tuple[int, int]) -> dict[str, Any]:
+    """What a user of either gateway sees: alpha runs out mid-run (429, Retry-After to midnight UTC, the limit
+    named), beta is untouched, and the report agrees with the responses and with the engines' own counters."""
+    alpha_ok, alpha_refused = traffic.of("alpha", 200), traffic.of("alpha", 429)
+    assert alpha_ok and alpha_refused, [(s.status, s.body[:200]) for s in traffic.of("alpha")]
+    assert len(traffic.of("beta", 200)) == len(traffic.of("beta")), [s.body[:300] for s in traffic.of("beta")]
+    refusal = alpha_refused[0]
+    assert "budgets.teams.alpha.limits[0].total_tokens" in refusal.body and "day (UTC)" in refusal.body
+    midnight = (int(time.time()) // 86400 + 1) * 86400
+    assert refusal.retry_after is not None and abs(int(refusal.retry_after) - (midnight - time.time())) <= 120
+    totals = team_totals(report)
+    served = [s for s in traffic.sent if s.status == 200]
+    for team in ("alpha", "beta"):
+        ok = traffic.of(team, 200)
+        assert totals[team]["requests"] == len(ok)
+        assert totals[team]["input_tokens"] == sum(s.prompt_tokens for s in ok)
+        assert totals[team]["output_tokens"] == sum(s.completion_tokens for s in ok)
+    assert totals["alpha"]["rejections"] == len(alpha_refused)
+    assert totals["alpha"]["input_tokens"] + totals["alpha"]["output_tokens"] <= ALPHA_LIMIT
+    assert engines == (sum(s.prompt_tokens for s in served), sum(s.completion_tokens for s in served))
+    [alpha_limit] = [li for li in report["limits"] if li["subject"] == "alpha"]
+    assert alpha_limit["used"] == totals["alpha"]["input_tokens"] + totals["alpha"]["output_tokens"]
+    return {"alpha_admitted": len(alpha_ok), "alpha_refused": len(alpha_refused), "alpha_used": alpha_limit["used"]}

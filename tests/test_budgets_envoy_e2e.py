@@ -1,0 +1,102 @@
+"""Budgets through the real Envoy (examples/envoy.yaml) and ``cognitora extproc`` on Redis, to a simulated fleet.
+Envoy authenticates for real: ``jwt_authn`` with an inline JWKS and test-signed HS256 tokens whose claims name the
+team, the key and the user (the user reaches the service only as dynamic metadata). Two teams, one runs out
+mid-run and gets 429s with the right Retry-After, the other is untouched; a client's own team header is stripped;
+the report, read by ``cognitora budgets report`` from Redis alone, agrees with the engines' own token counters."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import jwt
+import pytest
+import yaml
+
+from cognitora.process import ManagedProcess, free_port
+from cognitora.sim.launch import start_fleet
+from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from tests import budgets_e2e
+
+pytestmark = pytest.mark.e2e
+
+
+def token(secret: bytes, team: str, key: str, user: str) -> str:
+    claims = {"iss": "cognitora-example", "exp": int(time.time()) + 600, "team": team, "sub": key, "user": user}
+    return jwt.encode(claims, secret, algorithm="HS256", headers={"kid": "demo"})
+
+
+def test_two_teams_one_runs_out_through_envoy(
+    tmp_path: Path, redis_server_url: str, key_prefix: str, smollm2_dir: Path
+) -> None:
+    with start_fleet(4, time_scale=10.0, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path) as fleet:
+        config = {
+            "redis_url": redis_server_url,
+            "key_prefix": key_prefix,
+            "models": [
+                {
+                    "name": fleet.model,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "chat_template": str(smollm2_dir / "chat_template.jinja"),
+                    "endpoints": [{"url": url} for url in fleet.urls],
+                }
+            ],
+            "placement": {"store_timeout_s": 2.0},
+            "budgets": budgets_e2e.BUDGETS,
+        }
+        config_path = tmp_path / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        extproc_port, listen, admin = free_port(), free_port(), free_port()
+        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path)]
+        extproc = ManagedProcess(
+            [*argv, "--listen", f"127.0.0.1:{extproc_port}"], tmp_path / "extproc.log", cwd=budgets_e2e.ROOT
+        )
+        envoy = None
+        secret = secrets.token_bytes(32)
+        try:
+            wait_listening(extproc_port, extproc)
+            envoy_config = render_config(
+                listen_port=listen,
+                admin_port=admin,
+                extproc_port=extproc_port,
+                engines=fleet.endpoint_ids,
+                jwt_secret=secret,
+            )
+            envoy = start_envoy(envoy_config, tmp_path / "envoy", admin)
+            url = f"http://127.0.0.1:{listen}/v1/chat/completions"
+            headers = {
+                # alpha also claims to be beta in a header: Envoy strips it before auth, so alpha still runs out
+                "alpha": {
+                    "Authorization": f"Bearer {token(secret, 'alpha', 'alpha-key', 'alice')}",
+                    "x-cognitora-team": "beta",
+                },
+                "beta": {"Authorization": f"Bearer {token(secret, 'beta', 'beta-key', 'bob')}"},
+            }
+            traffic = asyncio.run(budgets_e2e.two_teams(url, headers, model=fleet.model))
+            report = budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
+            figures = budgets_e2e.check_two_teams(traffic, report, budgets_e2e.engine_tokens(fleet.urls))
+            rows = {(r["kind"], r["subject"]) for r in report["usage"]}
+            assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
+
+            # No token, and a header naming the exhausted team: served (no team), not refused as alpha.
+            anonymous = budgets_e2e.body("anyone", 0, False, fleet.model)
+            r = httpx.post(url, json=anonymous, headers={"x-cognitora-team": "alpha"}, timeout=60)
+            assert r.status_code == 200, r.text
+            bad = httpx.post(url, json=anonymous, headers={"Authorization": "Bearer not.a.jwt"}, timeout=60)
+            assert bad.status_code == 401
+            after = budgets_e2e.team_totals(
+                budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
+            )
+            assert after["-"]["requests"] == 1 and after["alpha"] == budgets_e2e.team_totals(report)["alpha"]
+            print("envoy budgets", figures)
+        except BaseException:
+            print(extproc.log_tail(60))
+            raise
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            extproc.stop()

@@ -1,0 +1,86 @@
+"""Budgets through the real LiteLLM proxy (examples/litellm_config.yaml, Redis mode) to a simulated fleet: two
+teams authenticated by the proxy's ``custom_auth``, one runs out mid-run and gets 429s with the right Retry-After,
+the other is untouched; a team named by the client (a header, the body's ``user`` and ``metadata``) is ignored; the
+report, read by ``cognitora budgets report`` from Redis alone, agrees with the engines' own token counters."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cognitora.process import ManagedProcess
+from cognitora.sim.launch import SimFleet, start_fleet
+from tests import budgets_e2e
+from tests.test_litellm_e2e import Proxy, write_config
+
+pytestmark = pytest.mark.e2e
+
+AUTH_MODULE = """
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+KEYS = {"sk-alpha": ("alpha", "alice"), "sk-beta": ("beta", "bob")}
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key in KEYS:
+        team, user = KEYS[key]
+        return UserAPIKeyAuth(api_key=key, team_id=team, user_id=user, key_alias=f"{team}-key")
+    raise HTTPException(status_code=401, detail="unknown key")
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[SimFleet]:
+    with start_fleet(
+        4, time_scale=5, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path_factory.mktemp("sim")
+    ) as f:
+        yield f
+
+
+def test_two_teams_one_runs_out_through_litellm(
+    fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    path = write_config(tmp_path, fleet, smollm2_dir, redis_url=redis_server_url, key_prefix=key_prefix)
+    config = yaml.safe_load(path.read_text())
+    config["router_settings"]["routing_strategy_args"]["budgets"] = budgets_e2e.BUDGETS
+    (tmp_path / "budget_auth.py").write_text(AUTH_MODULE)
+    config["general_settings"]["custom_auth"] = "budget_auth.user_api_key_auth"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cognitora_yaml = tmp_path / "cognitora.yaml"  # what an operator runs the report with: exported from the proxy's
+    export = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
+        tmp_path / "export.log",
+        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
+        cwd=tmp_path,
+    )
+    proxy = Proxy(path, tmp_path, salt="budgets")  # (the export runs meanwhile)
+    try:
+        assert export.proc.wait(timeout=60) == 0, export.log_tail()
+        spoof = {"x-cognitora-team": "beta", "x-cognitora-user": "bob"}
+        headers = {
+            "alpha": {"Authorization": "Bearer sk-alpha", **spoof},
+            "beta": {"Authorization": "Bearer sk-beta"},
+        }
+        claims = {"alpha": {"user": "bob", "metadata": {"user_api_key_team_id": "beta", "team_id": "beta"}}}
+        url = f"{proxy.url}/v1/chat/completions"
+        traffic = asyncio.run(budgets_e2e.two_teams(url, headers, model="chat", extra=claims))
+        report = budgets_e2e.budgets_cli("report", "--config", str(cognitora_yaml), cwd=tmp_path)
+        figures = budgets_e2e.check_two_teams(traffic, report, budgets_e2e.engine_tokens(fleet.urls))
+        # Identity is the key's: its alias and owner, never the client's claims.
+        rows = {(r["kind"], r["subject"]) for r in report["usage"]}
+        assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
+        print("litellm budgets", figures)
+    except BaseException:
+        print(proxy.process.log_tail(80))
+        raise
+    finally:
+        proxy.stop()
