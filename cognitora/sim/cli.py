@@ -11,6 +11,7 @@ import prometheus_client
 
 from cognitora import jsonlog
 from cognitora.sim.engine import EngineConfig
+from cognitora.sim.engine_kinds import KINDS, UnknownEngineKindError, kinds_for_fleet
 from cognitora.sim.fleet import Fleet, serve
 from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
 from cognitora.sim.tokenizer import load_tokenizer
@@ -33,6 +34,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--kv-capacity-tokens",
         default=None,
         help="KV cache size in tokens per engine, or a comma list cycled over engines (default: the profile's)",
+    )
+    p.add_argument(
+        "--engine-kind",
+        default="vllm",
+        help=f"what each engine shows (routes, metric names, events), or a comma list cycled over engines; one of "
+        f"{', '.join(KINDS)}",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
@@ -80,7 +87,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cognitora sim", description="simulated vLLM engines")
+    parser = argparse.ArgumentParser(
+        prog="cognitora sim", description="simulated engines (vLLM, SGLang, llama.cpp, MLX-LM, TensorRT-LLM)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     fleet = sub.add_parser("fleet", help="N engines in one process on ports P..P+N-1")
     fleet.add_argument("--engines", type=int, required=True)
@@ -122,8 +131,9 @@ def main(argv: list[str]) -> int:
             parser.error("--kv-capacity-tokens must hold at least one block")
     try:
         profiles = profiles_for_fleet(args.profile, n)
+        kinds = kinds_for_fleet(args.engine_kind, n)
         tokenizer = load_tokenizer(args.tokenizer)
-    except (UnknownProfileError, FileNotFoundError) as exc:
+    except (UnknownProfileError, UnknownEngineKindError, FileNotFoundError) as exc:
         parser.error(str(exc))
     configs = [
         EngineConfig(
@@ -141,6 +151,7 @@ def main(argv: list[str]) -> int:
             default_max_tokens=args.default_max_tokens,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            engine_kind=kinds[i],
         )
         for i in range(n)
     ]

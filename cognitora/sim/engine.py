@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from cognitora.sim.block_hash import BlockHasher
+from cognitora.sim.engine_kinds import surface
 from cognitora.sim.kv_cache import PrefixCache
 from cognitora.sim.kv_events import KvEventPublisher, topic_for
 from cognitora.sim.metrics import EngineMetrics, observe_many
@@ -77,6 +78,8 @@ class EngineConfig:
     """Overrides the profile's (vLLM ``--max-num-seqs``)."""
     max_num_batched_tokens: int | None = None
     """Overrides the profile's (vLLM ``--max-num-batched-tokens``)."""
+    engine_kind: str = "vllm"
+    """What the engine shows the outside (``cognitora.sim.engine_kinds``): routes, metric names, events."""
 
     @property
     def endpoint_id(self) -> str:
@@ -134,6 +137,8 @@ class SimEngine:
         self._seen_preemptions = 0
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.http_requests: dict[str, int] = {}
+        """HTTP requests received, by path (``/sim/`` excluded), for ``/sim/state``."""
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,7 +147,7 @@ class SimEngine:
 
     def _start_publisher(self) -> None:
         c = self.config
-        if c.events_port is None or c.replay_port is None:
+        if c.events_port is None or c.replay_port is None or not surface(c.engine_kind).publishes_events:
             return
         self.publisher = KvEventPublisher(
             self._zmq_ctx,
@@ -292,6 +297,7 @@ class SimEngine:
             "engine": self.config.index,
             "endpoint_id": self.config.endpoint_id,
             "profile": self.profile.name,
+            "engine_kind": self.config.engine_kind,
             "running": len(s.running),
             "waiting": len(s.waiting),
             "cached_blocks": self.cache.cached_blocks,
@@ -301,6 +307,7 @@ class SimEngine:
             "next_event_seq": self.publisher.next_seq if self.publisher else None,
             "engine_time": self.clock.now(),
             "steps": self.steps,
+            "http_requests": dict(self.http_requests),
             "preemptions": s.preemptions,
             "faults": {"crashed": self.crashed, "hung": self.hung, "slow_factor": self.slow_factor},
         }
