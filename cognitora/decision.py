@@ -39,6 +39,9 @@ class CandidateScore:
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""
+    basis: str = ""
+    """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
+    router-counted load): ``cognitora.placement.estimate_basis``."""
 
 
 @dataclass(frozen=True)
@@ -128,4 +131,7 @@ class Decision:
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"
                 f"{joules:>8}  {note}"
             )
+        if any(c.basis for c in self.candidates):
+            lines.append("based on:")
+            lines += [f"  {c.endpoint}: {c.basis}" for c in self.candidates if c.basis]
         return "\n".join(lines)

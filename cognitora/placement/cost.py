@@ -58,6 +58,7 @@ from dataclasses import replace
 
 from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
+from cognitora.placement.estimate_basis import estimate_basis
 from cognitora.placement.state import FleetState
 from kvstate.store import EndpointSnapshot, InFlight
 
@@ -197,6 +198,7 @@ def score_endpoint(
         request_joules=request_joules,
         predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens, params),
         running=running,
+        basis=estimate_basis(endpoint, snap, params),
     )
 
 
