@@ -3,7 +3,7 @@
 MLX-LM's ``mlx_lm.server`` and a plain OpenAI-compatible server (``engine: openai``) have no ``/metrics`` and no
 KV events (engines.md 4.4). All a router sees of them is its own traffic: when it dispatched a request, when the
 first token came, when the response ended, and the response's ``usage`` (``prompt_tokens_details.cached_tokens``).
-From each finished attempt this learns, per endpoint, with an EWMA:
+From each finished attempt this learns, per endpoint:
 
 - the prefill rate, in the placement model's own terms (docs/placement.md): the router predicted
   ``ttft = (queued + uncached) / rate``, so one attempt measures ``rate = (queued + uncached) / achieved_ttft``,
@@ -15,6 +15,11 @@ From each finished attempt this learns, per endpoint, with an EWMA:
   prefix index, and MLX-LM's prompt cache is a small LRU (10 sequences by default): history outlives it. Placement
   scales the history's match on the endpoint by this ratio.
 
+A rate is the ``RATE_QUANTILE`` quantile of the last ``WINDOW`` samples, not their mean: a TTFT timed at the
+gateway also holds the gateway's own delays (its event loop, connection set-up), which only ever make a sample
+slower than the engine. On a loaded 2-core test machine LiteLLM's timed TTFTs to an MLX engine read ~10x its
+prefill time; the faster samples are the truer ones. Reuse is an EWMA.
+
 ``overlay`` puts the learned rates into the snapshots placement reads (where the scraper learned none: it cannot,
 for these engines), so the cost model needs no special case. Attempts too small to measure (fewer than
 ``min_prefill_tokens`` of work, or no timing) teach nothing.
@@ -22,13 +27,18 @@ for these engines), so the cost model needs no special case. Attempts too small 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvstate.store import EndpointSnapshot, PrefixMatch
 
 ALPHA = 0.3
-"""EWMA weight of a new sample (the scraper's ``RateEstimator`` uses the same)."""
+"""EWMA weight of a new reuse sample (the scraper's ``RateEstimator`` uses the same)."""
+WINDOW = 16
+"""Rate samples kept per endpoint."""
+RATE_QUANTILE = 0.8
+"""Which of the window's samples is the rate (0.8: faster than 80% of them)."""
 MIN_PREFILL_TOKENS = 32
 """An attempt whose prefill work (queued + uncached) is smaller than this is mostly fixed overhead: not a sample."""
 MIN_DECODE_S = 1e-3
@@ -43,10 +53,13 @@ class Learned:
     reuse_ratio: float | None = None
     """Achieved over predicted cached tokens (0..1), smoothed."""
     samples: int = 0
+    prefill_samples: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    decode_samples: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
 
-def _ewma(current: float, sample: float) -> float:
-    return sample if current <= 0 else current + ALPHA * (sample - current)
+def _quantile(samples: deque[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(RATE_QUANTILE * len(ordered)))]
 
 
 class OutcomeRates:
@@ -86,9 +99,11 @@ class OutcomeRates:
         # response): it times prefill and decode together, so it measures neither.
         timed_apart = not decoded or (decode_s is not None and decode_s > MIN_DECODE_S)
         if ttft_s is not None and ttft_s > 0 and work >= MIN_PREFILL_TOKENS and timed_apart:
-            row.prefill_tokens_per_s = _ewma(row.prefill_tokens_per_s, work / ttft_s)
+            row.prefill_samples.append(work / ttft_s)
+            row.prefill_tokens_per_s = _quantile(row.prefill_samples)
         if decoded and decode_s is not None and decode_s > MIN_DECODE_S and completion_tokens is not None:
-            row.decode_tokens_per_s = _ewma(row.decode_tokens_per_s, (completion_tokens - 1) / decode_s)
+            row.decode_samples.append((completion_tokens - 1) / decode_s)
+            row.decode_tokens_per_s = _quantile(row.decode_samples)
         if cached_tokens is not None and predicted_cached_tokens >= 1:
             ratio = min(1.0, cached_tokens / predicted_cached_tokens)
             row.reuse_ratio = ratio if row.reuse_ratio is None else row.reuse_ratio + ALPHA * (ratio - row.reuse_ratio)
