@@ -16,6 +16,12 @@ from cognitora.config import KvTiersConfig, config_from_dict
 from cognitora.placement import FleetState, place
 from cognitora.placement.tier_reload import priced_prefix
 from cognitora.request import RouteRequest
+from cognitora.sim.block_hash import BlockHasher
+from cognitora.sim.kv_cache import BlockRemoved as SimRemoved
+from cognitora.sim.kv_cache import BlockStored as SimStored
+from cognitora.sim.kv_cache import PrefixCache
+from cognitora.sim.kv_events import encode_event
+from cognitora.sim.scheduler import Scheduler, SimRequest
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.vllm import decode_batch
 from kvstate.keys import chain_block_keys, root_key
@@ -129,3 +135,56 @@ async def test_vllm_offload_events_move_blocks_between_tiers_and_remove_them_per
     # host memory evicts one of them: the prefix ends before it
     held = await apply({"type": "BlockRemoved", "block_hashes": [14], "medium": "CPU"})
     assert (held.blocks, held.cpu_blocks) == (3, 1)
+
+
+# -- the simulated vLLM engine's CPU offload tier ------------------------------------------------------------------
+def _run(s: Scheduler, req: SimRequest) -> list[int]:
+    """Run ``req`` to its end; the reload tokens of each step."""
+    s.add(req)
+    reloads, t = [], 0.0
+    while not req.finished:
+        step = s.schedule()
+        reloads.append(step.reload_tokens)
+        t += 1
+        s.commit(step, t)
+    return reloads
+
+
+def _req(tokens: list[int]) -> SimRequest:
+    return SimRequest(rid="r", tokens=list(tokens), prompt_len=len(tokens), max_tokens=1, arrival=0.0)
+
+
+def test_sim_offloads_evicted_blocks_to_cpu_announces_them_and_loads_them_back() -> None:
+    cache = PrefixCache(num_blocks=6, block_size=4, cpu_blocks=8)
+    s = Scheduler(cache, BlockHasher(4), [(900, " x")], max_num_seqs=4, max_num_batched_tokens=64)
+    first = list(range(100, 117))  # 4 full blocks + 1 token
+    _run(s, _req(first))
+    cache.drain()
+    _run(s, _req(list(range(500, 517))))  # another 4 blocks: the GPU (6 blocks) evicts the first prompt's
+    events = cache.drain()
+    offloaded = [e for e in events if isinstance(e, SimStored) and e.medium == "CPU"]
+    assert offloaded and all(e.token_ids == [] for e in offloaded)  # copies of known blocks: no token ids
+    removed_gpu = [h for e in events if isinstance(e, SimRemoved) and e.medium == "GPU" for h in e.block_hashes]
+    assert set(removed_gpu) <= {h for e in offloaded for h in e.block_hashes}  # kept in host memory first
+    again = _req(first)
+    reloads = _run(s, again)
+    assert again.cached_tokens == 16  # all 4 blocks: part from the GPU, the rest loaded back from host memory
+    assert sum(reloads) >= 4  # at least one block came back from host memory, priced as a reload
+    # the loaded blocks are GPU blocks again, announced with their tokens
+    assert any(isinstance(e, SimStored) and e.medium == "GPU" and e.token_ids for e in cache.drain())
+
+
+def test_sim_cpu_tier_evicts_in_lru_order_with_a_cpu_removal() -> None:
+    cache = PrefixCache(num_blocks=4, block_size=4, cpu_blocks=2)
+    s = Scheduler(cache, BlockHasher(4), [(900, " x")], max_num_seqs=4, max_num_batched_tokens=64)
+    for base in (100, 200, 300):
+        _run(s, _req(list(range(base, base + 13))))  # 3 full blocks each
+    events = cache.drain()
+    assert any(isinstance(e, SimRemoved) and e.medium == "CPU" for e in events)
+    assert len(cache.cpu) == 2
+
+
+def test_sim_offload_events_encode_their_medium() -> None:
+    wire = encode_event(SimStored([7], None, [], 16, "CPU"), legacy=False)
+    assert (wire["medium"], wire["token_ids"]) == ("CPU", [])
+    assert encode_event(SimRemoved([7], "CPU"), legacy=True) == ["BlockRemoved", [7], "CPU"]

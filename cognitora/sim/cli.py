@@ -43,6 +43,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
+        "--cpu-offload-tokens",
+        type=int,
+        default=0,
+        help="vLLM engines: a CPU offload tier of this many tokens (its events carry medium CPU); default none",
+    )
+    p.add_argument("--cpu-offload-gb-per-s", type=float, default=25.0, help="reload bandwidth of that tier (GB/s)")
+    p.add_argument(
         "--tokenizer",
         type=Path,
         default=None,
@@ -114,6 +121,8 @@ def main(argv: list[str]) -> int:
         parser.error("--time-scale must be positive")
     if args.block_size < 1:
         parser.error("--block-size must be at least 1")
+    if args.cpu_offload_tokens < 0 or args.cpu_offload_gb_per_s <= 0:
+        parser.error("--cpu-offload-tokens must be 0 or more and --cpu-offload-gb-per-s positive")
     if args.stream_chunk_tokens < 1:
         parser.error("--stream-chunk-tokens must be at least 1")
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
@@ -152,6 +161,8 @@ def main(argv: list[str]) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             engine_kind=kinds[i],
+            cpu_offload_tokens=args.cpu_offload_tokens if kinds[i] == "vllm" else 0,
+            cpu_offload_gb_per_s=args.cpu_offload_gb_per_s,
         )
         for i in range(n)
     ]

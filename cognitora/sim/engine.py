@@ -78,6 +78,10 @@ class EngineConfig:
     """Overrides the profile's (vLLM ``--max-num-seqs``)."""
     max_num_batched_tokens: int | None = None
     """Overrides the profile's (vLLM ``--max-num-batched-tokens``)."""
+    cpu_offload_tokens: int = 0
+    """Tokens the CPU offload tier holds (vLLM's CPU OffloadingConnector); 0: no tier."""
+    cpu_offload_gb_per_s: float = 25.0
+    """Host-to-GPU bandwidth of a reload from that tier (GB/s, engine time)."""
     engine_kind: str = "vllm"
     """What the engine shows the outside (``cognitora.sim.engine_kinds``): routes, metric names, events."""
 
@@ -112,7 +116,7 @@ class SimEngine:
         self.tokenizer = tokenizer
         self.clock = clock
         self._zmq_ctx = zmq_ctx
-        self.cache = PrefixCache(config.num_blocks, config.block_size)
+        self.cache = PrefixCache(config.num_blocks, config.block_size, config.cpu_offload_tokens // config.block_size)
         self.scheduler = Scheduler(
             self.cache,
             BlockHasher(config.block_size),
@@ -301,6 +305,7 @@ class SimEngine:
             "running": len(s.running),
             "waiting": len(s.waiting),
             "cached_blocks": self.cache.cached_blocks,
+            "cpu_cached_blocks": len(self.cache.cpu),
             "used_blocks": self.cache.used_blocks,
             "num_blocks": self.cache.num_blocks,
             "kv_cache_usage": self.cache.usage(),
@@ -408,6 +413,8 @@ class SimEngine:
         b = len(step.work)
         ends: list[float] = []
         t = start
+        # loading blocks back from host memory happens before the step computes (the first of a decode run)
+        t += step.reload_tokens * p.kv_bytes_per_token / (self.config.cpu_offload_gb_per_s * 1e9)
         for i in range(k):
             ctx = step.decode_context_tokens + i * b
             t += p.step_time(step.batched_tokens, step.prefill_attention_pairs, ctx) * slow
