@@ -5,13 +5,16 @@ simulated engine showing only what that engine shows (``cognitora sim --engine-k
 What a user sees, through the real LiteLLM proxy (embedded mode) and through the real Envoy (Redis mode, with
 ``cognitora collector`` beside the ext-proc service):
 
-- long prompts (a ~2,500-token system prompt, arriving together) are all prefilled on the fast engines;
-- short conversations arriving meanwhile go to the Macs and the llama.cpp box: they get a share of the traffic;
-- follow-up questions of every conversation stay on the engine that holds its prefix, whatever its kind, and come
-  back with ``cached_tokens`` (from KV events on vLLM, from the router's routing history on the others);
-- nothing asks the MLX engines for metrics (their request log shows no ``/metrics`` at all), the llama.cpp box is
-  read on its own ``/metrics`` page;
-- ``cognitora explain`` says what each candidate's estimates rest on.
+- long prompts are prefilled on the fast engines: every long conversation (~2,400 tokens) started on idle H100s,
+  and at least 90% of the long prompts sent to keep the H100s queued;
+- short conversations started while the H100s are queued go to the slower engines: the Macs get a share;
+- follow-ups of long conversations stay on their H100; follow-ups that return to the engine holding a
+  conversation, whatever its kind, come back with ``cached_tokens`` (KV events on vLLM, the router's routing
+  history on the others); through Envoy, at least 75% of a slower engine's conversations' follow-ups stay on it
+  while the H100s are queued (not asserted through LiteLLM: see the test);
+- nothing asks the MLX engines for metrics (their request log shows no ``/metrics`` at all); vLLM and the
+  llama.cpp box are read on their own pages;
+- ``cognitora explain`` says what each candidate's estimates rest on (Envoy test: Redis mode, its store).
 
 Time scale 1 (engine time is wall time): the router learns MLX rates from the TTFTs it times itself, in wall
 seconds, while the scraper learns the others' from engine-time histograms; the two agree only unscaled.
@@ -200,9 +203,13 @@ def check(
     every = load + firsts + [a for answers in rest.values() for a in answers]
     failed = [a for a in every if a.status != 200]
     assert not failed, f"{len(failed)} requests failed, e.g. {failed[0]}"
-    long_firsts = load + [a for a, c in zip(firsts, convs, strict=True) if c.long]
+    # The long conversations start once the load has stopped: every one on an H100. The load itself saturates
+    # them on purpose; a slower engine may then rightly take one (its queue is shorter than the H100s' backlog).
+    long_firsts = [a for a, c in zip(firsts, convs, strict=True) if c.long]
     long_kinds = Counter(kind_of(fleet, a.engine) for a in long_firsts)
     assert long_kinds == {"vllm": len(long_firsts)}, f"long prompts must be prefilled on the H100s: {long_kinds}"
+    load_kinds = Counter(kind_of(fleet, a.engine) for a in load)
+    assert load_kinds["vllm"] >= 0.9 * len(load), f"long prompts under load went to {load_kinds}"
     served = Counter(kind_of(fleet, a.engine) for a in every)
     assert served["mlx"] > 0, f"the Macs got no share: {served}"
     assert served["vllm"] > served["mlx"], f"the H100s should carry most of the traffic: {served}"
@@ -223,7 +230,7 @@ def check(
         assert all(a.cached_tokens > 0.5 * first.prompt_tokens for a in back), (
             f"{c.group} on {kind}: cached {[a.cached_tokens for a in back]} of {first.prompt_tokens}"
         )
-    assert {"vllm", "mlx"} <= set(stays), f"no conversation started on an MLX engine: {served}"
+    assert "vllm" in stays and set(stays) - {"vllm"}, f"no conversation started on a slower engine: {served}"
     if not slow_affinity:
         return
     for kind, stayed in stays.items():
