@@ -69,8 +69,8 @@ class Load:
 
 ENVOY_LOAD = Load(workers=12, words=800)
 """~4,800-token prompts: 12 in flight queue ~1 s on each H100, well past a Mac's 0.4 s for a short prompt."""
-LITELLM_LOAD = Load(workers=16, words=3000)
-"""A LiteLLM proxy on this shared machine passes a few requests a second: its load prompts are longer (~18,000
+LITELLM_LOAD = Load(workers=12, words=2400)
+"""A LiteLLM proxy on this shared machine passes a few requests a second: its load prompts are longer (~14,000
 tokens), or the H100s, 28 times faster than the Macs at prefill, would never queue."""
 WORDS = ["cache", "prefix", "engine", "token", "route", "fleet", "batch", "prompt", "model", "shard", "queue"]
 
