@@ -165,7 +165,7 @@ def _scrape(url: str) -> dict[str, float]:
     """Counters and gauges of one engine's /metrics, summed over label sets; energy in joules. An engine of another
     kind (``--engine-kind``: no vLLM page) is read from the simulator's own ``/sim/state`` counters instead."""
     resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5)
-    if resp.status_code != 200 or "vllm:request_success" not in resp.text:
+    if resp.status_code != 200 or "vllm:num_requests_running" not in resp.text:
         return dict(httpx.get(f"{url.rstrip('/')}/sim/state", timeout=5).json()["counters"])
     text = resp.text
     out: dict[str, float] = {}
