@@ -81,6 +81,13 @@ class FleetSpec:
     tokenizer: str
     """``builtin`` or a tokenizer.json path (Cognitora's config then names the same file)."""
     block_size: int = 16
+    engine_kind: str = "vllm"
+    """``cognitora sim --engine-kind``: what each engine shows (a comma list cycles over the engines)."""
+
+    @property
+    def engine_kinds(self) -> list[str]:
+        kinds = [k.strip() for k in self.engine_kind.split(",") if k.strip()]
+        return [kinds[i % len(kinds)] for i in range(self.engines)]
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -109,6 +116,7 @@ class BenchFleet:
             "--block-size", str(spec.block_size),
             "--time-scale", f"{spec.time_scale:g}",
             "--stream-chunk-tokens", str(spec.stream_chunk_tokens),
+            "--engine-kind", spec.engine_kind,
         ]  # fmt: skip
         if spec.tokenizer != "builtin":
             argv += ["--tokenizer", spec.tokenizer]
@@ -119,6 +127,8 @@ class BenchFleet:
         self.events_addresses = [f"tcp://127.0.0.1:{events + 2 * i}" for i in range(spec.engines)]
         self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
         self.tokenizer_path = None if spec.tokenizer == "builtin" else spec.tokenizer
+        self.engine_kinds = spec.engine_kinds
+        """Each engine's kind: Cognitora's config says it (and subscribes to events only where there are some)."""
         try:
             # Our own process must be the one listening (a port taken meanwhile would let another fleet answer):
             # it prints one JSON line per engine, with its URL, once every engine listens.
@@ -152,8 +162,12 @@ _COUNTERS = {
 
 
 def _scrape(url: str) -> dict[str, float]:
-    """Counters and gauges of one engine's /metrics, summed over label sets; energy in joules."""
-    text = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5).text
+    """Counters and gauges of one engine's /metrics, summed over label sets; energy in joules. An engine of another
+    kind (``--engine-kind``: no vLLM page) is read from the simulator's own ``/sim/state`` counters instead."""
+    resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5)
+    if resp.status_code != 200 or "vllm:num_requests_running" not in resp.text:
+        return dict(httpx.get(f"{url.rstrip('/')}/sim/state", timeout=5).json()["counters"])
+    text = resp.text
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -398,6 +412,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor (timestamps / speed)")
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--profile", default="h100x2", help="sim hardware profile (cognitora/sim/profiles.py)")
+    p.add_argument(
+        "--engine-kind",
+        default="vllm",
+        help="sim engine kinds, a comma list cycled over engines (vllm, sglang, llamacpp, mlx, trtllm)",
+    )
     p.add_argument("--kv-tokens-per-engine", type=int, default=300_000, help="used to scale shared-prefix groups")
     p.add_argument("--model", default="sim-qwen3-32b", help="served model name")
     p.add_argument(
@@ -438,7 +457,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     schedule = build_schedule(args)
     time_scale = pick_time_scale(schedule, args.time_scale, args.max_wall_rps)
-    spec = FleetSpec(args.engines, args.profile, args.model, time_scale, args.stream_chunk_tokens, args.tokenizer)
+    spec = FleetSpec(
+        args.engines,
+        args.profile,
+        args.model,
+        time_scale,
+        args.stream_chunk_tokens,
+        args.tokenizer,
+        engine_kind=args.engine_kind,
+    )
     slo = Slo(args.slo_ttft, args.slo_itl)
     names = resolve_targets(args.targets)
     workload = "mooncake" if schedule.workload.startswith("mooncake") else schedule.workload

@@ -450,6 +450,16 @@ def cognitora_model(model: str, fleet: CognitoraFleet, block_size: int = 16) -> 
     return entry
 
 
+def engine_facts(fleet: CognitoraFleet, i: int, events: str, replay: str) -> dict[str, str]:
+    """Engine ``i``'s kind, and its KV-event addresses when that kind publishes events (a mixed fleet's MLX or
+    llama.cpp engines have none)."""
+    kinds = getattr(fleet, "engine_kinds", None)
+    kind = kinds[i] if kinds else "vllm"
+    if kind != "vllm":
+        return {"engine": kind}
+    return {"engine": kind, "kv_events": events, "kv_events_replay": replay}
+
+
 class CognitoraLiteLLMTarget(LiteLLMTarget):
     """LiteLLM proxy with ``routing_strategy: cognitora``, configured as examples/litellm_config.yaml (no Redis)."""
 
@@ -477,10 +487,11 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
                 "num_retries": 2,
             },
         )
-        for dep, events, replay in zip(cfg["model_list"], cf.events_addresses, cf.replay_addresses, strict=True):
-            dep["model_info"].update(
-                {"cognitora_engine": "vllm", "cognitora_kv_events": events, "cognitora_kv_events_replay": replay}
-            )
+        for i, (dep, events, replay) in enumerate(
+            zip(cfg["model_list"], cf.events_addresses, cf.replay_addresses, strict=True)
+        ):
+            facts = engine_facts(cf, i, events, replay)
+            dep["model_info"].update({f"cognitora_{key}": value for key, value in facts.items()})
         cfg["litellm_settings"]["callbacks"] = ["litellm_plugin.callbacks.cognitora"]
         return cfg
 
@@ -506,8 +517,8 @@ class CognitoraEnvoyTarget(Target):
         cf = _cognitora_fleet(fleet)
         model = cognitora_model(self.model, cf)
         model["endpoints"] = [
-            {"url": url, "engine": "vllm", "kv_events": ev, "kv_events_replay": rp}
-            for url, ev, rp in zip(cf.urls, cf.events_addresses, cf.replay_addresses, strict=True)
+            {"url": url, **engine_facts(cf, i, ev, rp)}
+            for i, (url, ev, rp) in enumerate(zip(cf.urls, cf.events_addresses, cf.replay_addresses, strict=True))
         ]
         config_path = self.workdir / "cognitora.yaml"
         doc: dict[str, Any] = {"models": [model], "scrape": {"interval_s": 1.0}}

@@ -45,6 +45,7 @@ __all__ = [
     "DisaggregationConfig",
     "EndpointConfig",
     "EngineKind",
+    "KvTiersConfig",
     "LimitsConfig",
     "ModelConfig",
     "PlacementConfig",
@@ -359,6 +360,20 @@ class LimitsConfig(_Strict):
     than a sixteenth of it is encoded but not kept. 0 turns the cache off."""
 
 
+class KvTiersConfig(_Strict):
+    """What reusing a prefix held off the GPU costs: engines that offload KV to host memory or disk (vLLM's CPU
+    offloading, LMCache) report those blocks with their ``medium``; placement counts them as cached and adds the
+    time to load them back, in seconds (docs/tiers.md)."""
+
+    kv_bytes_per_token: int = Field(default=131_072, gt=0)
+    """KV-cache bytes of one token (all layers, K and V): ``2 x layers x kv_heads x head_dim x dtype bytes``.
+    Default: Llama-3.1-8B in BF16 (2 x 32 x 8 x 128 x 2 bytes = 128 KiB)."""
+    cpu_gb_per_s: float = Field(default=25.0, gt=0)
+    """Host memory to GPU bandwidth (GB/s) a reload achieves; default: about 40% of PCIe 5.0 x16's 64 GB/s."""
+    disk_gb_per_s: float = Field(default=3.0, gt=0)
+    """Disk (or remote store) to GPU bandwidth (GB/s) a reload achieves; default: one NVMe SSD's sequential read."""
+
+
 class ScrapeConfig(_Strict):
     """How the collector polls engines' ``/metrics``."""
 
@@ -414,6 +429,8 @@ class CognitoraConfig(_Strict):
     """Cloud targets for a saturated fleet, and who may burst to them (docs/burst.md). Default: nothing bursts."""
     budgets: BudgetsConfig | None = None
     """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
+    kv_tiers: KvTiersConfig = Field(default_factory=KvTiersConfig)
+    """Reload bandwidths of KV blocks held in CPU memory or on disk, to price their reuse in seconds."""
 
     @field_validator("redis_url")
     @classmethod
@@ -807,6 +824,7 @@ def reference_markdown() -> str:
         ("budgets.teams.<name> / keys.<name> / users.<name>", SubjectBudget),
         ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
         ("budgets.prices.<model>", ModelPrice),
+        ("kv_tiers", KvTiersConfig),
     ]
     out: list[str] = []
     for title, model in sections:

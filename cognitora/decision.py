@@ -43,6 +43,12 @@ class CandidateScore:
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""
+    reload_s: float = 0.0
+    """Seconds to load this prompt's prefix blocks held only in CPU memory or on disk back to the GPU, included in
+    ``predicted_ttft_s`` (``cognitora.placement.tier_reload``)."""
+    basis: str = ""
+    """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
+    router-counted load): ``cognitora.placement.estimate_basis``."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +190,15 @@ class Decision:
         for c in self.candidates:
             joules = "-" if c.joules_per_token is None else f"{c.joules_per_token:.3g}"
             note = c.excluded or (f"at capacity: slot wait {c.slot_wait_s * 1000:.0f} ms" if c.slot_wait_s > 0 else "")
+            if c.reload_s > 0 and not c.excluded:
+                note = f"{note}; " if note else ""
+                note += f"reload from CPU/disk {c.reload_s * 1000:.1f} ms"
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"
                 f"{joules:>8}  {note}"
             )
+        if any(c.basis for c in self.candidates):
+            lines.append("based on:")
+            lines += [f"  {c.endpoint}: {c.basis}" for c in self.candidates if c.basis]
         return "\n".join(lines)

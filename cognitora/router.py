@@ -35,11 +35,13 @@ from cognitora.decision import Decision, Rejection
 from cognitora.disagg import place_with_pairs, uses_pairs
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.intent import IntentSource, Rewrite
+from cognitora.outcome_rates import OutcomeRates
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.telemetry import Telemetry
+from kvstate.engines import ENGINES
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import Prompt, PromptError, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
@@ -187,6 +189,10 @@ class Router:
         """The model-rewrite policy in force (``cognitora.intent``), reloaded when its file changes."""
         self._local = _LocalInflight()
         self._routed = RoutedPrefixes()
+        self._outcome_rates = OutcomeRates(
+            e.id for m in config.models for e in m.endpoints if ENGINES.get(e.engine.value).metrics_path is None
+        )
+        """Rates and cache reuse learned from finished attempts, for engines without metrics (MLX-LM, openai)."""
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
         self._shared_marks: dict[str, HealthMark] = {}
@@ -359,9 +365,9 @@ class Router:
         if view is None:
             degraded = FleetState(
                 now=now,
-                matches=routed,
+                matches=self._outcome_rates.discount(routed),
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
-                snapshots={e: s for e, s in self._snapshots.items() if e in ids},
+                snapshots=self._outcome_rates.overlay({e: s for e, s in self._snapshots.items() if e in ids}, ids, now),
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 degraded=True,
             )
@@ -382,9 +388,9 @@ class Router:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         state = FleetState(
             now=now,
-            matches=merge_matches(view.matches, routed),
+            matches=self._outcome_rates.discount(merge_matches(view.matches, routed)),
             inflight=inflight,
-            snapshots=snapshots,
+            snapshots=self._outcome_rates.overlay(snapshots, ids, now),
             health_marks=_newest_marks(view.health_marks, self._health_marks),
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
@@ -678,6 +684,8 @@ class Router:
             stats.ttft_reports += 1
             stats.predicted_ttft_s += decision.predicted_ttft_s
             stats.achieved_ttft_s += achieved_ttft
+        if outcome.ok and attempt.endpoint in self._outcome_rates:
+            self._learn_rates(attempt, outcome, achieved_ttft)
         runner_up = decision.runner_up
         self._outcomes.append(
             AttemptRecord(
@@ -706,6 +714,21 @@ class Router:
                 outcome.kind.value,
                 f": {outcome.detail}" if outcome.detail else "",
             )
+
+    def _learn_rates(self, attempt: Attempt, outcome: Outcome, ttft_s: float | None) -> None:
+        """An engine without metrics: its rates and cache reuse come from what its attempts achieved."""
+        decision = attempt.decision
+        score = next((c for c in decision.candidates if c.endpoint == attempt.endpoint), None)
+        self._outcome_rates.observe(
+            attempt.endpoint,
+            queued_prefill_tokens=0.0 if score is None else score.queued_prefill_tokens,
+            prompt_tokens=outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens,
+            predicted_cached_tokens=decision.predicted_cached_tokens,
+            cached_tokens=outcome.cached_tokens,
+            ttft_s=ttft_s,
+            completion_tokens=outcome.completion_tokens,
+            e2e_s=time.monotonic() - attempt.dispatched_at,
+        )
 
     def _forget(self, attempt: Attempt) -> None:
         rid = attempt.request_id

@@ -42,6 +42,7 @@ from kvstate.store import (
 
 GPU_MASK = 1
 """Tier bitmask of a block held in GPU memory only: the common case, weighted without a lookup."""
+CPU_MASK = 2
 
 
 def tier_bit(tier: Tier) -> int:
@@ -260,17 +261,19 @@ class MemoryStore:
                 if blocks is not None:
                     wanted |= 1 << blocks.bit
         now = self._clock()
-        lengths, weights = self._walk(index, keys, wanted, now)
+        lengths, weights, off_gpu = self._walk(index, keys, wanted, now)
         out: dict[str, PrefixMatch] = {}
         for eid, n in lengths.items():
             blocks = index.by_id[eid]
-            out[blocks.endpoint] = PrefixMatch(n, weights[eid])
+            cpu, disk = off_gpu.get(eid, (0, 0))
+            out[blocks.endpoint] = PrefixMatch(n, weights[eid], cpu, disk)
         return out
 
     def _walk(
         self, index: _ModelIndex, keys: Sequence[BlockKey], wanted: int, now: float
-    ) -> tuple[dict[int, int], dict[int, float]]:
-        """Per endpoint id: held prefix length and its weight. One lookup and one ``&`` per block."""
+    ) -> tuple[dict[int, int], dict[int, float], dict[int, tuple[int, int]]]:
+        """Per endpoint id: held prefix length, its weight, and its (CPU-only, disk-only) block counts where not
+        zero. One lookup and one ``&`` per block."""
         holders_get = index.holders.get
         spec_get = index.spec_holders.get if index.spec_holders else None
         odd_get = index.odd_tier.get if index.odd_tier else None
@@ -278,6 +281,7 @@ class MemoryStore:
         mask_weight = self._mask_weight
         gpu_weight = mask_weight[GPU_MASK]
         adjust: dict[int, float] = {}  # weight minus ``gpu_weight`` per matched block, summed, where they differ
+        off_gpu: dict[int, list[int]] = {}  # blocks held only off the GPU: [CPU best, disk best]
         lengths: dict[int, int] = {}
         alive = wanted
         for i, key in enumerate(keys):
@@ -300,13 +304,16 @@ class MemoryStore:
                 odd = odd_get(key, 0) & alive & bits
                 if odd:
                     for eid in _bits(odd):
-                        w = mask_weight[by_id[eid].held[key]] - gpu_weight
-                        adjust[eid] = adjust.get(eid, 0.0) + w
+                        mask = by_id[eid].held[key]
+                        adjust[eid] = adjust.get(eid, 0.0) + mask_weight[mask] - gpu_weight
+                        if not mask & GPU_MASK:
+                            row = off_gpu.setdefault(eid, [0, 0])
+                            row[0 if mask & CPU_MASK else 1] += 1
         else:
             for eid in _bits(alive):
                 lengths[eid] = len(keys)
         weights = {eid: n * gpu_weight + adjust.get(eid, 0.0) for eid, n in lengths.items()}
-        return lengths, weights
+        return lengths, weights, {eid: (row[0], row[1]) for eid, row in off_gpu.items() if eid in lengths}
 
     @_exclusive
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:

@@ -50,7 +50,8 @@ end
 
 _MATCH_FN = """
 -- The longest held prefix of ``blob`` (a hex chain) per endpoint: a flat list endpoint, matched blocks, weighted
--- blocks (as a string: Lua replies truncate numbers). ``wanted``: endpoint names to score, or nil for every holder
+-- blocks (as a string: Lua replies truncate numbers), blocks held only in CPU memory, blocks held only on
+-- disk. ``wanted``: endpoint names to score, or nil for every holder
 -- of the first block (``first_key``). ``mw``: weights of nibbles 1..7; ``sw``: weight of a live speculative entry.
 local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, wanted)
   local n = #blob / 16
@@ -68,10 +69,10 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   end
   if #alive == 0 then return {} end
   local names = rcall('HMGET', names_key, unpack(alive))
-  local name, lengths, weighted = {}, {}, {}
+  local name, lengths, weighted, cpu, disk = {}, {}, {}, {}, {}
   local named = {}
   for j, id in ipairs(alive) do
-    if names[j] then name[id] = names[j]; weighted[id] = 0; named[#named + 1] = id end
+    if names[j] then name[id] = names[j]; weighted[id] = 0; cpu[id] = 0; disk[id] = 0; named[#named + 1] = id end
   end
   alive = named
   local now = nil
@@ -79,7 +80,7 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   -- interned, so ``s == prev`` is a pointer compare: such a block repeats the previous step's outcome and is only
   -- counted; the per-endpoint loop runs where the holders change (or a speculative entry needs its expiry checked).
   local prev, simple, run = nil, false, 0
-  local step_weight = {}
+  local step_weight, step_tier = {}, {}
   local count = #alive
   local function flush_run()
     if run > 0 then
@@ -87,6 +88,8 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
         local id = alive[j]
         lengths[id] = lengths[id] + run
         weighted[id] = weighted[id] + step_weight[id] * run
+        local t = step_tier[id]
+        if t == 1 then cpu[id] = cpu[id] + run elseif t == 2 then disk[id] = disk[id] + run end
       end
       run = 0
     end
@@ -112,9 +115,11 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
       for j = 1, count do
         local id = alive[j]
         local v = (sbyte(s, id + 1) or 0) % 16
-        local w = nil
+        local w, t = nil, 0
         if v % 8 > 0 then
           w = mw[v % 8]
+          -- best tier: GPU (bit 1), else CPU (bit 2), else disk
+          if v % 2 == 0 then if v % 4 >= 2 then t = 1 else t = 2 end end
         elseif v >= 8 then
           simple = false
           now = now or now_ms()
@@ -123,7 +128,9 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
         end
         if w then
           step_weight[id] = w
+          step_tier[id] = t
           weighted[id] = weighted[id] + w
+          if t == 1 then cpu[id] = cpu[id] + 1 elseif t == 2 then disk[id] = disk[id] + 1 end
           lengths[id] = i
           kept = kept + 1
           alive[kept] = id
@@ -137,7 +144,10 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   flush_run()
   local out = {}
   for id, len in pairs(lengths) do
-    if len > 0 then out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id]) end
+    if len > 0 then
+      out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id])
+      out[#out + 1] = cpu[id]; out[#out + 1] = disk[id]
+    end
   end
   return out
 end

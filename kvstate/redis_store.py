@@ -197,6 +197,10 @@ def _refused_credentials(url: str, exc: AuthenticationError) -> str:
     return f"Redis refused the user or password in the URL ({exc}); fix it there (or the server's ACL)"
 
 
+MATCH_FIELDS = 5
+"""Values per endpoint in ``redis_scripts.MATCH``'s reply: name, blocks, weighted blocks, CPU-only, disk-only."""
+
+
 class RedisStore:
     """``Store`` on Redis (7.0+) or a Redis Cluster. See the module docstring and ``kvstate.redis_keys``.
 
@@ -442,7 +446,8 @@ class RedisStore:
         with self._unavailable("match_prefix"):
             flat = await self._run(self._match, zkeys, args)
         return {
-            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
+            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2])), int(flat[i + 3]), int(flat[i + 4]))
+            for i in range(0, len(flat), MATCH_FIELDS)
         }
 
     def match_script_call(
@@ -555,7 +560,8 @@ class RedisStore:
         counts, version, rows, marks, beats = replies[-1]
         flat = replies[0] if len(replies) == 2 else []
         matches = {
-            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2]))) for i in range(0, len(flat), 3)
+            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2])), int(flat[i + 3]), int(flat[i + 4]))
+            for i in range(0, len(flat), MATCH_FIELDS)
         }
         inflight = {e: InFlight(counts[3 * j], counts[3 * j + 1], counts[3 * j + 2]) for j, e in enumerate(known)}
         if rows != 0:

@@ -52,10 +52,17 @@ class PrefixMatch:
     ``blocks``: length of the longest consecutive prefix held in any tier (or speculatively).
     ``weighted_blocks``: the same prefix, each block weighted by its best tier (``DEFAULT_TIER_WEIGHTS`` unless the
     store was given others); ``weighted_blocks * tokens_per_block`` is the prefill the endpoint saves.
+    ``cpu_blocks``/``disk_blocks``: how many of those blocks are held off the GPU only, by best tier, so placement
+    can price their reload in seconds (``cognitora.placement.tier_reload``).
     """
 
     blocks: int
     weighted_blocks: float
+    # Not part of equality: a match is "how much is held"; where it is held only changes what reusing it costs.
+    cpu_blocks: int = field(default=0, compare=False)
+    """Blocks of the prefix held confirmed in CPU memory and not on the GPU (a reload from host memory)."""
+    disk_blocks: int = field(default=0, compare=False)
+    """Blocks of the prefix held confirmed only on disk or external storage (the slowest reload)."""
 
 
 @dataclass(frozen=True)

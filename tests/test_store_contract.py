@@ -131,6 +131,18 @@ async def test_tier_weights_best_tier_wins_per_block(store: Store) -> None:
     match = only(await store.match_prefix(M, CHAIN), A)
     assert match.blocks == 6
     assert match.weighted_blocks == pytest.approx(2 * 1.0 + 2 * 0.8 + 2 * 0.5)
+    # what a reload would cost: blocks 2-3 from host memory, 4-5 from disk (blocks 0-1 are on the GPU)
+    assert (match.cpu_blocks, match.disk_blocks) == (2, 2)
+
+
+async def test_off_gpu_counts_cover_the_matched_prefix_only(store: Store) -> None:
+    await store.add_blocks(M, A, CHAIN[:3], Tier.CPU)
+    await store.add_blocks(M, A, CHAIN[4:8], Tier.DISK)  # after the hole at block 3: not part of the match
+    await store.add_blocks(M, B, CHAIN[:5], Tier.GPU)
+    await store.add_blocks(M, B, CHAIN[5:7], Tier.DISK)
+    got = await store.match_prefix(M, CHAIN)
+    assert (got[A].blocks, got[A].cpu_blocks, got[A].disk_blocks) == (3, 3, 0)
+    assert (got[B].blocks, got[B].cpu_blocks, got[B].disk_blocks) == (7, 0, 2)
 
 
 async def test_custom_tier_weights(backend: Backend) -> None:

@@ -70,7 +70,10 @@ def place(
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
-        (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
+        (
+            score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode, config.kv_tiers)
+            for e in filtered.kept
+        ),
         key=by_ranking_cost,
     )
     estimate_unknown_decode(ranked, decode, params)

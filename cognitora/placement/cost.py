@@ -5,7 +5,8 @@
                         + slot_wait(e)
 
 - ``cached_tokens(e)``: the tier-weighted longest held prefix (speculative entries included) x tokens per key,
-  at most the prompt.
+  at most the prompt; with ``kv_tiers``, blocks held only in CPU memory or on disk count whole and their reload
+  time is added to the TTFT instead (``cognitora.placement.tier_reload``).
 - ``queued_prefill_tokens(e)``: prefill tokens the routers dispatched to ``e`` and have not seen a first token for
   (shared across gateway replicas through the store), or, when the engine reports more requests waiting than
   that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router). The max, not the sum:
@@ -56,9 +57,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.config import EndpointConfig, KvTiersConfig, PlacementConfig
 from cognitora.decision import CandidateScore
+from cognitora.placement.estimate_basis import estimate_basis
 from cognitora.placement.state import FleetState
+from cognitora.placement.tier_reload import priced_prefix
 from kvstate.store import EndpointSnapshot, InFlight
 
 
@@ -166,12 +169,13 @@ def score_endpoint(
     state: FleetState,
     params: PlacementConfig,
     decode_tokens: int = 0,
+    tiers: KvTiersConfig | None = None,
 ) -> CandidateScore:
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
     match = state.matches.get(endpoint.id)
 
-    cached = 0.0 if match is None else min(float(prompt_tokens), match.weighted_blocks * tokens_per_key)
+    cached, reload_s = priced_prefix(match, prompt_tokens, tokens_per_key, tiers)
     queued = float(flight.prefill_tokens)
     running = flight.requests
     if snap is not None:
@@ -180,7 +184,7 @@ def score_endpoint(
     rate = prefill_rate(endpoint, snap, params)
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
-    ttft = (queued + prompt_tokens - cached) / rate + decode_penalty + slot_wait
+    ttft = (queued + prompt_tokens - cached) / rate + reload_s + decode_penalty + slot_wait
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id))
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
@@ -197,6 +201,8 @@ def score_endpoint(
         request_joules=request_joules,
         predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens, params),
         running=running,
+        basis=estimate_basis(endpoint, snap, params),
+        reload_s=reload_s,
     )
 
 

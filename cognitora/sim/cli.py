@@ -12,6 +12,7 @@ import prometheus_client
 from cognitora import jsonlog
 from cognitora.sim.disagg import DEFAULT_LINK, ROLES, SIM_KV_BYTES_PER_TOKEN, KvLink
 from cognitora.sim.engine import EngineConfig
+from cognitora.sim.engine_kinds import KINDS, UnknownEngineKindError, kinds_for_fleet
 from cognitora.sim.fleet import Fleet, PdSettings, serve
 from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
 from cognitora.sim.tokenizer import load_tokenizer
@@ -35,7 +36,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KV cache size in tokens per engine, or a comma list cycled over engines (default: the profile's)",
     )
+    p.add_argument(
+        "--engine-kind",
+        default="vllm",
+        help=f"what each engine shows (routes, metric names, events), or a comma list cycled over engines; one of "
+        f"{', '.join(KINDS)}",
+    )
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--cpu-offload-tokens",
+        type=int,
+        default=0,
+        help="vLLM engines: a CPU offload tier of this many tokens (its events carry medium CPU); default none",
+    )
+    p.add_argument("--cpu-offload-gb-per-s", type=float, default=25.0, help="reload bandwidth of that tier (GB/s)")
     p.add_argument(
         "--tokenizer",
         type=Path,
@@ -95,7 +109,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cognitora sim", description="simulated vLLM engines")
+    parser = argparse.ArgumentParser(
+        prog="cognitora sim", description="simulated engines (vLLM, SGLang, llama.cpp, MLX-LM, TensorRT-LLM)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     fleet = sub.add_parser("fleet", help="N engines in one process on ports P..P+N-1")
     fleet.add_argument("--engines", type=int, required=True)
@@ -125,6 +141,8 @@ def main(argv: list[str]) -> int:
         parser.error("--time-scale must be positive")
     if args.block_size < 1:
         parser.error("--block-size must be at least 1")
+    if args.cpu_offload_tokens < 0 or args.cpu_offload_gb_per_s <= 0:
+        parser.error("--cpu-offload-tokens must be 0 or more and --cpu-offload-gb-per-s positive")
     if args.stream_chunk_tokens < 1:
         parser.error("--stream-chunk-tokens must be at least 1")
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
@@ -142,8 +160,9 @@ def main(argv: list[str]) -> int:
             parser.error("--kv-capacity-tokens must hold at least one block")
     try:
         profiles = profiles_for_fleet(args.profile, n)
+        kinds = kinds_for_fleet(args.engine_kind, n)
         tokenizer = load_tokenizer(args.tokenizer)
-    except (UnknownProfileError, FileNotFoundError) as exc:
+    except (UnknownProfileError, UnknownEngineKindError, FileNotFoundError) as exc:
         parser.error(str(exc))
     configs = [
         EngineConfig(
@@ -161,6 +180,9 @@ def main(argv: list[str]) -> int:
             default_max_tokens=args.default_max_tokens,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            engine_kind=kinds[i],
+            cpu_offload_tokens=args.cpu_offload_tokens if kinds[i] == "vllm" else 0,
+            cpu_offload_gb_per_s=args.cpu_offload_gb_per_s,
         )
         for i in range(n)
     ]

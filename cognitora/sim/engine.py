@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from cognitora.sim.block_hash import BlockHasher
+from cognitora.sim.engine_kinds import surface
 from cognitora.sim.kv_cache import PrefixCache
 from cognitora.sim.kv_events import KvEventPublisher, topic_for
 from cognitora.sim.metrics import EngineMetrics, observe_many
@@ -77,6 +78,12 @@ class EngineConfig:
     """Overrides the profile's (vLLM ``--max-num-seqs``)."""
     max_num_batched_tokens: int | None = None
     """Overrides the profile's (vLLM ``--max-num-batched-tokens``)."""
+    cpu_offload_tokens: int = 0
+    """Tokens the CPU offload tier holds (vLLM's CPU OffloadingConnector); 0: no tier."""
+    cpu_offload_gb_per_s: float = 25.0
+    """Host-to-GPU bandwidth of a reload from that tier (GB/s, engine time)."""
+    engine_kind: str = "vllm"
+    """What the engine shows the outside (``cognitora.sim.engine_kinds``): routes, metric names, events."""
 
     @property
     def endpoint_id(self) -> str:
@@ -109,7 +116,7 @@ class SimEngine:
         self.tokenizer = tokenizer
         self.clock = clock
         self._zmq_ctx = zmq_ctx
-        self.cache = PrefixCache(config.num_blocks, config.block_size)
+        self.cache = PrefixCache(config.num_blocks, config.block_size, config.cpu_offload_tokens // config.block_size)
         self.scheduler = Scheduler(
             self.cache,
             BlockHasher(config.block_size),
@@ -134,6 +141,8 @@ class SimEngine:
         self._seen_preemptions = 0
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.http_requests: dict[str, int] = {}
+        """HTTP requests received, by path (``/sim/`` excluded), for ``/sim/state``."""
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,7 +151,7 @@ class SimEngine:
 
     def _start_publisher(self) -> None:
         c = self.config
-        if c.events_port is None or c.replay_port is None:
+        if c.events_port is None or c.replay_port is None or not surface(c.engine_kind).publishes_events:
             return
         self.publisher = KvEventPublisher(
             self._zmq_ctx,
@@ -292,17 +301,37 @@ class SimEngine:
             "engine": self.config.index,
             "endpoint_id": self.config.endpoint_id,
             "profile": self.profile.name,
+            "engine_kind": self.config.engine_kind,
             "running": len(s.running),
             "waiting": len(s.waiting),
             "cached_blocks": self.cache.cached_blocks,
+            "cpu_cached_blocks": len(self.cache.cpu),
             "used_blocks": self.cache.used_blocks,
             "num_blocks": self.cache.num_blocks,
             "kv_cache_usage": self.cache.usage(),
             "next_event_seq": self.publisher.next_seq if self.publisher else None,
             "engine_time": self.clock.now(),
             "steps": self.steps,
+            "http_requests": dict(self.http_requests),
+            "counters": self._counters(),
             "preemptions": s.preemptions,
             "faults": {"crashed": self.crashed, "hung": self.hung, "slow_factor": self.slow_factor},
+        }
+
+    def _counters(self) -> dict[str, float]:
+        """What the benchmark harness reads of every engine whatever its kind shows (bench.run_all)."""
+        registry = self.metrics.registry
+        labels = {"model_name": self.config.model, "engine": "0"}
+
+        def value(name: str, extra: dict[str, str] | None = None) -> float:
+            return registry.get_sample_value(name, {**labels, **(extra or {})}) or 0.0
+
+        return {
+            "requests": value("vllm:request_success_total", {"finished_reason": "length"}),
+            "prompt_tokens": value("vllm:prefix_cache_queries_total"),
+            "cached_tokens": value("vllm:prefix_cache_hits_total"),
+            "generation_tokens": value("vllm:generation_tokens_total"),
+            "energy_j": self.meter.energy_joules(self.clock.now()),
         }
 
     # ---- the step loop --------------------------------------------------------------------------------------
@@ -401,6 +430,8 @@ class SimEngine:
         b = len(step.work)
         ends: list[float] = []
         t = start
+        # loading blocks back from host memory happens before the step computes (the first of a decode run)
+        t += step.reload_tokens * p.kv_bytes_per_token / (self.config.cpu_offload_gb_per_s * 1e9)
         for i in range(k):
             ctx = step.decode_context_tokens + i * b
             t += p.step_time(step.batched_tokens, step.prefill_attention_pairs, ctx) * slow

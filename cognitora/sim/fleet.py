@@ -97,6 +97,8 @@ class Fleet:
         lines = []
         for m in self.members:
             c = m.engine.config
+            # Only the kinds that publish KV events have an events address (llama.cpp, MLX, TRT-LLM have none here).
+            has_events = c.events_port is not None and m.engine.publisher is not None
             lines.append(
                 {
                     "engine": c.index,
@@ -105,8 +107,9 @@ class Fleet:
                     "model": c.model,
                     "profile": c.profile.name,
                     "role": m.server.pd.role,
-                    "events": f"tcp://{c.host}:{c.events_port}" if c.events_port is not None else None,
-                    "replay": f"tcp://{c.host}:{c.replay_port}" if c.replay_port is not None else None,
+                    "engine_kind": c.engine_kind,
+                    "events": f"tcp://{c.host}:{c.events_port}" if has_events else None,
+                    "replay": f"tcp://{c.host}:{c.replay_port}" if has_events and c.replay_port is not None else None,
                     "topic": c.topic,
                     "block_size": c.block_size,
                     "num_gpu_blocks": c.num_blocks,

@@ -7,6 +7,10 @@
   first, so the end of a sequence is evicted before its shared prefix (as vLLM's free queue does).
 - Allocation takes never-used free blocks first, then evicts (``BlockRemoved``).
 - ``reset()`` drops every hash (``AllBlocksCleared``); blocks still in use stay allocated, unhashed.
+- A CPU offload tier (``cpu_blocks`` > 0, like vLLM's CPU OffloadingConnector): a block evicted from the GPU is
+  kept in host memory (``BlockStored`` with ``medium="CPU"`` and no token ids, then ``BlockRemoved`` ``GPU``), in
+  LRU order, evicted from there in turn (``BlockRemoved`` ``CPU``). ``cpu_prefix`` says how many blocks after a GPU
+  hit a request can load back instead of recomputing.
 
 The cache records events in ``pending``; the engine drains them once per step and publishes them as one batch.
 """
@@ -16,6 +20,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+"""vLLM's ``medium`` of its prefix cache and of its CPU offloading tier."""
+
 
 @dataclass(frozen=True)
 class BlockStored:
@@ -23,11 +31,14 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    medium: str = MEDIUM_GPU
+    """``CPU``: a copy in host memory, announced without token ids (engines.md 1.3, "KV offloading")."""
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     block_hashes: list[int]
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class OutOfBlocks(Exception):
 
 
 class PrefixCache:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, cpu_blocks: int = 0) -> None:
         if num_blocks <= 0:
             raise ValueError(f"KV capacity must be at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -64,6 +75,9 @@ class PrefixCache:
         """Cached hashes nobody references, least recently freed first."""
         self.unhashed_in_use = 0
         self.pending: list[CacheEvent] = []
+        self.cpu_blocks = cpu_blocks
+        self.cpu: OrderedDict[int, None] = OrderedDict()
+        """Hashes held in host memory, least recently offloaded or loaded first."""
 
     # ---- capacity -------------------------------------------------------------------------------------------
     @property
@@ -92,6 +106,16 @@ class PrefixCache:
             n += 1
         return n
 
+    def cpu_prefix(self, hashes: list[int]) -> int:
+        """How many leading blocks of ``hashes`` host memory holds (refreshing them: a load is a use)."""
+        n = 0
+        for h in hashes:
+            if h not in self.cpu:
+                break
+            self.cpu.move_to_end(h)
+            n += 1
+        return n
+
     def touch(self, table: BlockTable, hashes: list[int]) -> None:
         """Reference cached blocks (a prefix hit) for ``table``."""
         for h in hashes:
@@ -115,6 +139,7 @@ class PrefixCache:
                 h, _ = self.evictable.popitem(last=False)
                 del self.refs[h]
                 evicted.append(h)
+            self._offload(evicted)
             self.pending.append(BlockRemoved(evicted))
         self.unhashed_in_use += count
         table.held.extend([None] * count)
@@ -151,6 +176,23 @@ class PrefixCache:
             table.held[i] = h
         self._flush(run, run_tokens, run_parent)
 
+    def _offload(self, evicted: list[int]) -> None:
+        """Copy blocks leaving the GPU to host memory first (the connector stores them before the GPU frees them)."""
+        if self.cpu_blocks <= 0:
+            return
+        new = [h for h in evicted if h not in self.cpu]
+        for h in evicted:
+            self.cpu[h] = None
+            self.cpu.move_to_end(h)
+        if new:
+            self.pending.append(BlockStored(new, None, [], self.block_size, MEDIUM_CPU))
+        dropped = []
+        while len(self.cpu) > self.cpu_blocks:
+            h, _ = self.cpu.popitem(last=False)
+            dropped.append(h)
+        if dropped:
+            self.pending.append(BlockRemoved(dropped, MEDIUM_CPU))
+
     def _flush(self, run: list[int], tokens: list[int], parent: int | None) -> None:
         if run:
             self.pending.append(BlockStored(list(run), parent, list(tokens), self.block_size))
@@ -175,6 +217,7 @@ class PrefixCache:
         """Forget every hash (vLLM ``reset_prefix_cache``); blocks in use stay allocated but unhashed."""
         self.refs.clear()
         self.evictable.clear()
+        self.cpu.clear()
         in_use = 0
         for t in tables:
             t.held = [None] * len(t.held)

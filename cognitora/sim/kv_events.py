@@ -53,7 +53,7 @@ def encode_event(event: CacheEvent, legacy: bool) -> Any:
                 event.token_ids,
                 event.block_size,
                 None,
-                MEDIUM_GPU,
+                event.medium,
                 None,
             ]
         return {
@@ -63,7 +63,7 @@ def encode_event(event: CacheEvent, legacy: bool) -> Any:
             "token_ids": event.token_ids,
             "block_size": event.block_size,
             "lora_id": None,
-            "medium": MEDIUM_GPU,
+            "medium": event.medium,
             "lora_name": None,
             # as captured from vLLM v0.26.0 (kthena#1535): one extra_keys entry per block, group 0, full attention
             "extra_keys": [None] * len(event.block_hashes),
@@ -72,8 +72,8 @@ def encode_event(event: CacheEvent, legacy: bool) -> Any:
         }
     if isinstance(event, BlockRemoved):
         if legacy:
-            return ["BlockRemoved", event.block_hashes, MEDIUM_GPU]
-        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": MEDIUM_GPU}
+            return ["BlockRemoved", event.block_hashes, event.medium]
+        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
     if isinstance(event, AllBlocksCleared):
         return ["AllBlocksCleared"] if legacy else {"type": "AllBlocksCleared"}
     raise TypeError(f"not a cache event: {event!r}")

@@ -56,6 +56,9 @@ class HardwareProfile:
     """Per accelerator."""
     memory_bound_power_floor: float = 0.55
     """Share of (peak - idle) drawn by a purely memory-bound step."""
+    kv_bytes_per_token: int = 131_072
+    """KV bytes of one token, all layers (Llama-3.1-8B BF16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes): what a
+    reload from the CPU offload tier moves."""
 
     def step_time(self, batched_tokens: int, prefill_attention_pairs: int, decode_context_tokens: int) -> float:
         """Seconds (engine time) one scheduler step takes; see the module docstring."""
@@ -108,6 +111,7 @@ H100_LLAMA8B = HardwareProfile(
 #   all-reduce overhead per layer folded into overhead_s; TP efficiency about 0.8 of two GPUs.
 H100X2_QWEN32B = HardwareProfile(
     name="h100x2",
+    kv_bytes_per_token=2 * 64 * 8 * 128 * 2,
     description="Qwen3-32B BF16 on two H100 SXM 80GB, tensor parallel 2, vLLM defaults",
     model="Qwen/Qwen3-32B",
     accelerator="NVIDIA H100 80GB HBM3",

@@ -72,6 +72,8 @@ class ScheduledStep:
     prefill_tokens: int = 0
     prefill_attention_pairs: int = 0
     decode_context_tokens: int = 0
+    reload_tokens: int = 0
+    """Prompt tokens loaded back from the CPU offload tier for requests admitted in this step."""
     admitted: list[SimRequest] = field(default_factory=list)
     preempted: list[SimRequest] = field(default_factory=list)
 
@@ -177,19 +179,23 @@ class Scheduler:
                 break
             max_hit = (len(req.tokens) - 1) // self.bs
             hit = self.cache.longest_prefix(req.hashes[:max_hit])
-            n = min(len(req.tokens) - hit * self.bs, budget)
-            need = self._blocks_for(hit * self.bs + n) - hit
+            # blocks host memory holds after the GPU hit load back into new GPU blocks instead of being computed
+            reload = self.cache.cpu_prefix(req.hashes[hit:max_hit]) if self.cache.cpu_blocks else 0
+            start = (hit + reload) * self.bs
+            n = min(len(req.tokens) - start, budget)
+            need = self._blocks_for(start + n) - hit
             hit_evictable = sum(1 for h in req.hashes[:hit] if self.cache.refs[h] == 0)
             if need > self.cache.free_blocks - hit_evictable:
                 break
             self.waiting.popleft()
             self.cache.touch(req.table, req.hashes[:hit])
-            req.num_computed = hit * self.bs
-            req.committed_blocks = hit
+            req.num_computed = start
+            req.committed_blocks = hit  # the reloaded blocks are cached again when this step commits
             if req.cached_tokens is None:
-                req.cached_tokens = hit * self.bs
+                req.cached_tokens = start
             self.prefix_queries += len(req.tokens)
-            self.prefix_hits += hit * self.bs
+            self.prefix_hits += start
+            step.reload_tokens += reload * self.bs
             self.cache.allocate(req.table, need)
             self.running.append(req)
             step.admitted.append(req)

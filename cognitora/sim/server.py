@@ -39,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.disagg import PdEngine, PdSide, TransferFailed, classify
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
+from cognitora.sim.engine_kinds import PAGES, IterationStats, llamacpp_slots, surface
 from cognitora.sim.scheduler import SimRequest
 from kvstate.prompt import (
     ChatPrompt,
@@ -123,25 +124,45 @@ class EngineServer:
         self.model = engine.config.model
         self.created = int(time.time())
         self._tokenizer_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._iteration_stats = IterationStats(engine)
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._hang_middleware], client_max_size=64 * 1024 * 1024)
+        kind = surface(self.engine.config.engine_kind)
+        app = web.Application(
+            middlewares=[self._count_middleware, self._hang_middleware], client_max_size=64 * 1024 * 1024
+        )
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/v1/models", self.models)
-        r.add_get("/metrics", self.metrics)
-        r.add_get("/load", self.load)
+        if kind.prometheus_path is not None:
+            r.add_get(kind.prometheus_path, self.metrics)
+        if kind.iteration_stats_path is not None:
+            r.add_get(kind.iteration_stats_path, self.iteration_stats)
+        if kind.slots_route:
+            r.add_get("/slots", self.slots)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
-        r.add_post("/tokenize", self.tokenize)
-        r.add_post("/detokenize", self.detokenize)
-        r.add_post("/v1/chat/completions/render", self.render_chat)
-        r.add_post("/v1/completions/render", self.render_completion)
-        r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if kind.vllm_routes:
+            r.add_get("/load", self.load)
+            r.add_post("/tokenize", self.tokenize)
+            r.add_post("/detokenize", self.detokenize)
+            r.add_post("/v1/chat/completions/render", self.render_chat)
+            r.add_post("/v1/completions/render", self.render_completion)
+            r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         r.add_post("/kv/pull", self.pd.serve_pull)
         r.add_post("/sim/fault", self.sim_fault)
         r.add_get("/sim/state", self.sim_state)
         return app
+
+    @web.middleware
+    async def _count_middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        # Every request by path, routes this kind lacks included: tests prove nothing scrapes what is not there.
+        if not request.path.startswith("/sim/"):
+            counts = self.engine.http_requests
+            counts[request.path] = counts.get(request.path, 0) + 1
+        return await handler(request)
 
     @web.middleware
     async def _hang_middleware(
@@ -160,7 +181,7 @@ class EngineServer:
             "id": self.model,
             "object": "model",
             "created": self.created,
-            "owned_by": "vllm",
+            "owned_by": surface(self.engine.config.engine_kind).owned_by,
             "root": self.model,
             "parent": None,
             "max_model_len": self.engine.profile.max_model_len,
@@ -168,9 +189,17 @@ class EngineServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        resp = web.Response(body=self.engine.metrics.exposition() + self.pd.exposition())
+        page = PAGES.get(self.engine.config.engine_kind)
+        own = self.engine.metrics.exposition() if page is None else page(self.engine)
+        resp = web.Response(body=own + self.pd.exposition())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
+
+    async def slots(self, request: web.Request) -> web.Response:
+        return web.json_response(llamacpp_slots(self.engine))
+
+    async def iteration_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self._iteration_stats.drain())
 
     async def load(self, request: web.Request) -> web.Response:
         s = self.engine.scheduler

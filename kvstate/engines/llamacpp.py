@@ -1,7 +1,9 @@
 """llama.cpp ``llama-server --metrics``: Prometheus ``/metrics`` (prefix ``llamacpp:``, no labels), ``/health``.
 
 Source: ggml-org/llama.cpp ``tools/server`` (engines.md 4.2). No KV events: prefix reuse is per slot, so the
-router can only approximate it. llama.cpp measures its own busy time, which makes its rates exact.
+router can only approximate it (its own routing history, ``placement.routing_history_ttl_s``). llama.cpp measures
+its own busy time, which makes its rates exact. ``GET /slots`` (on by default in recent builds, ``--no-slots``
+turns it off) lists the ``-np`` slots: ``slots_load`` reads how many are busy and how many there are.
 
 | constant | metric | type |
 |---|---|---|
@@ -17,6 +19,10 @@ router can only approximate it. llama.cpp measures its own busy time, which make
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from kvstate.engines import dcgm
 from kvstate.engines.base import EngineLoad, EngineSpec
 from kvstate.engines.prom import MetricSamples
@@ -24,6 +30,7 @@ from kvstate.engines.prom import MetricSamples
 KIND = "llamacpp"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
+SLOTS_PATH = "/slots"
 
 RUNNING = "llamacpp:requests_processing"
 WAITING = "llamacpp:requests_deferred"
@@ -56,6 +63,35 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         power_watts=dcgm.power_watts(samples),
         energy_joules=dcgm.energy_joules(samples),
     )
+
+
+@dataclass(frozen=True)
+class SlotsLoad:
+    """What ``/slots`` says: the server's ``-np`` slots and how many hold a request."""
+
+    slots: int
+    busy: int
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.busy
+
+
+def slots_load(body: bytes | str) -> SlotsLoad:
+    """Read a ``/slots`` body (a JSON list of slot objects with ``id`` and ``is_processing``). Raises
+    ``ValueError`` naming what is wrong with a body of another shape."""
+    try:
+        slots = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"llama.cpp /slots is not JSON: {exc}") from exc
+    if not isinstance(slots, list):
+        raise ValueError(f"llama.cpp /slots: expected a JSON list of slots, got {type(slots).__name__}")
+    busy = 0
+    for i, slot in enumerate(slots):
+        if not isinstance(slot, Mapping) or not isinstance(slot.get("is_processing"), bool):
+            raise ValueError(f"llama.cpp /slots: slot {i} has no boolean 'is_processing'")
+        busy += slot["is_processing"]
+    return SlotsLoad(slots=len(slots), busy=busy)
 
 
 SPEC = EngineSpec(
