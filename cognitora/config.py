@@ -39,8 +39,10 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "CognitoraConfig",
     "ConfigError",
+    "CostModelConfig",
     "EndpointConfig",
     "EngineKind",
+    "EnginePriors",
     "LimitsConfig",
     "ModelConfig",
     "PlacementConfig",
@@ -48,6 +50,7 @@ __all__ = [
     "PriorityClass",
     "Role",
     "ScrapeConfig",
+    "TtftFeedbackConfig",
     "absolute_paths",
     "config_from_dict",
     "load_config",
@@ -150,6 +153,26 @@ class PowerSourceConfig(_Strict):
         return value
 
 
+class EnginePriors(_Strict):
+    """What one engine pays for long contexts, as the cost model needs it (docs/placement.md, "Long contexts").
+    Every key may be set per endpoint (``models[].endpoints[].cost``); an unset one takes ``cost_model.priors``."""
+
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    """Tokens the engine computes per scheduler step (vLLM/SGLang ``max_num_batched_tokens``, MLX's prefill step):
+    a prefill of N uncached tokens takes ceil(N / this) steps, each of which also reads every running request's KV."""
+    attention_context_tokens: float | None = Field(default=None, gt=0)
+    """The context length at which a prefill token's attention costs as much as its linear layers: the prefill of
+    the tokens from offset c to p costs ``((p - c) + (p^2 - c^2) / (2 x this)) / prefill_rate``. A property of the
+    model's shape (4 x layers x hidden / (2 x parameters), scaled by the kernels' efficiency): ~22k for Llama-3.1-8B
+    and ~36k for Qwen3-32B on H100s."""
+    kv_read_s_per_token: float | None = Field(default=None, ge=0)
+    """Seconds a scheduler step spends reading one resident context token's KV (bytes of KV per token / memory
+    bandwidth): ~4.7e-8 for Llama-3.1-8B or Qwen3-32B TP2 on H100s, ~2.2e-7 on an M2 Ultra."""
+    kv_capacity_tokens: int | None = Field(default=None, gt=0)
+    """Tokens the engine's KV cache holds; learned from its metrics (vLLM ``cache_config_info`` num_gpu_blocks x
+    block_size) when it reports them. Unknown: no KV-capacity charge and resident context from the routers' counts."""
+
+
 class EndpointConfig(_Strict):
     """One inference engine serving the model."""
 
@@ -172,6 +195,9 @@ class EndpointConfig(_Strict):
     E2E bound needs one (docs/placement.md)."""
     joules_per_token: float | None = Field(default=None, gt=0)
     """Prior marginal energy per token (J), until one is learned from the power meter; absent: no power preference."""
+    cost: EnginePriors = Field(default_factory=lambda: EnginePriors())
+    """This engine's long-context priors (step size, attention, KV read, KV capacity); unset keys take
+    ``cost_model.priors``. Set them for hardware unlike the rest of the fleet (docs/placement.md, "Long contexts")."""
     power: PowerSourceConfig | None = None
     """A separate power page for this endpoint's GPUs (``{url: http://node:9400/metrics, gpus: [0, 1]}``); absent:
     power is read from DCGM names on the engine's own /metrics, when it has them."""
@@ -325,6 +351,53 @@ class PlacementConfig(_Strict):
         return self
 
 
+class TtftFeedbackConfig(_Strict):
+    """Online correction of each endpoint's predicted TTFT from what its requests achieved (docs/placement.md,
+    "Feedback")."""
+
+    enabled: bool = True
+    """Learn and apply a per-endpoint bias factor; off: predictions are used as the model computes them."""
+    alpha: float = Field(default=0.1, gt=0, le=1)
+    """EWMA weight of one streamed attempt's log(achieved / predicted) ratio."""
+    max_factor: float = Field(default=2.0, ge=1)
+    """The factor is bounded to [1 / this, this]: feedback corrects a bias, it never overrules the model."""
+    floor_s: float = Field(default=0.05, ge=0)
+    """Added to both sides of the ratio (and taken off after): network and step overhead the model does not price
+    would otherwise make every short request look 10x late."""
+    half_life_s: float = Field(default=120.0, gt=0)
+    """Without new samples the learned factor decays toward 1 with this half-life: an endpoint no longer picked
+    (so never measured) is not held to an old verdict."""
+    min_samples: int = Field(default=3, ge=1)
+    """Samples an endpoint needs before its factor is applied."""
+
+
+class CostModelConfig(_Strict):
+    """The long-context terms of the cost model: attention, decode interference by resident context, KV capacity,
+    and the TTFT feedback (docs/placement.md, "Long contexts")."""
+
+    priors: EnginePriors = Field(
+        default_factory=lambda: EnginePriors(
+            max_num_batched_tokens=8192,
+            attention_context_tokens=24_000.0,
+            kv_read_s_per_token=4.7e-8,
+        )
+    )
+    """Fleet-wide priors for every engine that sets none of its own (``models[].endpoints[].cost``)."""
+    decode_interference_weight: float = Field(default=1.0, ge=0)
+    """Ranking charges this many times the decode slowdown a placement causes: the request's own decode over the
+    context already resident there, plus what its context adds to every running request's steps while it decodes
+    (``max_tokens`` tokens; 0 when the request sets none). 0 ranks by predicted TTFT and recompute charge alone."""
+    kv_pressure_weight: float = Field(default=1.0, ge=0)
+    """Multiplier of the KV-capacity term: a placement whose new blocks (uncached prompt + ``max_tokens``) would not
+    fit beside the resident context waits for enough of it to leave (or preempts, and recomputes), in seconds."""
+    affinity_prompt_share: float = Field(default=0.5, ge=0, le=1)
+    """The tie-breaking prefix key is taken at least this share of the way into the prompt (and at least
+    ``placement.affinity_prefix_tokens`` deep): requests converge on what most of their prompt shares, so 30k-token
+    prompts that share only a 200-token system prompt spread instead of hashing to one engine."""
+    feedback: TtftFeedbackConfig = Field(default_factory=TtftFeedbackConfig)
+    """Online bias correction of the predicted TTFT per endpoint."""
+
+
 class LimitsConfig(_Strict):
     """What one request may cost a gateway, so that none stalls it: how large a prompt is tokenized exactly, and
     where (docs/config.md, "Large prompts"). A prompt's size is counted before it is rendered or tokenized: its
@@ -375,6 +448,8 @@ class CognitoraConfig(_Strict):
     """The models served, each with its endpoints."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Placement weights, filters and priority classes."""
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    """Long-context cost terms (attention, decode interference, KV capacity) and TTFT feedback."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
@@ -730,6 +805,9 @@ def reference_markdown() -> str:
         ("models[].endpoints[].power", PowerSourceConfig),
         ("placement", PlacementConfig),
         ("placement.priorities.<name>", PriorityClass),
+        ("cost_model", CostModelConfig),
+        ("cost_model.priors, models[].endpoints[].cost", EnginePriors),
+        ("cost_model.feedback", TtftFeedbackConfig),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
     ]

@@ -36,6 +36,7 @@ from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.telemetry import Telemetry
+from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import Prompt, PromptError, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
@@ -99,6 +100,8 @@ class _LocalRequest:
     decode_tokens: int
     expires: float
     prefill_done: bool = False
+    context_tokens: float = 0.0
+    """Its prompt plus half its ``max_tokens``: the KV it holds on average over its life."""
 
 
 class _LocalInflight:
@@ -134,6 +137,14 @@ class _LocalInflight:
             row[1] += 0 if entry.prefill_done else entry.prefill_tokens
             row[2] += entry.decode_tokens
         return {e: InFlight(*row) for e, row in acc.items() if e in endpoints}
+
+    def context(self, endpoints: Sequence[str], now: float) -> dict[str, float]:
+        """Context tokens of the requests in flight per endpoint of ``endpoints`` that has any."""
+        acc: dict[str, float] = {}
+        for entry in self._requests.values():
+            if entry.endpoint in endpoints:
+                acc[entry.endpoint] = acc.get(entry.endpoint, 0.0) + entry.context_tokens
+        return acc
 
     def _prune(self, now: float) -> None:
         expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]
@@ -180,6 +191,7 @@ class Router:
                     m.name,
                 )
         self._local = _LocalInflight()
+        self._feedback = TtftFeedback(config.cost_model.feedback)
         self._routed = RoutedPrefixes()
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self._health_marks: dict[str, HealthMark] = {}
@@ -319,6 +331,8 @@ class Router:
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
         local = self._local.totals(ids, now)
+        context = self._local.context(ids, now) if local else {}
+        bias = self._feedback.factors(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
             degraded = FleetState(
@@ -327,6 +341,8 @@ class Router:
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
+                context_tokens=context,
+                ttft_bias=bias,
                 degraded=True,
             )
             return degraded, None, None  # (already flagged: ``degraded``)
@@ -350,6 +366,8 @@ class Router:
             inflight=inflight,
             snapshots=snapshots,
             health_marks=_newest_marks(view.health_marks, self._health_marks),
+            context_tokens=context,
+            ttft_bias=bias,
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
         return state, age, self._staleness(view.heartbeats, now)
@@ -464,7 +482,13 @@ class Router:
         if attempt.group is not None:
             self._groups.setdefault(attempt.group, set()).add(decision.request_id)
         prefill = _queued_prefill(decision)
-        entry = _LocalRequest(endpoint, prefill, decision.expected_decode_tokens, now + params.inflight_ttl_s)
+        entry = _LocalRequest(
+            endpoint,
+            prefill,
+            decision.expected_decode_tokens,
+            now + params.inflight_ttl_s,
+            context_tokens=decision.prompt_tokens + decision.expected_decode_tokens / 2,
+        )
         self._local.add(decision.request_id, entry, now)
         self.stats.dispatched += 1
         ttl = self._history_ttl(endpoint)
@@ -569,6 +593,7 @@ class Router:
             stats.ttft_reports += 1
             stats.predicted_ttft_s += decision.predicted_ttft_s
             stats.achieved_ttft_s += achieved_ttft
+            self._feed_back(attempt, achieved_ttft)
         runner_up = decision.runner_up
         self._outcomes.append(
             AttemptRecord(
@@ -597,6 +622,18 @@ class Router:
                 outcome.kind.value,
                 f": {outcome.detail}" if outcome.detail else "",
             )
+
+    def _feed_back(self, attempt: Attempt, achieved_ttft_s: float) -> None:
+        """Teach the TTFT feedback what the model predicted for this endpoint before any correction."""
+        decision = attempt.decision
+        score = next((c for c in decision.candidates if c.endpoint == attempt.endpoint), None)
+        factor = 1.0 if score is None else score.ttft_bias_factor
+        raw = raw_ttft_s(decision.predicted_ttft_s, factor, self.config.cost_model.feedback.floor_s)
+        self._feedback.observe(attempt.endpoint, raw, achieved_ttft_s, self._clock())
+
+    def ttft_bias_factors(self) -> dict[str, float]:
+        """Each endpoint's learned TTFT feedback factor (those with enough samples), for metrics."""
+        return self._feedback.known()
 
     def _forget(self, attempt: Attempt) -> None:
         rid = attempt.request_id

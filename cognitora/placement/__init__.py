@@ -70,7 +70,10 @@ def place(
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
     by_id = {e.id: e for e in model.endpoints}
     ranked = sorted(
-        (score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode) for e in filtered.kept),
+        (
+            score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode, config.cost_model)
+            for e in filtered.kept
+        ),
         key=by_ranking_cost,
     )
     estimate_unknown_decode(ranked, decode, params)
@@ -92,7 +95,9 @@ def place(
         message = f"no eligible endpoint for model {req.model!r} ({why})"
         return replace(base, reason=message, rejection=Rejection(503, message, NO_ENDPOINT_RETRY_AFTER_S))
 
-    tie_breaker = affinity_key(prompt, req.request_id, params.affinity_prefix_tokens)
+    tie_breaker = affinity_key(
+        prompt, req.request_id, params.affinity_prefix_tokens, config.cost_model.affinity_prompt_share
+    )
     outcome = pick(ranked, priority, pclass, params, tie_breaker)
     if isinstance(outcome, Rejection):
         return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0], saturated=True)

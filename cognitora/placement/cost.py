@@ -47,18 +47,26 @@ prefill, which is where candidates differ most, is compared).
 Scraped load figures older than ``snapshot_max_age_s`` are ignored (the learned energy per token is not a load
 figure: it is used however old); router counts never are.
 
+With ``cost_model`` (``CognitoraConfig.cost_model``; every placement through ``placement.place``), the prediction
+also carries what long contexts cost (``placement.long_context``: attention, the prefill's steps slowed by the
+context resident there, the wait for KV room), and then the endpoint's learned feedback factor
+(``cognitora.ttft_feedback``): ``(ttft + floor) x factor - floor``.
+
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
-(``ranking_cost_s``): with the default weight 0, by predicted TTFT alone. A positive weight charges the capacity a
-recomputed prefix takes from later requests, which the request's own TTFT does not see.
+(+ the decode-interference charge, ``ranking_cost_s``). A positive recompute weight charges the capacity a recomputed
+prefix takes from later requests, which the request's own TTFT does not see; the decode-interference charge is the
+decode slowdown the placement causes, its own and the running requests'.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.config import CostModelConfig, EndpointConfig, PlacementConfig
 from cognitora.decision import CandidateScore
+from cognitora.placement.long_context import LongContextCost, engine_priors, long_context_cost
 from cognitora.placement.state import FleetState
+from cognitora.ttft_feedback import corrected_ttft_s
 from kvstate.store import EndpointSnapshot, InFlight
 
 
@@ -166,7 +174,10 @@ def score_endpoint(
     state: FleetState,
     params: PlacementConfig,
     decode_tokens: int = 0,
+    cost_model: CostModelConfig | None = None,
 ) -> CandidateScore:
+    """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
+    which is the linear model above."""
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
     match = state.matches.get(endpoint.id)
@@ -181,6 +192,27 @@ def score_endpoint(
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
     ttft = (queued + prompt_tokens - cached) / rate + decode_penalty + slot_wait
+    extra = LongContextCost()
+    bias = 1.0
+    if cost_model is not None:
+        extra = long_context_cost(
+            engine_priors(endpoint, snap, cost_model),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            queued_tokens=queued,
+            running=running,
+            counted_resident=state.context_tokens.get(endpoint.id, 0.0),
+            decode_tokens=decode_tokens,
+            rate=rate,
+            snap=snap,
+            mean_service_s=mean_service_s(snap, flight) if snap is not None else 0.0,
+            saturated_kv_usage=params.saturated_kv_usage,
+            model=cost_model,
+        )
+        ttft += extra.ttft_s
+        bias = state.ttft_bias.get(endpoint.id, 1.0)
+        if bias != 1.0:
+            ttft = corrected_ttft_s(ttft, bias, cost_model.feedback.floor_s)
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id))
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
@@ -197,6 +229,12 @@ def score_endpoint(
         request_joules=request_joules,
         predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens, params),
         running=running,
+        attention_s=extra.attention_s,
+        interference_s=extra.interference_s,
+        kv_pressure_s=extra.kv_pressure_s,
+        decode_interference_s=extra.decode_interference_s,
+        resident_tokens=extra.resident_tokens,
+        ttft_bias_factor=bias,
     )
 
 
@@ -214,8 +252,9 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
 
 
 def ranking_cost_s(score: CandidateScore) -> float:
-    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)."""
-    return score.predicted_ttft_s + score.recompute_penalty_s
+    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)
+    plus the decode-interference charge (``cost_model.decode_interference_weight``)."""
+    return score.predicted_ttft_s + score.recompute_penalty_s + score.decode_interference_s
 
 
 def by_ranking_cost(score: CandidateScore) -> tuple[float, str]:

@@ -188,11 +188,19 @@ def _terms(c: CandidateScore) -> dict[str, float]:
     queue = c.queued_prefill_tokens / c.prefill_tokens_per_s
     return {
         "queue wait": queue,
-        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s - c.slot_wait_s,
+        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s - c.slot_wait_s - _long_context_s(c),
         "decode load": c.decode_penalty_s,
         "slot wait": c.slot_wait_s,
+        "attention": c.attention_s,
+        "resident-context steps": c.interference_s,
+        "wait for KV room": c.kv_pressure_s,
         "recompute charge": c.recompute_penalty_s,
+        "decode interference": c.decode_interference_s,
     }
+
+
+def _long_context_s(c: CandidateScore) -> float:
+    return c.attention_s + c.interference_s + c.kv_pressure_s
 
 
 def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
@@ -200,6 +208,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
         return "the only eligible endpoint"
     second = ranked[1]
     what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
+    if best.decode_interference_s or second.decode_interference_s:
+        what = "ranking cost (TTFT + recompute + decode interference)"
     why = f"lowest {what} ({_ms(ranking_cost_s(best))} vs {_ms(ranking_cost_s(second))} on {second.endpoint})"
     mine, theirs = _terms(best), _terms(second)
     gains = sorted(((theirs[k] - mine[k], k) for k in mine), reverse=True)
@@ -214,6 +224,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
             detail = f" (faster: {best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
         elif term == "slot wait":
             detail = " (the other engine is at capacity: its running requests must finish first)"
+        elif term in ("resident-context steps", "decode interference"):
+            detail = f" ({best.resident_tokens:.0f} vs {second.resident_tokens:.0f} context tokens resident)"
         elif term == "queue wait":
             detail = f" ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens queued)"
         parts.append(f"{_ms(gain)} less {term}{detail}")
