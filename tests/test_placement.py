@@ -560,8 +560,23 @@ def test_a_learned_rate_a_few_percent_high_does_not_herd_cold_prompts() -> None:
 
 def test_a_real_speed_difference_still_wins() -> None:
     # 20% faster is outside the tie band: every cold prompt goes to the faster endpoint.
-    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000)})
+    slower = {e: snap(e, prefill_tokens_per_s=10000) for e in (B, C, D)}
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000), **slower})
     assert set(cold_picks(FOUR, state, 50)) == {A}
+
+
+def test_an_endpoint_not_learned_yet_is_priced_at_its_peers_learned_rate() -> None:
+    # A learned 12,000 tokens/s first; B, C, D (no prior, same hardware) have not learned yet. They are assumed to
+    # run at the median learned rate, not at default_prefill_tokens_per_s, so cold prompts do not herd onto A.
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000)})
+    picks = cold_picks(FOUR, state, 200)
+    assert all(25 <= picks.count(e) <= 75 for e in (A, B, C, D)), {e: picks.count(e) for e in (A, B, C, D)}
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    assert {c.prefill_tokens_per_s for c in decision.candidates} == {12000}
+    # A configured prior still wins over the peers' rate.
+    primed = fleet(ep(8001), ep(8002, prefill_tokens_per_s=5000))
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), primed, state)
+    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 12000, B: 5000}
 
 
 def test_tie_band_has_an_absolute_floor_for_short_prompts() -> None:

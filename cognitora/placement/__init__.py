@@ -11,7 +11,13 @@ from dataclasses import replace
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
 from cognitora.decision import Decision, Rejection
 from cognitora.placement.affinity import affinity_key
-from cognitora.placement.cost import by_ranking_cost, estimate_unknown_decode, excluded_score, score_endpoint
+from cognitora.placement.cost import (
+    by_ranking_cost,
+    estimate_unknown_decode,
+    excluded_score,
+    peer_prefill_rate,
+    score_endpoint,
+)
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.state import FleetState, HealthMark
@@ -69,9 +75,12 @@ def place(
     decode = req.max_tokens or 0
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
     by_id = {e.id: e for e in model.endpoints}
+    peers = peer_prefill_rate(model.endpoints, state, params)
     ranked = sorted(
         (
-            score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode, config.cost_model)
+            score_endpoint(
+                e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode, config.cost_model, peers
+            )
             for e in filtered.kept
         ),
         key=by_ranking_cost,

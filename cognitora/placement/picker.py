@@ -22,7 +22,8 @@ Rules, in order:
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
    prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
-   predicted overshoot; any other class takes the fastest endpoint anyway.
+   predicted overshoot; any other class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token
+   prompt is over a 2 s SLO on every idle engine, and without it every such prompt went to the first by name).
 
 The runner-up is the best-ranked candidate other than the pick.
 """
@@ -77,8 +78,14 @@ def pick(
         if pclass.sheddable:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
             return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
+        # Ties are broken as for feasible candidates: a long prompt predicted over the SLO everywhere on an idle
+        # fleet would otherwise go to the first endpoint by name, every time.
+        band = tie_band_s(best, params)
+        chosen = rendezvous_pick([c for c in ranked if ranking_cost_s(c) <= ranking_cost_s(best) + band], affinity_key)
         reason = message + "; not sheddable, so placed on the fastest endpoint"
-        return Pick(best, _runner_up(ranked, best), reason, saturated=True)
+        if chosen is not best:
+            reason += f" (tied with {best.endpoint} within the {_ms(band)} band; the prompt's prefix hashes here)"
+        return Pick(chosen, _runner_up(ranked, chosen), reason, saturated=True)
 
     best = feasible[0]
     band = tie_band_s(best, params)
