@@ -24,7 +24,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from tqdm import tqdm
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
@@ -227,31 +227,22 @@ class EngineSampler:
 
 
 class Progress:
-    """A one-line progress bar on a terminal; a line per 10% otherwise (logs stay readable). No dependency."""
+    """A tqdm progress bar of requests done (rate and time left included); on a non-terminal, tqdm's own sparse
+    updates (every 10 s), so logs stay readable."""
 
-    def __init__(self, label: str, width: int = 30) -> None:
+    def __init__(self, label: str) -> None:
         self.label = label
-        self.width = width
-        self._tty = sys.stderr.isatty()
-        self._last = 0.0
-        self._last_decile = -1
+        self._bar: tqdm[Any] | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        if not self._tty:
-            decile = 10 * done // max(1, total)
-            if decile != self._last_decile:
-                self._last_decile = decile
-                sys.stderr.write(f"  {self.label}: {done}/{total} requests done\n")
-            return
-        now = time.monotonic()
-        if done < total and now - self._last < 0.2:
-            return
-        self._last = now
-        filled = int(self.width * done / max(1, total))
-        sys.stderr.write(f"\r  {self.label:<22} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
+        if self._bar is None:
+            tty = sys.stderr.isatty()
+            self._bar = tqdm(
+                total=total, desc=f"  {self.label}", unit="req", file=sys.stderr, mininterval=0.2 if tty else 10.0
+            )
+        self._bar.update(done - self._bar.n)
         if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self._bar.close()
 
 
 async def _drive(
