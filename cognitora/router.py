@@ -102,6 +102,7 @@ class _LocalRequest:
     prefill_done: bool = False
     context_tokens: float = 0.0
     """Its prompt plus half its ``max_tokens``: the KV it holds on average over its life."""
+    dispatched_at: float = 0.0
 
 
 class _LocalInflight:
@@ -138,13 +139,20 @@ class _LocalInflight:
             row[2] += entry.decode_tokens
         return {e: InFlight(*row) for e, row in acc.items() if e in endpoints}
 
-    def context(self, endpoints: Sequence[str], now: float) -> dict[str, float]:
-        """Context tokens of the requests in flight per endpoint of ``endpoints`` that has any."""
-        acc: dict[str, float] = {}
+    def context(
+        self, endpoints: Sequence[str], since: Mapping[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Context tokens of the requests in flight per endpoint of ``endpoints`` that has any, and of those
+        dispatched after ``since[endpoint]`` (its snapshot's time: what the snapshot cannot show yet)."""
+        total: dict[str, float] = {}
+        recent: dict[str, float] = {}
         for entry in self._requests.values():
-            if entry.endpoint in endpoints:
-                acc[entry.endpoint] = acc.get(entry.endpoint, 0.0) + entry.context_tokens
-        return acc
+            e = entry.endpoint
+            if e in endpoints:
+                total[e] = total.get(e, 0.0) + entry.context_tokens
+                if entry.dispatched_at > since.get(e, float("inf")):
+                    recent[e] = recent.get(e, 0.0) + entry.context_tokens
+        return total, recent
 
     def _prune(self, now: float) -> None:
         expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]
@@ -331,10 +339,10 @@ class Router:
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
         local = self._local.totals(ids, now)
-        context = self._local.context(ids, now) if local else {}
         bias = self._feedback.factors(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
+            context, recent = self._context(ids, local, self._snapshots)
             degraded = FleetState(
                 now=now,
                 matches=routed,
@@ -342,6 +350,7 @@ class Router:
                 snapshots={e: s for e, s in self._snapshots.items() if e in ids},
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 context_tokens=context,
+                context_since_snapshot=recent,
                 ttft_bias=bias,
                 degraded=True,
             )
@@ -358,6 +367,7 @@ class Router:
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
+        context, recent = self._context(ids, local, snapshots)
         if local:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         state = FleetState(
@@ -367,10 +377,18 @@ class Router:
             snapshots=snapshots,
             health_marks=_newest_marks(view.health_marks, self._health_marks),
             context_tokens=context,
+            context_since_snapshot=recent,
             ttft_bias=bias,
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
         return state, age, self._staleness(view.heartbeats, now)
+
+    def _context(
+        self, ids: Sequence[str], local: Mapping[str, InFlight], snapshots: Mapping[str, EndpointSnapshot]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        if not local:
+            return {}, {}
+        return self._local.context(ids, {e: s.last_seen for e, s in snapshots.items()})
 
     def _staleness(self, beats: Mapping[str, Heartbeat], now: float) -> str | None:
         """None when the newest collector heartbeat is within ``placement.state_max_age_s``; else a note saying how
@@ -488,6 +506,7 @@ class Router:
             decision.expected_decode_tokens,
             now + params.inflight_ttl_s,
             context_tokens=decision.prompt_tokens + decision.expected_decode_tokens / 2,
+            dispatched_at=now,
         )
         self._local.add(decision.request_id, entry, now)
         self.stats.dispatched += 1

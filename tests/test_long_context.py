@@ -291,3 +291,18 @@ def test_bad_cost_settings_are_refused_with_the_key() -> None:
         fleet(ep(8001), cost_model={"feedback": {"max_factor": 0.5}})
     with pytest.raises(ConfigError, match="kv_read_s_per_tokn"):
         fleet(ep(8001, cost={"kv_read_s_per_tokn": 1e-7}))
+
+
+def test_context_dispatched_since_the_snapshot_counts_on_top_of_it() -> None:
+    # Both engines showed 50% of 400k at the last scrape; since then this router sent A two 16k-token requests
+    # (prefills done). A is fuller now, though its snapshot cannot show it yet.
+    state = FleetState(
+        NOW,
+        snapshots={e: snap(e, running=4, kv_usage=0.5) for e in (A, B)},
+        context_tokens={A: 32_200.0},
+        context_since_snapshot={A: 32_200.0},
+    )
+    decision = place(req(max_tokens=200), keys(16_000), CAPACITY, state)
+    assert score(decision, A).resident_tokens == pytest.approx(232_200)
+    assert score(decision, B).resident_tokens == pytest.approx(200_000)
+    assert decision.endpoint == B, decision.explain()

@@ -227,6 +227,7 @@ def score_endpoint(
             queued_tokens=queued,
             running=running,
             counted_resident=state.context_tokens.get(endpoint.id, 0.0),
+            resident_since_snapshot=state.context_since_snapshot.get(endpoint.id, 0.0),
             decode_tokens=decode_tokens,
             rate=rate,
             snap=snap,

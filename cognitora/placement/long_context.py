@@ -28,8 +28,9 @@ docs/sim.md cites where it comes from):
 
       kv_pressure_s = overflow x mean_service_s / R    or    overflow / prefill_rate
 
-``R`` is the larger of the routers' own count (each in-flight request's prompt plus half its ``max_tokens``) and the
-engine's fresh ``kv_usage x kv_capacity_tokens``. Everything here is a pure function of its arguments.
+``R`` is the engine's fresh ``kv_usage x kv_capacity_tokens`` plus the context the routers dispatched there since
+that snapshot, or the routers' own count (each in-flight request's prompt plus half its ``max_tokens``) when that
+is larger. Everything here is a pure function of its arguments.
 """
 
 from __future__ import annotations
@@ -105,12 +106,17 @@ def prefill_steps(tokens: float, step_tokens: int, running: int) -> int:
     return math.ceil(tokens / max(step_tokens // 8, step_tokens - running))
 
 
-def resident_tokens(counted: float, snap: EndpointSnapshot | None, capacity: int | None) -> float:
-    """Context tokens resident in the engine's running requests: the routers' count, or the engine's KV usage
-    times its capacity when that is more (traffic from elsewhere, or a count that lags)."""
+def resident_tokens(
+    counted: float, snap: EndpointSnapshot | None, capacity: int | None, since_snapshot: float = 0.0
+) -> float:
+    """Context tokens resident in the engine's running requests: the engine's KV usage times its capacity plus
+    what the routers dispatched there since that snapshot, or the routers' whole count when that is more.
+
+    Without the dispatches since the snapshot, every request placed between two scrapes (a second: several
+    long prompts) saw the same figure and went to the engine that looked emptiest at the last scrape."""
     if snap is None or capacity is None:
         return counted
-    return max(counted, snap.kv_usage * capacity)
+    return max(counted, snap.kv_usage * capacity + since_snapshot)
 
 
 def long_context_cost(
@@ -121,6 +127,7 @@ def long_context_cost(
     queued_tokens: float,
     running: int,
     counted_resident: float,
+    resident_since_snapshot: float,
     decode_tokens: int,
     rate: float,
     snap: EndpointSnapshot | None,
@@ -129,7 +136,7 @@ def long_context_cost(
     model: CostModelConfig,
 ) -> LongContextCost:
     """The long-context terms of placing this request here (see the module docstring)."""
-    resident = resident_tokens(counted_resident, snap, priors.kv_capacity_tokens)
+    resident = resident_tokens(counted_resident, snap, priors.kv_capacity_tokens, resident_since_snapshot)
     uncached = max(0.0, prompt_tokens - cached_tokens)
     attention = attention_s(cached_tokens, prompt_tokens, rate, priors.attention_context_tokens)
     k = priors.kv_read_s_per_token
