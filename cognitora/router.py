@@ -709,6 +709,10 @@ class Router:
         await self._guarded(self._share_unhealthy(endpoint, reason), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
+    def prompt_keyer(self, model: str) -> PromptKeyer:
+        """The keyer of a configured model (its tokenizer, piece cache and block-key memo)."""
+        return self._keyers[model]
+
     def endpoint_url(self, endpoint_id: str) -> str | None:
         """Base URL of a configured endpoint (``http://host:port``), or None for an unknown id."""
         endpoint = self.config.endpoint(endpoint_id)
