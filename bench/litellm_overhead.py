@@ -178,13 +178,13 @@ async def measure_mode(
 
 async def _place(core: Any, req: Any, memo: bool) -> Any:
     keyer = core.prompt_keyer("chat")
-    entries = keyer.key_memo.max_entries
+    entries = keyer.key_memo.max_bytes
     if not memo:
-        keyer.key_memo.max_entries = 0
+        keyer.key_memo.max_bytes = 0
     try:
         return await core.place(req)
     finally:
-        keyer.key_memo.max_entries = entries
+        keyer.key_memo.max_bytes = entries
 
 
 async def _pick(router: Any, messages: list[dict[str, str]], callbacks: Any, host: Any, failure_outcome: Any) -> float:

@@ -420,10 +420,11 @@ class LimitsConfig(_Strict):
     """At most this many characters of prompts wait for (or run on) the keying thread; a prompt that would exceed it
     gets text-approximate keys at once instead of queueing, so a burst of long prompts delays none of them by more
     than this much tokenizing (~0.5 s of English). A prompt alone on the thread always runs."""
-    block_key_memo_entries: int = Field(default=1 << 17, ge=0)
-    """Bound of each model's memo of block keys already computed (entries, ~200 bytes each): a shared system
-    prompt's blocks are hashed once, then looked up (kvstate/key_memo.py). When full it is emptied and refills.
-    0 turns it off."""
+    block_key_memo_bytes: int = Field(default=32 << 20, ge=0)
+    """Bound of each model's memo of block keys already computed (bytes: token ids and keys as Python holds them):
+    a prompt reuses the keys of the whole blocks it shares with the latest prompt that began with the same block,
+    so a shared system prompt is hashed once (kvstate/key_memo.py). When full it is emptied and refills. 0 turns it
+    off."""
     tokenizer_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Bound of each model tokenizer's piece cache (bytes, as Python holds the text and token ids); a piece larger
     than a sixteenth of it is encoded but not kept. 0 turns the cache off."""

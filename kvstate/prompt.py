@@ -72,9 +72,8 @@ __all__ = [
 Message = Mapping[str, Any]
 TokenIds = tuple[int, ...]
 
-KEY_MEMO_ENTRIES = 1 << 17
-"""Default bound of a keyer's block-key memo (``kvstate.key_memo``): 131,072 blocks (2M tokens of prefixes at 16
-per block), ~25 MB as Python holds them."""
+KEY_MEMO_BYTES = 32 << 20
+"""Default bound of a keyer's block-key memo (``kvstate.key_memo``), in bytes: ~600 distinct 8k-token prefixes."""
 PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
 them): ~1.5M cached tokens of English."""
@@ -396,14 +395,14 @@ class PromptKeyer:
         model: str,
         block_size: int = 16,
         tokenizer: ChatTokenizer | None = None,
-        key_memo_entries: int = KEY_MEMO_ENTRIES,
+        key_memo_bytes: int = KEY_MEMO_BYTES,
     ) -> None:
-        """``key_memo_entries``: bound of the memo of block keys already computed (``kvstate.key_memo``); 0: none."""
+        """``key_memo_bytes``: bound of the memo of block keys already computed (``kvstate.key_memo``); 0: none."""
         self.model = model
         self.block_size = block_size
         self.tokenizer = tokenizer
         self._roots: dict[str | None, BlockKey] = {}
-        self.key_memo = BlockKeyMemo(key_memo_entries)
+        self.key_memo = BlockKeyMemo(key_memo_bytes)
 
     def root(self, lora: str | None = None) -> BlockKey:
         hit = self._roots.get(lora)
