@@ -306,3 +306,18 @@ def test_context_dispatched_since_the_snapshot_counts_on_top_of_it() -> None:
     assert score(decision, A).resident_tokens == pytest.approx(232_200)
     assert score(decision, B).resident_tokens == pytest.approx(200_000)
     assert decision.endpoint == B, decision.explain()
+
+
+def test_kv_usage_is_priced_not_filtered_when_the_capacity_is_known() -> None:
+    # Every engine of a KV-bound fleet reads 95-100%: as a filter, whichever read under 97% took every request.
+    full = {
+        A: snap(A, kv_usage=0.99, kv_capacity_tokens=300_000),
+        B: snap(B, kv_usage=0.96, kv_capacity_tokens=300_000),
+    }
+    decision = place(req(max_tokens=200), keys(12_000), TWO, FleetState(NOW, snapshots=full))
+    assert not any(c.excluded for c in decision.candidates)
+    assert score(decision, A).kv_pressure_s > score(decision, B).kv_pressure_s > 0
+    # Without a known capacity the filter still applies, as before.
+    blind = {A: snap(A, kv_usage=0.99), B: snap(B, kv_usage=0.5)}
+    decision = place(req(), keys(12_000), TWO, FleetState(NOW, snapshots=blind))
+    assert decision.endpoint == B and "KV cache 99% full" in (score(decision, A).excluded or "")

@@ -73,7 +73,7 @@ def place(
         return reject(req, 400, f"unknown priority class {priority!r}; configured: {known}")
 
     decode = req.max_tokens or 0
-    filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
+    filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
     peers = peer_prefill_rate(model.endpoints, state, params)
     ranked = sorted(
