@@ -369,6 +369,12 @@ class TtftFeedbackConfig(_Strict):
     (so never measured) is not held to an old verdict."""
     min_samples: int = Field(default=3, ge=1)
     """Samples an endpoint needs before its factor is applied."""
+    relative: bool = True
+    """Apply each endpoint's factor divided by the median factor of the model's endpoints that have one: what is
+    corrected is how much more (or less) an endpoint is off than its peers. A bias the whole fleet shares (the
+    gateway's own network time, a clock that runs at another rate, as the time-scaled simulator's) then moves no
+    prediction, so it shifts neither the SLO verdicts nor the balance against the ranking charges. False: the
+    absolute factor is applied."""
 
 
 class CostModelConfig(_Strict):

@@ -14,14 +14,16 @@ bounded to ``[1 / max_factor, max_factor]``, and it decays toward 1 (its log hal
 a sample): an endpoint no longer picked is not held to an old verdict. The corrected prediction is
 ``(raw + floor) x factor - floor``.
 
-The factor changes an endpoint's prediction relative to the others only when its error differs from theirs; a bias
-the whole fleet shares moves every candidate alike and mainly makes ``Decision.predicted_ttft_s`` honest (the SLO
-check and shedding read it).
+By default (``feedback.relative``) the factor applied is the endpoint's divided by the median of its peers' (the
+model's endpoints that have one): what is corrected is how much more an endpoint is off than the others. A bias
+the whole fleet shares (the gateway's network time, which the model does not price; a simulator whose clock runs
+slower than the gateway's) then moves no prediction. With ``relative: false`` the absolute factor is applied.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from cognitora.config import TtftFeedbackConfig
@@ -82,13 +84,21 @@ class TtftFeedback:
         return math.exp(self._decayed(entry, now))
 
     def factors(self, endpoints: list[str], now: float) -> dict[str, float]:
-        """The factors different from 1, by endpoint (usually few: empty until samples arrive)."""
-        out: dict[str, float] = {}
-        for endpoint in endpoints:
-            f = self.factor(endpoint, now)
-            if f != 1.0:
-                out[endpoint] = f
-        return out
+        """The factors to apply, by endpoint, those different from 1 only (empty until samples arrive). With
+        ``relative``, each is divided by the median of the endpoints' factors that were learned."""
+        learned = {e: self.factor(e, now) for e in endpoints if self._applies(e)}
+        if not learned:
+            return {}
+        if self.params.relative:
+            if len(learned) < 2:
+                return {}  # nothing to compare with
+            median = statistics.median(learned.values())
+            learned = {e: f / median for e, f in learned.items()}
+        return {e: f for e, f in learned.items() if f != 1.0}
+
+    def _applies(self, endpoint: str) -> bool:
+        entry = self._bias.get(endpoint)
+        return entry is not None and self.params.enabled and entry.samples >= self.params.min_samples
 
     def known(self) -> dict[str, float]:
         """Every endpoint's current factor as last updated (for metrics; undecayed)."""

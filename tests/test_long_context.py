@@ -241,36 +241,69 @@ class Clock:
         return self.now
 
 
-async def test_an_endpoint_slower_than_predicted_is_corrected_and_exported() -> None:
-    """Through the Router's lifecycle: A's streamed attempts take twice what was predicted; its factor is learned,
-    its next predictions rise, traffic it would have tied on goes to B, and the factor is on the metrics page."""
-    config = fleet(
-        ep(8001),
-        ep(8002),
-        cost_model={"feedback": {"alpha": 0.5, "min_samples": 3, "floor_s": 0.0}},
-        placement={"recompute_weight": 0.0},
-    )
-    clock = Clock()
-    router = Router(config, MemoryStore(), clock=clock)
-    for i in range(6):
-        ids = list(range(1 + i * 10_000, 8_001 + i * 10_000))  # a new prompt each time: nothing cached
-        decision, attempt = await router.admit(RouteRequest(model="m", prompt=ids, candidates=(A,), request_id=f"a{i}"))
-        assert attempt is not None and decision.endpoint == A
-        attempt.finish(Outcome(OutcomeKind.COMPLETED, ttft_s=2.0 * decision.predicted_ttft_s))
+async def _teach(router: Router, clock: Clock, endpoint: str, lateness: float, n: int, base: int) -> None:
+    """``n`` streamed attempts on ``endpoint`` whose first token came ``lateness`` x the model's own (uncorrected)
+    prediction: an engine that is that much slower than the model thinks, whatever the feedback did."""
+    for i in range(n):
+        ids = list(range(base + i * 10_000, base + 8_000 + i * 10_000))  # a new prompt each time: nothing cached
+        req = RouteRequest(model="m", prompt=ids, candidates=(endpoint,), request_id=f"{endpoint}-{base}-{i}")
+        decision, attempt = await router.admit(req)
+        assert attempt is not None and decision.endpoint == endpoint
+        raw = decision.predicted_ttft_s / score(decision, endpoint).ttft_bias_factor
+        attempt.finish(Outcome(OutcomeKind.COMPLETED, ttft_s=lateness * raw))
         await attempt.settled()
         clock.now += 1.0
-    factor = router.ttft_bias_factors()[A]
-    assert 1.7 < factor <= 2.0
+
+
+def feedback_fleet(**feedback: Any) -> CognitoraConfig:
+    return fleet(
+        ep(8001),
+        ep(8002),
+        cost_model={"feedback": {"alpha": 0.5, "min_samples": 3, "floor_s": 0.0, **feedback}},
+        placement={"recompute_weight": 0.0},
+    )
+
+
+async def test_an_endpoint_slower_than_its_peers_is_corrected_and_exported() -> None:
+    """Through the Router's lifecycle: A's streamed attempts take twice what was predicted, B's what was predicted;
+    A's factor is learned, its predictions rise against B's, traffic they tied on goes to B, and the factors are on
+    the metrics page."""
+    clock = Clock()
+    router = Router(feedback_fleet(), MemoryStore(), clock=clock)
+    await _teach(router, clock, A, 2.0, 6, 1)
+    await _teach(router, clock, B, 1.0, 6, 1_000_000)
+    learned = router.ttft_bias_factors()
+    assert 1.7 < learned[A] <= 2.0 and learned[B] == pytest.approx(1.0, abs=0.01)
     again = await router.place(RouteRequest(model="m", prompt=list(range(100_001, 108_001)), request_id="next"))
     slow, fresh = score(again, A), score(again, B)
-    # Applied as learned, decayed a little over the seconds since (half-life 120 s).
-    assert slow.ttft_bias_factor == pytest.approx(factor, rel=0.05) and fresh.ttft_bias_factor == 1.0
-    assert slow.predicted_ttft_s == pytest.approx(fresh.predicted_ttft_s * slow.ttft_bias_factor, rel=1e-6)
+    # Relative to the peers' median (here the mean of two), decayed a little since (half-life 120 s).
+    median = (learned[A] + learned[B]) / 2
+    assert slow.ttft_bias_factor == pytest.approx(learned[A] / median, rel=0.05)
+    assert fresh.ttft_bias_factor == pytest.approx(learned[B] / median, rel=0.05)
+    assert slow.predicted_ttft_s / fresh.predicted_ttft_s == pytest.approx(
+        slow.ttft_bias_factor / fresh.ttft_bias_factor, rel=1e-6
+    )
     assert again.endpoint == B
     page = {m.name: m for m in RouterFamilies(router).collect()}
-    [sample] = page["cognitora_ttft_bias_factor"].samples
-    assert sample.labels == {"endpoint": A} and sample.value == pytest.approx(factor)
+    exported = {s.labels["endpoint"]: s.value for s in page["cognitora_ttft_bias_factor"].samples}
+    assert exported == pytest.approx(learned)
     await router.close()
+
+
+async def test_a_bias_the_whole_fleet_shares_moves_no_prediction_unless_absolute() -> None:
+    # Both engines answer 2x later than predicted (the gateway's clock runs at another rate than the engines').
+    for relative in (True, False):
+        clock = Clock()
+        router = Router(feedback_fleet(relative=relative), MemoryStore(), clock=clock)
+        await _teach(router, clock, A, 2.0, 4, 1)
+        await _teach(router, clock, B, 2.0, 4, 1_000_000)
+        again = await router.place(RouteRequest(model="m", prompt=list(range(100_001, 108_001)), request_id="n"))
+        factors = {c.endpoint: c.ttft_bias_factor for c in again.candidates}
+        if relative:  # equal but for the decay of the few seconds between A's samples and B's
+            assert factors == pytest.approx({A: 1.0, B: 1.0}, abs=0.01)
+        else:
+            assert all(1.7 < f <= 2.0 for f in factors.values()), factors
+        await router.close()
 
 
 async def test_feedback_off_leaves_predictions_alone(tmp_path: Path) -> None:
