@@ -187,6 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="runs, each with its own seed (at least 3 for a verdict)")
     p.add_argument("--out", required=True, help="output prefix: PREFIX_seedN.{md,json,png} and PREFIX.md")
     p.add_argument("--aggregate", action="store_true", help="only re-read PREFIX_seedN.json already run")
+    p.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        help="also read OTHER_seedN.json and add its targets to each seed (a variant run later on the same seeds)",
+    )
     args = p.parse_args(ours)
     if any(a in ("--seed", "--out") for a in theirs):
         raise SystemExit("--seed and --out are set by the protocol: give --seeds and --out before '--'")
@@ -201,10 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"seed {seed}: bench.run_all exited {code}; aggregating the seeds that ran", file=sys.stderr)
         path = out.with_suffix(".json")
         if path.exists():
-            reports.append(load_report(json.loads(path.read_text())))
+            rep = load_report(json.loads(path.read_text()))
+            for other in args.merge:
+                extra = Path(f"{other}_seed{seed}.json")
+                if extra.exists():
+                    rep.runs += load_report(json.loads(extra.read_text())).runs
+            reports.append(rep)
     if not reports:
         raise SystemExit("no seed produced a report")
     command = shlex.join(["python", "-m", "bench.protocol", *ours, "--", *theirs])
+    if args.aggregate:
+        command += "\n# seeds run by:\n" + "\n".join(
+            sorted({r.command for r in reports} | {f"# + variants from {m}_seedN" for m in args.merge})
+        )
     text = aggregate(reports, command)
     prefix.with_suffix(".md").write_text(text)
     print(text)
