@@ -120,7 +120,7 @@ async def measure_mode(
     rng = random.Random(7)
     results: dict[str, Any] = {}
     for size, texts in prompts.items():
-        times: dict[str, list[float]] = {"simple-shuffle": [], "cognitora": [], "core-place": []}
+        times: dict[str, list[float]] = {"simple-shuffle": [], "cognitora": [], "core-place": [], "core-no-memo": []}
         # warm-up: first tokenization of each long system prompt, connection set-up
         for text in texts:
             msgs = [{"role": "system", "content": text}, {"role": "user", "content": "warm-up"}]
@@ -128,16 +128,18 @@ async def measure_mode(
         for n in range(iterations):
             text = texts[n % len(texts)]
             messages = [{"role": "system", "content": text}, {"role": "user", "content": f"Question {rng.random()}?"}]
-            order = ["simple-shuffle", "cognitora", "core-place"]
+            order = ["simple-shuffle", "cognitora", "core-place", "core-no-memo"]
             rng.shuffle(order)
             for name in order:
                 if name == "cognitora":
                     times[name].append(await _pick(router, messages, callbacks, host, failure_outcome))
-                elif name == "core-place":
-                    # The decision core alone (no LiteLLM, no adapter): what the adapter wraps.
+                elif name in ("core-place", "core-no-memo"):
+                    # The decision core alone (no LiteLLM, no adapter): what the adapter wraps. "no-memo": the same
+                    # with the block-key memo bypassed (the code before it), interleaved in the same run.
                     req = RouteRequest(model="chat", messages=messages, candidates=tuple(endpoints))
+                    memo = name == "core-place"
                     start = time.perf_counter()
-                    await host.call(lambda core, req=req: core.place(req))
+                    await host.call(lambda core, req=req, memo=memo: _place(core, req, memo))
                     times[name].append(time.perf_counter() - start)
                 else:
                     start = time.perf_counter()
@@ -174,6 +176,17 @@ async def measure_mode(
     return results
 
 
+async def _place(core: Any, req: Any, memo: bool) -> Any:
+    keyer = core.prompt_keyer("chat")
+    entries = keyer.key_memo.max_bytes
+    if not memo:
+        keyer.key_memo.max_bytes = 0
+    try:
+        return await core.place(req)
+    finally:
+        keyer.key_memo.max_bytes = entries
+
+
 async def _pick(router: Any, messages: list[dict[str, str]], callbacks: Any, host: Any, failure_outcome: Any) -> float:
     """One timed Cognitora pick, then its end reported (untimed), as the proxy's callbacks would."""
     request_kwargs: dict[str, Any] = {"metadata": {}}
@@ -199,12 +212,13 @@ def render(report: dict[str, Any]) -> str:
         "in-process, both Routers built inside the running loop as the proxy does. simple-shuffle = LiteLLM's "
         "default strategy over the same deployments; added = cognitora - simple-shuffle. core place = "
         "`cognitora.router.Router.place` called directly on the same prompts (tokenize, block keys, store reads, "
-        "placement): the part of `added` that is the decision core's, not the adapter's. The dispatch's store "
-        "write is not in the timed path: it runs while LiteLLM calls the engine.",
+        "placement): the part of `added` that is the decision core's, not the adapter's. core place, no key memo = "
+        "the same with the block-key memo (kvstate/key_memo.py) bypassed, i.e. before it, interleaved in the same "
+        "run. The dispatch's store write is not in the timed path: it runs while LiteLLM calls the engine.",
         "",
         "| mode | prompt | simple-shuffle p50 | p99 | cognitora p50 | p99 | added p50 | added p99 "
-        "| core place p50 | p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| core place p50 | p99 | core place, no key memo p50 | p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, rows in report["modes"].items():
         for size in SIZES:
@@ -212,7 +226,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {mode} | {size} | {r['simple-shuffle']['p50_ms']:.2f} | {r['simple-shuffle']['p99_ms']:.2f} | "
                 f"{r['cognitora']['p50_ms']:.2f} | {r['cognitora']['p99_ms']:.2f} | {r['added_p50_ms']:.2f} | "
-                f"{r['added_p99_ms']:.2f} | {r['core-place']['p50_ms']:.2f} | {r['core-place']['p99_ms']:.2f} |"
+                f"{r['added_p99_ms']:.2f} | {r['core-place']['p50_ms']:.2f} | {r['core-place']['p99_ms']:.2f} | "
+                f"{r['core-no-memo']['p50_ms']:.2f} | {r['core-no-memo']['p99_ms']:.2f} |"
             )
     target = report["modes"].get("redis", {}).get("8k")
     if target is not None:

@@ -58,6 +58,15 @@ class StageSummary:
     cached_tokens: int
     completion_tokens: int
     errors: dict[str, int] = field(default_factory=dict)
+    streaming_at_cut: int = 0
+    """Of ``failed``: requests still streaming when the run's deadline cut them (judged on what had arrived)."""
+    waiting_at_cut: int = 0
+    """Of ``failed``: requests cut by the deadline before their first token (queued, not failed by the server)."""
+
+    @property
+    def errored(self) -> int:
+        """Requests that failed for another reason than the run's deadline (an error answer, a reset)."""
+        return self.failed - self.streaming_at_cut - self.waiting_at_cut
 
 
 @dataclass
@@ -207,6 +216,8 @@ def summarize_stage(
         cached_tokens=cached,
         completion_tokens=completion,
         errors=errors,
+        streaming_at_cut=sum(1 for r in results if r.censored and not r.ok and r.tokens_received > 0),
+        waiting_at_cut=sum(1 for r in results if r.censored and not r.ok and r.tokens_received == 0),
     )
 
 

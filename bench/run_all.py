@@ -24,7 +24,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -34,9 +33,11 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from tqdm import tqdm
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, RequestResult, run_load
+from bench.long_context import LongContextProfile, long_context_schedule
 from bench.report import (
     EngineStats,
     Report,
@@ -64,7 +65,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SMOLLM2_TOKENIZER = SMOLLM2_DIR / "tokenizer.json"
 # The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
-DEFAULT_RATES = {"b2b-saas": "3,10,20,30,45,60", "shared-prefix-32x32": "5,10,20,40", "multi-turn-chat": "2,5,10"}
+DEFAULT_RATES = {
+    "b2b-saas": "3,10,20,30,45,60",
+    "shared-prefix-32x32": "5,10,20,40",
+    "multi-turn-chat": "2,5,10",
+    # 8 h100x2 engines prefill ~7 requests/s of the profile's ~13k-token prompts: past that, every router queues.
+    "long-context": "2,4,6,8",
+}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -234,31 +241,22 @@ class EngineSampler:
 
 
 class Progress:
-    """A one-line progress bar on a terminal; a line per 10% otherwise (logs stay readable). No dependency."""
+    """A tqdm progress bar of requests done (rate and time left included); on a non-terminal, tqdm's own sparse
+    updates (every 10 s), so logs stay readable."""
 
-    def __init__(self, label: str, width: int = 30) -> None:
+    def __init__(self, label: str) -> None:
         self.label = label
-        self.width = width
-        self._tty = sys.stderr.isatty()
-        self._last = 0.0
-        self._last_decile = -1
+        self._bar: tqdm[Any] | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        if not self._tty:
-            decile = 10 * done // max(1, total)
-            if decile != self._last_decile:
-                self._last_decile = decile
-                sys.stderr.write(f"  {self.label}: {done}/{total} requests done\n")
-            return
-        now = time.monotonic()
-        if done < total and now - self._last < 0.2:
-            return
-        self._last = now
-        filled = int(self.width * done / max(1, total))
-        sys.stderr.write(f"\r  {self.label:<22} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total}")
+        if self._bar is None:
+            tty = sys.stderr.isatty()
+            self._bar = tqdm(
+                total=total, desc=f"  {self.label}", unit="req", file=sys.stderr, mininterval=0.2 if tty else 10.0
+            )
+        self._bar.update(done - self._bar.n)
         if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self._bar.close()
 
 
 async def _drive(
@@ -363,6 +361,8 @@ def build_schedule(args: argparse.Namespace) -> wl.Schedule:
     rates = [float(x) for x in (args.rates or DEFAULT_RATES[args.workload]).split(",") if x.strip()]
     warmup_rate, warmup_s = (float(x) for x in args.warmup.split(":")) if args.warmup else (0.0, 0.0)
     stages = wl.ladder(rates, args.stage_duration, warmup_rate, warmup_s)
+    if args.workload == "long-context":
+        return long_context_schedule(LongContextProfile(), stages, seed=args.seed)
     if args.workload == "multi-turn-chat":
         return wl.multi_turn_schedule(wl.MultiTurnProfile(), stages, seed=args.seed)
     profile = wl.PROFILES[args.workload].scaled_to(args.engines, args.kv_tokens_per_engine)
@@ -394,7 +394,8 @@ def _peak_rate(requests: Sequence[wl.BenchRequest], window_s: float = 10.0) -> f
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
-    p.add_argument("--workload", default="b2b-saas", choices=[*wl.PROFILES, "multi-turn-chat", "mooncake"])
+    workloads = [*wl.PROFILES, "multi-turn-chat", "long-context", "mooncake"]
+    p.add_argument("--workload", default="b2b-saas", choices=workloads)
     p.add_argument("--rates", help="ladder of offered loads, requests per engine second (default per workload)")
     p.add_argument("--stage-duration", type=float, default=20.0, help="engine seconds per ladder stage")
     p.add_argument("--warmup", default="15:20", help="RATE:SECONDS unmeasured warm-up ('' for none)")

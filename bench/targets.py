@@ -79,6 +79,8 @@ class Target(ABC):
     settings: str = ""
     placement: dict[str, Any] | None = None
     """``placement`` settings for Cognitora targets (``name@key=value``), over Cognitora's defaults."""
+    cost_model: dict[str, Any] | None = None
+    """``cost_model`` settings for Cognitora targets (``name@cost_model.key=value``)."""
 
     def __init__(self, model: str, workdir: Path | None = None) -> None:
         self.model = model
@@ -483,6 +485,7 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
                     "models": [cognitora_model(self.model, cf)],
                     "scrape": {"interval_s": 1.0},
                     **({"placement": dict(self.placement)} if self.placement else {}),
+                    **({"cost_model": dict(self.cost_model)} if self.cost_model else {}),
                 },
                 "num_retries": 2,
             },
@@ -524,6 +527,8 @@ class CognitoraEnvoyTarget(Target):
         doc: dict[str, Any] = {"models": [model], "scrape": {"interval_s": 1.0}}
         if self.placement:
             doc["placement"] = dict(self.placement)
+        if self.cost_model:
+            doc["cost_model"] = dict(self.cost_model)
         config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         extproc_port = free_port()
         extproc = self._spawn(
@@ -597,6 +602,27 @@ def split_target(name: str) -> tuple[str, dict[str, Any]]:
     return base, overrides
 
 
+COST_MODEL_PREFIX = "cost_model."
+"""An override key with this prefix sets ``cost_model`` instead of ``placement`` (dots nest: ``cost_model.feedback.
+enabled=false``)."""
+
+
+def cost_model_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``split_target``'s overrides into (placement, cost_model), the latter nested by its dotted keys."""
+    placement: dict[str, Any] = {}
+    cost: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if not key.startswith(COST_MODEL_PREFIX):
+            placement[key] = value
+            continue
+        *path, leaf = key.removeprefix(COST_MODEL_PREFIX).split(".")
+        node = cost
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return placement, cost
+
+
 def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
     targets = all_targets()
     base, overrides = split_target(name)
@@ -606,7 +632,7 @@ def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
         raise TargetUnavailable(f"{base} takes no placement overrides (only {', '.join(COGNITORA_TARGETS)} do)")
     target = targets[base](model, workdir)
     if overrides:
-        target.placement = overrides
+        target.placement, target.cost_model = cost_model_overrides(overrides)
         target.name = name
         target.settings += "; placement overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     return target

@@ -42,9 +42,11 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "CognitoraConfig",
     "ConfigError",
+    "CostModelConfig",
     "DisaggregationConfig",
     "EndpointConfig",
     "EngineKind",
+    "EnginePriors",
     "KvTiersConfig",
     "LimitsConfig",
     "ModelConfig",
@@ -53,6 +55,7 @@ __all__ = [
     "PriorityClass",
     "Role",
     "ScrapeConfig",
+    "TtftFeedbackConfig",
     "absolute_paths",
     "config_from_dict",
     "load_config",
@@ -155,6 +158,26 @@ class PowerSourceConfig(_Strict):
         return value
 
 
+class EnginePriors(_Strict):
+    """What one engine pays for long contexts, as the cost model needs it (docs/placement.md, "Long contexts").
+    Every key may be set per endpoint (``models[].endpoints[].cost``); an unset one takes ``cost_model.priors``."""
+
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    """Tokens the engine computes per scheduler step (vLLM/SGLang ``max_num_batched_tokens``, MLX's prefill step):
+    a prefill of N uncached tokens takes ceil(N / this) steps, each of which also reads every running request's KV."""
+    attention_context_tokens: float | None = Field(default=None, gt=0)
+    """The context length at which a prefill token's attention costs as much as its linear layers: the prefill of
+    the tokens from offset c to p costs ``((p - c) + (p^2 - c^2) / (2 x this)) / prefill_rate``. A property of the
+    model's shape (4 x layers x hidden / (2 x parameters), scaled by the kernels' efficiency): ~22k for Llama-3.1-8B
+    and ~36k for Qwen3-32B on H100s."""
+    kv_read_s_per_token: float | None = Field(default=None, ge=0)
+    """Seconds a scheduler step spends reading one resident context token's KV (bytes of KV per token / memory
+    bandwidth): ~4.7e-8 for Llama-3.1-8B or Qwen3-32B TP2 on H100s, ~2.2e-7 on an M2 Ultra."""
+    kv_capacity_tokens: int | None = Field(default=None, gt=0)
+    """Tokens the engine's KV cache holds; learned from its metrics (vLLM ``cache_config_info`` num_gpu_blocks x
+    block_size) when it reports them. Unknown: no KV-capacity charge and resident context from the routers' counts."""
+
+
 class EndpointConfig(_Strict):
     """One inference engine serving the model."""
 
@@ -177,6 +200,9 @@ class EndpointConfig(_Strict):
     E2E bound needs one (docs/placement.md)."""
     joules_per_token: float | None = Field(default=None, gt=0)
     """Prior marginal energy per token (J), until one is learned from the power meter; absent: no power preference."""
+    cost: EnginePriors = Field(default_factory=lambda: EnginePriors())
+    """This engine's long-context priors (step size, attention, KV read, KV capacity); unset keys take
+    ``cost_model.priors``. Set them for hardware unlike the rest of the fleet (docs/placement.md, "Long contexts")."""
     power: PowerSourceConfig | None = None
     """A separate power page for this endpoint's GPUs (``{url: http://node:9400/metrics, gpus: [0, 1]}``); absent:
     power is read from DCGM names on the engine's own /metrics, when it has them."""
@@ -333,6 +359,59 @@ class PlacementConfig(_Strict):
         return self
 
 
+class TtftFeedbackConfig(_Strict):
+    """Online correction of each endpoint's predicted TTFT from what its requests achieved (docs/placement.md,
+    "Feedback")."""
+
+    enabled: bool = True
+    """Learn and apply a per-endpoint bias factor; off: predictions are used as the model computes them."""
+    alpha: float = Field(default=0.1, gt=0, le=1)
+    """EWMA weight of one streamed attempt's log(achieved / predicted) ratio."""
+    max_factor: float = Field(default=2.0, ge=1)
+    """The factor is bounded to [1 / this, this]: feedback corrects a bias, it never overrules the model."""
+    floor_s: float = Field(default=0.05, ge=0)
+    """Added to both sides of the ratio (and taken off after): network and step overhead the model does not price
+    would otherwise make every short request look 10x late."""
+    half_life_s: float = Field(default=120.0, gt=0)
+    """Without new samples the learned factor decays toward 1 with this half-life: an endpoint no longer picked
+    (so never measured) is not held to an old verdict."""
+    min_samples: int = Field(default=3, ge=1)
+    """Samples an endpoint needs before its factor is applied."""
+    relative: bool = True
+    """Apply each endpoint's factor divided by the median factor of the model's endpoints that have one: what is
+    corrected is how much more (or less) an endpoint is off than its peers. A bias the whole fleet shares (the
+    gateway's own network time, a clock that runs at another rate, as the time-scaled simulator's) then moves no
+    prediction, so it shifts neither the SLO verdicts nor the balance against the ranking charges. False: the
+    absolute factor is applied."""
+
+
+class CostModelConfig(_Strict):
+    """The long-context terms of the cost model: attention, decode interference by resident context, KV capacity,
+    and the TTFT feedback (docs/placement.md, "Long contexts")."""
+
+    priors: EnginePriors = Field(
+        default_factory=lambda: EnginePriors(
+            max_num_batched_tokens=8192,
+            attention_context_tokens=24_000.0,
+            kv_read_s_per_token=4.7e-8,
+        )
+    )
+    """Fleet-wide priors for every engine that sets none of its own (``models[].endpoints[].cost``)."""
+    decode_interference_weight: float = Field(default=1.0, ge=0)
+    """Ranking charges this many times the decode slowdown a placement causes: the request's own decode over the
+    context already resident there, plus what its context adds to every running request's steps while it decodes
+    (``max_tokens`` tokens; 0 when the request sets none). 0 ranks by predicted TTFT and recompute charge alone."""
+    kv_pressure_weight: float = Field(default=1.0, ge=0)
+    """Multiplier of the KV-capacity term: a placement whose new blocks (uncached prompt + ``max_tokens``) would not
+    fit beside the resident context waits for enough of it to leave (or preempts, and recomputes), in seconds."""
+    affinity_prompt_share: float = Field(default=0.5, ge=0, le=1)
+    """The tie-breaking prefix key is taken at least this share of the way into the prompt (and at least
+    ``placement.affinity_prefix_tokens`` deep): requests converge on what most of their prompt shares, so 30k-token
+    prompts that share only a 200-token system prompt spread instead of hashing to one engine."""
+    feedback: TtftFeedbackConfig = Field(default_factory=TtftFeedbackConfig)
+    """Online bias correction of the predicted TTFT per endpoint."""
+
+
 class LimitsConfig(_Strict):
     """What one request may cost a gateway, so that none stalls it: how large a prompt is tokenized exactly, and
     where (docs/config.md, "Large prompts"). A prompt's size is counted before it is rendered or tokenized: its
@@ -355,6 +434,11 @@ class LimitsConfig(_Strict):
     """At most this many characters of prompts wait for (or run on) the keying thread; a prompt that would exceed it
     gets text-approximate keys at once instead of queueing, so a burst of long prompts delays none of them by more
     than this much tokenizing (~0.5 s of English). A prompt alone on the thread always runs."""
+    block_key_memo_bytes: int = Field(default=32 << 20, ge=0)
+    """Bound of each model's memo of block keys already computed (bytes: token ids and keys as Python holds them):
+    a prompt reuses the keys of the whole blocks it shares with the latest prompt that began with the same block,
+    so a shared system prompt is hashed once (kvstate/key_memo.py). When full it is emptied and refills. 0 turns it
+    off."""
     tokenizer_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Bound of each model tokenizer's piece cache (bytes, as Python holds the text and token ids); a piece larger
     than a sixteenth of it is encoded but not kept. 0 turns the cache off."""
@@ -417,6 +501,8 @@ class CognitoraConfig(_Strict):
     """The models served, each with its endpoints."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Placement weights, filters and priority classes."""
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    """Long-context cost terms (attention, decode interference, KV capacity) and TTFT feedback."""
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
@@ -811,6 +897,9 @@ def reference_markdown() -> str:
         ("models[].endpoints[].power", PowerSourceConfig),
         ("placement", PlacementConfig),
         ("placement.priorities.<name>", PriorityClass),
+        ("cost_model", CostModelConfig),
+        ("cost_model.priors, models[].endpoints[].cost", EnginePriors),
+        ("cost_model.feedback", TtftFeedbackConfig),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
         ("intent", IntentConfig),

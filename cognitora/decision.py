@@ -40,6 +40,20 @@ class CandidateScore:
     decode_estimated: bool = False
     """``predicted_decode_s`` is a stand-in (the engine has not decoded since the scraper started): it counts toward
     the fastest E2E, but the power rule does not pick the endpoint for energy on it."""
+    attention_s: float = 0.0
+    """The attention term included in ``predicted_ttft_s``: prefill grows faster than linearly in context
+    (``placement.long_context``)."""
+    interference_s: float = 0.0
+    """Included in ``predicted_ttft_s``: the prefill's steps also read the KV of the context resident there."""
+    kv_pressure_s: float = 0.0
+    """Included in ``predicted_ttft_s``: the wait for KV room when the request's new blocks do not fit."""
+    decode_interference_s: float = 0.0
+    """Ranking charge (not in ``predicted_ttft_s``): the decode slowdown this placement causes, its own and the
+    running requests'. Ranking adds it like the recompute charge."""
+    resident_tokens: float = 0.0
+    """Context tokens resident in the endpoint's running requests, as placement estimated them."""
+    ttft_bias_factor: float = 1.0
+    """The feedback factor ``predicted_ttft_s`` was corrected by (1: none learned or applied)."""
     request_joules: float | None = None
     """The request's marginal energy here (J): ``joules_per_token`` x (uncached prompt tokens + expected decode
     tokens). A cache hit saves the prefill's energy too. None when the energy per token is unknown."""

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from cognitora.config import CognitoraConfig, ConfigError, ModelConfig
 from cognitora.redaction import redact_url
 from kvstate.chat_template import ChatTemplate, PromptError
-from kvstate.prompt import PIECE_CACHE_BYTES, ChatTokenizer, PromptKeyer
+from kvstate.prompt import KEY_MEMO_BYTES, PIECE_CACHE_BYTES, ChatTokenizer, PromptKeyer
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = [
@@ -52,17 +52,20 @@ STORE_CHECK_TIMEOUT_S = 2.0
 def prompt_keyers(config: CognitoraConfig) -> dict[str, PromptKeyer]:
     """Each model's prompt keyer by model name, its tokenizer and chat template loaded and compiled now."""
     cache_bytes = config.limits.tokenizer_cache_bytes
-    return {m.name: prompt_keyer(m, i, cache_bytes) for i, m in enumerate(config.models)}
+    memo = config.limits.block_key_memo_bytes
+    return {m.name: prompt_keyer(m, i, cache_bytes, memo) for i, m in enumerate(config.models)}
 
 
-def prompt_keyer(model: ModelConfig, index: int, cache_bytes: int = PIECE_CACHE_BYTES) -> PromptKeyer:
+def prompt_keyer(
+    model: ModelConfig, index: int, cache_bytes: int = PIECE_CACHE_BYTES, key_memo_bytes: int = KEY_MEMO_BYTES
+) -> PromptKeyer:
     """``models[index]``'s keyer (its piece cache bounded to ``cache_bytes``). Raises ``ConfigError`` naming the key
     and the file that is wrong."""
     tokenizer = None
     if model.tokenizer is not None:
         where = f"models[{index}]"
         tokenizer = _chat_tokenizer(model.tokenizer, model.chat_template, where, model.name, cache_bytes)
-    return PromptKeyer(model.name, model.block_size, tokenizer)
+    return PromptKeyer(model.name, model.block_size, tokenizer, key_memo_bytes)
 
 
 def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str, cache_bytes: int) -> ChatTokenizer:

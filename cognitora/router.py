@@ -41,6 +41,7 @@ from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.telemetry import Telemetry
+from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.engines import ENGINES
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import Prompt, PromptError, PromptKeyer, PromptKeys, prompt_chars, read_prompt
@@ -105,6 +106,9 @@ class _LocalRequest:
     decode_tokens: int
     expires: float
     prefill_done: bool = False
+    context_tokens: float = 0.0
+    """Its prompt plus half its ``max_tokens``: the KV it holds on average over its life."""
+    dispatched_at: float = 0.0
 
 
 class _LocalInflight:
@@ -140,6 +144,21 @@ class _LocalInflight:
             row[1] += 0 if entry.prefill_done else entry.prefill_tokens
             row[2] += entry.decode_tokens
         return {e: InFlight(*row) for e, row in acc.items() if e in endpoints}
+
+    def context(
+        self, endpoints: Sequence[str], since: Mapping[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Context tokens of the requests in flight per endpoint of ``endpoints`` that has any, and of those
+        dispatched after ``since[endpoint]`` (its snapshot's time: what the snapshot cannot show yet)."""
+        total: dict[str, float] = {}
+        recent: dict[str, float] = {}
+        for entry in self._requests.values():
+            e = entry.endpoint
+            if e in endpoints:
+                total[e] = total.get(e, 0.0) + entry.context_tokens
+                if entry.dispatched_at > since.get(e, float("inf")):
+                    recent[e] = recent.get(e, 0.0) + entry.context_tokens
+        return total, recent
 
     def _prune(self, now: float) -> None:
         expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]
@@ -188,6 +207,7 @@ class Router:
         self.intent = None if config.intent is None else IntentSource.shared(config.intent, set(config.model_names()))
         """The model-rewrite policy in force (``cognitora.intent``), reloaded when its file changes."""
         self._local = _LocalInflight()
+        self._feedback = TtftFeedback(config.cost_model.feedback)
         self._routed = RoutedPrefixes()
         self._outcome_rates = OutcomeRates(
             e.id for m in config.models for e in m.endpoints if ENGINES.get(e.engine.value).metrics_path is None
@@ -361,14 +381,19 @@ class Router:
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
         local = self._local.totals(ids, now)
+        bias = self._feedback.factors(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
+            context, recent = self._context(ids, local, self._snapshots)
             degraded = FleetState(
                 now=now,
                 matches=self._outcome_rates.discount(routed),
                 inflight={e: local.get(e, _NO_WORK) for e in ids},
                 snapshots=self._outcome_rates.overlay({e: s for e, s in self._snapshots.items() if e in ids}, ids, now),
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
+                context_tokens=context,
+                context_since_snapshot=recent,
+                ttft_bias=bias,
                 degraded=True,
             )
             return degraded, None, None  # (already flagged: ``degraded``)
@@ -384,6 +409,7 @@ class Router:
         if self._health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
+        context, recent = self._context(ids, local, snapshots)
         if local:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         state = FleetState(
@@ -392,9 +418,19 @@ class Router:
             inflight=inflight,
             snapshots=self._outcome_rates.overlay(snapshots, ids, now),
             health_marks=_newest_marks(view.health_marks, self._health_marks),
+            context_tokens=context,
+            context_since_snapshot=recent,
+            ttft_bias=bias,
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
         return state, age, self._staleness(view.heartbeats, now)
+
+    def _context(
+        self, ids: Sequence[str], local: Mapping[str, InFlight], snapshots: Mapping[str, EndpointSnapshot]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        if not local:
+            return {}, {}
+        return self._local.context(ids, {e: s.last_seen for e, s in snapshots.items()})
 
     def _staleness(self, beats: Mapping[str, Heartbeat], now: float) -> str | None:
         """None when the newest collector heartbeat is within ``placement.state_max_age_s``; else a note saying how
@@ -553,7 +589,14 @@ class Router:
         leg = decision.prefill
         expires = now + params.inflight_ttl_s
         # A pair's prefill queues on its prefill endpoint; the decode endpoint holds the decode only.
-        entry = _LocalRequest(endpoint, 0 if leg else prefill, decision.expected_decode_tokens, expires)
+        entry = _LocalRequest(
+            endpoint,
+            0 if leg else prefill,
+            decision.expected_decode_tokens,
+            expires,
+            context_tokens=decision.prompt_tokens + decision.expected_decode_tokens / 2,
+            dispatched_at=now,
+        )
         self._local.add(decision.request_id, entry, now)
         if leg is not None:
             self._local.add(_prefill_leg_id(decision.request_id), _LocalRequest(leg.endpoint, prefill, 0, expires), now)
@@ -684,6 +727,7 @@ class Router:
             stats.ttft_reports += 1
             stats.predicted_ttft_s += decision.predicted_ttft_s
             stats.achieved_ttft_s += achieved_ttft
+            self._feed_back(attempt, achieved_ttft)
         if outcome.ok and attempt.endpoint in self._outcome_rates:
             self._learn_rates(attempt, outcome, achieved_ttft)
         runner_up = decision.runner_up
@@ -729,6 +773,18 @@ class Router:
             completion_tokens=outcome.completion_tokens,
             e2e_s=time.monotonic() - attempt.dispatched_at,
         )
+
+    def _feed_back(self, attempt: Attempt, achieved_ttft_s: float) -> None:
+        """Teach the TTFT feedback what the model predicted for this endpoint before any correction."""
+        decision = attempt.decision
+        score = next((c for c in decision.candidates if c.endpoint == attempt.endpoint), None)
+        factor = 1.0 if score is None else score.ttft_bias_factor
+        raw = raw_ttft_s(decision.predicted_ttft_s, factor, self.config.cost_model.feedback.floor_s)
+        self._feedback.observe(attempt.endpoint, raw, achieved_ttft_s, self._clock())
+
+    def ttft_bias_factors(self) -> dict[str, float]:
+        """Each endpoint's learned TTFT feedback factor (those with enough samples), for metrics."""
+        return self._feedback.known()
 
     def _forget(self, attempt: Attempt) -> None:
         rid = attempt.request_id
@@ -785,6 +841,10 @@ class Router:
         await self._guarded(self._share_unhealthy(endpoint, reason), "share an unhealthy mark")
 
     # -- lookups --------------------------------------------------------------------------------------------
+    def prompt_keyer(self, model: str) -> PromptKeyer:
+        """The keyer of a configured model (its tokenizer, piece cache and block-key memo)."""
+        return self._keyers[model]
+
     def endpoint_url(self, endpoint_id: str) -> str | None:
         """Base URL of a configured endpoint (``http://host:port``), or None for an unknown id."""
         endpoint = self.config.endpoint(endpoint_id)

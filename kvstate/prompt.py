@@ -50,7 +50,8 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer
 
 from kvstate.chat_template import ChatTemplate, PromptError, conversation, load_chat_template, tool_schemas
-from kvstate.keys import APPROX_CHARS_PER_TOKEN, BlockKey, approx_root_key, chain_block_keys, root_key, text_block_keys
+from kvstate.key_memo import BlockKeyMemo
+from kvstate.keys import APPROX_CHARS_PER_TOKEN, BlockKey, approx_root_key, root_key, text_block_keys
 
 __all__ = [
     "ChatPrompt",
@@ -71,6 +72,8 @@ __all__ = [
 Message = Mapping[str, Any]
 TokenIds = tuple[int, ...]
 
+KEY_MEMO_BYTES = 32 << 20
+"""Default bound of a keyer's block-key memo (``kvstate.key_memo``), in bytes: ~600 distinct 8k-token prefixes."""
 PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
 them): ~1.5M cached tokens of English."""
@@ -387,11 +390,19 @@ class PromptKeyer:
     the one the engines' ``BlockStored`` events for that adapter are keyed in (``kvstate.events.ingest``).
     """
 
-    def __init__(self, model: str, block_size: int = 16, tokenizer: ChatTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        block_size: int = 16,
+        tokenizer: ChatTokenizer | None = None,
+        key_memo_bytes: int = KEY_MEMO_BYTES,
+    ) -> None:
+        """``key_memo_bytes``: bound of the memo of block keys already computed (``kvstate.key_memo``); 0: none."""
         self.model = model
         self.block_size = block_size
         self.tokenizer = tokenizer
         self._roots: dict[str | None, BlockKey] = {}
+        self.key_memo = BlockKeyMemo(key_memo_bytes)
 
     def root(self, lora: str | None = None) -> BlockKey:
         hit = self._roots.get(lora)
@@ -441,7 +452,7 @@ class PromptKeyer:
         return PromptKeys(keys, max(1, size // APPROX_CHARS_PER_TOKEN), False, self.block_size)
 
     def keys_for_tokens(self, token_ids: Sequence[int], lora: str | None = None) -> list[BlockKey]:
-        return chain_block_keys(self.root(lora), token_ids, self.block_size)
+        return self.key_memo.chain(self.root(lora), token_ids, self.block_size)
 
     def keys_for_chat(
         self,

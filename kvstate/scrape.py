@@ -542,6 +542,7 @@ class Scraper:
             power_watts=watts or 0.0,
             energy_joules=joules or 0.0,
             block_size=load.block_size or spec.default_block_size or 0,
+            kv_capacity_tokens=(load.kv_blocks or 0) * (load.block_size or spec.default_block_size or 0),
             consecutive_failures=endpoint.consecutive_failures,
             mean_service_s=endpoint.estimator.mean_service_s or None,
             prompt_tokens_total=load.prompt_tokens_total,

@@ -98,6 +98,8 @@ class EndpointSnapshot:
     energy_joules: float = 0.0
     """Cumulative energy counter, as the engine's power meter reports it."""
     block_size: int = 0
+    kv_capacity_tokens: int = 0
+    """Tokens the engine's KV cache holds (its cache config's blocks x block size); 0 = not reported."""
     consecutive_failures: int = 0
     """Health rounds failed in a row (0 after a good one)."""
     mean_service_s: float | None = None

@@ -77,3 +77,29 @@ def test_cognitora_targets_take_placement_overrides_and_peers_refuse_them(tmp_pa
         make_target("envoy-rr@tie_band_s=0", "m", tmp_path)
     with pytest.raises(TargetUnavailable, match="key=value"):
         split_target("cognitora-envoy@oops")
+
+
+def test_cost_model_overrides_nest_by_their_dotted_keys(tmp_path: Path) -> None:
+    from bench.targets import make_target
+
+    target = make_target("cognitora-litellm@cost_model.feedback.enabled=false;recompute_weight=0", "m", tmp_path)
+    assert target.placement == {"recompute_weight": 0}
+    assert target.cost_model == {"feedback": {"enabled": False}}
+
+
+def test_the_demo_table_shows_requests_cut_while_streaming_as_such_not_as_failures() -> None:
+    """Round-robin at the demo's deadline: 158 sent, none finished, 150 still streaming, 8 queued. The table must
+    not read "0/158" (as if every request failed)."""
+    stage = StageSummary(
+        stage="10 rps", offered_rps=10, duration_s=16, requests=158, ok=0, failed=158, ttft_p50=2.7, ttft_p90=4.2,
+        ttft_p99=4.9, itl_p50=0.02, e2e_p50=9.0, e2e_p99=12.0, output_tps=180.0, goodput_rps=0.0, hit_rate=None,
+        reuse_bound=0.6, prompt_tokens=0, cached_tokens=0, completion_tokens=0, streaming_at_cut=150,
+        waiting_at_cut=8,
+    )  # fmt: skip
+    run = TargetRun(target="envoy-rr", settings="", total_requests=158, total_ok=0, stages=[stage])
+    table = demo._table([demo._row("round-robin (Envoy)", run, stage)])
+    header, row = (line for line in table.splitlines() if line.startswith("|"))
+    cells = dict(zip((c.strip() for c in header.split("|")), (c.strip() for c in row.split("|")), strict=True))
+    assert cells["sent"] == "158" and cells["finished"] == "0"
+    assert cells["streaming at deadline"] == "150" and cells["queued at deadline"] == "8" and cells["failed"] == "0"
+    assert "0/158" not in table

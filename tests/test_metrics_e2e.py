@@ -105,6 +105,15 @@ def assert_preflight_answered(url: str) -> None:
     assert got.headers.get("access-control-allow-origin") in ("*", ORIGIN)
 
 
+def assert_feedback_learned(page: dict[tuple[str, frozenset[tuple[str, str]]], float], fleet: SimFleet) -> None:
+    """The streamed attempts' achieved TTFT reached the core: a bounded TTFT feedback factor per endpoint served,
+    beside the predicted/achieved histograms it comes from (docs/placement.md, "Feedback")."""
+    assert total(page, "cognitora_attempt_ttft_achieved_seconds_count") > 0
+    factors = by_label(page, "cognitora_ttft_bias_factor", "endpoint")
+    assert factors and set(factors) <= set(fleet.endpoint_ids), factors
+    assert all(0.5 <= f <= 2.0 for f in factors.values()), factors
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[SimFleet]:
     work = tmp_path_factory.mktemp("metrics-fleet")
@@ -268,7 +277,12 @@ def test_envoy_workers_and_collector_pages_after_traffic(
 def test_envoy_one_process_with_its_embedded_collector_serves_every_family(
     fleet: SimFleet, tmp_path: Path, smollm2_dir: Path
 ) -> None:
-    config = {"models": fleet_models(fleet, smollm2_dir), "scrape": {"interval_s": 0.5, "timeout_s": 0.4}}
+    config = {
+        "models": fleet_models(fleet, smollm2_dir),
+        "scrape": {"interval_s": 0.5, "timeout_s": 0.4},
+        # A third of the requests stream (8): learn from the first, so both engines show a factor.
+        "cost_model": {"feedback": {"min_samples": 1}},
+    }
     config_path = tmp_path / "cognitora.yaml"
     config_path.write_text(yaml.safe_dump(config))
     extproc_port, metrics_port, listen, admin = free_port(), free_port(), free_port(), free_port()
@@ -298,6 +312,7 @@ def test_envoy_one_process_with_its_embedded_collector_serves_every_family(
         assert total(page, "cognitora_scrapes_total", result="ok") > 0
         assert set(by_label(page, "cognitora_endpoint_running", "endpoint")) == set(fleet.endpoint_ids)
         assert total(page, "cognitora_internal_errors_total") == 0
+        assert_feedback_learned(page, fleet)
         assert_preflight_answered(url)
     finally:
         if envoy is not None:
@@ -326,6 +341,7 @@ def test_litellm_proxy_serves_the_page_on_its_own_port_and_on_metrics_listen(
             "routing_strategy_args": {
                 "models": [{"name": "smollm2", "tokenizer": str(smollm2_dir / "tokenizer.json")}],
                 "scrape": {"interval_s": 0.5, "timeout_s": 0.5},
+                "cost_model": {"feedback": {"min_samples": 1}},
                 "metrics_listen": f"127.0.0.1:{own_port}",
             },
         },
@@ -373,6 +389,7 @@ def test_litellm_proxy_serves_the_page_on_its_own_port_and_on_metrics_listen(
         assert sum(by_label(page, "cognitora_kv_event_batches_applied_total", "endpoint").values()) > 0
         assert total(page, "cognitora_scrapes_total", result="ok") > 0
         assert set(by_label(page, "cognitora_endpoint_running", "endpoint")) == set(fleet.endpoint_ids)
+        assert_feedback_learned(page, fleet)
         own = metrics(on_own)  # the same core behind both pages
         assert total(own, "cognitora_decisions_total") == REQUESTS
         assert_preflight_answered(on_proxy)

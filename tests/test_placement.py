@@ -362,8 +362,9 @@ CASES = [
     ),
     Case(
         "recompute_weight 0: a hit behind a queue loses to a faster cold endpoint",
-        # A: 4200 queued + 296 uncached = 450 ms; B: cold, 410 ms (outside the 20.5 ms tie band).
-        FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4200, 0)}),
+        # A: 4600 queued + 296 uncached = 490 ms + 5 ms attention; B: cold, 410 ms + 35 ms attention over the
+        # whole prompt (cost_model.priors.attention_context_tokens), outside the 22 ms tie band.
+        FleetState(NOW, matches={A: cached(3800)}, inflight={A: InFlight(1, 4600, 0)}),
         expect=B,
     ),
     Case(
@@ -524,16 +525,27 @@ def test_different_cold_prefixes_spread_uniformly() -> None:
     assert all(70 <= n <= 130 for n in counts.values()), counts
 
 
-def test_cold_requests_sharing_a_prefix_converge_before_any_cache_entry() -> None:
-    # Same first 256 tokens (16 blocks), different rest and request ids: nothing is cached or in flight yet.
+def _cold_picks_sharing(shared_blocks: int, total_blocks: int = 64) -> set[str | None]:
     picks = set()
     for i in range(20):
-        keys = [*range(1, 17), *range(5000 + i * 100, 5000 + i * 100 + 48)]
-        shared = PromptKeys(keys=keys, prompt_tokens=1024, exact=True, tokens_per_key=BLOCK)
+        keys = [*range(1, shared_blocks + 1), *range(5000 + i * 100, 5000 + i * 100 + total_blocks - shared_blocks)]
+        shared = PromptKeys(keys=keys, prompt_tokens=total_blocks * BLOCK, exact=True, tokens_per_key=BLOCK)
         picks.add(
             place(RouteRequest(model="m", prompt="x", request_id=f"r{i}"), shared, FOUR, FleetState(NOW)).endpoint
         )
+    return picks
+
+
+def test_cold_requests_sharing_a_prefix_converge_before_any_cache_entry() -> None:
+    # Same first 768 of 1024 tokens (48 blocks), different rest and request ids: nothing is cached or in flight yet.
+    picks = _cold_picks_sharing(48)
     assert len(picks) == 1, picks
+
+
+def test_cold_requests_sharing_only_a_short_head_spread() -> None:
+    # Only the first 256 of 1024 tokens shared (a system prompt before long unique documents): the tie-break key
+    # is taken half-way into the prompt (cost_model.affinity_prompt_share), so they do not all hash to one engine.
+    assert len(_cold_picks_sharing(16)) >= 3
 
 
 def test_a_learned_rate_a_few_percent_high_does_not_herd_cold_prompts() -> None:
@@ -548,8 +560,23 @@ def test_a_learned_rate_a_few_percent_high_does_not_herd_cold_prompts() -> None:
 
 def test_a_real_speed_difference_still_wins() -> None:
     # 20% faster is outside the tie band: every cold prompt goes to the faster endpoint.
-    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000)})
+    slower = {e: snap(e, prefill_tokens_per_s=10000) for e in (B, C, D)}
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000), **slower})
     assert set(cold_picks(FOUR, state, 50)) == {A}
+
+
+def test_an_endpoint_not_learned_yet_is_priced_at_its_peers_learned_rate() -> None:
+    # A learned 12,000 tokens/s first; B, C, D (no prior, same hardware) have not learned yet. They are assumed to
+    # run at the median learned rate, not at default_prefill_tokens_per_s, so cold prompts do not herd onto A.
+    state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000)})
+    picks = cold_picks(FOUR, state, 200)
+    assert all(25 <= picks.count(e) <= 75 for e in (A, B, C, D)), {e: picks.count(e) for e in (A, B, C, D)}
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    assert {c.prefill_tokens_per_s for c in decision.candidates} == {12000}
+    # A configured prior still wins over the peers' rate.
+    primed = fleet(ep(8001), ep(8002, prefill_tokens_per_s=5000))
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), primed, state)
+    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 12000, B: 5000}
 
 
 def test_tie_band_has_an_absolute_floor_for_short_prompts() -> None:
@@ -578,11 +605,16 @@ def test_prompts_shorter_than_a_block_spread_by_request() -> None:
     assert again.endpoint == picks[7]  # same request, same state: same answer
 
 
+def attention_s(cached: int, prompt: int, rate: float, context_tokens: float = 24_000) -> float:
+    """The attention term with the shipped prior (``cost_model.priors.attention_context_tokens``)."""
+    return (prompt * prompt - cached * cached) / (2 * context_tokens) / rate
+
+
 def test_predicted_ttft_is_the_documented_formula() -> None:
     config = fleet(ep(8001, prefill_tokens_per_s=8000), placement={"decode_penalty_s_per_running": 0.01})
     state = FleetState(NOW, matches={A: cached(1024)}, inflight={A: InFlight(3, 2000, 300)})
     decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, state)
-    expected = (2000 + 4096 - 1024) / 8000 + 0.01 * 3
+    expected = (2000 + 4096 - 1024) / 8000 + 0.01 * 3 + attention_s(1024, 4096, 8000)
     assert decision.predicted_ttft_s == pytest.approx(expected)
     assert decision.predicted_cached_tokens == 1024
     [score] = decision.candidates
@@ -646,7 +678,7 @@ def test_learned_energy_feeds_the_power_rule_however_old_the_snapshot() -> None:
 def test_reason_names_the_winning_terms() -> None:
     busy = FleetState(NOW, matches={B: cached(4000)}, inflight={B: InFlight(10, 20000, 0)})
     decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), DEFAULT_FLEET, busy)
-    assert decision.reason.startswith(f"lowest predicted TTFT (410 ms vs 2012 ms on {B}): 2000 ms less queue wait")
+    assert decision.reason.startswith(f"lowest predicted TTFT (445 ms vs 2013 ms on {B}): 2000 ms less queue wait")
     config = fleet(ep(8001, joules_per_token=0.5), ep(8002, joules_per_token=0.1))
     green = place(RouteRequest(model="m", prompt="x"), prompt(4096), config, FleetState(NOW, matches={A: cached(256)}))
     expected = f"lower energy: 410 J for this request vs 1920 J on the fastest ({A}; 0.1 vs 0.5 J/token)"
@@ -748,6 +780,7 @@ def test_slot_wait_is_a_named_term_of_the_prediction_and_the_reason() -> None:
     assert decision.endpoint == A
     saturated = next(c for c in decision.candidates if c.endpoint == B)
     assert saturated.slot_wait_s == pytest.approx(3.0)  # 4 departures at 40 / 30 s
-    assert saturated.predicted_ttft_s == pytest.approx(3.0 + (3 * 512 + 1200) / 10_000 + 40 * 0.0002)
+    expected = 3.0 + (3 * 512 + 1200) / 10_000 + 40 * 0.0002 + attention_s(6000, 7200, 10_000)
+    assert saturated.predicted_ttft_s == pytest.approx(expected)
     assert "slot wait" in decision.reason, decision.reason
     assert "at capacity: slot wait 3000 ms" in decision.explain()

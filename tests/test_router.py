@@ -37,7 +37,8 @@ def make_config(smollm2_dir: Path, **top: Any) -> CognitoraConfig:
             # generous: the shared 2-core test machine must not turn a slow answer into a degraded decision.
             # No recompute charge: these tests steer with in-flight work and the TTFT it predicts (the charge
             # would keep a prefix on its loaded endpoint; tests/test_placement.py covers it).
-            "placement": {"store_timeout_s": 5.0, "recompute_weight": 0.0},
+            # No tie band either: a few ms of queue must decide, not the prefix hash.
+            "placement": {"store_timeout_s": 5.0, "recompute_weight": 0.0, "tie_band_s": 0.0, "tie_band_ratio": 0.0},
             **top,
             "models": [
                 {

@@ -112,6 +112,10 @@ class RouterFamilies(PrometheusCollector):
         yield _histograms("cognitora_attempt_ttft_predicted_seconds", t.ttft_predicted)
         yield _histograms("cognitora_attempt_ttft_achieved_seconds", t.ttft_achieved)
         yield _histograms("cognitora_routing_regret_seconds", t.regret)
+        bias = family("cognitora_ttft_bias_factor")
+        for endpoint, factor in sorted(self.router.ttft_bias_factors().items()):
+            bias.add_metric([endpoint], factor)
+        yield bias
         yield _counters("cognitora_attempt_cache_reports", {k: s.reports for k, s in t.cache.items()})
         yield _counters(
             "cognitora_attempt_cached_tokens_predicted", {k: s.predicted_cached_tokens for k, s in t.cache.items()}

@@ -8,7 +8,7 @@ Counter names are written without ``_total``: Prometheus' text format appends it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 __all__ = ["SPECS", "Kind", "Merge", "MetricSpec", "Source", "reference_markdown", "spec"]
@@ -143,6 +143,19 @@ SPECS: tuple[MetricSpec, ...] = (
         """Achieved TTFT on the pick minus the TTFT placement predicted for the runner-up, per attempt with both.
         Negative: the pick answered sooner than the runner-up was expected to. A prediction, not a measurement, of
         the road not taken: it carries the predictor's error (see docs/metrics.md).""",
+    ),
+    replace(
+        _m(
+            "cognitora_ttft_bias_factor",
+            G,
+            E,
+            R,
+            """The TTFT feedback's learned factor per endpoint (cost_model.feedback; docs/placement.md, "Feedback"):
+            its predictions are corrected by (raw + floor) x factor - floor. Above 1: the endpoint answers later than
+            the cost model predicts; below 1: sooner. Absent until an endpoint has cost_model.feedback.min_samples
+            streamed attempts. With --workers N, one worker's (each learns from its own attempts).""",
+        ),
+        merge=Merge.FIRST,
     ),
     _m(
         "cognitora_attempt_cache_reports",

@@ -11,7 +11,13 @@ from dataclasses import replace
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, Role
 from cognitora.decision import Decision, Rejection
 from cognitora.placement.affinity import affinity_key
-from cognitora.placement.cost import by_ranking_cost, estimate_unknown_decode, excluded_score, score_endpoint
+from cognitora.placement.cost import (
+    by_ranking_cost,
+    estimate_unknown_decode,
+    excluded_score,
+    peer_prefill_rate,
+    score_endpoint,
+)
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.state import FleetState, HealthMark
@@ -67,11 +73,22 @@ def place(
         return reject(req, 400, f"unknown priority class {priority!r}; configured: {known}")
 
     decode = req.max_tokens or 0
-    filtered = run_filters(model.endpoints, FilterContext(req, role, state, params))
+    filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
+    peers = peer_prefill_rate(model.endpoints, state, params)
     ranked = sorted(
         (
-            score_endpoint(e, prompt.prompt_tokens, prompt.tokens_per_key, state, params, decode, config.kv_tiers)
+            score_endpoint(
+                e,
+                prompt.prompt_tokens,
+                prompt.tokens_per_key,
+                state,
+                params,
+                decode,
+                config.kv_tiers,
+                cost_model=config.cost_model,
+                peer_rate=peers,
+            )
             for e in filtered.kept
         ),
         key=by_ranking_cost,
@@ -95,7 +112,9 @@ def place(
         message = f"no eligible endpoint for model {req.model!r} ({why})"
         return replace(base, reason=message, rejection=Rejection(503, message, NO_ENDPOINT_RETRY_AFTER_S))
 
-    tie_breaker = affinity_key(prompt, req.request_id, params.affinity_prefix_tokens)
+    tie_breaker = affinity_key(
+        prompt, req.request_id, params.affinity_prefix_tokens, config.cost_model.affinity_prompt_share
+    )
     outcome = pick(ranked, priority, pclass, params, tie_breaker)
     if isinstance(outcome, Rejection):
         return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0], saturated=True)

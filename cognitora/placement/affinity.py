@@ -2,7 +2,9 @@
 
 When the cost cannot tell candidates apart (predicted TTFTs within the picker's tie band), the choice is made by
 rendezvous (highest-random-weight) hashing of a *prefix key* of the prompt: the block key at depth
-``min(len(keys), affinity_prefix_tokens / tokens_per_key)``. Block keys are chained, so that key names the whole
+``min(len(keys), max(affinity_prefix_tokens / tokens_per_key, affinity_prompt_share x len(keys)))``: the prefix
+most of the prompt shares with its group, never only the first blocks of a 30k-token prompt (requests that share
+nothing but a system prompt would all hash to one engine). Block keys are chained, so that key names the whole
 prefix up to it. Hence:
 
 - cold requests sharing a system prompt converge on one endpoint even before any KV event or speculative entry
@@ -17,17 +19,19 @@ draw). Everything here is a pure function of its arguments.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 from cognitora.decision import CandidateScore
 from kvstate.prompt import PromptKeys
 
 
-def affinity_key(prompt: PromptKeys, request_id: str, prefix_tokens: int) -> str:
-    """The prompt's prefix key for ``prefix_tokens`` of depth (shorter prompts: their last full block)."""
+def affinity_key(prompt: PromptKeys, request_id: str, prefix_tokens: int, prompt_share: float = 0.0) -> str:
+    """The prompt's prefix key for ``prefix_tokens`` of depth, or ``prompt_share`` of its keys when that is deeper
+    (shorter prompts: their last full block)."""
     if not prompt.keys:
         return f"request:{request_id}"
-    depth = max(1, prefix_tokens // max(1, prompt.tokens_per_key))
+    depth = max(1, prefix_tokens // max(1, prompt.tokens_per_key), math.ceil(prompt_share * len(prompt.keys)))
     return f"prefix:{prompt.keys[min(len(prompt.keys), depth) - 1]}"
 
 

@@ -12,7 +12,8 @@
   that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router). The max, not the sum:
   ``waiting`` includes the routers' own requests. The per-request figure is a prior: the snapshot has no request
   counter to learn the engine's mean uncached prompt from.
-- ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the default.
+- ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the median
+  learned rate of the model's endpoints without a prior (``peer_prefill_rate``), else the default.
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
 
@@ -48,20 +49,30 @@ prefill, which is where candidates differ most, is compared).
 Scraped load figures older than ``snapshot_max_age_s`` are ignored (the learned energy per token is not a load
 figure: it is used however old); router counts never are.
 
+With ``cost_model`` (``CognitoraConfig.cost_model``; every placement through ``placement.place``), the prediction
+also carries what long contexts cost (``placement.long_context``: attention, the prefill's steps slowed by the
+context resident there, the wait for KV room), and then the endpoint's learned feedback factor
+(``cognitora.ttft_feedback``): ``(ttft + floor) x factor - floor``.
+
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
-(``ranking_cost_s``): with the default weight 0, by predicted TTFT alone. A positive weight charges the capacity a
-recomputed prefix takes from later requests, which the request's own TTFT does not see.
+(+ the decode-interference charge, ``ranking_cost_s``). A positive recompute weight charges the capacity a recomputed
+prefix takes from later requests, which the request's own TTFT does not see; the decode-interference charge is the
+decode slowdown the placement causes, its own and the running requests'.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 
-from cognitora.config import EndpointConfig, KvTiersConfig, PlacementConfig
+from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.estimate_basis import estimate_basis
+from cognitora.placement.long_context import LongContextCost, engine_priors, long_context_cost
 from cognitora.placement.state import FleetState
 from cognitora.placement.tier_reload import priced_prefix
+from cognitora.ttft_feedback import corrected_ttft_s
 from kvstate.store import EndpointSnapshot, InFlight
 
 
@@ -73,12 +84,33 @@ def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig)
     return snap
 
 
-def prefill_rate(endpoint: EndpointConfig, snap: EndpointSnapshot | None, params: PlacementConfig) -> float:
+def prefill_rate(
+    endpoint: EndpointConfig, snap: EndpointSnapshot | None, params: PlacementConfig, peer_rate: float | None = None
+) -> float:
+    """Learned, else the endpoint's prior, else ``peer_rate`` (``peer_prefill_rate``), else the default."""
     if snap is not None and snap.prefill_tokens_per_s > 0:
         return snap.prefill_tokens_per_s
     if endpoint.prefill_tokens_per_s is not None:
         return endpoint.prefill_tokens_per_s
+    if peer_rate is not None:
+        return peer_rate
     return params.default_prefill_tokens_per_s
+
+
+def peer_prefill_rate(endpoints: Sequence[EndpointConfig], state: FleetState, params: PlacementConfig) -> float | None:
+    """The median learned rate of the model's endpoints that have no configured prior: what an endpoint with
+    neither a learned rate nor a prior is assumed to do (None when none has learned one).
+
+    Without it such an endpoint was priced at ``default_prefill_tokens_per_s`` while its learned peers ran at
+    theirs: in a fleet of identical engines the ones learned first looked faster and drew the traffic."""
+    rates = []
+    for e in endpoints:
+        if e.prefill_tokens_per_s is not None:
+            continue
+        snap = fresh_snapshot(e.id, state, params)
+        if snap is not None and snap.prefill_tokens_per_s > 0:
+            rates.append(snap.prefill_tokens_per_s)
+    return statistics.median(rates) if rates else None
 
 
 def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
@@ -170,7 +202,11 @@ def score_endpoint(
     params: PlacementConfig,
     decode_tokens: int = 0,
     tiers: KvTiersConfig | None = None,
+    cost_model: CostModelConfig | None = None,
+    peer_rate: float | None = None,
 ) -> CandidateScore:
+    """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
+    which is the linear model above."""
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
     match = state.matches.get(endpoint.id)
@@ -181,10 +217,32 @@ def score_endpoint(
     if snap is not None:
         queued = max(queued, float(snap.waiting * params.waiting_request_tokens))
         running = max(running, snap.running)
-    rate = prefill_rate(endpoint, snap, params)
+    rate = prefill_rate(endpoint, snap, params, peer_rate)
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
     ttft = (queued + prompt_tokens - cached) / rate + reload_s + decode_penalty + slot_wait
+    extra = LongContextCost()
+    bias = 1.0
+    if cost_model is not None:
+        extra = long_context_cost(
+            engine_priors(endpoint, snap, cost_model),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            queued_tokens=queued,
+            running=running,
+            counted_resident=state.context_tokens.get(endpoint.id, 0.0),
+            resident_since_snapshot=state.context_since_snapshot.get(endpoint.id, 0.0),
+            decode_tokens=decode_tokens,
+            rate=rate,
+            snap=snap,
+            mean_service_s=mean_service_s(snap, flight) if snap is not None else 0.0,
+            saturated_kv_usage=params.saturated_kv_usage,
+            model=cost_model,
+        )
+        ttft += extra.ttft_s
+        bias = state.ttft_bias.get(endpoint.id, 1.0)
+        if bias != 1.0:
+            ttft = corrected_ttft_s(ttft, bias, cost_model.feedback.floor_s)
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
     jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id))
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
@@ -203,6 +261,12 @@ def score_endpoint(
         running=running,
         basis=estimate_basis(endpoint, snap, params),
         reload_s=reload_s,
+        attention_s=extra.attention_s,
+        interference_s=extra.interference_s,
+        kv_pressure_s=extra.kv_pressure_s,
+        decode_interference_s=extra.decode_interference_s,
+        resident_tokens=extra.resident_tokens,
+        ttft_bias_factor=bias,
     )
 
 
@@ -220,8 +284,9 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
 
 
 def ranking_cost_s(score: CandidateScore) -> float:
-    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)."""
-    return score.predicted_ttft_s + score.recompute_penalty_s
+    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)
+    plus the decode-interference charge (``cost_model.decode_interference_weight``)."""
+    return score.predicted_ttft_s + score.recompute_penalty_s + score.decode_interference_s
 
 
 def by_ranking_cost(score: CandidateScore) -> tuple[float, str]:

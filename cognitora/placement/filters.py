@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cognitora.config import EndpointConfig, PlacementConfig, Role
+from cognitora.config import CostModelConfig, EndpointConfig, PlacementConfig, Role
 from cognitora.placement.state import FleetState
 from cognitora.request import RouteRequest
 
@@ -23,6 +23,8 @@ class FilterContext:
     role: Role
     state: FleetState
     params: PlacementConfig
+    cost_model: CostModelConfig | None = None
+    """The long-context cost terms; when they price an endpoint's KV capacity, its KV usage is not a filter."""
 
 
 FilterFn = Callable[[EndpointConfig, FilterContext], str | None]
@@ -76,6 +78,15 @@ def _scrape_healthy(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
 def _kv_headroom(endpoint: EndpointConfig, ctx: FilterContext) -> str | None:
     snap = ctx.state.snapshots.get(endpoint.id)
     if snap is None or ctx.state.now - snap.last_seen > ctx.params.snapshot_max_age_s:
+        return None
+    cost = ctx.cost_model
+    if (
+        cost is not None
+        and cost.kv_pressure_weight > 0
+        and (snap.kv_capacity_tokens or endpoint.cost.kv_capacity_tokens)
+    ):
+        # Priced in seconds instead (the wait for KV room, placement.long_context). As a filter, a KV-bound fleet
+        # hovering at 95-100% sent every request to whichever engine read under the limit at its last scrape.
         return None
     if snap.kv_usage > ctx.params.kv_usage_limit:
         return f"KV cache {snap.kv_usage:.0%} full (limit {ctx.params.kv_usage_limit:.0%})"

@@ -22,7 +22,8 @@ Rules, in order:
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
    prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
-   predicted overshoot; any other class takes the fastest endpoint anyway.
+   predicted overshoot; any other class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token
+   prompt is over a 2 s SLO on every idle engine, and without it every such prompt went to the first by name).
 
 The runner-up is the best-ranked candidate other than the pick.
 """
@@ -77,8 +78,14 @@ def pick(
         if pclass.sheddable:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
             return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
+        # Ties are broken as for feasible candidates: a long prompt predicted over the SLO everywhere on an idle
+        # fleet would otherwise go to the first endpoint by name, every time.
+        band = tie_band_s(best, params)
+        chosen = rendezvous_pick([c for c in ranked if ranking_cost_s(c) <= ranking_cost_s(best) + band], affinity_key)
         reason = message + "; not sheddable, so placed on the fastest endpoint"
-        return Pick(best, _runner_up(ranked, best), reason, saturated=True)
+        if chosen is not best:
+            reason += f" (tied with {best.endpoint} within the {_ms(band)} band; the prompt's prefix hashes here)"
+        return Pick(chosen, _runner_up(ranked, chosen), reason, saturated=True)
 
     best = feasible[0]
     band = tie_band_s(best, params)
@@ -188,11 +195,19 @@ def _terms(c: CandidateScore) -> dict[str, float]:
     queue = c.queued_prefill_tokens / c.prefill_tokens_per_s
     return {
         "queue wait": queue,
-        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s - c.slot_wait_s,
+        "prefill": c.predicted_ttft_s - queue - c.decode_penalty_s - c.slot_wait_s - _long_context_s(c),
         "decode load": c.decode_penalty_s,
         "slot wait": c.slot_wait_s,
+        "attention": c.attention_s,
+        "resident-context steps": c.interference_s,
+        "wait for KV room": c.kv_pressure_s,
         "recompute charge": c.recompute_penalty_s,
+        "decode interference": c.decode_interference_s,
     }
+
+
+def _long_context_s(c: CandidateScore) -> float:
+    return c.attention_s + c.interference_s + c.kv_pressure_s
 
 
 def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
@@ -200,6 +215,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
         return "the only eligible endpoint"
     second = ranked[1]
     what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
+    if best.decode_interference_s or second.decode_interference_s:
+        what = "ranking cost (TTFT + recompute + decode interference)"
     why = f"lowest {what} ({_ms(ranking_cost_s(best))} vs {_ms(ranking_cost_s(second))} on {second.endpoint})"
     mine, theirs = _terms(best), _terms(second)
     gains = sorted(((theirs[k] - mine[k], k) for k in mine), reverse=True)
@@ -214,6 +231,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
             detail = f" (faster: {best.prefill_tokens_per_s:.0f} vs {second.prefill_tokens_per_s:.0f} tokens/s)"
         elif term == "slot wait":
             detail = " (the other engine is at capacity: its running requests must finish first)"
+        elif term in ("resident-context steps", "decode interference"):
+            detail = f" ({best.resident_tokens:.0f} vs {second.resident_tokens:.0f} context tokens resident)"
         elif term == "queue wait":
             detail = f" ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens queued)"
         parts.append(f"{_ms(gain)} less {term}{detail}")

@@ -28,5 +28,13 @@ class FleetState:
     health_marks: Mapping[str, HealthMark] = field(default_factory=dict)
     """Endpoints a gateway marked dead, and when: this router's own marks and the store's, the newest per
     endpoint."""
+    context_tokens: Mapping[str, float] = field(default_factory=dict)
+    """Context tokens (prompt plus half of ``max_tokens``) of the requests this router has in flight per endpoint:
+    the resident-context floor of the long-context terms (``placement.long_context``)."""
+    context_since_snapshot: Mapping[str, float] = field(default_factory=dict)
+    """Of ``context_tokens``: the requests dispatched after the endpoint's snapshot was taken, which its
+    ``kv_usage`` cannot show yet."""
+    ttft_bias: Mapping[str, float] = field(default_factory=dict)
+    """Per endpoint, the factor its predicted TTFT is corrected by (``cognitora.ttft_feedback``); absent: 1."""
     degraded: bool = False
     """The store could not be read; ``matches``/``inflight``/``snapshots`` are what the router had locally."""

@@ -47,6 +47,8 @@ class EngineLoad:
     service_count: float | None = None
     block_size: int | None = None
     """Tokens per KV block, from the engine's cache config."""
+    kv_blocks: int | None = None
+    """KV blocks the engine's cache holds (vLLM ``num_gpu_blocks``, SGLang ``num_pages``), from its cache config."""
     power_watts: float | None = None
     """Current draw of the engine's accelerators (DCGM ``DCGM_FI_DEV_POWER_USAGE``, summed over GPUs)."""
     energy_joules: float | None = None

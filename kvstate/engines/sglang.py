@@ -40,6 +40,7 @@ TTFT = "sglang:time_to_first_token_seconds"
 ITL = "sglang:inter_token_latency_seconds"
 CACHE_CONFIG_INFO = "sglang:cache_config_info"
 PAGE_SIZE_LABEL = "page_size"
+NUM_PAGES_LABEL = "num_pages"
 
 
 def load_from(samples: MetricSamples) -> EngineLoad:
@@ -59,6 +60,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         itl_seconds_sum=None if itl is None else itl.sum,
         itl_count=None if itl is None else itl.count,
         block_size=int_label(samples, CACHE_CONFIG_INFO, PAGE_SIZE_LABEL),
+        kv_blocks=int_label(samples, CACHE_CONFIG_INFO, NUM_PAGES_LABEL),
         power_watts=dcgm.power_watts(samples),
         energy_joules=dcgm.energy_joules(samples),
     )

@@ -18,7 +18,7 @@ rank); series are summed over ranks, except KV usage (the fullest rank). Counter
 | ITL | ``vllm:inter_token_latency_seconds`` (``vllm:time_per_output_token_seconds`` when older) | histogram |
 | REQUEST_SUCCESS | ``vllm:request_success`` (labelled by ``finished_reason``; summed) | counter |
 | INFERENCE_TIME | ``vllm:request_inference_time_seconds`` (scheduled to finished: time in a slot) | histogram |
-| CACHE_CONFIG_INFO | ``vllm:cache_config_info{block_size=...}`` | info gauge |
+| CACHE_CONFIG_INFO | ``vllm:cache_config_info{block_size=..., num_gpu_blocks=...}`` | info gauge |
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ REQUEST_SUCCESS = "vllm:request_success"
 INFERENCE_TIME = "vllm:request_inference_time_seconds"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 BLOCK_SIZE_LABEL = "block_size"
+NUM_BLOCKS_LABEL = "num_gpu_blocks"
 
 
 def load_from(samples: MetricSamples) -> EngineLoad:
@@ -77,6 +78,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         service_seconds_sum=None if inference is None else inference.sum,
         service_count=None if inference is None else inference.count,
         block_size=int_label(samples, CACHE_CONFIG_INFO, BLOCK_SIZE_LABEL),
+        kv_blocks=int_label(samples, CACHE_CONFIG_INFO, NUM_BLOCKS_LABEL),
         power_watts=dcgm.power_watts(samples),
         energy_joules=dcgm.energy_joules(samples),
     )
