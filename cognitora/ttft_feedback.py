@@ -12,7 +12,9 @@ where *raw* is the model's prediction before any correction, so the factor never
 every short request look many times late. Per endpoint an EWMA of ``log r`` gives the factor ``exp(mean)``,
 bounded to ``[1 / max_factor, max_factor]``, and it decays toward 1 (its log halves every ``half_life_s`` without
 a sample): an endpoint no longer picked is not held to an old verdict. The corrected prediction is
-``(raw + floor) x factor - floor``.
+``(raw + floor) x factor - floor`` for a factor above 1, and ``raw x factor`` below 1: subtracting the floor there
+could bring a short positive prediction to 0, and a 0 s prediction "meets" any SLO (a sheddable class whose SLO no
+engine can meet was then placed instead of shed).
 
 By default (``feedback.relative``) the factor applied is the endpoint's divided by the median of its peers' (the
 model's endpoints that have one): what is corrected is how much more an endpoint is off than the others. A bias
@@ -32,12 +34,17 @@ __all__ = ["TtftFeedback", "corrected_ttft_s", "raw_ttft_s"]
 
 
 def corrected_ttft_s(raw_s: float, factor: float, floor_s: float) -> float:
-    """The prediction after the feedback factor: ``(raw + floor) x factor - floor``, never below 0."""
+    """The prediction after the feedback factor: ``(raw + floor) x factor - floor`` when the endpoint is late
+    (factor >= 1), ``raw x factor`` when it is early, so a positive prediction stays positive."""
+    if factor < 1.0:
+        return max(0.0, raw_s * factor)
     return max(0.0, (raw_s + floor_s) * factor - floor_s)
 
 
 def raw_ttft_s(corrected_s: float, factor: float, floor_s: float) -> float:
-    """Inverse of ``corrected_ttft_s`` (for a corrected value above 0)."""
+    """Inverse of ``corrected_ttft_s``."""
+    if factor < 1.0:
+        return max(0.0, corrected_s / factor)
     return max(0.0, (corrected_s + floor_s) / factor - floor_s)
 
 

@@ -15,7 +15,7 @@ from cognitora.metrics.families import RouterFamilies
 from cognitora.placement import FleetState, place
 from cognitora.request import RouteRequest
 from cognitora.router import Router
-from cognitora.ttft_feedback import TtftFeedback, corrected_ttft_s
+from cognitora.ttft_feedback import TtftFeedback, corrected_ttft_s, raw_ttft_s
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
@@ -230,7 +230,17 @@ def test_feedback_ignores_what_cannot_be_a_measurement() -> None:
 
 def test_corrected_prediction_keeps_the_floor_out_of_the_ratio() -> None:
     assert corrected_ttft_s(0.0, 2.0, 0.05) == pytest.approx(0.05)
-    assert corrected_ttft_s(1.0, 0.5, 0.05) == pytest.approx(0.475)
+    assert corrected_ttft_s(1.0, 0.5, 0.05) == pytest.approx(0.5)
+
+
+def test_an_early_endpoint_never_gets_a_zero_prediction() -> None:
+    """A factor below 1 scales the prediction; subtracting the floor brought 5 ms to 0 s, and a 0 s prediction meets
+    any SLO: a sheddable class whose SLO no engine can meet was placed instead of shed (seen in test_litellm_e2e)."""
+    early = corrected_ttft_s(0.005, 0.5, 0.05)
+    assert early == pytest.approx(0.0025)
+    assert early > 1e-9
+    for factor in (0.25, 0.5, 1.0, 2.0):
+        assert raw_ttft_s(corrected_ttft_s(0.3, factor, 0.05), factor, 0.05) == pytest.approx(0.3)
 
 
 class Clock:
