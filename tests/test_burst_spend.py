@@ -101,9 +101,7 @@ async def spend_on_one_router_is_seen_by_another(config_file: Path) -> None:
         await second.close()
 
 
-def test_burst_spend_is_shared_and_in_the_budgets_report(
-    config_file: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_burst_spend_is_shared_and_in_the_budgets_report(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     asyncio.run(spend_on_one_router_is_seen_by_another(config_file))
 
     assert cli.main(["report", "--config", str(config_file), "--format", "json"]) == 0
