@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -20,6 +21,7 @@ from cognitora.burst.ledger_spend import LedgerSpend
 from cognitora.config import load_config
 from cognitora.request import RouteRequest
 from cognitora.router import Router
+from cognitora.sim.cloud_launch import start_cloud
 from kvstate.redis_store import RedisStore
 
 MODEL = "smollm2"
@@ -124,3 +126,57 @@ def test_burst_spend_is_shared_and_in_the_budgets_report(config_file: Path, caps
     assert re.search(r"team\s+research\s+smollm2\s+cloud\s+1\s+2\s+2\s+0\s+6\.0000", table), table
     assert cli.main(["report", "--config", str(config_file), "--format", "csv"]) == 0
     assert "period,kind,subject,model,target,requests" in capsys.readouterr().out
+
+
+async def serve_through_the_cloud(config_file: Path, n: int) -> None:
+    """The gateway's part, done here: admit, send the burst request to the cloud target it names, report the
+    answer's usage at the finish (the adapters' translation is tested in the e2e tests)."""
+    router = router_for(config_file)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for i in range(n):
+                decision, attempt = await router.admit(request(team="ops"))
+                assert decision.cloud is not None and attempt is not None, decision.reason
+                body = {
+                    "model": decision.cloud.model,
+                    "messages": [{"role": "user", "content": f"question {i}: " + "why " * (10 * i + 5)}],
+                    "max_tokens": 4 + i,
+                }
+                r = await client.post(f"{decision.cloud.url}/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                usage = r.json()["usage"]
+                attempt.first_token()
+                attempt.finish(
+                    Outcome(
+                        OutcomeKind.COMPLETED,
+                        status=200,
+                        prompt_tokens=usage["prompt_tokens"],
+                        completion_tokens=usage["completion_tokens"],
+                    )
+                )
+        await asyncio.sleep(0)
+        assert router.budgets is not None
+        await router.budgets.drain()
+    finally:
+        await router.close()
+
+
+def test_the_report_shows_the_tokens_and_cost_the_cloud_counted(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with start_cloud(log_dir=tmp_path, args=["--models", "big-model", "--ttft-ms", "5", "--rtt-ms", "1"]) as cloud:
+        config = yaml.safe_load(config_file.read_text())
+        target = config["burst"]["targets"][0]
+        target["base_url"] = cloud.base_url
+        target["input_usd_per_mtok"], target["output_usd_per_mtok"] = 0.15, 0.6  # the sim cloud's own prices
+        config_file.write_text(yaml.safe_dump(config))
+        asyncio.run(serve_through_the_cloud(config_file, 3))
+        counted = cloud.metrics()
+
+    assert cli.main(["report", "--config", str(config_file), "--format", "json"]) == 0
+    rows = {(u["kind"], u["subject"], u["target"]): u for u in json.loads(capsys.readouterr().out)["usage"]}
+    ops = rows[("team", "ops", "cloud")]
+    assert ops["requests"] == counted['sim_cloud_requests_total{status="200"}'] == 3
+    assert ops["input_tokens"] == counted['sim_cloud_tokens_total{kind="prompt"}']
+    assert ops["output_tokens"] == counted['sim_cloud_tokens_total{kind="completion"}']
+    assert ops["cost_usd"] == pytest.approx(counted["sim_cloud_cost_usd_total"], abs=2e-6)  # micro-dollar counters
