@@ -29,8 +29,21 @@ MODEL = "smollm2"
 
 @pytest.fixture
 def config_file(tmp_path: Path, redis_server_url: str, key_prefix: str) -> Path:
+    return write_config(tmp_path, redis_server_url, key_prefix)
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def shared_config_file(request: pytest.FixtureRequest, tmp_path: Path, key_prefix: str) -> Path:
+    """A real Redis, or a real Redis Cluster (the spend counter lives in the budgets' one hash slot)."""
+    cluster = request.param == "cluster"
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_server_url")
+    return write_config(tmp_path, url, key_prefix, cluster=cluster)
+
+
+def write_config(tmp_path: Path, redis_url: str, key_prefix: str, *, cluster: bool = False) -> Path:
     data: dict[str, Any] = {
-        "redis_url": redis_server_url,
+        "redis_url": redis_url,
+        "redis_cluster": cluster,
         "key_prefix": key_prefix,
         "placement": {"store_timeout_s": 5.0, "priorities": {"default": {"ttft_slo_s": 2.0}}},
         # One engine so slow (10 tokens/s) that every prompt misses the 2 s SLO: every decision would burst.
@@ -67,7 +80,8 @@ def request(team: str | None = "research") -> RouteRequest:
 
 def router_for(config_file: Path) -> Router:
     config = load_config(config_file)
-    return Router(config, RedisStore.from_url(config.redis_url or "", key_prefix=config.key_prefix))
+    store = RedisStore.from_url(config.redis_url or "", key_prefix=config.key_prefix, cluster=config.redis_cluster)
+    return Router(config, store)
 
 
 async def spend_on_one_router_is_seen_by_another(config_file: Path) -> None:
@@ -103,7 +117,10 @@ async def spend_on_one_router_is_seen_by_another(config_file: Path) -> None:
         await second.close()
 
 
-def test_burst_spend_is_shared_and_in_the_budgets_report(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_burst_spend_is_shared_and_in_the_budgets_report(
+    shared_config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = shared_config_file
     asyncio.run(spend_on_one_router_is_seen_by_another(config_file))
 
     assert cli.main(["report", "--config", str(config_file), "--format", "json"]) == 0
