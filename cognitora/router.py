@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from cognitora.attempt import Attempt, AttemptRecord, Outcome, OutcomeKind
 from cognitora.budgets.gate import BudgetGate, Hold, gate_for
+from cognitora.burst.ledger_spend import ledger_spend_for
 from cognitora.burst.policy import BurstPolicy
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ModelConfig
 from cognitora.decision import Decision, Rejection
@@ -234,8 +235,6 @@ class Router:
         self._started = clock()
         self._stale = False
         self._seen_heartbeat = False
-        self.burst = BurstPolicy(config)
-        """Burst to a cloud target when the fleet is saturated (``cognitora.burst``); inert without ``burst:``."""
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
         if self.intent is not None:
             self.telemetry.names = self.intent.label_names()
@@ -245,6 +244,9 @@ class Router:
         """Characters of prompts submitted to the keying thread and not done yet (running or queued)."""
         self.budgets: BudgetGate | None = gate_for(config, store, clock)
         """Token budgets (``cognitora.budgets``): reserved in ``admit``, settled at the attempt's finish."""
+        self.burst = BurstPolicy(config, spend=ledger_spend_for(config, self.budgets))
+        """Burst to a cloud target when the fleet is saturated (``cognitora.burst``); inert without ``burst:``. Its
+        cloud spend is in the budgets ledger when ``budgets:`` is configured (shared by replicas), else in process."""
         self._reserving: dict[str, asyncio.Future[Hold | Rejection]] = {}
         """Budget reservations ``place`` started for ``admit`` (by request id), picked up there."""
 
@@ -503,7 +505,7 @@ class Router:
             decision = self._placement_failed(request, exc)
             failed = True
         else:
-            decision = self._burst(request, decision, group)
+            decision = await self._burst(request, decision, group)
         hold = None
         if gate is not None:
             pending = self._reserving.pop(request.request_id, None)
@@ -532,9 +534,11 @@ class Router:
         self.stats.rejected += 1
         return refused
 
-    def _burst(self, request: RouteRequest, decision: Decision, group: str | None) -> Decision:
+    async def _burst(self, request: RouteRequest, decision: Decision, group: str | None) -> Decision:
         """The local decision, or the burst decision that replaces it (``cognitora.burst.policy``)."""
         burst = self.burst.consider(request, decision, group)
+        if burst.cloud is not None:
+            burst = await self.burst.spend_checked(decision, burst)
         if burst is not decision and self._recent and self._recent[-1] is decision:
             self._recent[-1] = burst  # explain and the decision log show what was done
             if decision.rejection is not None and burst.rejection is None:
@@ -670,13 +674,17 @@ class Router:
         rid, endpoint = attempt.request_id, attempt.endpoint
         hold, attempt.budget_hold = attempt.budget_hold, None
         if hold is not None and self.budgets is not None:
-            # Not on the attempt's write chain: that chain's per-write timeout could cut a settle short.
-            self.budgets.settle_later(hold, outcome)
+            if self.burst.charges_budgets and self.burst.charged(attempt.decision, outcome):
+                self.budgets.give_back_later(hold)  # charged at the cloud target's prices instead (burst.finished)
+            else:
+                # Not on the attempt's write chain: that chain's per-write timeout could cut a settle short.
+                self.budgets.settle_later(hold, outcome)
         self._forget(attempt)
         self._release_prefill_leg(attempt)
         if attempt.decision.cloud is not None:
             first = attempt.first_token_at is not None
-            self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group)
+            who = None if hold is None else hold.reservation.identity
+            self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group, identity=who)
             self._learn(attempt, outcome)
             return
         self._local.release(rid)

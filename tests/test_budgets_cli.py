@@ -7,6 +7,7 @@ import asyncio
 import csv
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -67,13 +68,13 @@ def test_report_show_and_reset(config_file: Path, capsys: pytest.CaptureFixture[
     code, out, _ = run(capsys, "report", "--config", str(config_file), "--format", "json")
     assert code == 0
     report = json.loads(out)
-    rows = {(u["kind"], u["subject"], u["model"]): u for u in report["usage"]}
-    alpha = rows[("team", "alpha", "m")]
+    rows = {(u["kind"], u["subject"], u["model"], u["target"]): u for u in report["usage"]}
+    alpha = rows[("team", "alpha", "m", "local")]
     assert (alpha["requests"], alpha["input_tokens"], alpha["output_tokens"], alpha["cached_tokens"]) == (1, 90, 40, 64)
     assert alpha["cost_usd"] == pytest.approx((90 * 1 + 40 * 2) / 1e6)
-    burst = rows[("team", "alpha", "gpt-x@cloud-a")]
+    burst = rows[("team", "alpha", "gpt-x", "cloud-a")]
     assert (burst["input_tokens"], burst["output_tokens"], burst["cost_usd"]) == (10, 5, 0.25)
-    assert ("key", "k-1", "m") in rows and ("user", "ann", "m") in rows
+    assert ("key", "k-1", "m", "local") in rows and ("user", "ann", "m", "local") in rows
     left = {(li["subject"], li["limit"]): li for li in report["limits"]}
     total = left[("alpha", "budgets.teams.alpha.limits[0].total_tokens")]
     assert (total["used"], total["cap"], total["left"]) == (145, 10_000, 10_000 - 145)
@@ -82,9 +83,10 @@ def test_report_show_and_reset(config_file: Path, capsys: pytest.CaptureFixture[
     assert left[("k-1", "budgets.keys.k-1.limits[0].output_tokens")]["used"] == 40
 
     code, out, _ = run(capsys, "report", "--config", str(config_file), "--team", "alpha", "--window", "month")
-    assert code == 0 and "gpt-x@cloud-a" in out and "ann" not in out and time.strftime("%Y-%m") in out
+    assert code == 0 and re.search(r"alpha\s+gpt-x\s+cloud-a\s+1\s+10\s+5\s", out)  # a row per cloud target
+    assert "ann" not in out and time.strftime("%Y-%m") in out
     code, out, _ = run(capsys, "report", "--config", str(config_file), "--format", "csv", "--since", "2000-01-01")
-    assert code == 0 and "period,kind,subject,model" in out
+    assert code == 0 and "period,kind,subject,model,target,requests" in out
     limit_rows = [row for row in csv.reader(io.StringIO(out)) if row[:1] == ["team"] and len(row) == 8]
     assert ["team", "alpha", "budgets.teams.alpha.limits[0].total_tokens"] in [row[:3] for row in limit_rows]
     code, out, _ = run(capsys, "show", "--config", str(config_file))

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 
 from cognitora.budgets.ledger import BudgetLedger, SettleResult
-from cognitora.budgets.plan import MICRO, Identity, Planner, Usage
+from cognitora.budgets.plan import MICRO, Identity, Planner, Reservation, Usage
 
-__all__ = ["Charge", "record_charge"]
+__all__ = ["Charge", "charge_reservation", "record_charge"]
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,22 @@ class Charge:
     """What the provider billed; None: priced from ``budgets.prices`` for ``model``."""
 
 
-async def record_charge(
-    ledger: BudgetLedger, planner: Planner, charge: Charge, now: float | None = None
-) -> SettleResult:
-    """Add ``charge`` to every counter its team/key/user has, and to the report. Limits are not checked (the
-    spend already happened: the next request sees it); raises ``StoreUnavailable`` when the store is down."""
-    now = time.time() if now is None else now
+def charge_reservation(planner: Planner, charge: Charge, now: float) -> tuple[Reservation, Usage]:
+    """The reservation (never sent to the store: its settle adds the usage in full, once) and the usage of
+    ``charge``."""
     if charge.cost_usd is None:
         usage = planner.usage(charge.model, charge.input_tokens, charge.output_tokens, charge.cached_tokens)
     else:
         usage = Usage(charge.input_tokens, charge.output_tokens, charge.cached_tokens, round(charge.cost_usd * MICRO))
     identity = Identity(charge.team, charge.key, charge.user)
-    reservation = planner.plan(charge.charge_id, identity, f"{charge.model}@{charge.target}", Usage(), now)
+    return planner.plan(charge.charge_id, identity, f"{charge.model}@{charge.target}", Usage(), now), usage
+
+
+async def record_charge(
+    ledger: BudgetLedger, planner: Planner, charge: Charge, now: float | None = None
+) -> SettleResult:
+    """Add ``charge`` to every counter its team/key/user has, and to the report. Limits are not checked (the
+    spend already happened: the next request sees it); raises ``StoreUnavailable`` when the store is down."""
+    reservation, usage = charge_reservation(planner, charge, time.time() if now is None else now)
     # A settle of a reservation the store never saw adds the usage in full, once per id: exactly a charge.
     return await ledger.settle(reservation, usage)

@@ -26,7 +26,7 @@ from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.budgets.config import BudgetsConfig, Metric, SubjectKind
 from cognitora.budgets.ledger import BudgetLedger, Refusal, SettleResult
 from cognitora.budgets.memory_ledger import MemoryLedger
-from cognitora.budgets.plan import MICRO, Identity, Planner, Reservation, Usage
+from cognitora.budgets.plan import MICRO, CounterPlan, Identity, Planner, Reservation, Usage
 from cognitora.decision import Rejection
 from cognitora.request import RouteRequest
 from kvstate.store import Store, StoreUnavailable
@@ -258,6 +258,19 @@ class BudgetGate:
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
+    def give_back_later(self, hold: Hold) -> None:
+        """Give ``hold`` back in full, the request not counted as served: a cloud attempt whose usage is recorded
+        as a charge instead (``cognitora.burst.ledger_spend``), at the target's prices, under ``model@target``."""
+        if hold.settled:
+            return
+        hold.settled = True
+        self._track(self._settle(hold.reservation, Usage(), requests=0))
+
+    def charge_later(self, reservation: Reservation, usage: Usage) -> None:
+        """Add a charge (``charges.charge_reservation``) in the background, kept in the backlog while the store is
+        down, like a settle; counted once per id."""
+        self._track(self._settle(reservation, usage))
+
     def settle_later(self, hold: Hold, outcome: Outcome) -> None:
         """Settle in the background (on the running loop): the finish never waits on the store."""
         self._track(self.settle(hold, outcome))
@@ -345,6 +358,10 @@ class BudgetGate:
                 for metric, cap in limit.caps():
                     out[(team, window, metric.value)] = cap
         return out
+
+    async def counter_values(self, counters: list[CounterPlan]) -> list[int]:
+        """Each counter's current value, read from the store (``StoreUnavailable``/``TimeoutError`` when down)."""
+        return await self._call(self.ledger.counter_values(counters, int(self._clock() * 1000)))
 
     async def usage_gauges(self) -> dict[tuple[str, str, str], float]:
         """(team, window, metric) -> current usage (reserved + settled), read from the store."""

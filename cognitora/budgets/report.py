@@ -26,6 +26,8 @@ class UsageRow:
     kind: str
     subject: str
     model: str
+    target: str = "local"
+    """Where it was served: ``local`` (the fleet), or the cloud target of a burst charge (``model@target``)."""
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -73,12 +75,15 @@ async def usage_rows(
     out = []
     for (period, kind, subject, model), values in sorted(acc.items()):
         counts = {m: values.get(m, 0) for m in ROW_METRICS}
+        # A charge's row is named ``model@target`` (charges.py): cloud usage is a row of its own, per target.
+        base, at, target = model.rpartition("@")
         out.append(
             UsageRow(
                 period=period,
                 kind=kind,
                 subject=subject,
-                model=model,
+                model=base if at else model,
+                target=target if at else "local",
                 requests=counts["requests"],
                 input_tokens=counts["input_tokens"],
                 output_tokens=counts["output_tokens"],
@@ -161,13 +166,14 @@ def format_report(usage: Sequence[UsageRow] | None, limits: Sequence[LimitRow], 
     if usage is None:
         return limits_table
     usage_table = _table(
-        ["period", "kind", "subject", "model", "requests", "input", "output", "cached", "cost $", "rejected"],
+        ["period", "kind", "subject", "model", "target", "requests", "input", "output", "cached", "cost $", "rejected"],
         [
             [
                 u.period,
                 u.kind,
                 u.subject,
                 u.model,
+                u.target,
                 u.requests,
                 u.input_tokens,
                 u.output_tokens,

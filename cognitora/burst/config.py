@@ -79,7 +79,8 @@ class BurstConfig(_Strict):
     exit threshold. Entering is immediate."""
     team_spend_limit_usd: dict[str, float] = Field(default_factory=dict)
     """Cloud spend (USD) per team after which its requests stop bursting (``"*"``: the limit of every team not
-    named). Kept by ``cognitora.burst.spend`` (in-process), since this gateway process started."""
+    named). With ``budgets:``, this calendar month's spend in the budgets store, shared by every replica
+    (``cognitora.burst.ledger_spend``); without, in this gateway process since it started."""
     retry_after_s: float = Field(default=5.0, gt=0)
     """How long a target that answered 429 without a ``Retry-After`` header gets no requests."""
     unhealthy_s: float = Field(default=10.0, gt=0)

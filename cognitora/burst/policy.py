@@ -26,10 +26,12 @@ from dataclasses import replace
 from enum import StrEnum
 
 from cognitora.attempt import Outcome
+from cognitora.budgets.plan import Identity
 from cognitora.burst.cloud_state import CloudState
 from cognitora.burst.config import ANY_TEAM, BurstConfig, CloudTargetConfig
+from cognitora.burst.ledger_spend import LedgerSpend
 from cognitora.burst.saturation import SaturationDetector
-from cognitora.burst.spend import InProcessSpend, SpendGate
+from cognitora.burst.spend import CloudSpend, InProcessSpend, SpendGate
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig
 from cognitora.decision import CloudPick, Decision
 from cognitora.request import RouteRequest
@@ -85,6 +87,7 @@ class BurstPolicy:
         self.cloud = CloudState(self.settings.retry_after_s, self.settings.unhealthy_s)
         self.ledger = InProcessSpend(self.settings.spend_limit_usd)
         self.spend: SpendGate = spend if spend is not None else self.ledger
+        self._last_burst: tuple[str, str, str, str] | None = None
         self._failed_groups: OrderedDict[str, None] = OrderedDict()
         self.decisions: dict[tuple[str, str, str, str], int] = {}
         """(model, priority, target, BurstReason) -> requests sent to the cloud."""
@@ -131,6 +134,7 @@ class BurstPolicy:
         assert req.team is not None
         key4 = (model.name, priority, target.name, why.value)
         self.decisions[key4] = self.decisions.get(key4, 0) + 1
+        self._last_burst = key4
         local = _local_order(decision)
         pick = CloudPick(
             target=target.name,
@@ -178,24 +182,71 @@ class BurstPolicy:
             first_problem = first_problem or problem
         return None, Denied(first_problem or Denied.AT_CAPACITY)
 
+    async def spend_checked(self, local: Decision, burst: Decision) -> Decision:
+        """``burst`` (just returned by ``consider`` for ``local``), or ``local`` when the shared ledger says the
+        team's cloud spend reached its limit. Reads the ledger (``LedgerSpend.refresh``, cached briefly) only here:
+        for a request that would burst, never for a local decision."""
+        key4, self._last_burst = self._last_burst, None
+        pick = burst.cloud
+        if pick is None or key4 is None or not isinstance(self.spend, LedgerSpend):
+            return burst
+        await self.spend.refresh(pick.team)
+        if self.spend.may_burst(pick.team):
+            return burst
+        self.decisions[key4] -= 1
+        denied = (key4[0], key4[1], Denied.SPEND.value)
+        self.denied[denied] = self.denied.get(denied, 0) + 1
+        note = f"would burst ({pick.reason}) but stays local: {Denied.SPEND.value.replace('_', ' ')}"
+        return replace(local, reason=f"{local.reason}; {note}" if local.reason else note)
+
+    @property
+    def charges_budgets(self) -> bool:
+        """Cloud attempts are charged to the budgets ledger (their budget hold is given back, not settled)."""
+        return isinstance(self.spend, LedgerSpend)
+
+    def charged(self, decision: Decision, outcome: Outcome) -> bool:
+        """Whether ``finished`` records spend for this cloud attempt (it reported its usage)."""
+        pick = decision.cloud
+        known = pick is not None and self.settings.target(pick.target) is not None
+        return known and outcome.completion_tokens is not None
+
     # -- the attempt's life ----------------------------------------------------------------------------------
     def dispatched(self, decision: Decision) -> None:
         assert decision.cloud is not None
         self.cloud.dispatched(decision.cloud.target)
 
-    def finished(self, decision: Decision, outcome: Outcome, *, first_token_seen: bool, group: str | None) -> None:
+    def finished(
+        self,
+        decision: Decision,
+        outcome: Outcome,
+        *,
+        first_token_seen: bool,
+        group: str | None,
+        identity: Identity | None = None,
+    ) -> None:
         """A cloud attempt ended: learn the target's state, record the spend, and remember a request the cloud
-        failed before its first token (its retry goes local)."""
+        failed before its first token (its retry goes local). ``identity``: the key and user of its budget
+        reservation, for the spend records."""
         pick = decision.cloud
         assert pick is not None
         self.cloud.finished(pick.target, outcome, self._clock())
         target = self.settings.target(pick.target)
         if target is not None and outcome.completion_tokens is not None:
             prompt, completion = outcome.prompt_tokens or 0, outcome.completion_tokens
-            cost = target.cost_usd(prompt, completion)
-            self.ledger.record(pick.team, pick.target, prompt, completion, cost)  # the exporter's figures
+            spend = CloudSpend(
+                request_id=decision.request_id,
+                team=pick.team,
+                target=pick.target,
+                model=decision.model,
+                input_tokens=prompt,
+                output_tokens=completion,
+                cost_usd=target.cost_usd(prompt, completion),
+                key=None if identity is None else identity.key,
+                user=None if identity is None else identity.user,
+            )
+            self.ledger.record(spend)  # the exporter's figures
             if self.spend is not self.ledger:
-                self.spend.record(pick.team, pick.target, prompt, completion, cost)
+                self.spend.record(spend)
         if not outcome.ok and not first_token_seen and group is not None:
             self._failed_groups[group] = None
             while len(self._failed_groups) > FAILED_GROUPS_KEPT:

@@ -2,7 +2,9 @@
 
 The per-team token budgets (``cognitora.budgets``) are the place a shared, durable ledger belongs; this protocol is
 what burst needs of one, so the two meet in one adapter: ``may_burst(team)`` before a request bursts,
-``record(...)`` when it finished. ``InProcessSpend`` keeps the sums in this process, since it started.
+``record(...)`` when it finished. ``InProcessSpend`` keeps the sums in this process, since it started (the
+exporter's figures, and the gate when ``budgets:`` is not configured); ``cognitora.burst.ledger_spend`` keeps them
+in the budgets ledger, shared by every replica.
 """
 
 from __future__ import annotations
@@ -12,6 +14,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+@dataclass(frozen=True)
+class CloudSpend:
+    """One finished cloud attempt: who it was for (from the gateway's authentication), where, and what it cost."""
+
+    request_id: str
+    team: str
+    target: str
+    model: str
+    """The local model name the request asked for (the report shows ``<model>@<target>``)."""
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    key: str | None = None
+    user: str | None = None
+
+
 class SpendGate(Protocol):
     """What the burst policy needs of a spend ledger."""
 
@@ -19,8 +37,8 @@ class SpendGate(Protocol):
         """Whether ``team`` may spend more on the cloud (its limit, if any, is not reached)."""
         ...
 
-    def record(self, team: str, target: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
-        """A request of ``team`` was served by ``target``: its tokens and what they cost."""
+    def record(self, spend: CloudSpend) -> None:
+        """A request was served by a cloud target: its tokens and what they cost."""
         ...
 
 
@@ -46,11 +64,11 @@ class InProcessSpend:
         limit = self._limit_of(team)
         return limit is None or self.spent_usd(team) < limit
 
-    def record(self, team: str, target: str, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
-        row = self.rows.get((team, target))
+    def record(self, spend: CloudSpend) -> None:
+        row = self.rows.get((spend.team, spend.target))
         if row is None:
-            row = self.rows[(team, target)] = SpendRow()
+            row = self.rows[(spend.team, spend.target)] = SpendRow()
         row.requests += 1
-        row.input_tokens += input_tokens
-        row.output_tokens += output_tokens
-        row.cost_usd += cost_usd
+        row.input_tokens += spend.input_tokens
+        row.output_tokens += spend.output_tokens
+        row.cost_usd += spend.cost_usd
