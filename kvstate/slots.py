@@ -1,8 +1,10 @@
 """llama.cpp ``GET /slots`` as the scraper polls it: busy slots and context size, per endpoint.
 
 ``llama-server`` lists its ``-np`` slots at ``/slots`` (on by default in recent builds; engines.md 4.2). The page
-says what ``/metrics`` cannot: how many slots there are (the engine's concurrency) and each slot's ``n_ctx`` (their
-sum is the KV the server holds). It also works on a server started without ``--metrics``.
+says what ``/metrics`` cannot: how many slots there are (the engine's concurrency) and each slot's ``n_ctx`` (the
+largest is a lower bound of the KV the server holds: ``SlotsLoad.n_ctx``). It also works on a server started
+without ``--metrics``. It does not show a slot's cached prompt unless the server runs with slot debugging on
+(llama.cpp's ``to_json(only_metrics)``), so prefix locality stays the router's routing history.
 
 Discovery, no setting to keep in sync: the first answer decides. 404 (a build without the route) or 501 (started
 with ``--no-slots``: "This server does not support slots endpoint") turns polling off for this endpoint, logged
@@ -75,7 +77,7 @@ class SlotsPoll:
 
     def apply(self, snapshot: EndpointSnapshot) -> EndpointSnapshot:
         """The snapshot with what /slots says: running = busy slots (the same moment the page was read, and known
-        without ``--metrics``), and the KV capacity = the slots' summed ``n_ctx`` when metrics did not give one."""
+        without ``--metrics``), and the KV capacity = the largest slot's ``n_ctx`` when metrics did not give one."""
         if self.load is None:
             return snapshot
         capacity = snapshot.kv_capacity_tokens or self.load.n_ctx

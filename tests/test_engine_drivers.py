@@ -35,6 +35,7 @@ SLOTS_BODY = (
 def test_llamacpp_slots_say_how_many_of_its_slots_are_busy() -> None:
     load = llamacpp.slots_load(SLOTS_BODY)
     assert (load.slots, load.busy, load.free) == (2, 1, 1)
+    assert load.n_ctx == 4096  # each slot's context; two slots do not make 8192 (a --kv-unified cache is shared)
 
 
 @pytest.mark.parametrize(

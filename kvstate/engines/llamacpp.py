@@ -72,8 +72,10 @@ class SlotsLoad:
     slots: int
     busy: int
     n_ctx: int = 0
-    """Context tokens summed over slots (each slot's ``n_ctx``; 0 when the body does not say): the KV the server
-    holds, since llama.cpp splits ``--ctx-size`` among its ``-np`` slots."""
+    """The largest slot's ``n_ctx`` (0 when the body does not say): a lower bound of the KV the server holds. With
+    a split cache each slot reports its share of ``--ctx-size`` (the sum would be exact); with ``--kv-unified``
+    every slot reports the whole shared cache (the sum would count it ``-np`` times). /slots does not say which,
+    so the bound that never promises room the server lacks."""
 
     @property
     def free(self) -> int:
@@ -97,7 +99,7 @@ def slots_load(body: bytes | str) -> SlotsLoad:
         busy += slot["is_processing"]
         ctx = slot.get("n_ctx")
         if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
-            n_ctx += ctx
+            n_ctx = max(n_ctx, ctx)
     return SlotsLoad(slots=len(slots), busy=busy, n_ctx=n_ctx)
 
 
