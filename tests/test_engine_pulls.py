@@ -180,3 +180,12 @@ async def test_a_repeated_prefix_finds_its_blocks_on_the_trtllm_engine_that_cach
         body = {"model": MODEL, "prompt": [*prompt, 7, 8, 9], "max_tokens": 1}
         usage = (await client.post(f"{fleet.urls[1]}/v1/completions", json=body)).json()["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] >= len(keys) * BLOCK
+
+        # a restarted trtllm-serve has an empty cache and says so ("created"): the store forgets what it held
+        (await client.post(f"{fleet.urls[1]}/sim/fault", json={"kind": "restart"})).raise_for_status()
+
+        async def forgotten() -> bool:
+            return trt not in await store.match_prefix(MODEL, keys)
+
+        await until(forgotten, "the restarted engine's blocks to leave the store")
+        assert collector.trtllm_pollers[trt].stats.purges >= 1
