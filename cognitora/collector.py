@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
+from cognitora.kv_event_sources import pulls_trtllm_events
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
@@ -89,11 +90,6 @@ def scrape_targets(config: CognitoraConfig) -> list[ScrapeTarget]:
     return list(targets.values())
 
 
-def pulls_trtllm_events(config: CognitoraConfig, endpoint: EndpointConfig) -> bool:
-    """A TRT-LLM endpoint without a ZMQ stream has its events pulled over HTTP, unless that is turned off."""
-    return endpoint.engine == EngineKind.TRTLLM and endpoint.kv_events is None and config.engine_pulls.trtllm_kv_events
-
-
 class Collector:
     """Subscribers and scraper for every configured endpoint, writing to ``store``. ``start()``/``stop()``, or
     ``async with Collector(config, store):`` in embedded mode. The caller owns ``store`` (it is not closed here)."""
@@ -113,7 +109,10 @@ class Collector:
             for endpoint in model.endpoints:
                 if endpoint.kv_events is not None:
                     self._add_subscriber(model.name, endpoint, ingestor)
-                elif pulls_trtllm_events(config, endpoint) and endpoint.id not in self.trtllm_pollers:
+                elif (
+                    pulls_trtllm_events(endpoint, config.engine_pulls.trtllm_kv_events)
+                    and endpoint.id not in self.trtllm_pollers
+                ):
                     # Like a ZMQ stream, one engine's events go to the first model listing it.
                     self.trtllm_pollers[endpoint.id] = TrtllmEventPoller(
                         endpoint.id, endpoint.url, ingestor, interval_s=config.engine_pulls.trtllm_kv_events_interval_s

@@ -16,6 +16,8 @@ from aiohttp import web
 
 from cognitora.collector import Collector
 from cognitora.config import config_from_dict
+from cognitora.kv_event_sources import reports_kv_events
+from cognitora.placement.estimate_basis import estimate_basis
 from cognitora.process import free_port
 from cognitora.sim.launch import SimFleet, start_fleet
 from kvstate.keys import chain_block_keys, root_key
@@ -189,3 +191,16 @@ async def test_a_repeated_prefix_finds_its_blocks_on_the_trtllm_engine_that_cach
 
         await until(forgotten, "the restarted engine's blocks to leave the store")
         assert collector.trtllm_pollers[trt].stats.purges >= 1
+
+
+def test_explain_calls_pulled_trtllm_events_kv_events_unless_pulling_is_off() -> None:
+    endpoints = [{"url": "http://trt:8000", "engine": "trtllm"}, {"url": "http://llama:8080", "engine": "llamacpp"}]
+    config = config_from_dict({"models": [{"name": MODEL, "endpoints": endpoints}]})
+    trt, llama = config.models[0].endpoints
+    assert "prefix KV events pulled from /kv_cache_events" in estimate_basis(trt, None, config.placement)
+    assert "prefix routing history" in estimate_basis(llama, None, config.placement)
+    off = config_from_dict(
+        {"models": [{"name": MODEL, "endpoints": endpoints}], "engine_pulls": {"trtllm_kv_events": False}}
+    )
+    assert not reports_kv_events(off.models[0].endpoints[0], off.engine_pulls.trtllm_kv_events)
+    assert Collector(off, MemoryStore()).trtllm_pollers == {}
