@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any
 from cognitora import jsonlog
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
+from cognitora.kv_event_sources import pulls_trtllm_events
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
 from kvstate.events import vllm as vllm_events
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.subscriber import Decoder, KVEventSubscriber
+from kvstate.events.trtllm_poller import TrtllmEventPoller
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
 from kvstate.store import Store, StoreUnavailable, open_store
@@ -99,17 +101,28 @@ class Collector:
         """Per model name."""
         self.subscribers: dict[str, KVEventSubscriber] = {}
         """Per endpoint id."""
+        self.trtllm_pollers: dict[str, TrtllmEventPoller] = {}
+        """Per endpoint id: TRT-LLM engines whose events are pulled over HTTP (``engine_pulls.trtllm_kv_events``)."""
         for model in config.models:
             ingestor = EventIngestor(store, model.name, model.block_size)
             self.ingestors[model.name] = ingestor
             for endpoint in model.endpoints:
                 if endpoint.kv_events is not None:
                     self._add_subscriber(model.name, endpoint, ingestor)
+                elif (
+                    pulls_trtllm_events(endpoint, config.engine_pulls.trtllm_kv_events)
+                    and endpoint.id not in self.trtllm_pollers
+                ):
+                    # Like a ZMQ stream, one engine's events go to the first model listing it.
+                    self.trtllm_pollers[endpoint.id] = TrtllmEventPoller(
+                        endpoint.id, endpoint.url, ingestor, interval_s=config.engine_pulls.trtllm_kv_events_interval_s
+                    )
         self.scraper = Scraper(
             store,
             scrape_targets(config),
             interval_s=config.scrape.interval_s,
             timeout_s=min(config.scrape.timeout_s, config.scrape.interval_s),
+            poll_slots=config.engine_pulls.llamacpp_slots,
         )
         self.name = collector_name()
         self.heartbeat_failures = 0
@@ -150,6 +163,8 @@ class Collector:
         self._started = True
         for subscriber in self.subscribers.values():
             subscriber.start()
+        for poller in self.trtllm_pollers.values():
+            poller.start()
         await self.scraper.start()
         await self._beat()  # before start() returns: a gateway starting beside it sees a collector at once
         self._heartbeat = asyncio.create_task(self._beat_forever(), name="cognitora-collector-heartbeat")
@@ -158,6 +173,7 @@ class Collector:
             extra={
                 "endpoints": self.scraper.endpoint_ids(),
                 "kv_event_streams": sorted(self.subscribers),
+                "kv_event_polls": sorted(self.trtllm_pollers),
                 "scrape_interval_s": self.scraper.interval_s,
             },
         )
@@ -171,7 +187,11 @@ class Collector:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             self._heartbeat = None
-        await asyncio.gather(self.scraper.stop(), *(s.stop() for s in self.subscribers.values()))
+        await asyncio.gather(
+            self.scraper.stop(),
+            *(s.stop() for s in self.subscribers.values()),
+            *(p.stop() for p in self.trtllm_pollers.values()),
+        )
         log.info("collector stopped", extra=self.stats())
 
     async def _beat(self) -> None:
@@ -205,6 +225,9 @@ class Collector:
         for subscriber in self.subscribers.values():
             for name, value in asdict(subscriber.stats).items():
                 events[name] = events.get(name, 0) + value
+        for poller in self.trtllm_pollers.values():  # pulled batches count as events like pushed ones
+            for name in ("applied", "malformed", "purges", "store_errors"):
+                events[name] = events.get(name, 0) + getattr(poller.stats, name)
         blocks: dict[str, int] = {}
         for ingestor in self.ingestors.values():
             for name, value in asdict(ingestor.stats).items():
@@ -218,6 +241,7 @@ class Collector:
             "events_replayed": events.get("replayed", 0),
             "purges": events.get("purges", 0),
             "event_store_errors": events.get("store_errors", 0),
+            "event_poll_failures": sum(p.stats.failures for p in self.trtllm_pollers.values()),
             "blocks_stored": blocks.get("blocks_stored", 0),
             "blocks_removed": blocks.get("blocks_removed", 0),
             "blocks_skipped": blocks.get("unknown_parent", 0)

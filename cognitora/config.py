@@ -467,6 +467,19 @@ class ScrapeConfig(_Strict):
     """A scrape slower than this fails; repeated failures mark the endpoint unhealthy."""
 
 
+class EnginePullsConfig(_Strict):
+    """What the collector asks engines for beside ``/metrics``, per kind (docs/mixed_fleets.md)."""
+
+    llamacpp_slots: bool = True
+    """Poll llama.cpp's ``GET /slots`` for busy slots and context size; a server answering 404 or 501
+    (``--no-slots``) is asked once and then left alone."""
+    trtllm_kv_events: bool = True
+    """Drain TRT-LLM's ``POST /kv_cache_events`` on ``engine: trtllm`` endpoints without ``kv_events`` (ZMQ). It
+    DRAINS the engine's buffer: turn it off when something else (Dynamo) reads those events."""
+    trtllm_kv_events_interval_s: float = Field(default=0.25, gt=0)
+    """Seconds between two drains of one TRT-LLM engine's events."""
+
+
 class DisaggregationConfig(_Strict):
     """Prefill/decode disaggregation: how a pair's KV transfer is priced (docs/disaggregation.md). Used only by
     models with ``role: prefill`` endpoints; their ``role: decode`` endpoints are addressed at their
@@ -506,6 +519,8 @@ class CognitoraConfig(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     """What one request may cost a gateway: prompt size for exact keys, and keying off the event loop."""
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    engine_pulls: EnginePullsConfig = Field(default_factory=EnginePullsConfig)
+    """Per-kind pages the collector polls beside /metrics: llama.cpp ``/slots``, TRT-LLM ``/kv_cache_events``."""
     """Metrics polling."""
     intent: IntentConfig | None = None
     """Intent-based and weighted model rewrite, before placement (docs/intent.md); absent: no rewrite."""
@@ -902,6 +917,7 @@ def reference_markdown() -> str:
         ("cost_model.feedback", TtftFeedbackConfig),
         ("limits", LimitsConfig),
         ("scrape", ScrapeConfig),
+        ("engine_pulls", EnginePullsConfig),
         ("intent", IntentConfig),
         ("intent.intents[]", IntentSpec),
         ("intent.intents[].rules[]", RuleSpec),

@@ -36,6 +36,7 @@ from cognitora.decision import Decision, Rejection
 from cognitora.disagg import place_with_pairs, uses_pairs
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.intent import IntentSource, Rewrite
+from cognitora.kv_event_sources import reports_kv_events
 from cognitora.outcome_rates import OutcomeRates
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.preflight import prompt_keyers
@@ -643,7 +644,7 @@ class Router:
         """Events confirm what an engine caches within moments; without events, routing history is all we have."""
         endpoint = self.config.endpoint(endpoint_id)
         params = self.config.placement
-        if endpoint is not None and endpoint.kv_events is None:
+        if endpoint is not None and not reports_kv_events(endpoint, self.config.engine_pulls.trtllm_kv_events):
             return params.routing_history_ttl_s
         return params.speculative_ttl_s
 

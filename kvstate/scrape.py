@@ -3,7 +3,8 @@
 What a round does, per endpoint (all endpoints concurrently, each on its own fixed-rate ticker):
 
 1. GET the engine's health route and, when it has one, its metrics route (and ``power_url``, a separate DCGM
-   exporter, when configured), concurrently, the whole round bounded by ``timeout_s``.
+   exporter, when configured; llama.cpp's ``/slots``, ``kvstate.slots``), concurrently, the whole round bounded
+   by ``timeout_s``.
 2. Health: a round fails when the health route does not answer with an accepted status in time. ``unhealthy_after``
    (default 2) CONSECUTIVE failed rounds mark the endpoint unhealthy; one good round marks it healthy again. With
    the timeout capped at one interval, a dead endpoint is unhealthy within ``unhealthy_after + 1`` intervals (3 by
@@ -38,6 +39,7 @@ from kvstate.engines import (
     dcgm,
     parse_prometheus_text,
 )
+from kvstate.slots import SlotsPoll
 from kvstate.store import EndpointSnapshot, Store
 
 log = logging.getLogger(__name__)
@@ -299,6 +301,8 @@ class _Endpoint:
     metrics_broken: bool = False
     """The last metrics fetch failed or was garbage: log only the first of a streak."""
     snapshot: EndpointSnapshot | None = None
+    slots: SlotsPoll | None = None
+    """llama.cpp ``/slots``, when the engine kind has one and polling it is on (``kvstate.slots``)."""
 
 
 class Scraper:
@@ -320,6 +324,7 @@ class Scraper:
         unhealthy_after: int = DEFAULT_UNHEALTHY_AFTER,
         engines: EngineRegistry = ENGINES,
         rate: RateEstimator | None = None,
+        poll_slots: bool = True,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"scrape interval must be positive, got {interval_s}")
@@ -341,11 +346,14 @@ class Scraper:
         for target in endpoints:
             if target.endpoint_id in self._endpoints:
                 raise ValueError(f"endpoint id {target.endpoint_id!r} is listed twice")
+            spec = engines.get(target.engine)
+            root = base_url(target.url)
             self._endpoints[target.endpoint_id] = _Endpoint(
                 target=target,
-                spec=engines.get(target.engine),
-                root=base_url(target.url),
+                spec=spec,
+                root=root,
                 estimator=replace(rate) if rate is not None else RateEstimator(),
+                slots=SlotsPoll(target.endpoint_id, root + spec.slots_path) if poll_slots and spec.slots_path else None,
             )
         self._client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -356,8 +364,8 @@ class Scraper:
         if self._client is None:
             # trust_env=False: engines sit on the cluster network; a desktop HTTP(S)_PROXY must not reroute them.
             # No pool cap: a round waiting for a pooled connection would time out and count against health.
-            # Keep-alive for up to 3 connections per endpoint (health, metrics, power exporter).
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(20, 3 * len(self._endpoints)))
+            # Keep-alive for up to 4 connections per endpoint (health, metrics, power exporter, llama.cpp /slots).
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(20, 4 * len(self._endpoints)))
             self._client = httpx.AsyncClient(
                 timeout=self.timeout_s, trust_env=False, follow_redirects=True, limits=limits
             )
@@ -406,19 +414,23 @@ class Scraper:
         spec = endpoint.spec
         self.stats.rounds += 1
         metrics_url = None if spec.metrics_path is None else endpoint.root + spec.metrics_path
+        slots_url = None if endpoint.slots is None else endpoint.slots.poll_url()
         try:
             async with asyncio.timeout(self.timeout_s):
-                health, metrics, power = await asyncio.gather(
+                health, metrics, power, slots = await asyncio.gather(
                     self._get(endpoint.root + spec.health_path),
                     self._get(metrics_url),
                     self._get(endpoint.target.power_url),
+                    self._get(slots_url),
                 )
         except TimeoutError:
-            health = metrics = power = None
+            health = metrics = power = slots = None
         if isinstance(health, httpx.Response) and spec.healthy_status(health.status_code):
             self._on_success(endpoint)
             self._read_metrics(endpoint, metrics)
             self._read_power(endpoint, power)
+            if endpoint.slots is not None:
+                endpoint.slots.read(slots)
         else:
             self._on_failure(endpoint)
         if endpoint.healthy is None:
@@ -551,6 +563,8 @@ class Scraper:
             prefix_cache_queries_total=load.prefix_cache_queries_total,
             requests_finished_total=load.requests_finished_total,
         )
+        if endpoint.slots is not None:
+            seen = endpoint.slots.apply(seen)
         endpoint.energy.observe(seen)
         return replace(seen, joules_per_token=endpoint.energy.joules_per_token)
 

@@ -15,7 +15,7 @@ from cognitora.outcome_rates import OutcomeRates
 from kvstate.engines import ENGINES, llamacpp, trtllm
 from kvstate.events import EventDecodeError
 from kvstate.events.ingest import EventIngestor
-from kvstate.events.model import BlockRemoved, BlockStored
+from kvstate.events.model import AllBlocksCleared, BlockRemoved, BlockStored
 from kvstate.events.trtllm import decode_events
 from kvstate.keys import chain_block_keys, root_key
 from kvstate.memory_store import MemoryStore
@@ -35,6 +35,7 @@ SLOTS_BODY = (
 def test_llamacpp_slots_say_how_many_of_its_slots_are_busy() -> None:
     load = llamacpp.slots_load(SLOTS_BODY)
     assert (load.slots, load.busy, load.free) == (2, 1, 1)
+    assert load.n_ctx == 4096  # each slot's context; two slots do not make 8192 (a --kv-unified cache is shared)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,8 @@ EVENTS_BODY = json.dumps(
 
 def test_trtllm_events_decode_to_blocks_with_their_own_hashes_and_cache_levels() -> None:
     batch = decode_events(EVENTS_BODY)
-    stored, to_cpu, off_gpu, removed = batch.events
+    created, stored, to_cpu, off_gpu, removed = batch.events
+    assert isinstance(created, AllBlocksCleared)  # a new cache is empty: what an earlier process held is gone
     assert isinstance(stored, BlockStored)
     assert stored.block_hashes == ((-7) & (2**64 - 1), 2**63 + 5)  # TRT-LLM's hashes, as unsigned 64-bit
     assert stored.parent_block_hash is None
@@ -161,7 +163,7 @@ async def test_trtllm_events_index_the_prompt_under_our_keys_with_the_tier_it_mo
     store = MemoryStore()
     ingest = EventIngestor(store, "m", block_size=32)
     batch = decode_events(EVENTS_BODY)
-    ingest.stage("trt:1", type(batch)(batch.ts, batch.events[:3], batch.dp_rank))
+    ingest.stage("trt:1", type(batch)(batch.ts, batch.events[:4], batch.dp_rank))
     await ingest.flush("trt:1")
     keys = chain_block_keys(root_key("m"), TOKENS, 32)
     match = await store.match_prefix("m", keys)

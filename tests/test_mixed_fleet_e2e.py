@@ -258,7 +258,7 @@ def h100_requests(fleet: SimFleet) -> list[int]:
 
 
 def check_scraping(fleet: SimFleet) -> None:
-    """Nothing asked the MLX engines for metrics; the others were read on their own pages."""
+    """Nothing asked the MLX engines for metrics; the others were read on their own pages, llama.cpp's /slots too."""
     logs = sim_requests(fleet)
     for i, kind in enumerate(KINDS):
         metrics_reads = logs[i].get("/metrics", 0)
@@ -267,6 +267,10 @@ def check_scraping(fleet: SimFleet) -> None:
             assert logs[i].get("/health", 0) > 0, f"engine {i} ({kind}) was never health-checked: {logs[i]}"
         else:
             assert metrics_reads > 0, f"engine {i} ({kind}) was never scraped: {logs[i]}"
+        if kind == "llamacpp":  # its load also comes from /slots, read by the collector
+            assert logs[i].get("/slots", 0) > 0, f"engine {i} ({kind}): /slots never polled: {logs[i]}"
+        else:
+            assert logs[i].get("/slots", 0) == 0, f"engine {i} ({kind}) has no /slots but was asked: {logs[i]}"
 
 
 EXPLAIN = [sys.executable, "-m", "cognitora.cli", "explain"]

@@ -9,6 +9,7 @@ be traced to the estimate behind it.
 from __future__ import annotations
 
 from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.kv_event_sources import reports_kv_events
 from kvstate.engines import ENGINES
 from kvstate.store import EndpointSnapshot
 
@@ -25,6 +26,8 @@ def estimate_basis(endpoint: EndpointConfig, snap: EndpointSnapshot | None, para
         rate = "placement default"
     if endpoint.kv_events is not None:
         prefix = "KV events"
+    elif reports_kv_events(endpoint):  # engine_pulls.trtllm_kv_events is not seen here; it is on by default
+        prefix = "KV events pulled from /kv_cache_events"
     else:
         prefix = f"routing history ({params.routing_history_ttl_s:g} s)"
         if not scraped:

@@ -36,6 +36,7 @@ from cognitora.sim.power import EnergyMeter
 from cognitora.sim.profiles import HardwareProfile
 from cognitora.sim.scheduler import ScheduledStep, Scheduler, SimRequest
 from cognitora.sim.tokenizer import SimTokenizer
+from cognitora.sim.trtllm_events import TrtllmEventBuffer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class SimEngine:
         self.meter = EnergyMeter(self.profile.idle_watts * self.profile.gpus, start=clock.now())
         self.metrics = self._new_metrics()
         self.publisher: KvEventPublisher | None = None
+        self.trtllm_events = self._new_trtllm_events()
+        """TRT-LLM's pulled ``/kv_cache_events`` buffer (trtllm kind only)."""
         self.slow_factor = 1.0
         self.hung = False
         self.crashed = False
@@ -274,6 +277,7 @@ class SimEngine:
         self.cache.drain()
         if self.publisher is not None:
             self.publisher.restart()
+        self.trtllm_events = self._new_trtllm_events()  # a new process: a new cache, announced as "created"
         self.metrics = self._new_metrics()
         self._wake()
 
@@ -488,10 +492,18 @@ class SimEngine:
         lab(m.request_generation_tokens).observe(req.output_len)
         m.success.labels(self.config.model, "0", "length").inc()
 
+    def _new_trtllm_events(self) -> TrtllmEventBuffer | None:
+        if not surface(self.config.engine_kind).kv_events_route:
+            return None
+        c = self.config
+        return TrtllmEventBuffer(c.num_blocks, c.cpu_offload_tokens // c.block_size, self.profile.max_model_len)
+
     def _publish(self) -> None:
         events = self.cache.drain()
         if events and self.publisher is not None:
             self.publisher.publish(events)
+        if events and self.trtllm_events is not None:
+            self.trtllm_events.add(events)
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:

@@ -9,15 +9,15 @@ changes only what a router or a scraper can see of it, as the real engine would 
 | ``sglang`` | ``/metrics`` (``sglang:`` names) | | ZMQ |
 | ``llamacpp`` | ``/metrics`` (``llamacpp:`` names, no labels; prompt count without cached) | ``/slots`` | none |
 | ``mlx`` | none (404) | | none |
-| ``trtllm`` | ``/prometheus/metrics`` (``trtllm_`` names) | ``/metrics``: JSON iteration stats, drained | none |
+| ``trtllm`` | ``/prometheus/metrics`` (``trtllm_`` names) | ``/metrics``: JSON iteration stats, drained | pulled |
 
 Every kind serves ``/health``, ``/v1/models`` and the two OpenAI completion routes, with
 ``usage.prompt_tokens_details.cached_tokens`` in responses (MLX-LM's only cache signal). DCGM power series are
 appended to a kind's Prometheus page, standing in for the node's DCGM exporter (docs/sim.md).
 
 The figures are read from the engine's own vLLM-named registry (``cognitora.sim.metrics``), so every kind counts the
-same simulated work; only names, units and the pages they are on differ. TRT-LLM's events endpoint
-(``POST /kv_cache_events``) is not simulated: a trtllm engine publishes no events here.
+same simulated work; only names, units and the pages they are on differ. TRT-LLM's events are pulled, not
+published: ``POST /kv_cache_events`` drains a buffer in TRT-LLM's JSON (``cognitora.sim.trtllm_events``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class KindSurface:
     """``GET /slots`` (llama.cpp)."""
     iteration_stats_path: str | None = None
     """Where TRT-LLM's drained JSON iteration stats are served."""
+    kv_events_route: bool = False
+    """``POST /kv_cache_events``: TRT-LLM's drained JSON KV-cache events (``cognitora.sim.trtllm_events``)."""
     owned_by: str = "vllm"
     """``owned_by`` of the ``/v1/models`` card."""
 
@@ -65,6 +67,7 @@ SURFACES: dict[str, KindSurface] = {
         "/prometheus/metrics",
         publishes_events=False,
         iteration_stats_path="/metrics",
+        kv_events_route=True,
         owned_by="tensorrt_llm",
     ),
 }

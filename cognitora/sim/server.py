@@ -140,6 +140,8 @@ class EngineServer:
             r.add_get(kind.iteration_stats_path, self.iteration_stats)
         if kind.slots_route:
             r.add_get("/slots", self.slots)
+        if kind.kv_events_route:
+            r.add_post("/kv_cache_events", self.kv_cache_events)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
         if kind.vllm_routes:
@@ -197,6 +199,10 @@ class EngineServer:
 
     async def slots(self, request: web.Request) -> web.Response:
         return web.json_response(llamacpp_slots(self.engine))
+
+    async def kv_cache_events(self, request: web.Request) -> web.Response:
+        buffer = self.engine.trtllm_events
+        return web.json_response([] if buffer is None else buffer.drain())
 
     async def iteration_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self._iteration_stats.drain())

@@ -79,6 +79,8 @@ class EngineSpec:
     """Whether the engine can publish KV-cache events (vLLM-format ZMQ) for the collector to subscribe to."""
     default_block_size: int | None = None
     """Tokens per KV block when the engine does not report it."""
+    slots_path: str | None = None
+    """GET path of a per-slot state page (llama.cpp ``/slots``), polled beside the metrics (``kvstate.slots``)."""
 
     def recognizes(self, samples: MetricSamples) -> bool:
         """True when ``samples`` contains at least one of this engine's metrics (with or without ``_total``)."""

@@ -71,6 +71,11 @@ class SlotsLoad:
 
     slots: int
     busy: int
+    n_ctx: int = 0
+    """The largest slot's ``n_ctx`` (0 when the body does not say): a lower bound of the KV the server holds. With
+    a split cache each slot reports its share of ``--ctx-size`` (the sum would be exact); with ``--kv-unified``
+    every slot reports the whole shared cache (the sum would count it ``-np`` times). /slots does not say which,
+    so the bound that never promises room the server lacks."""
 
     @property
     def free(self) -> int:
@@ -87,11 +92,15 @@ def slots_load(body: bytes | str) -> SlotsLoad:
     if not isinstance(slots, list):
         raise ValueError(f"llama.cpp /slots: expected a JSON list of slots, got {type(slots).__name__}")
     busy = 0
+    n_ctx = 0
     for i, slot in enumerate(slots):
         if not isinstance(slot, Mapping) or not isinstance(slot.get("is_processing"), bool):
             raise ValueError(f"llama.cpp /slots: slot {i} has no boolean 'is_processing'")
         busy += slot["is_processing"]
-    return SlotsLoad(slots=len(slots), busy=busy)
+        ctx = slot.get("n_ctx")
+        if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
+            n_ctx = max(n_ctx, ctx)
+    return SlotsLoad(slots=len(slots), busy=busy, n_ctx=n_ctx)
 
 
 SPEC = EngineSpec(
@@ -101,4 +110,5 @@ SPEC = EngineSpec(
     load_from=load_from,
     known_metrics=frozenset({RUNNING, WAITING, PROMPT_TOKENS, TOKENS_PREDICTED}),
     publishes_kv_events=False,
+    slots_path=SLOTS_PATH,
 )

@@ -8,7 +8,8 @@ with ``kv_cache_config: {enable_block_reuse: true, event_buffer_max_size: N}``) 
 
 where ``data`` is one of
 
-- ``{"type": "created", "num_blocks_per_cache_level": [...]}``: the cache exists (nothing to index);
+- ``{"type": "created", "num_blocks_per_cache_level": [...]}``: a new, empty cache (the engine started or
+  restarted): ``AllBlocksCleared``, so what an earlier process held is forgotten;
 - ``{"type": "stored", "parent_hash": h|null, "blocks": [{"type": "stored_block", "block_hash": h,
   "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": x}, ...], "cache_level": l,
   "priority": p}, ...]}``;
@@ -72,9 +73,9 @@ def _event(data: Mapping[str, Any], i: int) -> list[KVEvent]:
         return [BlockRemoved(block_hashes=tuple(_hash(h, i) for h in _list(data, "block_hashes", i)), medium=None)]
     if kind == "updated":
         return _updated(data, i)
-    if kind == "cleared":
+    if kind in ("created", "cleared"):
         return [AllBlocksCleared()]
-    return []  # "created", and anything newer
+    return []  # anything newer
 
 
 def _stored(data: Mapping[str, Any], i: int) -> list[KVEvent]:
