@@ -297,7 +297,7 @@ class Router:
             self._reserving[req.request_id] = asyncio.ensure_future(
                 self.budgets.reserve(req, req.model, prompt.prompt_tokens)
             )
-        state, age, stale = await self._fleet_state(model, prompt)
+        state, age, stale = await self._fleet_state(model, prompt, self._reserving.get(req.request_id))
         if uses_pairs(model):
             decision = place_with_pairs(req, prompt, self.config, state)
         else:
@@ -375,14 +375,20 @@ class Router:
         job.add_done_callback(report)
         return await asyncio.wrap_future(job)
 
-    async def _fleet_state(self, model: ModelConfig, prompt: PromptKeys) -> tuple[FleetState, float | None, str | None]:
+    async def _fleet_state(
+        self, model: ModelConfig, prompt: PromptKeys, also: asyncio.Future[Hold | Rejection] | None = None
+    ) -> tuple[FleetState, float | None, str | None]:
         """The state to place on, its age (the newest collector heartbeat's; None: none read) and, when it is
-        stale, a note saying so."""
+        stale, a note saying so. ``also``: a store call sent beside the read (the budget reservation) that must be
+        over before this process's own in-flight counts are read: from there to the dispatch nothing may await,
+        or requests placed meanwhile would all see the same load and pile onto one engine."""
         ids = self._endpoint_ids[model.name]
         now = self._clock()
         read_started = time.perf_counter()
         view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
+        if also is not None and not also.done():
+            await asyncio.wait([also])
         local = self._local.totals(ids, now)
         bias = self._feedback.factors(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
@@ -511,7 +517,8 @@ class Router:
         if gate is not None:
             pending = self._reserving.pop(request.request_id, None)
             if decision.endpoint is not None:
-                # Done by now nearly always (it ran beside the fleet read): awaiting it then does not suspend.
+                # Done by now (``_fleet_state`` waited for it before reading the in-flight counts): awaiting a done
+                # future does not suspend, so nothing is placed between this pick and its count.
                 verdict = await (pending or gate.reserve(request, decision.model, decision.prompt_tokens))
                 if isinstance(verdict, Rejection):
                     decision = self._refused_by_budget(decision, verdict)

@@ -4,6 +4,7 @@ a rerouted request settled once, a team's priority class, and bad budget config 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -227,4 +228,50 @@ async def test_concurrent_admits_never_overshoot_and_metrics_say_so(
     assert samples[("cognitora_budget_limit", labels)] == limit
     assert samples[("cognitora_budget_usage", labels)] == 15 * n // 4
     assert samples[("cognitora_budget_rejections", (("reason", "total_tokens"), ("team", "alpha")))] == n - n // 4
+    await router.close()
+
+
+async def test_concurrent_admits_with_budgets_see_each_others_load(
+    smollm2_dir: Path, store: Store, key_prefix: str
+) -> None:
+    """The reservation is sent beside the fleet read; placement then reads this process's in-flight counts only
+    after both are back, with nothing awaited from there to the dispatch. Were the reservation awaited between the
+    pick and its count, every concurrent request would see the same idle fleet and pile onto the faster engine."""
+    config = config_from_dict(
+        {
+            "key_prefix": key_prefix,
+            "placement": {"store_timeout_s": 5.0},
+            "budgets": {"teams": {"alpha": {"limits": [{"window": "day", "total_tokens": 10_000_000}]}}},
+            "models": [
+                {
+                    "name": MODEL,
+                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
+                    "endpoints": [
+                        {"url": f"http://{A}", "prefill_tokens_per_s": 20_000},
+                        {"url": f"http://{B}", "prefill_tokens_per_s": 10_000},
+                    ],
+                }
+            ],
+        }
+    )
+    router = Router(config, store)
+    gate = router.budgets
+    assert gate is not None
+    reserve = gate.reserve
+
+    async def slow_reserve(*args: Any, **kwargs: Any) -> Any:  # a budget store slower than the fleet read
+        await asyncio.sleep(0.05)
+        return await reserve(*args, **kwargs)
+
+    gate.reserve = slow_reserve  # type: ignore[method-assign]
+
+    def long_ask(i: int) -> RouteRequest:
+        text = f"request {i}: " + " ".join(f"word{(i * 7919 + j) % 5000}" for j in range(1500))
+        return RouteRequest(model=MODEL, messages=[{"role": "user", "content": text}], team="alpha", max_tokens=10)
+
+    placed = await asyncio.gather(*(router.admit(long_ask(i)) for i in range(8)))
+    picks = [decision.endpoint for decision, attempt in placed if attempt is not None]
+    assert len(picks) == 8
+    on_slower = sum(1 for p in picks if p is not None and p.endswith("18002"))
+    assert on_slower >= 2, f"every request saw an idle fleet: {picks}"
     await router.close()
