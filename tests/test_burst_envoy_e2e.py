@@ -126,7 +126,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
                 ],
                 "teams": ["research"],
                 "priorities": ["default"],
-                "exit_ratio": 0.6,
+                # Margins below the SLO: the predictor underestimates a queue that builds on a loaded machine (in one
+                # CI run, entering only at 1.0 x SLO let 3 of 10 local requests wait 4 s).
+                "enter_ratio": 0.7,
+                "exit_ratio": 0.5,
                 "min_dwell_s": 2,
                 "unhealthy_s": HOLD_OFF_S,
             },
