@@ -17,8 +17,8 @@ from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
-from kvstate.redis_store import RedisStore
 from kvstate.store import InFlight, Store
+from tests.events_fake_engine import open_store
 
 A, B, C = "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"
 MODEL = "smollm2"
@@ -46,15 +46,9 @@ def chat(question: str = "What is a KV cache?", **extra: Any) -> RouteRequest:
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    url = request.getfixturevalue("redis_server_url")
-    redis_store = RedisStore.from_url(url, key_prefix=request.getfixturevalue("key_prefix"))
-    yield redis_store
-    await redis_store.delete_everything()
-    await redis_store.close()
+async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:
+    async with open_store(request.param, request, key_prefix) as s:
+        yield s
 
 
 async def wait_for(condition: Any, timeout_s: float, what: str) -> None:

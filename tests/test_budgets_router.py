@@ -18,8 +18,8 @@ from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
-from kvstate.redis_store import RedisStore
 from kvstate.store import Store
+from tests.events_fake_engine import open_store
 
 MODEL = "smollm2"
 A, B = "127.0.0.1:18001", "127.0.0.1:18002"
@@ -48,15 +48,9 @@ def ask(team: str | None, max_tokens: int | None = 100, **extra: Any) -> RouteRe
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    url = request.getfixturevalue("redis_server_url")
-    redis_store = RedisStore.from_url(url, key_prefix=request.getfixturevalue("key_prefix"))
-    yield redis_store
-    await redis_store.delete_everything()
-    await redis_store.close()
+async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:
+    async with open_store(request.param, request, key_prefix) as s:
+        yield s
 
 
 async def team_usage(router: Router, team: str) -> int:

@@ -25,6 +25,7 @@ from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer
 from kvstate.redis_store import RedisStore
 from kvstate.store import EndpointSnapshot, Store, StoreUnavailable
+from tests.events_fake_engine import open_store
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 MODEL = "smollm2"
@@ -58,15 +59,9 @@ def chat(question: str = "What is a KV cache?", **extra: Any) -> RouteRequest:
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    url = request.getfixturevalue("redis_server_url")
-    redis_store = RedisStore.from_url(url, key_prefix=request.getfixturevalue("key_prefix"))
-    yield redis_store
-    await redis_store.delete_everything()
-    await redis_store.close()
+async def store(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[Store]:
+    async with open_store(request.param, request, key_prefix) as s:
+        yield s
 
 
 @pytest.fixture
