@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from kvstate.engines import (
     dcgm,
     parse_prometheus_text,
 )
+from kvstate.rates import RateEstimator
 from kvstate.slots import SlotsPoll
 from kvstate.store import EndpointSnapshot, Store
 
@@ -86,198 +86,6 @@ class ScrapeStats:
     """/metrics bodies that parsed but held none of the engine kind's metric names (wrong ``engine:``?)."""
     store_failures: int = 0
     """Snapshot writes that failed (store unreachable)."""
-
-
-@dataclass
-class RateEstimator:
-    """Learns an endpoint's prefill and decode throughput (tokens/s) from its cumulative counters.
-
-    Prefill: what we want is the capacity C, in uncached prompt tokens per second. Over a window between two
-    scrapes the engine processed ``dT = d(prompt_tokens) - d(prefix_cache_hits)`` uncached tokens. Two estimators:
-
-    - per-request rate ``dT / d(busy)``, where ``busy`` is per-request prefill time: the engine's own measure when
-      it has one (vLLM ``request_prefill_time_seconds``, llama.cpp ``prompt_seconds``), else the TTFT histogram sum
-      minus the queue-time sum, else the TTFT sum. A request of n tokens needs at least n/C seconds, more when it
-      shares its batch, and TTFT adds queueing on top, so this is a sound LOWER bound of C: numerator and
-      denominator are counted at the same moment (the first token). Its window closes once it holds
-      ``min_prefill_tokens``, so a trickle of tiny requests (all fixed overhead) becomes one meaningful sample.
-    - throughput ``dT / d(wall time)`` over windows of at least ``throughput_window_s``: also <= C over a long
-      window, and close to C whenever the engine was saturated, which is exactly when a TTFT-based per-request
-      rate is pessimistic (queueing inflates TTFT). Used ONLY for engines that expose no queue-free busy time
-      (neither a prefill-time nor a queue-time histogram: SGLang, old vLLM), because it is measured on the wall
-      clock while the histograms are on the engine's clock, and the two differ for a time-scaled simulator.
-      Short windows are not used: counters jump when a long prompt finishes, so a one-interval window can
-      show more than C.
-
-    Each is smoothed by an EWMA (``alpha``); the estimate is the larger of the two (the tighter lower bound).
-
-    Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
-    (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
-
-    Service: the mean time a request holds a batch slot (scheduled to finished, queueing excluded), the W of
-    Little's law that placement turns into a departure rate (``running / mean_service_s``). From the engine's own
-    histogram when it has one (vLLM ``request_inference_time_seconds``: ``d(sum) / d(count)``), else as mean
-    generated tokens per finished request over the learned per-sequence decode speed
-    (``d(generation_tokens) / d(requests_finished) / decode_tokens_per_s``). A window closes once
-    ``min_service_requests`` requests finished in it, EWMA-smoothed like the rest.
-
-    Counter resets (engine restart: a counter went down) and health failures restart the windows; what was learned
-    is kept, since the hardware did not change. 0.0 means "not learned yet".
-    """
-
-    alpha: float = 0.3
-    min_prefill_tokens: float = 256.0
-    throughput_window_s: float = 10.0
-    min_decode_tokens: float = 64.0
-    min_service_requests: float = 4.0
-    per_request_prefill: float = 0.0
-    throughput_prefill: float = 0.0
-    decode_tokens_per_s: float = 0.0
-    mean_service_s: float = 0.0
-    _request_base: EngineLoad | None = field(default=None, repr=False)
-    _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
-    _decode_base: EngineLoad | None = field(default=None, repr=False)
-    _service_base: EngineLoad | None = field(default=None, repr=False)
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return max(self.per_request_prefill, self.throughput_prefill)
-
-    def restart_windows(self) -> None:
-        self._request_base = None
-        self._throughput_base = None
-        self._decode_base = None
-        self._service_base = None
-
-    def observe(self, load: EngineLoad, now: float) -> None:
-        """Feed one scrape taken at monotonic time ``now`` (seconds)."""
-        bases = [self._request_base, self._decode_base, self._service_base]
-        if self._throughput_base is not None:
-            bases.append(self._throughput_base[0])
-        if any(base is not None and counters_went_down(base, load) for base in bases):
-            self.restart_windows()
-        if self._request_base is None or self._per_request_sample(self._request_base, load):
-            self._request_base = load
-        if not has_queue_free_busy_time(load) and (
-            self._throughput_base is None or self._throughput_sample(self._throughput_base, load, now)
-        ):
-            self._throughput_base = (load, now)
-        if self._decode_base is None or self._decode_sample(self._decode_base, load):
-            self._decode_base = load
-        if self._service_base is None or self._service_sample(self._service_base, load):
-            self._service_base = load
-
-    def _per_request_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
-        """Update from the window ``old`` .. ``load``; False while the window is still too small to close."""
-        tokens = uncached_prompt_tokens(old, load)
-        if tokens is None:
-            return True  # this engine does not count prompt tokens: nothing to learn
-        if tokens < self.min_prefill_tokens:
-            return False
-        busy = busy_prefill_seconds(old, load)
-        if busy is not None and busy > 0:
-            self.per_request_prefill = ewma(self.per_request_prefill, tokens / busy, self.alpha)
-        return True
-
-    def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
-        old, then = base
-        tokens = uncached_prompt_tokens(old, load)
-        if tokens is None:
-            return True
-        if now - then < self.throughput_window_s or tokens < self.min_prefill_tokens:
-            return False
-        self.throughput_prefill = ewma(self.throughput_prefill, tokens / (now - then), self.alpha)
-        return True
-
-    def _decode_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
-        count = delta(old.itl_count, load.itl_count)
-        seconds = delta(old.itl_seconds_sum, load.itl_seconds_sum)
-        if count is None or seconds is None:
-            return True
-        generated = delta(old.generation_tokens_total, load.generation_tokens_total)
-        # TRT-LLM's time-per-output-token histogram counts requests, not tokens: judge the window by tokens made.
-        if (generated if generated is not None else count) < self.min_decode_tokens:
-            return False
-        if count > 0 and seconds > 0:
-            self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
-        return True
-
-    def _service_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
-        count = delta(old.service_count, load.service_count)
-        if count is not None:
-            seconds = delta(old.service_seconds_sum, load.service_seconds_sum)
-            if count < self.min_service_requests:
-                return False
-            if seconds is not None and seconds > 0:
-                self.mean_service_s = ewma(self.mean_service_s, seconds / count, self.alpha)
-            return True
-        finished = delta(old.requests_finished_total, load.requests_finished_total)
-        generated = delta(old.generation_tokens_total, load.generation_tokens_total)
-        if finished is None or generated is None:
-            return True  # neither source: nothing to learn
-        if finished < self.min_service_requests:
-            return False
-        if self.decode_tokens_per_s > 0 and generated > 0:
-            self.mean_service_s = ewma(self.mean_service_s, generated / finished / self.decode_tokens_per_s, self.alpha)
-        return True
-
-
-def has_queue_free_busy_time(load: EngineLoad) -> bool:
-    """The engine measures prefill time without queueing (directly, or as TTFT minus a queue-time histogram)."""
-    return load.prefill_seconds_sum is not None or load.queue_seconds_sum is not None
-
-
-def uncached_prompt_tokens(old: EngineLoad, new: EngineLoad) -> float | None:
-    """Prompt tokens actually prefilled between two scrapes (cache hits excluded); None when not counted."""
-    prompt = delta(old.prompt_tokens_total, new.prompt_tokens_total)
-    if prompt is None:
-        return None
-    hits = delta(old.prefix_cache_hits_total, new.prefix_cache_hits_total) or 0.0
-    return max(prompt - hits, 0.0)
-
-
-CUMULATIVE_FIELDS = (
-    "prompt_tokens_total",
-    "generation_tokens_total",
-    "prefix_cache_hits_total",
-    "ttft_count",
-    "itl_count",
-    "prefill_seconds_sum",
-    "requests_finished_total",
-    "service_count",
-)
-
-
-def counters_went_down(old: EngineLoad, new: EngineLoad) -> bool:
-    for name in CUMULATIVE_FIELDS:
-        before, after = getattr(old, name), getattr(new, name)
-        if before is not None and after is not None and after < before:
-            return True
-    return False
-
-
-def delta(old: float | None, new: float | None) -> float | None:
-    return None if old is None or new is None else new - old
-
-
-def busy_prefill_seconds(old: EngineLoad, new: EngineLoad) -> float | None:
-    """Per-request prefill time spent between two scrapes, from the best source the engine exposes."""
-    prefill = delta(old.prefill_seconds_sum, new.prefill_seconds_sum)
-    if prefill is not None and prefill > 0:
-        return prefill
-    ttft = delta(old.ttft_seconds_sum, new.ttft_seconds_sum)
-    if ttft is None or ttft <= 0:
-        return None
-    queued = delta(old.queue_seconds_sum, new.queue_seconds_sum)
-    if queued is not None and 0 <= queued < ttft:
-        return ttft - queued
-    return ttft
-
-
-def ewma(current: float, sample: float, alpha: float) -> float:
-    if not math.isfinite(sample) or sample <= 0:
-        return current
-    return sample if current <= 0 else current + alpha * (sample - current)
 
 
 @dataclass

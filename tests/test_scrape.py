@@ -18,7 +18,8 @@ from cognitora.sim.launch import start_fleet
 from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
 from kvstate.redis_store import RedisStore
-from kvstate.scrape import RateEstimator, Scraper, ScrapeTarget, base_url
+from kvstate.rates import RateEstimator
+from kvstate.scrape import Scraper, ScrapeTarget, base_url
 
 
 @dataclass
@@ -396,6 +397,54 @@ def test_estimator_uses_only_the_engine_clock_when_prefill_time_is_exposed() -> 
         est.observe(EngineLoad(prompt_tokens_total=50_000.0 * second, prefill_seconds_sum=10.0 * second), float(second))
     assert est.throughput_prefill == 0.0
     assert est.prefill_tokens_per_s == pytest.approx(5000.0)
+
+
+def vllm_load(first_tokened: list[int], finished: list[tuple[int, float]]) -> EngineLoad:
+    """vLLM's counters after requests of the given prompt sizes got their first token (prompt tokens, TTFT) and
+    the given (prompt size, prefill seconds) finished (the per-request histograms vLLM observes at finish)."""
+    return EngineLoad(
+        prompt_tokens_total=float(sum(first_tokened)),
+        prefix_cache_hits_total=0.0,
+        ttft_seconds_sum=sum(n / 1200 for n in first_tokened),
+        ttft_count=float(len(first_tokened)),
+        prefill_seconds_sum=sum(s for _, s in finished),
+        prefill_count=float(len(finished)),
+        finished_prompt_tokens_sum=float(sum(n for n, _ in finished)),
+    )
+
+
+def test_estimator_pairs_vllm_prefill_time_observed_at_finish_with_the_finished_requests_tokens() -> None:
+    # An engine at 1,200 tokens/s. A scrape falls between request A's first token and its finish, the next one
+    # after B's first token and A's finish: that window holds two prompts' tokens and one prefill time. Dividing
+    # the sums learned 2,400 tokens/s, and the router then queued 3 s on an engine it thought answered in 1.4 s.
+    est = RateEstimator()
+    est.observe(vllm_load([], []), now=0.0)
+    est.observe(vllm_load([840], []), now=1.0)
+    assert est.prefill_tokens_per_s == 0.0  # nothing finished yet: no busy time to pair the tokens with
+    est.observe(vllm_load([840, 860], [(840, 0.7)]), now=2.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0)
+    est.observe(vllm_load([840, 860], [(840, 0.7), (860, 860 / 1200)]), now=3.0)  # B finished, no new tokens
+    est.observe(vllm_load([840, 860, 900], [(840, 0.7), (860, 860 / 1200), (900, 0.75)]), now=4.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0)
+
+
+def test_estimator_compares_means_when_queue_time_is_observed_at_finish() -> None:
+    # TRT-LLM: TTFT at the first token, queue time at finish, no prefill histogram. Two requests of 1,000 tokens
+    # reached their first token (1 s queued + 1 s prefill each) while only the first one finished.
+    est = RateEstimator()
+    est.observe(
+        EngineLoad(
+            prompt_tokens_total=0.0, ttft_seconds_sum=0.0, ttft_count=0.0, queue_seconds_sum=0.0, queue_count=0.0
+        ),
+        now=0.0,
+    )
+    est.observe(
+        EngineLoad(
+            prompt_tokens_total=2000.0, ttft_seconds_sum=4.0, ttft_count=2.0, queue_seconds_sum=1.0, queue_count=1.0
+        ),
+        now=1.0,
+    )
+    assert est.prefill_tokens_per_s == pytest.approx(1000.0)  # the sums said 2,000 / (4 - 1) = 667
 
 
 def test_estimator_mean_service_time_from_the_inference_histogram() -> None:

@@ -34,8 +34,16 @@ class EngineLoad:
     ttft_count: float | None = None
     queue_seconds_sum: float | None = None
     """Sum of per-request queueing time, when exposed: subtracted from TTFT to approximate busy prefill time."""
+    queue_count: float | None = None
+    """Observations in ``queue_seconds_sum`` (vLLM and TRT-LLM observe it when a request FINISHES, not at its
+    first token: the rate estimator pairs means, not sums, for that reason)."""
     prefill_seconds_sum: float | None = None
     """Sum of per-request time spent in prefill, when the engine measures it directly."""
+    prefill_count: float | None = None
+    """Observations in ``prefill_seconds_sum``, when it is a histogram (vLLM: observed at the request's finish)."""
+    finished_prompt_tokens_sum: float | None = None
+    """Prompt tokens of the requests that FINISHED (vLLM ``request_prompt_tokens`` histogram sum, cached included):
+    the tokens a finish-observed prefill time belongs to."""
     itl_seconds_sum: float | None = None
     """Sum of inter-token latencies (or per-request time per output token)."""
     itl_count: float | None = None
