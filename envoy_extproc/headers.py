@@ -38,7 +38,8 @@ DEFAULT_INTENT_HEADER = "x-cognitora-intent"
 # -- what the service adds to the response ------------------------------------------------------------------------
 SERVED_MODEL = "x-cognitora-model"
 """The model that served the request, on every response to a request the ``intent`` policy rewrote or kept: the
-client sees which model answered (the engine's own ``model`` field says the same)."""
+client sees which model answered (the engine's own ``model`` field says the same). A burst answer names the
+cloud's model; a cloud failure Envoy retried on an engine, the local one."""
 
 # -- prefill/decode pairs (cognitora.disagg.wire; the decode endpoint's pd-sidecar reads it) ------------------------
 PREFILL_ENDPOINT = PREFILL_ENDPOINT_HEADER

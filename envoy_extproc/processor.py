@@ -110,6 +110,8 @@ class Exchange:
         """The model that serves the request, when the core's ``intent`` policy decided it (a response header)."""
         self._cloud_fallbacks: frozenset[str] = frozenset()
         """On a burst: the local engines Envoy may retry a failed cloud request on."""
+        self._local_model: str | None = None
+        """On a burst of a rewritten request: the local model, which serves it if the cloud fails."""
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
 
@@ -186,6 +188,9 @@ class Exchange:
             self._served_model = decision.model
         cloud = decision.cloud
         if cloud is not None:
+            if self._served_model is not None:
+                # The cloud answers under its own name; a local retry of a failed cloud request under the local one.
+                self._served_model, self._local_model = cloud.model, decision.model
             body = rewrite_body(parsed, raw, model=cloud.model, include_usage=include_usage)
             local = [self._addresses.address(e) for e in cloud.local_fallbacks[: self._settings.fallbacks + 1]]
             self._cloud_fallbacks = frozenset(cloud.local_fallbacks)
@@ -259,6 +264,8 @@ class Exchange:
         if self._cloud_fallbacks:
             if served in self._cloud_fallbacks:  # the cloud failed before answering; Envoy retried locally
                 self._cloud_fallbacks = frozenset()
+                if self._local_model is not None:
+                    self._served_model = self._local_model
                 failed = Outcome(OutcomeKind.UPSTREAM_ERROR, status=503, detail=f"Envoy retried on {served}")
                 self.attempt = attempt.rerouted(served, failed)
             return  # the cloud's own address (resolved by Envoy): not a reroute

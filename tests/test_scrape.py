@@ -17,8 +17,8 @@ from cognitora.process import free_port
 from cognitora.sim.launch import start_fleet
 from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
-from kvstate.redis_store import RedisStore
 from kvstate.rates import RateEstimator
+from kvstate.redis_store import RedisStore
 from kvstate.scrape import Scraper, ScrapeTarget, base_url
 
 
