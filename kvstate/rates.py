@@ -48,6 +48,10 @@ class RateEstimator:
 
     alpha: float = 0.3
     min_prefill_tokens: float = 256.0
+    max_unpaired_share: float = 0.25
+    """A finish-observed busy time (``finish_observed``) is paired with the window's tokens only once at most this
+    share of its requests may lie on one side of the pairing (``unpaired_share``): at once on a quiet engine, over
+    a longer window on a busy one."""
     throughput_window_s: float = 10.0
     min_decode_tokens: float = 64.0
     min_service_requests: float = 4.0
@@ -93,8 +97,12 @@ class RateEstimator:
         tokens = uncached_prompt_tokens(old, load)
         if tokens is None:
             return True  # this engine does not count prompt tokens: nothing to learn
-        if tokens < self.min_prefill_tokens or awaiting_finishes(old, load):
+        if tokens < self.min_prefill_tokens:
             return False
+        if finish_observed(load):
+            unpaired = unpaired_share(old, load)
+            if unpaired is None or unpaired > self.max_unpaired_share:
+                return False  # the tokens and the busy time do not yet cover (nearly) the same requests
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
@@ -166,7 +174,6 @@ CUMULATIVE_FIELDS = (
     "prefill_seconds_sum",
     "prefill_count",
     "queue_count",
-    "finished_prompt_tokens_sum",
     "requests_finished_total",
     "service_count",
 )
@@ -188,72 +195,58 @@ def finish_observed(load: EngineLoad) -> bool:
     """The engine's busy-time measure is observed when a request FINISHES (vLLM's prefill-time and queue-time
     histograms, TRT-LLM's queue time), while prompt tokens and TTFT are counted at its first token.
 
-    A window between two scrapes then holds the tokens of one set of requests and the busy time of another: with
-    requests of 24 output tokens, a scrape between a request's first token and its finish made the next window
-    show two requests' tokens over one request's prefill time, and the engine's rate was learned at twice what it
-    is (a burst test then placed 3 s of queue on an engine it believed would answer in 1.4 s)."""
+    A window between two scrapes then holds the tokens of one set of requests and the busy time of another. With
+    requests of 24 output tokens, a scrape between a request's first token and its finish made the next window show
+    two prompts' tokens over one prefill time, and the engine was learned at twice its rate (a burst test then
+    queued 2.9 s on an engine predicted at 1.4 s). With long prompts and cache-hit follow-ups the error was 10-30x:
+    identical engines were learned at 10k and 300k tokens/s, and the "fast" ones drew a queue of 200k tokens."""
     if load.prefill_seconds_sum is not None:
         return load.prefill_count is not None
     return load.queue_seconds_sum is not None and load.queue_count is not None
 
 
-def awaiting_finishes(old: EngineLoad, new: EngineLoad) -> bool:
-    """No request finished in the window although the busy measure comes at finish: nothing to pair the window's
-    tokens with yet, so the window stays open."""
-    if not finish_observed(new):
-        return False
-    count = new.prefill_count if new.prefill_seconds_sum is not None else new.queue_count
-    before = old.prefill_count if new.prefill_seconds_sum is not None else old.queue_count
-    finished = delta(before, count)
-    return finished is not None and finished <= 0
+def finished_count(load: EngineLoad) -> float | None:
+    """How many requests the finish-observed busy measure has seen."""
+    return load.prefill_count if load.prefill_seconds_sum is not None else load.queue_count
+
+
+def decoding(load: EngineLoad) -> float:
+    """Requests past their first token and not finished at this scrape: first tokens counted minus finishes
+    counted, bounded by the batch the engine runs (a request aborted after its first token may never be counted
+    as finished, and must not make the count drift)."""
+    first, finished = load.ttft_count, finished_count(load)
+    if first is None or finished is None:
+        return 0.0
+    count = max(0.0, first - finished)
+    return count if load.running is None else min(count, max(load.running, 0.0))
+
+
+def unpaired_share(old: EngineLoad, new: EngineLoad) -> float | None:
+    """For a finish-observed busy measure: the share of the window's requests whose first token and finish fall on
+    different sides of its ends (None: nothing finished in it). Those first-tokened in the window and not finished
+    are at most ``decoding(new)``; those finished in it but first-tokened before, at most ``decoding(old)``."""
+    finished = delta(finished_count(old), finished_count(new))
+    if finished is None or finished <= 0:
+        return None
+    return (decoding(old) + decoding(new)) / finished
 
 
 def per_request_rate(old: EngineLoad, new: EngineLoad, tokens: float) -> float | None:
     """Uncached prompt tokens per second of per-request prefill time over the window (None: nothing to learn).
 
-    ``tokens`` (``uncached_prompt_tokens``) were counted at first tokens. A busy time observed at those same first
-    tokens (llama.cpp's counters, a bare TTFT) is divided into them directly. One observed at finish
-    (``finish_observed``) covers other requests: it is paired with the finished requests' own prompt tokens
-    (vLLM ``request_prompt_tokens``, scaled by the window's uncached share), else compared as means per request.
-    """
-    first = delta(old.ttft_count, new.ttft_count)
+    ``tokens`` (``uncached_prompt_tokens``) were counted at first tokens, and so is a busy time that llama.cpp's
+    counters or a bare TTFT give; a finish-observed one covers nearly the same requests once the window is
+    closed (``RateEstimator.max_unpaired_share``)."""
     prefill = delta(old.prefill_seconds_sum, new.prefill_seconds_sum)
-    if prefill is not None and new.prefill_count is not None:
-        finished = delta(old.prefill_count, new.prefill_count)
-        if not finished or finished <= 0 or prefill <= 0:
-            return None
-        finished_tokens = finished_uncached_tokens(old, new, tokens, finished, first)
-        return None if finished_tokens is None else finished_tokens / prefill
-    if prefill is not None and prefill > 0:
-        return tokens / prefill
+    if prefill is not None:
+        return tokens / prefill if prefill > 0 else None
     ttft = delta(old.ttft_seconds_sum, new.ttft_seconds_sum)
     if ttft is None or ttft <= 0:
         return None
     queued = delta(old.queue_seconds_sum, new.queue_seconds_sum)
-    queued_n = delta(old.queue_count, new.queue_count)
-    if queued is not None and queued_n is not None:
-        if not first or first <= 0 or queued_n <= 0:
-            return None
-        busy_each = ttft / first - queued / queued_n
-        return tokens / first / busy_each if busy_each > 0 else None
     if queued is not None and 0 <= queued < ttft:
         return tokens / (ttft - queued)
     return tokens / ttft
-
-
-def finished_uncached_tokens(
-    old: EngineLoad, new: EngineLoad, tokens: float, finished: float, first: float | None
-) -> float | None:
-    """The uncached prompt tokens of the ``finished`` requests of the window: their prompt tokens (vLLM's
-    ``request_prompt_tokens`` histogram, observed at finish) times the share of prompt tokens the window
-    prefilled rather than read from the cache; else ``finished`` times the mean per first-tokened request."""
-    finished_prompt = delta(old.finished_prompt_tokens_sum, new.finished_prompt_tokens_sum)
-    counted = delta(old.prompt_tokens_total, new.prompt_tokens_total)
-    if finished_prompt is not None and finished_prompt > 0 and counted:
-        return finished_prompt * min(1.0, tokens / counted)
-    if first:
-        return tokens / first * finished
-    return None
 
 
 def ewma(current: float, sample: float, alpha: float) -> float:

@@ -399,52 +399,53 @@ def test_estimator_uses_only_the_engine_clock_when_prefill_time_is_exposed() -> 
     assert est.prefill_tokens_per_s == pytest.approx(5000.0)
 
 
-def vllm_load(first_tokened: list[int], finished: list[tuple[int, float]]) -> EngineLoad:
+def vllm_load(first_tokened: list[int], finished: list[tuple[int, float]], running: int | None = None) -> EngineLoad:
     """vLLM's counters after requests of the given prompt sizes got their first token (prompt tokens, TTFT) and
-    the given (prompt size, prefill seconds) finished (the per-request histograms vLLM observes at finish)."""
+    the given (prompt size, prefill seconds) finished (the prefill-time histogram vLLM observes at finish)."""
     return EngineLoad(
+        running=None if running is None else float(running),
         prompt_tokens_total=float(sum(first_tokened)),
         prefix_cache_hits_total=0.0,
         ttft_seconds_sum=sum(n / 1200 for n in first_tokened),
         ttft_count=float(len(first_tokened)),
         prefill_seconds_sum=sum(s for _, s in finished),
         prefill_count=float(len(finished)),
-        finished_prompt_tokens_sum=float(sum(n for n, _ in finished)),
     )
 
 
-def test_estimator_pairs_vllm_prefill_time_observed_at_finish_with_the_finished_requests_tokens() -> None:
+def test_estimator_pairs_vllm_prefill_time_observed_at_finish_with_the_same_requests_tokens() -> None:
     # An engine at 1,200 tokens/s. A scrape falls between request A's first token and its finish, the next one
     # after B's first token and A's finish: that window holds two prompts' tokens and one prefill time. Dividing
     # the sums learned 2,400 tokens/s, and the router then queued 3 s on an engine it thought answered in 1.4 s.
+    a, b, c = 840, 860, 900
     est = RateEstimator()
     est.observe(vllm_load([], []), now=0.0)
-    est.observe(vllm_load([840], []), now=1.0)
-    assert est.prefill_tokens_per_s == 0.0  # nothing finished yet: no busy time to pair the tokens with
-    est.observe(vllm_load([840, 860], [(840, 0.7)]), now=2.0)
-    assert est.prefill_tokens_per_s == pytest.approx(1200.0)
-    est.observe(vllm_load([840, 860], [(840, 0.7), (860, 860 / 1200)]), now=3.0)  # B finished, no new tokens
-    est.observe(vllm_load([840, 860, 900], [(840, 0.7), (860, 860 / 1200), (900, 0.75)]), now=4.0)
+    est.observe(vllm_load([a], []), now=1.0)
+    est.observe(vllm_load([a, b], [(a, a / 1200)]), now=2.0)
+    assert est.prefill_tokens_per_s == 0.0  # B is decoding: its tokens are counted, its prefill time is not
+    est.observe(vllm_load([a, b], [(a, a / 1200), (b, b / 1200)]), now=3.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0)  # both finished: the window pairs them
+    est.observe(vllm_load([a, b, c], [(a, a / 1200), (b, b / 1200), (c, c / 1200)]), now=4.0)
     assert est.prefill_tokens_per_s == pytest.approx(1200.0)
 
 
-def test_estimator_compares_means_when_queue_time_is_observed_at_finish() -> None:
-    # TRT-LLM: TTFT at the first token, queue time at finish, no prefill histogram. Two requests of 1,000 tokens
-    # reached their first token (1 s queued + 1 s prefill each) while only the first one finished.
+def test_estimator_on_a_busy_engine_widens_the_window_until_the_requests_pair_up() -> None:
+    # Always 2 requests decoding: a 12k-token prompt first-tokened while a 1k-token one finished, scrape after
+    # scrape. A window of one scrape pairs 12k tokens with 1k tokens' prefill time (12x); it closes only once at
+    # most a quarter of its requests can be unpaired, and the rate learned then is within that share.
     est = RateEstimator()
-    est.observe(
-        EngineLoad(
-            prompt_tokens_total=0.0, ttft_seconds_sum=0.0, ttft_count=0.0, queue_seconds_sum=0.0, queue_count=0.0
-        ),
-        now=0.0,
-    )
-    est.observe(
-        EngineLoad(
-            prompt_tokens_total=2000.0, ttft_seconds_sum=4.0, ttft_count=2.0, queue_seconds_sum=1.0, queue_count=1.0
-        ),
-        now=1.0,
-    )
-    assert est.prefill_tokens_per_s == pytest.approx(1000.0)  # the sums said 2,000 / (4 - 1) = 667
+    first: list[int] = [1000, 12000]
+    finished: list[tuple[int, float]] = []
+    est.observe(vllm_load(first, finished, running=2), now=0.0)
+    for step in range(1, 40):
+        n = 1000 if step % 2 else 12000
+        finished.append((first[len(finished)], first[len(finished)] / 1200))
+        first.append(n)
+        est.observe(vllm_load(first, finished, running=2), now=float(step))
+        if est.prefill_tokens_per_s:
+            break
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0, rel=0.25)
+    assert len(finished) >= 16  # (2 + 2) / 16 = 0.25
 
 
 def test_estimator_mean_service_time_from_the_inference_histogram() -> None:

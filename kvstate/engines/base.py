@@ -41,9 +41,6 @@ class EngineLoad:
     """Sum of per-request time spent in prefill, when the engine measures it directly."""
     prefill_count: float | None = None
     """Observations in ``prefill_seconds_sum``, when it is a histogram (vLLM: observed at the request's finish)."""
-    finished_prompt_tokens_sum: float | None = None
-    """Prompt tokens of the requests that FINISHED (vLLM ``request_prompt_tokens`` histogram sum, cached included):
-    the tokens a finish-observed prefill time belongs to."""
     itl_seconds_sum: float | None = None
     """Sum of inter-token latencies (or per-request time per output token)."""
     itl_count: float | None = None

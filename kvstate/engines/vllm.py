@@ -3,7 +3,7 @@
 Source: ``vllm/v1/metrics/loggers.py`` (engines.md 4.1). Labels: ``model_name`` and ``engine`` (data-parallel
 rank); series are summed over ranks, except KV usage (the fullest rank). Counters are declared here without
 ``_total``, as vLLM declares them; lookups accept both spellings. The per-request histograms (queue, prefill,
-inference time, prompt tokens) are observed when a request finishes; TTFT and the token counters at its first
+inference time) are observed when a request finishes; TTFT and the token counters at its first
 token (``kvstate.rates.finish_observed``).
 
 | constant | metric | type |
@@ -20,7 +20,6 @@ token (``kvstate.rates.finish_observed``).
 | ITL | ``vllm:inter_token_latency_seconds`` (``vllm:time_per_output_token_seconds`` when older) | histogram |
 | REQUEST_SUCCESS | ``vllm:request_success`` (labelled by ``finished_reason``; summed) | counter |
 | INFERENCE_TIME | ``vllm:request_inference_time_seconds`` (scheduled to finished: time in a slot) | histogram |
-| REQUEST_PROMPT_TOKENS | ``vllm:request_prompt_tokens`` (per finished request, cached included) | histogram |
 | CACHE_CONFIG_INFO | ``vllm:cache_config_info{block_size=..., num_gpu_blocks=...}`` | info gauge |
 """
 
@@ -52,7 +51,6 @@ ITL = "vllm:inter_token_latency_seconds"
 ITL_DEPRECATED = "vllm:time_per_output_token_seconds"
 REQUEST_SUCCESS = "vllm:request_success"
 INFERENCE_TIME = "vllm:request_inference_time_seconds"
-REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 BLOCK_SIZE_LABEL = "block_size"
 NUM_BLOCKS_LABEL = "num_gpu_blocks"
@@ -64,7 +62,6 @@ def load_from(samples: MetricSamples) -> EngineLoad:
     prefill = samples.histogram(PREFILL_TIME)
     itl = samples.histogram(ITL, ITL_DEPRECATED)
     inference = samples.histogram(INFERENCE_TIME)
-    request_prompt = samples.histogram(REQUEST_PROMPT_TOKENS)
     return EngineLoad(
         running=samples.gauge_sum(RUNNING),
         waiting=samples.gauge_sum(WAITING),
@@ -79,7 +76,6 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         queue_count=None if queue is None else queue.count,
         prefill_seconds_sum=None if prefill is None else prefill.sum,
         prefill_count=None if prefill is None else prefill.count,
-        finished_prompt_tokens_sum=None if request_prompt is None else request_prompt.sum,
         itl_seconds_sum=None if itl is None else itl.sum,
         itl_count=None if itl is None else itl.count,
         requests_finished_total=samples.counter(REQUEST_SUCCESS),
