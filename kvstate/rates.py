@@ -172,8 +172,7 @@ CUMULATIVE_FIELDS = (
     "ttft_count",
     "itl_count",
     "prefill_seconds_sum",
-    "prefill_count",
-    "queue_count",
+    "finish_count",
     "requests_finished_total",
     "service_count",
 )
@@ -192,29 +191,24 @@ def delta(old: float | None, new: float | None) -> float | None:
 
 
 def finish_observed(load: EngineLoad) -> bool:
-    """The engine's busy-time measure is observed when a request FINISHES (vLLM's prefill-time and queue-time
-    histograms, TRT-LLM's queue time), while prompt tokens and TTFT are counted at its first token.
+    """Part of what the per-request rate divides is counted when a request FINISHES, the rest at its first token:
+    vLLM observes its queue, prefill and inference times at finish (TRT-LLM its queue time), and counts prompt
+    tokens and TTFT at the first token; SGLang counts prompt and cached tokens at finish, TTFT at the first token.
+    Known here when the engine module gives ``EngineLoad.finish_count`` beside the first tokens (TTFT count).
 
     A window between two scrapes then holds the tokens of one set of requests and the busy time of another. With
     requests of 24 output tokens, a scrape between a request's first token and its finish made the next window show
     two prompts' tokens over one prefill time, and the engine was learned at twice its rate (a burst test then
     queued 2.9 s on an engine predicted at 1.4 s). With long prompts and cache-hit follow-ups the error was 10-30x:
     identical engines were learned at 10k and 300k tokens/s, and the "fast" ones drew a queue of 200k tokens."""
-    if load.prefill_seconds_sum is not None:
-        return load.prefill_count is not None
-    return load.queue_seconds_sum is not None and load.queue_count is not None
-
-
-def finished_count(load: EngineLoad) -> float | None:
-    """How many requests the finish-observed busy measure has seen."""
-    return load.prefill_count if load.prefill_seconds_sum is not None else load.queue_count
+    return load.ttft_count is not None and load.finish_count is not None
 
 
 def decoding(load: EngineLoad) -> float:
     """Requests past their first token and not finished at this scrape: first tokens counted minus finishes
     counted, bounded by the batch the engine runs (a request aborted after its first token may never be counted
     as finished, and must not make the count drift)."""
-    first, finished = load.ttft_count, finished_count(load)
+    first, finished = load.ttft_count, load.finish_count
     if first is None or finished is None:
         return 0.0
     count = max(0.0, first - finished)
@@ -222,10 +216,11 @@ def decoding(load: EngineLoad) -> float:
 
 
 def unpaired_share(old: EngineLoad, new: EngineLoad) -> float | None:
-    """For a finish-observed busy measure: the share of the window's requests whose first token and finish fall on
-    different sides of its ends (None: nothing finished in it). Those first-tokened in the window and not finished
-    are at most ``decoding(new)``; those finished in it but first-tokened before, at most ``decoding(old)``."""
-    finished = delta(finished_count(old), finished_count(new))
+    """For an engine that counts some of it at finish (``finish_observed``): the share of the window's requests
+    whose first token and finish fall on different sides of its ends (None: nothing finished in it). Those
+    first-tokened in the window and not finished are at most ``decoding(new)``; those finished in it but
+    first-tokened before, at most ``decoding(old)``."""
+    finished = delta(old.finish_count, new.finish_count)
     if finished is None or finished <= 0:
         return None
     return (decoding(old) + decoding(new)) / finished
@@ -234,9 +229,9 @@ def unpaired_share(old: EngineLoad, new: EngineLoad) -> float | None:
 def per_request_rate(old: EngineLoad, new: EngineLoad, tokens: float) -> float | None:
     """Uncached prompt tokens per second of per-request prefill time over the window (None: nothing to learn).
 
-    ``tokens`` (``uncached_prompt_tokens``) were counted at first tokens, and so is a busy time that llama.cpp's
-    counters or a bare TTFT give; a finish-observed one covers nearly the same requests once the window is
-    closed (``RateEstimator.max_unpaired_share``)."""
+    ``tokens`` (``uncached_prompt_tokens``) and the busy time cover the same requests when the engine counts both
+    at the same moment (llama.cpp's counters; vLLM's tokens and TTFT), and nearly the same ones once the window
+    closed when it counts one of them at finish (``finish_observed``, ``RateEstimator.max_unpaired_share``)."""
     prefill = delta(old.prefill_seconds_sum, new.prefill_seconds_sum)
     if prefill is not None:
         return tokens / prefill if prefill > 0 else None

@@ -409,7 +409,7 @@ def vllm_load(first_tokened: list[int], finished: list[tuple[int, float]], runni
         ttft_seconds_sum=sum(n / 1200 for n in first_tokened),
         ttft_count=float(len(first_tokened)),
         prefill_seconds_sum=sum(s for _, s in finished),
-        prefill_count=float(len(finished)),
+        finish_count=float(len(finished)),
     )
 
 
@@ -426,6 +426,27 @@ def test_estimator_pairs_vllm_prefill_time_observed_at_finish_with_the_same_requ
     est.observe(vllm_load([a, b], [(a, a / 1200), (b, b / 1200)]), now=3.0)
     assert est.prefill_tokens_per_s == pytest.approx(1200.0)  # both finished: the window pairs them
     est.observe(vllm_load([a, b, c], [(a, a / 1200), (b, b / 1200), (c, c / 1200)]), now=4.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0)
+
+
+def test_estimator_pairs_sglang_tokens_counted_at_finish_with_ttft_counted_at_first_token() -> None:
+    # SGLang counts prompt tokens when a request finishes, TTFT at its first token: a window with two first tokens
+    # and one finished prompt read half the engine's rate (840 tokens over 1.4 s of TTFT).
+    def sglang(first: int, finished_prompts: list[int]) -> EngineLoad:
+        return EngineLoad(
+            prompt_tokens_total=float(sum(finished_prompts)),
+            prefix_cache_hits_total=0.0,
+            ttft_seconds_sum=0.7 * first,
+            ttft_count=float(first),
+            finish_count=float(len(finished_prompts)),
+        )
+
+    est = RateEstimator()
+    est.observe(sglang(0, []), now=0.0)
+    est.observe(sglang(1, []), now=1.0)
+    est.observe(sglang(2, [840]), now=2.0)
+    assert est.prefill_tokens_per_s == 0.0
+    est.observe(sglang(2, [840, 840]), now=3.0)
     assert est.prefill_tokens_per_s == pytest.approx(1200.0)
 
 

@@ -34,13 +34,13 @@ class EngineLoad:
     ttft_count: float | None = None
     queue_seconds_sum: float | None = None
     """Sum of per-request queueing time, when exposed: subtracted from TTFT to approximate busy prefill time."""
-    queue_count: float | None = None
-    """Observations in ``queue_seconds_sum`` (vLLM and TRT-LLM observe it when a request FINISHES, not at its
-    first token: the rate estimator pairs means, not sums, for that reason)."""
     prefill_seconds_sum: float | None = None
     """Sum of per-request time spent in prefill, when the engine measures it directly."""
-    prefill_count: float | None = None
-    """Observations in ``prefill_seconds_sum``, when it is a histogram (vLLM: observed at the request's finish)."""
+    finish_count: float | None = None
+    """Requests counted by the figures the engine observes when a request FINISHES, where some of what the prefill
+    rate divides is counted then and the rest at the first token (``kvstate.rates.finish_observed``): vLLM's
+    prefill-time (else queue-time) histogram count, TRT-LLM's queue-time count, SGLang's finished requests (its
+    token counters). None: everything the rate uses is counted at the first token (llama.cpp)."""
     itl_seconds_sum: float | None = None
     """Sum of inter-token latencies (or per-request time per output token)."""
     itl_count: float | None = None

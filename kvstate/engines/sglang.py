@@ -12,10 +12,12 @@ Sources: sglang ``srt/metrics/collector.py`` (engines.md 3.2). Labels include ``
 | CACHED_TOKENS | ``sglang:cached_tokens`` (prompt tokens served from the radix cache) | counter |
 | TTFT | ``sglang:time_to_first_token_seconds`` (from request creation: includes queueing) | histogram |
 | ITL | ``sglang:inter_token_latency_seconds`` | histogram |
+| NUM_REQUESTS | ``sglang:num_requests`` (finished requests) | counter |
 | CACHE_CONFIG_INFO | ``sglang:cache_config_info{page_size=..., num_pages=...}`` | info gauge |
 
 SGLang has no separate prefix-cache query counter: every prompt token is looked up in the radix cache, so the
-prompt-token counter stands in for queries.
+prompt-token counter stands in for queries. The token counters advance when a request FINISHES
+(``observe_one_finished_request``), TTFT at its first token (``kvstate.rates.finish_observed``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ GENERATION_TOKENS = "sglang:generation_tokens"
 CACHED_TOKENS = "sglang:cached_tokens"
 TTFT = "sglang:time_to_first_token_seconds"
 ITL = "sglang:inter_token_latency_seconds"
+NUM_REQUESTS = "sglang:num_requests"
 CACHE_CONFIG_INFO = "sglang:cache_config_info"
 PAGE_SIZE_LABEL = "page_size"
 NUM_PAGES_LABEL = "num_pages"
@@ -55,6 +58,8 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         generation_tokens_total=samples.counter(GENERATION_TOKENS),
         prefix_cache_hits_total=samples.counter(CACHED_TOKENS),
         prefix_cache_queries_total=prompt_tokens,
+        requests_finished_total=samples.counter(NUM_REQUESTS),
+        finish_count=samples.counter(NUM_REQUESTS),
         ttft_seconds_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
         itl_seconds_sum=None if itl is None else itl.sum,

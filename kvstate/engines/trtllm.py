@@ -64,7 +64,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         ttft_seconds_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
         queue_seconds_sum=None if queue is None else queue.sum,
-        queue_count=None if queue is None else queue.count,
+        finish_count=None if queue is None else queue.count,
         itl_seconds_sum=None if tpot is None else tpot.sum,
         itl_count=None if tpot is None else tpot.count,
         block_size=int(tokens_per_block) if tokens_per_block and tokens_per_block >= 1 else None,
