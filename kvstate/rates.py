@@ -63,6 +63,7 @@ class RateEstimator:
     _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
     _decode_base: EngineLoad | None = field(default=None, repr=False)
     _service_base: EngineLoad | None = field(default=None, repr=False)
+    _ceiling_base: EngineLoad | None = field(default=None, repr=False)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -73,16 +74,19 @@ class RateEstimator:
         self._throughput_base = None
         self._decode_base = None
         self._service_base = None
+        self._ceiling_base = None
 
     def observe(self, load: EngineLoad, now: float) -> None:
         """Feed one scrape taken at monotonic time ``now`` (seconds)."""
-        bases = [self._request_base, self._decode_base, self._service_base]
+        bases = [self._request_base, self._decode_base, self._service_base, self._ceiling_base]
         if self._throughput_base is not None:
             bases.append(self._throughput_base[0])
         if any(base is not None and counters_went_down(base, load) for base in bases):
             self.restart_windows()
         if self._request_base is None or self._per_request_sample(self._request_base, load):
             self._request_base = load
+        if self._ceiling_base is None or self._ceiling_sample(self._ceiling_base, load):
+            self._ceiling_base = load
         if not has_queue_free_busy_time(load) and (
             self._throughput_base is None or self._throughput_sample(self._throughput_base, load, now)
         ):
@@ -106,6 +110,18 @@ class RateEstimator:
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
+        return True
+
+    def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
+        """Bring the per-request rate down to what the requests that finished in the window could at most have
+        done (``finished_ceiling_rate``); False while nothing finished in it."""
+        ceiling = finished_ceiling_rate(old, load)
+        if ceiling is None:
+            return delta(old.finish_count, load.finish_count) != 0
+        if 0 < ceiling < self.per_request_prefill:
+            # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
+            # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
+            self.per_request_prefill = ceiling
         return True
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
@@ -173,6 +189,7 @@ CUMULATIVE_FIELDS = (
     "itl_count",
     "prefill_seconds_sum",
     "finish_count",
+    "finished_prompt_tokens_sum",
     "requests_finished_total",
     "service_count",
 )
@@ -224,6 +241,18 @@ def unpaired_share(old: EngineLoad, new: EngineLoad) -> float | None:
     if finished is None or finished <= 0:
         return None
     return (decoding(old) + decoding(new)) / finished
+
+
+def finished_ceiling_rate(old: EngineLoad, new: EngineLoad) -> float | None:
+    """The most the requests that finished in the window can have prefilled per second: their prompt tokens, cached
+    ones included (vLLM ``request_prompt_tokens``, observed at finish like the prefill time: the same requests),
+    over their prefill time. An engine that slowed down shows here at its first finishes, while the paired windows
+    of a busy engine take many scrapes to close; None without the figures or a finish."""
+    prompt = delta(old.finished_prompt_tokens_sum, new.finished_prompt_tokens_sum)
+    prefill = delta(old.prefill_seconds_sum, new.prefill_seconds_sum)
+    if prompt is None or prefill is None or prompt <= 0 or prefill <= 0:
+        return None
+    return prompt / prefill
 
 
 def per_request_rate(old: EngineLoad, new: EngineLoad, tokens: float) -> float | None:

@@ -278,7 +278,7 @@ async def check_gateway(proxy: Proxy, fleet: SimFleet, chaos: bool) -> dict[str,
                 if shares[-1] < before * 0.5:
                     break
             figures.update(slow_share_before=before, slow_share_rounds=shares)
-            assert shares[-1] < before * 0.5, figures
+            assert shares[-1] < before * 0.5, json.dumps(figures)
         finally:
             fleet.fault(slow, "recover")
 

@@ -450,6 +450,30 @@ def test_estimator_pairs_sglang_tokens_counted_at_finish_with_ttft_counted_at_fi
     assert est.prefill_tokens_per_s == pytest.approx(1200.0)
 
 
+def test_estimator_drops_at_once_to_what_finished_requests_could_at_most_have_done() -> None:
+    # Learned at 1,200 tokens/s; then the engine slows 50x while 3 requests keep decoding, so no window pairs up.
+    # The first finish bounds the rate: its prompt tokens (cached ones included) over its prefill time.
+    def load(first: int, finished: list[tuple[int, float]]) -> EngineLoad:
+        return EngineLoad(
+            running=3.0,
+            prompt_tokens_total=840.0 * first,
+            prefix_cache_hits_total=0.0,
+            ttft_seconds_sum=0.7 * first,
+            ttft_count=float(first),
+            prefill_seconds_sum=sum(s for _, s in finished),
+            finish_count=float(len(finished)),
+            finished_prompt_tokens_sum=float(sum(n for n, _ in finished)),
+        )
+
+    est = RateEstimator()
+    est.observe(load(0, []), now=0.0)
+    est.observe(load(1, [(840, 0.7)]), now=1.0)
+    assert est.prefill_tokens_per_s == pytest.approx(1200.0)
+    est.observe(load(5, [(840, 0.7)]), now=2.0)  # 4 more first tokens, none finished: 3 decoding
+    est.observe(load(5, [(840, 0.7), (840, 840 / 24)]), now=3.0)
+    assert est.prefill_tokens_per_s == pytest.approx(24.0)
+
+
 def test_estimator_on_a_busy_engine_widens_the_window_until_the_requests_pair_up() -> None:
     # Always 2 requests decoding: a 12k-token prompt first-tokened while a 1k-token one finished, scrape after
     # scrape. A window of one scrape pairs 12k tokens with 1k tokens' prefill time (12x); it closes only once at

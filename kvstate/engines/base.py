@@ -36,6 +36,9 @@ class EngineLoad:
     """Sum of per-request queueing time, when exposed: subtracted from TTFT to approximate busy prefill time."""
     prefill_seconds_sum: float | None = None
     """Sum of per-request time spent in prefill, when the engine measures it directly."""
+    finished_prompt_tokens_sum: float | None = None
+    """Prompt tokens (cached included) of the requests that finished: vLLM's ``request_prompt_tokens`` histogram,
+    observed at finish like its prefill time, so the two cover the same requests."""
     finish_count: float | None = None
     """Requests counted by the figures the engine observes when a request FINISHES, where some of what the prefill
     rate divides is counted then and the rest at the first token (``kvstate.rates.finish_observed``): vLLM's

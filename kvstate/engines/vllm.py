@@ -20,6 +20,7 @@ token (``kvstate.rates.finish_observed``).
 | ITL | ``vllm:inter_token_latency_seconds`` (``vllm:time_per_output_token_seconds`` when older) | histogram |
 | REQUEST_SUCCESS | ``vllm:request_success`` (labelled by ``finished_reason``; summed) | counter |
 | INFERENCE_TIME | ``vllm:request_inference_time_seconds`` (scheduled to finished: time in a slot) | histogram |
+| REQUEST_PROMPT_TOKENS | ``vllm:request_prompt_tokens`` (per finished request, cached included) | histogram |
 | CACHE_CONFIG_INFO | ``vllm:cache_config_info{block_size=..., num_gpu_blocks=...}`` | info gauge |
 """
 
@@ -51,6 +52,7 @@ ITL = "vllm:inter_token_latency_seconds"
 ITL_DEPRECATED = "vllm:time_per_output_token_seconds"
 REQUEST_SUCCESS = "vllm:request_success"
 INFERENCE_TIME = "vllm:request_inference_time_seconds"
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 BLOCK_SIZE_LABEL = "block_size"
 NUM_BLOCKS_LABEL = "num_gpu_blocks"
@@ -62,6 +64,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
     prefill = samples.histogram(PREFILL_TIME)
     itl = samples.histogram(ITL, ITL_DEPRECATED)
     inference = samples.histogram(INFERENCE_TIME)
+    request_prompt = samples.histogram(REQUEST_PROMPT_TOKENS)
     return EngineLoad(
         running=samples.gauge_sum(RUNNING),
         waiting=samples.gauge_sum(WAITING),
@@ -74,6 +77,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         ttft_count=None if ttft is None else ttft.count,
         queue_seconds_sum=None if queue is None else queue.sum,
         prefill_seconds_sum=None if prefill is None else prefill.sum,
+        finished_prompt_tokens_sum=None if request_prompt is None else request_prompt.sum,
         finish_count=prefill.count if prefill is not None else None if queue is None else queue.count,
         itl_seconds_sum=None if itl is None else itl.sum,
         itl_count=None if itl is None else itl.count,
