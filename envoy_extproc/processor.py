@@ -179,7 +179,6 @@ class Exchange:
             raise RuntimeError(f"the core placed request {request.request_id} nowhere and rejected nothing")
         read_stream = parsed.stream and self._settings.usage != "none"
         include_usage = read_stream and not parsed.client_wants_usage
-        new_body = rewrite_body(parsed, raw, model=decision.model, include_usage=include_usage)
         response = ResponseRead(stream=parsed.stream)
         if read_stream:
             response.sse = SseUsageScanner(strip_usage_chunk=include_usage)
@@ -196,6 +195,7 @@ class Exchange:
             self._cloud_fallbacks = frozenset(cloud.local_fallbacks)
             api_key = self._addresses.cloud_keys.get(cloud.target)
             return protocol.route_to_cloud(cloud.target, api_key, local, body or raw)
+        new_body = rewrite_body(parsed, raw, model=decision.model, include_usage=include_usage)
         order = fallback_order(decision, self._settings.fallbacks)
         leg = decision.prefill
         split = () if leg is None else ((headers.PREFILL_ENDPOINT, leg.url),)

@@ -50,6 +50,7 @@ def load_from(samples: MetricSamples) -> EngineLoad:
     ttft = samples.histogram(TTFT)
     itl = samples.histogram(ITL)
     prompt_tokens = samples.counter(PROMPT_TOKENS)
+    finished = samples.counter(NUM_REQUESTS)
     return EngineLoad(
         running=samples.gauge_sum(RUNNING),
         waiting=samples.gauge_sum(WAITING),
@@ -58,8 +59,8 @@ def load_from(samples: MetricSamples) -> EngineLoad:
         generation_tokens_total=samples.counter(GENERATION_TOKENS),
         prefix_cache_hits_total=samples.counter(CACHED_TOKENS),
         prefix_cache_queries_total=prompt_tokens,
-        requests_finished_total=samples.counter(NUM_REQUESTS),
-        finish_count=samples.counter(NUM_REQUESTS),
+        requests_finished_total=finished,
+        finish_count=finished,
         ttft_seconds_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
         itl_seconds_sum=None if itl is None else itl.sum,
