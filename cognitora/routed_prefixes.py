@@ -34,39 +34,49 @@ class RoutedPrefixes:
 
     def add(self, model: str, endpoint: str, keys: Sequence[BlockKey], expires: float) -> None:
         entries = self._entries
-        for key in keys:
+        # Last key first, so a prompt's first keys are always the most recent: eviction (oldest first) then takes a
+        # chain's tail before its head, and what an endpoint holds stays a prefix (``match`` relies on it).
+        for key in reversed(keys):
             slot = (model, key)
             holders = entries.get(slot)
             if holders is None:
                 entries[slot] = {endpoint: expires}
             else:
-                holders[endpoint] = expires
+                # The later expiry wins: an earlier one would end a prefix's head before its tail.
+                if holders.get(endpoint, expires) <= expires:
+                    holders[endpoint] = expires
                 entries.move_to_end(slot)
         while len(entries) > self._max_keys:
             entries.popitem(last=False)
 
     def match(self, model: str, keys: Sequence[BlockKey], now: float) -> dict[str, PrefixMatch]:
-        """Longest consecutive prefix of ``keys`` each endpoint was just sent (speculative weight)."""
+        """Longest consecutive prefix of ``keys`` each endpoint was just sent (speculative weight).
+
+        A binary search per endpoint, not a walk: block keys are chained (a key fixes every block before it), so an
+        add that holds key ``i`` holds every key before it, with the same expiry or a later one (``add``'s order
+        keeps that true under eviction). What an endpoint holds alive is a prefix: ~9 lookups for an 8k-token
+        prompt instead of 500, which took 0.8 ms of a 3 ms decision."""
         self._prune(now)
         entries = self._entries
-        if not entries:
+        if not entries or not keys:
             return {}
-        alive: dict[str, int] | None = None
-        for i, key in enumerate(keys):
-            holders = entries.get((model, key))
-            if holders is None:
-                break
-            held = [e for e, expiry in holders.items() if expiry > now]
-            if alive is None:
-                alive = dict.fromkeys(held, 0)
-            for endpoint in held:
-                if endpoint in alive and alive[endpoint] == i:
-                    alive[endpoint] = i + 1
-            if not any(n == i + 1 for n in alive.values()):
-                break
-        if not alive:
+        first = entries.get((model, keys[0]))
+        if first is None:
             return {}
-        return {e: PrefixMatch(n, n * SPECULATIVE_WEIGHT) for e, n in alive.items() if n > 0}
+        out: dict[str, PrefixMatch] = {}
+        for endpoint, expiry in first.items():
+            if expiry <= now:
+                continue
+            held, unknown = 1, len(keys)  # keys[:held] are held; keys[unknown:] are not
+            while held < unknown:
+                mid = (held + unknown + 1) // 2
+                holders = entries.get((model, keys[mid - 1]))
+                if holders is not None and holders.get(endpoint, now) > now:
+                    held = mid
+                else:
+                    unknown = mid - 1
+            out[endpoint] = PrefixMatch(held, held * SPECULATIVE_WEIGHT)
+        return out
 
     def _prune(self, now: float) -> None:
         entries = self._entries
