@@ -195,6 +195,10 @@ class EndpointConfig(_Strict):
     """``both`` serves whole requests; ``prefill``/``decode`` are the halves of a disaggregated pair."""
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     """Prior prefill throughput (tokens/s) until one is learned from the engine's metrics."""
+    hardware: str | None = None
+    """What the engine runs on (e.g. ``h100x2``, ``m2-ultra``). Endpoints alike in engine kind, this label and their
+    priors are one hardware class, and learned prefill rates are pooled within it
+    (``placement.rate_pooling_band``): label engines whose hardware differs by less than that band."""
     decode_tokens_per_s: float | None = Field(default=None, gt=0)
     """Prior per-sequence decode speed (tokens/s) until one is learned from the engine's metrics; the power rule's
     E2E bound needs one (docs/placement.md)."""
@@ -268,6 +272,11 @@ class PlacementConfig(_Strict):
 
     default_prefill_tokens_per_s: float = Field(default=10000.0, gt=0)
     """Prefill throughput (tokens/s) assumed for an endpoint with neither a learned rate nor a configured prior."""
+    rate_pooling_band: float = Field(default=1.5, ge=1.0)
+    """Learned prefill rates within one hardware class (``endpoints[].hardware``, engine kind, priors) that lie
+    within this factor of each other are priced at their median: what an engine learns carries the prompts it
+    happened to serve, and identical engines learned apart drew unequal shares. Rates further apart are kept
+    (different hardware, or a slowed engine). 1 turns pooling off."""
     kv_usage_limit: float = Field(default=0.97, gt=0, le=1)
     """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
     decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)

@@ -559,10 +559,43 @@ def test_a_learned_rate_a_few_percent_high_does_not_herd_cold_prompts() -> None:
 
 
 def test_a_real_speed_difference_still_wins() -> None:
-    # 20% faster is outside the tie band: every cold prompt goes to the faster endpoint.
+    # 20% faster is outside the tie band: every cold prompt goes to the faster endpoint, when the config says that
+    # it is other hardware (its own class), or when pooling is off. Within one class 20% is learning noise (below).
     slower = {e: snap(e, prefill_tokens_per_s=10000) for e in (B, C, D)}
     state = FleetState(NOW, snapshots={A: snap(A, prefill_tokens_per_s=12000), **slower})
-    assert set(cold_picks(FOUR, state, 50)) == {A}
+    labeled = fleet(ep(8001, hardware="h200"), *(ep(p, hardware="h100") for p in (8002, 8003, 8004)))
+    assert set(cold_picks(labeled, state, 50)) == {A}
+    unpooled = fleet(ep(8001), ep(8002), ep(8003), ep(8004), placement={"rate_pooling_band": 1.0})
+    assert set(cold_picks(unpooled, state, 50)) == {A}
+
+
+def test_identical_engines_learned_apart_are_priced_alike() -> None:
+    # Eight identical engines were learned at 7.9k-14k tokens/s on the Mooncake trace (the prompts each happened to
+    # serve), and the one that looked fastest drew the longest prompts. Within the band they get their median.
+    rates = {A: 7900, B: 9500, C: 11000, D: 14000}
+    state = FleetState(NOW, snapshots={e: snap(e, prefill_tokens_per_s=r) for e, r in rates.items()})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    assert {c.prefill_tokens_per_s for c in decision.candidates} == {10250}
+    picks = cold_picks(FOUR, state, 200)
+    assert all(25 <= picks.count(e) <= 75 for e in rates), {e: picks.count(e) for e in rates}
+
+
+def test_hardware_apart_by_more_than_the_band_keeps_its_own_rates() -> None:
+    # An unlabeled fleet of two GPU generations (10k and 20k tokens/s, each learned a little apart) forms two groups;
+    # an engine slowed 50x is a group of its own. Each keeps what it shows, pooled only with its own group.
+    rates = {A: 9000, B: 11000, C: 20000, D: 200}
+    state = FleetState(NOW, snapshots={e: snap(e, prefill_tokens_per_s=r) for e, r in rates.items()})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    got = {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates}
+    assert got == {A: 10000, B: 10000, C: 20000, D: 200}
+    # Another engine kind is another class, however close its rate.
+    mixed = fleet(ep(8001), ep(8002), ep(8003, engine="sglang"), ep(8004, engine="sglang"))
+    state = FleetState(
+        NOW, snapshots={e: snap(e, prefill_tokens_per_s=r) for e, r in {A: 9000, B: 11000, C: 12000, D: 13000}.items()}
+    )
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), mixed, state)
+    got = {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates}
+    assert got == {A: 10000, B: 10000, C: 12500, D: 12500}
 
 
 def test_an_endpoint_not_learned_yet_is_priced_at_its_peers_learned_rate() -> None:

@@ -15,11 +15,11 @@ from cognitora.placement.cost import (
     by_ranking_cost,
     estimate_unknown_decode,
     excluded_score,
-    peer_prefill_rate,
     score_endpoint,
 )
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
+from cognitora.placement.rate_pooling import pooled_prefill_rates
 from cognitora.placement.state import FleetState, HealthMark
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
@@ -75,7 +75,7 @@ def place(
     decode = req.max_tokens or 0
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
-    peers = peer_prefill_rate(model.endpoints, state, params)
+    pooled = pooled_prefill_rates(model.endpoints, state, params)
     ranked = sorted(
         (
             score_endpoint(
@@ -87,7 +87,7 @@ def place(
                 decode,
                 config.kv_tiers,
                 cost_model=config.cost_model,
-                peer_rate=peers,
+                pooled_rate=pooled.get(e.id),
             )
             for e in filtered.kept
         ),

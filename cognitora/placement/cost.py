@@ -12,8 +12,9 @@
   that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router). The max, not the sum:
   ``waiting`` includes the routers' own requests. The per-request figure is a prior: the snapshot has no request
   counter to learn the engine's mean uncached prompt from.
-- ``prefill_rate(e)``: learned from the engine's metrics, else the endpoint's configured prior, else the median
-  learned rate of the model's endpoints without a prior (``peer_prefill_rate``), else the default.
+- ``prefill_rate(e)``: learned from the engine's metrics and pooled with the engines of its hardware class
+  (``rate_pooling``), else the endpoint's configured prior, else its class's median learned rate, else the
+  default.
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
 
@@ -62,8 +63,6 @@ decode slowdown the placement causes, its own and the running requests'.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
 from dataclasses import replace
 
 from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, PlacementConfig
@@ -85,32 +84,20 @@ def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig)
 
 
 def prefill_rate(
-    endpoint: EndpointConfig, snap: EndpointSnapshot | None, params: PlacementConfig, peer_rate: float | None = None
+    endpoint: EndpointConfig,
+    snap: EndpointSnapshot | None,
+    params: PlacementConfig,
+    pooled_rate: float | None = None,
 ) -> float:
-    """Learned, else the endpoint's prior, else ``peer_rate`` (``peer_prefill_rate``), else the default."""
+    """``pooled_rate`` (its hardware class's, ``rate_pooling.pooled_prefill_rates``), else learned, else the
+    endpoint's prior, else the default."""
+    if pooled_rate is not None:
+        return pooled_rate
     if snap is not None and snap.prefill_tokens_per_s > 0:
         return snap.prefill_tokens_per_s
     if endpoint.prefill_tokens_per_s is not None:
         return endpoint.prefill_tokens_per_s
-    if peer_rate is not None:
-        return peer_rate
     return params.default_prefill_tokens_per_s
-
-
-def peer_prefill_rate(endpoints: Sequence[EndpointConfig], state: FleetState, params: PlacementConfig) -> float | None:
-    """The median learned rate of the model's endpoints that have no configured prior: what an endpoint with
-    neither a learned rate nor a prior is assumed to do (None when none has learned one).
-
-    Without it such an endpoint was priced at ``default_prefill_tokens_per_s`` while its learned peers ran at
-    theirs: in a fleet of identical engines the ones learned first looked faster and drew the traffic."""
-    rates = []
-    for e in endpoints:
-        if e.prefill_tokens_per_s is not None:
-            continue
-        snap = fresh_snapshot(e.id, state, params)
-        if snap is not None and snap.prefill_tokens_per_s > 0:
-            rates.append(snap.prefill_tokens_per_s)
-    return statistics.median(rates) if rates else None
 
 
 def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
@@ -203,10 +190,11 @@ def score_endpoint(
     decode_tokens: int = 0,
     tiers: KvTiersConfig | None = None,
     cost_model: CostModelConfig | None = None,
-    peer_rate: float | None = None,
+    pooled_rate: float | None = None,
 ) -> CandidateScore:
     """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
-    which is the linear model above."""
+    which is the linear model above. ``pooled_rate``: the rate of the endpoint's hardware class, when it is priced
+    at that (``rate_pooling.pooled_prefill_rates``)."""
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
     match = state.matches.get(endpoint.id)
@@ -217,7 +205,7 @@ def score_endpoint(
     if snap is not None:
         queued = max(queued, float(snap.waiting * params.waiting_request_tokens))
         running = max(running, snap.running)
-    rate = prefill_rate(endpoint, snap, params, peer_rate)
+    rate = prefill_rate(endpoint, snap, params, pooled_rate)
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
     ttft = (queued + prompt_tokens - cached) / rate + reload_s + decode_penalty + slot_wait

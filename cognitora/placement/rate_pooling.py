@@ -1,0 +1,88 @@
+"""Prefill rates pooled within a hardware class: engines that are alike are priced alike.
+
+Each engine's prefill rate is learned from its own counters (``kvstate.rates``), over whatever requests it happened
+to serve. That figure carries the workload as well as the hardware: prefill time includes attention, which grows
+with context, and the steps shared with other requests. So identical engines are learned apart. On the Mooncake
+trace eight identical simulated engines were learned at 7.9k to 14k tokens/s, and the one that looked fastest,
+because it had served short prompts, drew the 30-90k-token prompts and a queue that took 11 s to drain.
+
+An endpoint's **class** is everything the config says about its hardware: its engine kind, its ``hardware``
+label, its configured prior rate and its long-context priors. Within a class, the learned rates are grouped by
+single linkage: sorted, a new group starts where one rate is more than ``placement.rate_pooling_band`` times the
+one before. Each endpoint whose rate lies within that band of its group's median is priced at the median.
+
+- A fleet of identical engines has one group, and every engine gets the same rate.
+- An unlabeled mixed fleet whose GPUs differ by more than the band, say 10k and 20k tokens/s, splits into two
+  groups, and each keeps its own rate.
+- An engine that slowed down far (a fault, throttling past the band) is a group of one, and keeps the rate it
+  shows. A smaller, steady difference is what the TTFT feedback (``cognitora.ttft_feedback``) corrects.
+
+An endpoint with no learned rate and no prior takes the median learned rate of its class, as before it took that
+of the model's endpoints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
+from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.placement.cost import fresh_snapshot
+from cognitora.placement.state import FleetState
+
+
+def hardware_class(endpoint: EndpointConfig) -> Hashable:
+    """What endpoints must share to be assumed to prefill alike."""
+    return (
+        endpoint.engine,
+        endpoint.hardware,
+        endpoint.prefill_tokens_per_s,
+        endpoint.cost.model_dump_json(),
+    )
+
+
+def pooled_prefill_rates(
+    endpoints: Sequence[EndpointConfig], state: FleetState, params: PlacementConfig
+) -> dict[str, float]:
+    """Endpoint id -> the rate it is priced at instead of its own: its group's median (learned ones within the band)
+    or its class's median (ones with neither a learned rate nor a prior). Absent: the endpoint's own figure."""
+    learned: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
+    unlearned: dict[Hashable, list[str]] = defaultdict(list)
+    for e in endpoints:
+        rate = learned_rate(e.id, state, params)
+        if rate is not None:
+            learned[hardware_class(e)].append((rate, e.id))
+        elif e.prefill_tokens_per_s is None:
+            unlearned[hardware_class(e)].append(e.id)
+    pooled: dict[str, float] = {}
+    band = params.rate_pooling_band
+    for cls, members in learned.items():
+        members.sort()
+        for group in _groups(members, band):
+            if len(group) < 2:
+                continue
+            center = statistics.median(rate for rate, _ in group)
+            for rate, endpoint in group:
+                if center / band <= rate <= center * band:
+                    pooled[endpoint] = center
+        for endpoint in unlearned.get(cls, ()):
+            pooled[endpoint] = statistics.median(rate for rate, _ in members)
+    return pooled
+
+
+def learned_rate(endpoint_id: str, state: FleetState, params: PlacementConfig) -> float | None:
+    """The endpoint's learned prefill rate, from a snapshot recent enough to trust (None: none)."""
+    snap = fresh_snapshot(endpoint_id, state, params)
+    return snap.prefill_tokens_per_s if snap is not None and snap.prefill_tokens_per_s > 0 else None
+
+
+def _groups(members: list[tuple[float, str]], band: float) -> list[list[tuple[float, str]]]:
+    """``members`` (sorted by rate) split where one rate exceeds the one before by more than ``band`` times."""
+    groups: list[list[tuple[float, str]]] = []
+    for member in members:
+        if groups and member[0] <= groups[-1][-1][0] * band:
+            groups[-1].append(member)
+        else:
+            groups.append([member])
+    return groups
