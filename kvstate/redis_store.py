@@ -26,6 +26,7 @@ the Redis server (``TIME``), so gateways with skewed clocks agree on what has ex
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import struct
@@ -72,6 +73,12 @@ from kvstate.store import (
 
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
 """Connect and read timeout: placement would rather degrade than wait on a dead Redis."""
+
+MAX_CONCURRENT_CALLS = 48
+"""Store calls in flight at once per store; the rest wait their turn. redis-py's pools hold 100 connections (per
+node on a Cluster) and raise past that, rather than wait: 300 concurrent placements failed 200 of their reads
+(the Cluster client's pipelines even raised AttributeError). With the budget ledger's 48 beside it, a Cluster node
+sees at most 96. A wait counts against the router's ``store_timeout_s`` like the call itself."""
 
 CHUNK = 2000
 """Blocks per script call in bulk writes and purges, so no single script blocks Redis for long."""
@@ -243,6 +250,7 @@ class RedisStore:
         self._put_heartbeat = _Script(fleet_scripts.PUT_HEARTBEAT)
         self._heartbeats_read = _Script(fleet_scripts.HEARTBEATS_READ)
         self._fleet_calls: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        self._calls = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         # The snapshots of ``_snapshot_version``, for the endpoints read since it became current (None: none).
         self._snapshot_version = ""
         self._snapshot_cache: dict[str, EndpointSnapshot | None] = {}
@@ -333,6 +341,10 @@ class RedisStore:
 
     async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call by SHA; loads the script when the server does not know it (first use, restart)."""
+        async with self._calls:
+            return await self._evalsha(script, keys, args)
+
+    async def _evalsha(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await (await self._ready()).evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -346,25 +358,26 @@ class RedisStore:
         redis-py's own pipelined scripts cost an extra SCRIPT EXISTS round trip per execute; instead we load on
         a NoScriptError and run again (every script here is idempotent, and a read-only one harmless to rerun).
         """
-        if len(calls) == 1 and not then:
-            script, keys, args = calls[0]
-            return [await self._run(script, keys, args)]  # no pipeline object for one call
-        for attempt in range(2):
-            pipe = (await self._ready()).pipeline(transaction=False)
-            for script, keys, args in calls:
-                # not ``pipe.evalsha``: the Cluster pipeline blocks that method, but routes the command itself by
-                # its keys (all of one call's keys are in one slot, so it goes whole to one node)
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            for command in then:
-                pipe.execute_command(*command)
-            try:
-                return await pipe.execute()
-            except NoScriptError:
-                if attempt:
-                    raise
-                for script in {c[0].sha: c[0] for c in calls}.values():
-                    await (await self._ready()).script_load(script.source)
-        raise AssertionError("unreachable")
+        async with self._calls:
+            if len(calls) == 1 and not then:
+                script, keys, args = calls[0]
+                return [await self._evalsha(script, keys, args)]  # no pipeline object for one call
+            for attempt in range(2):
+                pipe = (await self._ready()).pipeline(transaction=False)
+                for script, keys, args in calls:
+                    # not ``pipe.evalsha``: the Cluster pipeline blocks that method, but routes the command itself
+                    # by its keys (all of one call's keys are in one slot, so it goes whole to one node)
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                for command in then:
+                    pipe.execute_command(*command)
+                try:
+                    return await pipe.execute()
+                except NoScriptError:
+                    if attempt:
+                        raise
+                    for script in {c[0].sha: c[0] for c in calls}.values():
+                        await (await self._ready()).script_load(script.source)
+            raise AssertionError("unreachable")
 
     # -- KV block index -------------------------------------------------------------------------------------
     def _index_keys(self, model: str, endpoint: str) -> list[str]:
@@ -517,10 +530,11 @@ class RedisStore:
                 endpoints = sorted(_text(e) for e in held)
             if not endpoints:
                 return {}
-            pipe = (await self._ready()).pipeline(transaction=False)
-            for endpoint in endpoints:
-                pipe.hgetall(self.keys.snapshot(endpoint))
-            rows = await pipe.execute()
+            async with self._calls:
+                pipe = (await self._ready()).pipeline(transaction=False)
+                for endpoint in endpoints:
+                    pipe.hgetall(self.keys.snapshot(endpoint))
+                rows = await pipe.execute()
         return {e: decode_snapshot(e, raw) for e, raw in zip(endpoints, rows, strict=True) if raw}
 
     # -- gateway health marks ---------------------------------------------------------------------------------

@@ -308,3 +308,21 @@ async def test_concurrent_calls_on_a_new_cluster_store_go_straight_to_their_node
         await store.delete_everything()
         await store.close()
         await raw.aclose()
+
+
+async def test_more_concurrent_reads_than_a_default_pool_holds_all_succeed(
+    redis_target: RedisTarget, key_prefix: str
+) -> None:
+    # redis-py's default asyncio pool raises once its connections are all in use: a gateway with 300 requests in
+    # flight then placed most of them on local state (StoreUnavailable). The store's pool waits for a connection.
+    store = redis_target.store(key_prefix)
+    try:
+        await store.add_blocks(M, A, CHAIN)
+        await store.put_snapshot(EndpointSnapshot(endpoint=A, last_seen=time.time(), running=1))
+        views = await asyncio.gather(*(store.fleet_view(M, CHAIN, [A, B]) for _ in range(300)), return_exceptions=True)
+        failed = [v for v in views if isinstance(v, BaseException)]
+        assert not failed, f"{len(failed)} of 300 reads failed, e.g. {failed[0]!r}"
+        assert all(only(v.matches, A).blocks == len(CHAIN) for v in views if not isinstance(v, BaseException))
+    finally:
+        await store.delete_everything()
+        await store.close()
