@@ -3,15 +3,16 @@
 Each engine's prefill rate is learned from its own counters (``kvstate.rates``), over whatever requests it happened
 to serve. That figure carries the workload as well as the hardware: prefill time includes attention, which grows
 with context, and the steps shared with other requests. So identical engines are learned apart. On the Mooncake
-trace eight identical simulated engines were learned at 7.9k to 14k tokens/s, and the one that looked fastest,
-because it had served short prompts, drew the 30-90k-token prompts and a queue that took 11 s to drain.
+trace eight identical simulated engines were learned at 7.9k to 14k tokens/s, and the one that looked fastest drew
+most of the 30-90k-token prompts.
 
 An endpoint's **class** is everything the config says about its hardware: its engine kind, its ``hardware``
 label, its configured prior rate and its long-context priors. Within a class, the learned rates are grouped by
 single linkage: sorted, a new group starts where one rate is more than ``placement.rate_pooling_band`` times the
 one before. Each endpoint whose rate lies within that band of its group's median is priced at the median.
 
-- A fleet of identical engines has one group, and every engine gets the same rate.
+- A fleet of identical engines has one group (their spread stays well inside the band between neighbours), and
+  every engine gets the same rate.
 - An unlabeled mixed fleet whose GPUs differ by more than the band, say 10k and 20k tokens/s, splits into two
   groups, and each keeps its own rate.
 - An engine that slowed down far (a fault, throttling past the band) is a group of one, and keeps the rate it
