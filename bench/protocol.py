@@ -160,9 +160,15 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
             ours = _spread(stages_of(t, first_miss), "goodput_rps")
             if ours and theirs and theirs.median > 0:
                 lines.append(f"- {t}: {ours.median / theirs.median:.2f}x {best}'s (bar: 1.3x)")
+            elif ours and theirs:
+                # No ratio to a zero: say what each served, so the line is not silently missing.
+                lines.append(
+                    f"- {t}: {ours.median:.2f} req/s against {best}'s {theirs.median:.2f}: no ratio (the peer's "
+                    "median goodput is 0)"
+                )
     lines.append("")
     lines.append(
-        "The machine is 2 cores shared with other engineers' runs: the range is the spread between seeds on it; "
+        "The machine has 2 cores, shared with whatever else ran: the range is the spread between seeds on it; "
         "each seed is also a different workload instance (arrivals, lengths)."
     )
     return "\n".join(lines) + "\n"

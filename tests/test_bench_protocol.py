@@ -66,3 +66,13 @@ def test_long_context_profile_is_long_with_low_reuse() -> None:
     assert 0.05 < schedule.reuse_bound() < 0.3
     again = long_context_schedule(LongContextProfile(), ladder([4.0], 100.0), seed=7)
     assert [r.prompt_tokens for r in again.requests] == prompts  # a seed is one reproducible instance
+
+
+def test_a_peer_that_serves_nothing_at_the_first_missed_stage_is_said_so() -> None:
+    # B2B SaaS at 60 rps: the best peer misses the SLO and serves nothing in it; the line must not go missing.
+    sglang = [(1.0, 3.0), (30.0, 0.0)]
+    cog = [(1.2, 2.9), (32.0, 0.9)]
+    seeds = [report(i, {"sglang": sglang, "cognitora-envoy": cog}) for i in range(3)]
+    text = protocol.aggregate(seeds, "cmd")
+    assert "First stage where the best peer misses the TTFT SLO: **s1**" in text
+    assert "cognitora-envoy: 0.90 req/s against sglang's 0.00: no ratio (the peer's median goodput is 0)" in text
