@@ -5,7 +5,8 @@ What it does, in order:
 1. builds a short B2B-SaaS shared-prefix workload (llm-d's 150 x 5, 6,000 / 1,200 / 1,000 tokens), scaled to a
    4-engine fleet (groups and rates in proportion to the published 8-engine setup);
 2. for each of three targets, starts a fresh simulated fleet (4 engines of Qwen3-32B on 2 x H100, vLLM-like), the
-   router, and sends the same open-loop Poisson schedule (a tqdm bar per target shows requests done):
+   router, and sends the same open-loop Poisson schedule (a tqdm bar per target shows requests answered: a first
+   token, or an end without one):
    - round-robin: Envoy ``ROUND_ROBIN`` (what a Kubernetes Service does);
    - sglang-router: the strongest cache-aware peer, ``--policy cache_aware`` with its documented defaults;
    - Cognitora: the LiteLLM proxy with ``routing_strategy: cognitora`` and the embedded (in-process) store;

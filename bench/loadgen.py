@@ -138,8 +138,10 @@ async def _one_request(
     res: RequestResult,
     time_scale: float,
     timeout_s: float,
+    answered: Callable[[], None] = lambda: None,
 ) -> RequestResult:
-    """Fill ``res`` as the response streams in (so a run that ends early still sees what arrived)."""
+    """Fill ``res`` as the response streams in (so a run that ends early still sees what arrived). ``answered`` is
+    called once: at the first token, or at the end of a request that never got one."""
     start = time.perf_counter()
     first: float | None = None
     last: float | None = None
@@ -165,6 +167,7 @@ async def _one_request(
                     if first is None:
                         first = now
                         res.ttft_s = (first - start) * time_scale
+                        answered()
                     last = now
                     res.chunks += 1
                     res.tokens_received += max(1, text.count(" "))
@@ -181,6 +184,8 @@ async def _one_request(
     except (aiohttp.ClientError, json.JSONDecodeError, ValueError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"[:300]
     end = time.perf_counter()
+    if first is None:
+        answered()
     if first is not None:
         if res.completion_tokens == 0:
             res.error = res.error or "stream carried no usage (stream_options.include_usage ignored)"
@@ -236,7 +241,9 @@ async def run_load(
     done = 0
     total = len(requests)
 
-    def finished(_: asyncio.Task[RequestResult]) -> None:
+    def answered() -> None:
+        # Requests answered (a first token, or an end without one): with long outputs, few finish before the run
+        # ends, and a bar of finished requests sat at 0% until it jumped to 100%.
         nonlocal done
         done += 1
         if progress is not None:
@@ -265,9 +272,8 @@ async def run_load(
             sent_at.append(time.perf_counter())
             partial.append(res)
             task = asyncio.create_task(
-                _one_request(session, base + paths[req.api], body, hdrs, res, time_scale, timeout_wall)
+                _one_request(session, base + paths[req.api], body, hdrs, res, time_scale, timeout_wall, answered)
             )
-            task.add_done_callback(finished)
             tasks.append(task)
         results: list[RequestResult] = []
         if tasks:
@@ -276,6 +282,8 @@ async def run_load(
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            if progress is not None and done < total:
+                progress(total, total)  # the rest were cut unanswered: close the bar
             for t, res, sent in zip(tasks, partial, sent_at, strict=True):
                 if res.e2e_s is not None:
                     res.end_s = (sent - wall0) * time_scale + res.e2e_s

@@ -241,7 +241,7 @@ class EngineSampler:
 
 
 class Progress:
-    """A tqdm progress bar of requests done (rate and time left included); on a non-terminal, tqdm's own sparse
+    """A tqdm progress bar of requests answered (rate and time left included); on a non-terminal, tqdm's own sparse
     updates (every 10 s), so logs stay readable."""
 
     def __init__(self, label: str) -> None:
