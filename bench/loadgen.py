@@ -186,15 +186,14 @@ async def _one_request(
     end = time.perf_counter()
     if first is None:
         answered()
-    if first is not None:
+        res.error = res.error or "stream ended without any text"
+    else:
         if res.completion_tokens == 0:
             res.error = res.error or "stream carried no usage (stream_options.include_usage ignored)"
         if last is not None and res.completion_tokens > 1:
             res.itl_s = (last - first) / (res.completion_tokens - 1) * time_scale
         if res.completion_tokens:
             res.tokens_received = res.completion_tokens
-    elif not res.error:
-        res.error = "stream ended without any text"
     if not res.error:
         res.e2e_s = (end - start) * time_scale
     return res

@@ -39,7 +39,7 @@ def hardware_class(endpoint: EndpointConfig) -> Hashable:
         endpoint.engine,
         endpoint.hardware,
         endpoint.prefill_tokens_per_s,
-        endpoint.cost.model_dump_json(),
+        endpoint.cost,  # a frozen model: hashable, equal when every prior is
     )
 
 
@@ -67,8 +67,9 @@ def pooled_prefill_rates(
             for rate, endpoint in group:
                 if center / band <= rate <= center * band:
                     pooled[endpoint] = center
-        for endpoint in unlearned.get(cls, ()):
-            pooled[endpoint] = statistics.median(rate for rate, _ in members)
+        if cls in unlearned:
+            class_median = statistics.median(rate for rate, _ in members)
+            pooled.update(dict.fromkeys(unlearned[cls], class_median))
     return pooled
 
 
