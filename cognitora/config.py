@@ -410,6 +410,10 @@ class CostModelConfig(_Strict):
     """Ranking charges this many times the decode slowdown a placement causes: the request's own decode over the
     context already resident there, plus what its context adds to every running request's steps while it decodes
     (``max_tokens`` tokens; 0 when the request sets none). 0 ranks by predicted TTFT and recompute charge alone."""
+    prefill_stall_weight: float = Field(default=1.0, ge=0)
+    """Ranking charges this many times the seconds the prefix a placement recomputes (although another candidate
+    holds it) stalls the requests running there: each one's decode steps wait for the prefill's chunks, so a cache
+    miss costs every neighbour, not only the request itself. 0 leaves it out."""
     kv_pressure_weight: float = Field(default=1.0, ge=0)
     """Multiplier of the KV-capacity term: a placement whose new blocks (uncached prompt + ``max_tokens``) would not
     fit beside the resident context waits for enough of it to leave (or preempts, and recomputes), in seconds."""

@@ -50,6 +50,10 @@ class CandidateScore:
     decode_interference_s: float = 0.0
     """Ranking charge (not in ``predicted_ttft_s``): the decode slowdown this placement causes, its own and the
     running requests'. Ranking adds it like the recompute charge."""
+    prefill_stall_s: float = 0.0
+    """Ranking charge (not in ``predicted_ttft_s``): the seconds the prefix this placement recomputes, although
+    another candidate holds it, stalls the decode steps of the requests running there, summed over them
+    (``cost_model.prefill_stall_weight``)."""
     resident_tokens: float = 0.0
     """Context tokens resident in the endpoint's running requests, as placement estimated them."""
     ttft_bias_factor: float = 1.0

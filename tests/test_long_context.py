@@ -111,12 +111,47 @@ def test_decode_interference_charges_the_requests_own_decode_and_the_running_one
     assert "decode interference" in decision.reason, decision.reason
 
 
+def test_a_cache_miss_is_charged_for_stalling_the_running_requests() -> None:
+    # B2B SaaS in small: A holds the request's 6,000-token system prompt and runs 30 requests; B holds nothing and
+    # runs 26. The decode charge alone moves the request to B (4 fewer neighbours to slow, less context to read),
+    # recomputing 6,000 tokens there; every one of B's 26 running requests then waits ~0.6 s for that prefix.
+    state = FleetState(
+        NOW,
+        matches={A: PrefixMatch(375, 375.0)},
+        snapshots={A: snap(A, running=30, kv_usage=0.60), B: snap(B, running=26, kv_usage=0.50)},
+    )
+    decision = place(req(max_tokens=1_000), keys(7_200), CAPACITY, state)
+    assert decision.endpoint == A, decision.explain()
+    hit, miss = score(decision, A), score(decision, B)
+    # The 1,200-token question is prefilled wherever the request goes: only the recomputed prefix is charged.
+    assert hit.prefill_stall_s == 0.0
+    assert miss.prefill_stall_s == pytest.approx(26 * (6_000 / RATE + miss.attention_s - hit.attention_s))
+    assert "prefill stall of running requests" in decision.reason, decision.reason
+
+    without = fleet(
+        ep(8001, cost={"kv_capacity_tokens": 400_000}),
+        ep(8002, cost={"kv_capacity_tokens": 400_000}),
+        placement=LAX,
+        cost_model={"prefill_stall_weight": 0.0},
+    )
+    assert place(req(max_tokens=1_000), keys(7_200), without, state).endpoint == B
+
+
 def test_the_routers_own_count_of_resident_context_is_a_floor() -> None:
     # No KV capacity known (no metric, no prior): the context of what the routers have in flight still counts.
     state = FleetState(NOW, inflight={A: InFlight(3, 0, 600)}, context_tokens={A: 90_000.0})
     decision = place(req(max_tokens=100), keys(8_000), TWO, state)
     assert decision.endpoint == B
     assert score(decision, A).resident_tokens == 90_000.0
+
+
+def test_a_prompt_no_engine_holds_is_not_charged_for_stalling() -> None:
+    # Long context with no reuse: the whole prompt is prefilled wherever it goes, so the prefill-stall charge is 0
+    # everywhere and cannot draw it from the engine with the shortest queue to the one with the fewest decoders.
+    state = FleetState(NOW, inflight={A: InFlight(2, 30_000, 0), B: InFlight(12, 0, 0)})
+    decision = place(req(), keys(20_000), TWO, state)
+    assert all(c.prefill_stall_s == 0.0 for c in decision.candidates)
+    assert decision.endpoint == B, decision.explain()
 
 
 def test_no_max_tokens_no_decode_charge() -> None:

@@ -15,6 +15,7 @@ from cognitora.placement.cost import (
     by_ranking_cost,
     estimate_unknown_decode,
     excluded_score,
+    fewest_uncached_tokens,
     score_endpoint,
 )
 from cognitora.placement.filters import FilterContext, run_filters
@@ -76,6 +77,7 @@ def place(
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
     pooled = pooled_prefill_rates(model.endpoints, state, params)
+    fewest = fewest_uncached_tokens(filtered.kept, prompt.prompt_tokens, prompt.tokens_per_key, state, config.kv_tiers)
     ranked = sorted(
         (
             score_endpoint(
@@ -88,6 +90,7 @@ def place(
                 config.kv_tiers,
                 cost_model=config.cost_model,
                 pooled_rate=pooled.get(e.id),
+                fewest_uncached_tokens=fewest,
             )
             for e in filtered.kept
         ),

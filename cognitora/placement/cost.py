@@ -56,13 +56,15 @@ context resident there, the wait for KV room), and then the endpoint's learned f
 (``cognitora.ttft_feedback``): ``(ttft + floor) x factor - floor``.
 
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
-(+ the decode-interference charge, ``ranking_cost_s``). A positive recompute weight charges the capacity a recomputed
-prefix takes from later requests, which the request's own TTFT does not see; the decode-interference charge is the
-decode slowdown the placement causes, its own and the running requests'.
+(+ the decode-interference and prefill-stall charges, ``ranking_cost_s``). A positive recompute weight charges the
+capacity a recomputed prefix takes from later requests, which the request's own TTFT does not see; the
+decode-interference charge is the decode slowdown the placement causes, its own and the running requests'; the
+prefill-stall charge is the running requests' wait for its uncached prefill.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, PlacementConfig
@@ -181,6 +183,19 @@ def slot_wait_s(snap: EndpointSnapshot | None, flight: InFlight, params: Placeme
     return (ahead + 1) / departures_per_s
 
 
+def fewest_uncached_tokens(
+    endpoints: Sequence[EndpointConfig],
+    prompt_tokens: int,
+    tokens_per_key: int,
+    state: FleetState,
+    tiers: KvTiersConfig | None,
+) -> float:
+    """The fewest prompt tokens any of ``endpoints`` would prefill (its cached prefix priced as ``score_endpoint``
+    prices it): that prefill runs wherever the request goes."""
+    cached = (priced_prefix(state.matches.get(e.id), prompt_tokens, tokens_per_key, tiers)[0] for e in endpoints)
+    return max(0.0, prompt_tokens - max(cached, default=0.0))
+
+
 def score_endpoint(
     endpoint: EndpointConfig,
     prompt_tokens: int,
@@ -191,10 +206,13 @@ def score_endpoint(
     tiers: KvTiersConfig | None = None,
     cost_model: CostModelConfig | None = None,
     pooled_rate: float | None = None,
+    fewest_uncached_tokens: float = 0.0,
 ) -> CandidateScore:
     """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
     which is the linear model above. ``pooled_rate``: the rate of the endpoint's hardware class, when it is priced
-    at that (``rate_pooling.pooled_prefill_rates``)."""
+    at that (``rate_pooling.pooled_prefill_rates``). ``fewest_uncached_tokens``: the fewest prompt tokens any
+    candidate would prefill (``fewest_uncached_tokens``); the prefill-stall charge counts only what this endpoint
+    recomputes beyond that."""
     snap = fresh_snapshot(endpoint.id, state, params)
     flight = state.inflight.get(endpoint.id, InFlight())
     match = state.matches.get(endpoint.id)
@@ -221,6 +239,7 @@ def score_endpoint(
             counted_resident=state.context_tokens.get(endpoint.id, 0.0),
             resident_since_snapshot=state.context_since_snapshot.get(endpoint.id, 0.0),
             decode_tokens=decode_tokens,
+            fewest_uncached_tokens=fewest_uncached_tokens,
             rate=rate,
             snap=snap,
             mean_service_s=mean_service_s(snap, flight) if snap is not None else 0.0,
@@ -253,6 +272,7 @@ def score_endpoint(
         interference_s=extra.interference_s,
         kv_pressure_s=extra.kv_pressure_s,
         decode_interference_s=extra.decode_interference_s,
+        prefill_stall_s=extra.prefill_stall_s,
         resident_tokens=extra.resident_tokens,
         ttft_bias_factor=bias,
     )
@@ -273,8 +293,8 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
 
 def ranking_cost_s(score: CandidateScore) -> float:
     """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)
-    plus the decode-interference charge (``cost_model.decode_interference_weight``)."""
-    return score.predicted_ttft_s + score.recompute_penalty_s + score.decode_interference_s
+    plus the decode-interference and prefill-stall charges (``cost_model``)."""
+    return score.predicted_ttft_s + score.recompute_penalty_s + score.decode_interference_s + score.prefill_stall_s
 
 
 def by_ranking_cost(score: CandidateScore) -> tuple[float, str]:

@@ -21,6 +21,21 @@ docs/sim.md cites where it comes from):
 
       decode_interference_s = d x kv_read_s_per_token x (R + running x x)   (ranking only, like the recompute charge)
 
+- **Prefill stall.** An engine runs a prefill in the same steps as its decodes (chunked prefill), and a step with
+  a prefill chunk is compute bound: every decoding request there waits for the chunk. The prefill of the tokens no
+  engine holds (``u_min``, the fewest uncached tokens any candidate offers) stalls someone wherever it runs; what
+  a placement chooses is the rest, the prefix it recomputes although another engine holds it. That part slows each
+  of the ``running`` requests by its duration:
+
+      prefill_stall_s = running x ((u - u_min) / prefill_rate + its attention)   (ranking only)
+
+  Without it, ranking priced what a request's decode costs its neighbours but not what its recomputed prefix costs
+  them, and a cache miss looked cheap next to a few more running requests: on B2B SaaS a 6,000-token miss stalls
+  the engine's 30-90 running requests ~0.45 s each, against the ~2.7 s the decode charge put on 4 more running
+  requests. Ranking moved groups off their cached engines until every KV cache was full. Charging the whole
+  prefill instead (``u``, not ``u - u_min``) also drew long, uncached prompts to the engines with the fewest
+  decoders over those with the shortest queue: TTFT p90 +1.1-1.7 s on long context at 6 rps.
+
 - **KV capacity.** The request's new blocks (uncached prompt plus ``d``) must fit beside ``R`` in the engine's
   ``kv_capacity_tokens`` (up to ``placement.saturated_kv_usage`` of it). What does not fit waits for resident
   context to leave (at ``R / mean_service_s`` tokens a second), or, with no service time known, is recomputed
@@ -61,6 +76,7 @@ class LongContextCost:
     interference_s: float = 0.0
     kv_pressure_s: float = 0.0
     decode_interference_s: float = 0.0
+    prefill_stall_s: float = 0.0
 
     @property
     def ttft_s(self) -> float:
@@ -129,6 +145,7 @@ def long_context_cost(
     counted_resident: float,
     resident_since_snapshot: float,
     decode_tokens: int,
+    fewest_uncached_tokens: float,
     rate: float,
     snap: EndpointSnapshot | None,
     mean_service_s: float,
@@ -143,6 +160,13 @@ def long_context_cost(
     steps = prefill_steps(queued_tokens + uncached, priors.step_tokens, running)
     interference = steps * resident * k
     decode = decode_tokens * k * (resident + running * prompt_tokens) if decode_tokens > 0 else 0.0
+    avoidable = max(0.0, uncached - fewest_uncached_tokens)
+    stall = 0.0
+    if avoidable > 0:
+        unavoidable_attention = attention_s(
+            prompt_tokens - fewest_uncached_tokens, prompt_tokens, rate, priors.attention_context_tokens
+        )
+        stall = running * (avoidable / rate + max(0.0, attention - unavoidable_attention))
     pressure = 0.0
     if priors.kv_capacity_tokens is not None and model.kv_pressure_weight > 0:
         room = priors.kv_capacity_tokens * saturated_kv_usage - resident
@@ -158,4 +182,5 @@ def long_context_cost(
         interference_s=interference,
         kv_pressure_s=pressure,
         decode_interference_s=model.decode_interference_weight * decode,
+        prefill_stall_s=model.prefill_stall_weight * stall,
     )

@@ -203,6 +203,7 @@ def _terms(c: CandidateScore) -> dict[str, float]:
         "wait for KV room": c.kv_pressure_s,
         "recompute charge": c.recompute_penalty_s,
         "decode interference": c.decode_interference_s,
+        "prefill stall of running requests": c.prefill_stall_s,
     }
 
 
@@ -215,8 +216,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
         return "the only eligible endpoint"
     second = ranked[1]
     what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
-    if best.decode_interference_s or second.decode_interference_s:
-        what = "ranking cost (TTFT + recompute + decode interference)"
+    if best.decode_interference_s or second.decode_interference_s or best.prefill_stall_s or second.prefill_stall_s:
+        what = "ranking cost (TTFT + recompute + decode interference + prefill stall)"
     why = f"lowest {what} ({_ms(ranking_cost_s(best))} vs {_ms(ranking_cost_s(second))} on {second.endpoint})"
     mine, theirs = _terms(best), _terms(second)
     gains = sorted(((theirs[k] - mine[k], k) for k in mine), reverse=True)
@@ -233,6 +234,8 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
             detail = " (the other engine is at capacity: its running requests must finish first)"
         elif term in ("resident-context steps", "decode interference"):
             detail = f" ({best.resident_tokens:.0f} vs {second.resident_tokens:.0f} context tokens resident)"
+        elif term == "prefill stall of running requests":
+            detail = f" ({best.running} vs {second.running} running)"
         elif term == "queue wait":
             detail = f" ({best.queued_prefill_tokens:.0f} vs {second.queued_prefill_tokens:.0f} tokens queued)"
         parts.append(f"{_ms(gain)} less {term}{detail}")
