@@ -108,7 +108,7 @@ def _first(*values: float | None) -> float:
     return 0.0
 
 
-def attention_s(cached_tokens: float, prompt_tokens: int, rate: float, context_tokens: float) -> float:
+def attention_s(cached_tokens: float, prompt_tokens: float, rate: float, context_tokens: float) -> float:
     """Seconds of causal attention for prefilling tokens ``cached_tokens`` .. ``prompt_tokens``."""
     if prompt_tokens <= cached_tokens or math.isinf(context_tokens):
         return 0.0
@@ -160,13 +160,12 @@ def long_context_cost(
     steps = prefill_steps(queued_tokens + uncached, priors.step_tokens, running)
     interference = steps * resident * k
     decode = decode_tokens * k * (resident + running * prompt_tokens) if decode_tokens > 0 else 0.0
-    avoidable = max(0.0, uncached - fewest_uncached_tokens)
-    stall = 0.0
-    if avoidable > 0:
-        unavoidable_attention = attention_s(
-            prompt_tokens - fewest_uncached_tokens, prompt_tokens, rate, priors.attention_context_tokens
-        )
-        stall = running * (avoidable / rate + max(0.0, attention - unavoidable_attention))
+    # The recomputed prefix runs from what this engine holds to what the best-cached candidate holds.
+    best_cached = prompt_tokens - fewest_uncached_tokens
+    recomputed = max(0.0, best_cached - cached_tokens)
+    stall = running * (
+        recomputed / rate + attention_s(cached_tokens, best_cached, rate, priors.attention_context_tokens)
+    )
     pressure = 0.0
     if priors.kv_capacity_tokens is not None and model.kv_pressure_weight > 0:
         room = priors.kv_capacity_tokens * saturated_kv_usage - resident
