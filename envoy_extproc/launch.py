@@ -12,14 +12,16 @@ import re
 import secrets
 import shutil
 import socket
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from cognitora.process import ManagedProcess, wait_until
+from cognitora.process import ManagedProcess, free_port, wait_until
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "envoy.yaml"
 _PLACEHOLDER = re.compile(r"\$\{([A-Z0-9_]+)\}")
@@ -136,3 +138,24 @@ def start_envoy(config_text: str, workdir: Path, admin_port: int, concurrency: i
         proc.stop()
         raise RuntimeError(f"envoy exited at start:\n{proc.log_tail()}")
     return proc
+
+
+@contextmanager
+def embedded_gateway(config_path: Path, engines: Sequence[str], workdir: Path) -> Iterator[tuple[str, ManagedProcess]]:
+    """``cognitora extproc --collector`` (embedded mode: no Redis) on ``config_path``, behind an Envoy on the
+    example listing ``engines`` (IP:port). Yields the Envoy listener's URL and the service. On exit Envoy stops
+    first, then the service; its exit code stays in ``proc.returncode`` for a caller that checks a clean stop."""
+    port, listen, admin = free_port(), free_port(), free_port()
+    argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
+    root = EXAMPLE_CONFIG.parent.parent
+    extproc = ManagedProcess([*argv, "--listen", f"127.0.0.1:{port}"], workdir / "extproc.log", cwd=root)
+    envoy = None
+    try:
+        wait_listening(port, extproc)
+        rendered = render_config(listen_port=listen, admin_port=admin, extproc_port=port, engines=engines)
+        envoy = start_envoy(rendered, workdir / "envoy", admin)
+        yield f"http://127.0.0.1:{listen}", extproc
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        extproc.stop()

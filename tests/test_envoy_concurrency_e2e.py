@@ -11,7 +11,6 @@ failed 270 of 510 requests that way (bench/results/protocol_b2b-saas_prefill_sta
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,13 +19,11 @@ import httpx
 import pytest
 import yaml
 
-from cognitora.process import ManagedProcess, free_port
 from cognitora.sim.launch import start_fleet
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import embedded_gateway
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
 CONCURRENT = 1_100  # past Envoy's default max_requests of 1,024 per cluster
 WAVE = 50
 DEADLINE_S = 120.0
@@ -96,27 +93,10 @@ def test_more_concurrent_requests_than_envoys_default_breakers_all_get_placed(
         }
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        extproc_port, listen, admin = free_port(), free_port(), free_port()
-        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path)]
-        extproc = ManagedProcess(
-            [*argv, "--listen", f"127.0.0.1:{extproc_port}", "--collector"],
-            tmp_path / "extproc.log",
-            cwd=ROOT,
-        )
-        envoy = None
-        try:
-            wait_listening(extproc_port, extproc)
-            rendered = render_config(
-                listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
-            )
-            envoy = start_envoy(rendered, tmp_path / "envoy", admin)
+        with embedded_gateway(config_path, fleet.endpoint_ids, tmp_path) as (url, extproc):
             started = time.monotonic()
-            statuses, refusal = asyncio.run(hold_streams(f"http://127.0.0.1:{listen}", fleet.model, CONCURRENT))
+            statuses, refusal = asyncio.run(hold_streams(url, fleet.model, CONCURRENT))
             assert statuses == Counter({200: CONCURRENT}), (
                 f"{dict(statuses)} after {time.monotonic() - started:.0f} s; first refusal: {refusal}; "
                 f"extproc log tail:\n{extproc.log_tail(20)}"
             )
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            extproc.stop()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -32,11 +31,11 @@ from tokenizers import Tokenizer
 
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, config_from_dict
-from cognitora.process import ManagedProcess, free_port
+from cognitora.process import ManagedProcess
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import embedded_gateway
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer, read_prompt
 from tests.bos_model import write_bos_model
@@ -303,7 +302,6 @@ async def test_a_burst_of_long_prompts_beyond_the_queue_gets_approximate_keys(sm
 
 # -- both gateways, end to end ---------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
 SMALL_CONCURRENCY = 4
 BASELINE_REQUESTS = 40
 LARGE_BODIES = (
@@ -445,22 +443,10 @@ def envoy_gateway(
     }
     config_path = work / "cognitora.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    port, listen, admin = free_port(), free_port(), free_port()
-    argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
-    extproc = ManagedProcess([*argv, "--listen", f"127.0.0.1:{port}"], work / "extproc.log", cwd=ROOT)
-    envoy = None
-    try:
-        wait_listening(port, extproc)
-        envoy_config = render_config(
-            listen_port=listen, admin_port=admin, extproc_port=port, engines=fleet.endpoint_ids
-        )
-        envoy = start_envoy(envoy_config, work / "envoy", admin)
-        yield EnvoyGateway(f"http://127.0.0.1:{listen}", extproc, request.param)
-    finally:
-        if envoy is not None:
-            envoy.stop()
-        # A service whose loop is free answers SIGTERM at once (a stalled one did not, for the length of the stall).
-        assert extproc.stop(grace_s=10.0) == 0, extproc.log_tail()
+    with embedded_gateway(config_path, fleet.endpoint_ids, work) as (url, extproc):
+        yield EnvoyGateway(url, extproc, request.param)
+    # A service whose loop is free answers SIGTERM at once (a stalled one did not, for the length of the stall).
+    assert extproc.proc.returncode == 0, extproc.log_tail()
 
 
 @pytest.mark.e2e
