@@ -21,8 +21,19 @@ from cognitora.budgets.plan import Identity, Planner, Usage
 from cognitora.budgets.redis_ledger import RedisLedger
 from cognitora.decision import Rejection
 
-NOW = float(int(time.time()))
-"""Now: Redis expires keys on its own clock, so the counters' TTLs must be real."""
+
+def clear_of_midnight(now: float, span_s: int = 15 * 60) -> float:
+    """``now``, or a minute past the next UTC midnight when the tests' span would cross it.
+
+    Redis expires keys on its own clock, so the counters' TTLs must be real; but a day (or month) window
+    that ends while a test runs splits its counts in two (CI started at 23:59 once: 300 != 320).
+    """
+    midnight = (int(now) // 86400 + 1) * 86400
+    return float(midnight + 60 if midnight - now < span_s else int(now))
+
+
+NOW = clear_of_midnight(time.time())
+"""Now, for every test here: real (Redis's TTLs) and with no day boundary within the tests' span."""
 
 
 def budgets(**teams: Any) -> BudgetsConfig:
