@@ -452,8 +452,10 @@ def test_faults(small_fleet: SimFleet) -> None:
 def test_full_kv_preempts_and_a_full_batch_queues(tmp_path: Path) -> None:
     """64 blocks and two seats: three concurrent long requests queue for a seat, and the two running ones outgrow
     the cache, so one is preempted and recomputes; every request still completes in full."""
+    # time_scale 5, not 20: each request lasts ~1 s, so three sent together still overlap on a loaded CI machine
+    # (at 20 the first could finish before the third arrived, and no request ever waited).
     with start_fleet(
-        1, time_scale=20, kv_capacity_tokens=1024, extra_args=["--max-num-seqs", "2"], log_dir=tmp_path
+        1, time_scale=5, kv_capacity_tokens=1024, extra_args=["--max-num-seqs", "2"], log_dir=tmp_path
     ) as f:
         url = f.urls[0]
         most_waiting = 0.0
