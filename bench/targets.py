@@ -603,20 +603,20 @@ def split_target(name: str) -> tuple[str, dict[str, Any]]:
 
 
 COST_MODEL_PREFIX = "cost_model."
-"""An override key with this prefix sets ``cost_model`` instead of ``placement`` (dots nest: ``cost_model.feedback.
-enabled=false``)."""
+"""An override key with this prefix sets ``cost_model`` instead of ``placement``. Dots nest, in both:
+``cost_model.feedback.enabled=false``, ``priorities.default.itl_slo_s=0.1``."""
 
 
 def cost_model_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split ``split_target``'s overrides into (placement, cost_model), the latter nested by its dotted keys."""
+    """Split ``split_target``'s overrides into (placement, cost_model), each nested by its dotted keys."""
     placement: dict[str, Any] = {}
     cost: dict[str, Any] = {}
     for key, value in overrides.items():
-        if not key.startswith(COST_MODEL_PREFIX):
-            placement[key] = value
-            continue
-        *path, leaf = key.removeprefix(COST_MODEL_PREFIX).split(".")
-        node = cost
+        root, key = (
+            (cost, key.removeprefix(COST_MODEL_PREFIX)) if key.startswith(COST_MODEL_PREFIX) else (placement, key)
+        )
+        *path, leaf = key.split(".")
+        node = root
         for part in path:
             node = node.setdefault(part, {})
         node[leaf] = value

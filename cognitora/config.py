@@ -256,6 +256,11 @@ class PriorityClass(_Strict):
 
     ttft_slo_s: float = Field(gt=0)
     """Predicted TTFT (seconds) the class must meet; endpoints predicted slower are not 'feasible' for it."""
+    itl_slo_s: float | None = Field(default=None, gt=0)
+    """Inter-token latency (seconds) the class must meet: an endpoint whose decode step, as its engine measures it
+    now plus the context this request and the ones sent since add to every step, is slower is not 'feasible' for
+    it either. Overload then sheds (a sheddable class) instead of slowing every running request's stream past it
+    (docs/placement.md, "Admission by ITL"). None: no ITL objective."""
     sheddable: bool = False
     """When no endpoint meets the SLO: true rejects with 429 and Retry-After; false takes the best endpoint."""
 

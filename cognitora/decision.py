@@ -37,6 +37,9 @@ class CandidateScore:
     tokens; None when they are expected but the speed is unknown. Predicted E2E = ``predicted_ttft_s`` + this."""
     running: int = 0
     """Requests running on the endpoint as placement counted them (scraped or router-counted, the larger)."""
+    predicted_itl_s: float | None = None
+    """The inter-token latency a request placed here would see (``cost.predicted_itl_s``); None when the engine's
+    is not measured (it has not decoded since the scraper started, or nothing runs there now)."""
     decode_estimated: bool = False
     """``predicted_decode_s`` is a stand-in (the engine has not decoded since the scraper started): it counts toward
     the fastest E2E, but the power rule does not pick the endpoint for energy on it."""
@@ -211,6 +214,9 @@ class Decision:
             if c.reload_s > 0 and not c.excluded:
                 note = f"{note}; " if note else ""
                 note += f"reload from CPU/disk {c.reload_s * 1000:.1f} ms"
+            if c.predicted_itl_s is not None and not c.excluded:
+                note = f"{note}; " if note else ""
+                note += f"ITL {c.predicted_itl_s * 1000:.0f} ms"
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"

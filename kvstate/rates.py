@@ -34,6 +34,8 @@ class RateEstimator:
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
+    The same window's mean inter-token latency, unsmoothed, is ``recent_itl_s``: what an ITL objective is held to
+    (``PriorityClass.itl_slo_s``), where an EWMA would lag a batch that fills up by several scrapes.
 
     Service: the mean time a request holds a batch slot (scheduled to finished, queueing excluded), the W of
     Little's law that placement turns into a departure rate (``running / mean_service_s``). From the engine's own
@@ -58,6 +60,7 @@ class RateEstimator:
     per_request_prefill: float = 0.0
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
+    recent_itl_s: float = 0.0
     mean_service_s: float = 0.0
     _request_base: EngineLoad | None = field(default=None, repr=False)
     _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
@@ -145,6 +148,7 @@ class RateEstimator:
             return False
         if count > 0 and seconds > 0:
             self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
+            self.recent_itl_s = seconds / count
         return True
 
     def _service_sample(self, old: EngineLoad, load: EngineLoad) -> bool:

@@ -85,6 +85,8 @@ def test_cost_model_overrides_nest_by_their_dotted_keys(tmp_path: Path) -> None:
     target = make_target("cognitora-litellm@cost_model.feedback.enabled=false;recompute_weight=0", "m", tmp_path)
     assert target.placement == {"recompute_weight": 0}
     assert target.cost_model == {"feedback": {"enabled": False}}
+    shedding = make_target("cognitora-envoy@priorities.default.itl_slo_s=0.1;priorities.default.sheddable=true", "m")
+    assert shedding.placement == {"priorities": {"default": {"itl_slo_s": 0.1, "sheddable": True}}}
 
 
 def test_the_demo_table_shows_requests_cut_while_streaming_as_such_not_as_failures() -> None:

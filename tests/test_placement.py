@@ -817,3 +817,68 @@ def test_slot_wait_is_a_named_term_of_the_prediction_and_the_reason() -> None:
     assert saturated.predicted_ttft_s == pytest.approx(expected)
     assert "slot wait" in decision.reason, decision.reason
     assert "at capacity: slot wait 3000 ms" in decision.explain()
+
+
+ITL_SLO = fleet(
+    ep(8001),
+    ep(8002),
+    placement={
+        "priorities": {
+            "default": {"ttft_slo_s": 2.0, "itl_slo_s": 0.1},
+            "batch": {"ttft_slo_s": 30.0, "itl_slo_s": 0.1, "sheddable": True},
+        }
+    },
+)
+
+
+def test_an_itl_slo_moves_a_request_off_an_engine_whose_decode_step_is_too_slow() -> None:
+    # A holds the prompt, but its engine measures 120 ms a token now; B is cold at 30 ms.
+    state = FleetState(
+        NOW,
+        matches={A: cached(4000)},
+        snapshots={A: snap(A, running=10, itl_s=0.120), B: snap(B, running=5, itl_s=0.030)},
+    )
+    request = RouteRequest(model="m", prompt="x")
+    assert place(request, prompt(4096), DEFAULT_FLEET, state).endpoint == A  # no ITL objective: the cache wins
+    decision = place(request, prompt(4096), ITL_SLO, state)
+    assert decision.endpoint == B and not decision.saturated
+    assert "ITL 120 ms" in decision.explain()  # the candidates' table shows what each was held to
+    assert {c.endpoint: c.predicted_itl_s for c in decision.candidates} == {
+        A: pytest.approx(0.120 + 4096 * 4.7e-8),
+        B: pytest.approx(0.030 + 4096 * 4.7e-8),
+    }
+
+
+def test_the_itl_prediction_counts_the_context_sent_since_the_measurement() -> None:
+    # A measured 90 ms; 300k tokens of context sent there since then add ~14 ms to each of its steps.
+    snaps = {A: snap(A, running=10, itl_s=0.090), B: snap(B, running=5, itl_s=0.095)}
+    request = RouteRequest(model="m", prompt="x")
+    calm = FleetState(NOW, matches={A: cached(4000)}, snapshots=snaps)
+    assert place(request, prompt(4096), ITL_SLO, calm).endpoint == A
+    sent = FleetState(NOW, matches={A: cached(4000)}, snapshots=snaps, context_since_snapshot={A: 300_000.0})
+    assert place(request, prompt(4096), ITL_SLO, sent).endpoint == B
+
+
+def test_an_idle_or_unmeasured_engine_meets_any_itl_slo() -> None:
+    # A's last busy window measured 500 ms, but nothing runs there now; B has never decoded.
+    state = FleetState(NOW, matches={A: cached(4000)}, snapshots={A: snap(A, running=0, itl_s=0.5), B: snap(B)})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), ITL_SLO, state)
+    assert decision.endpoint == A and not decision.saturated
+    assert all(c.predicted_itl_s is None for c in decision.candidates)
+
+
+def test_over_the_itl_slo_everywhere_a_sheddable_class_is_refused_and_others_placed() -> None:
+    state = FleetState(
+        NOW,
+        matches={A: cached(4000)},
+        snapshots={A: snap(A, running=40, itl_s=0.150), B: snap(B, running=30, itl_s=0.120)},
+    )
+    shed = place(RouteRequest(model="m", prompt="x", priority="batch"), prompt(4096), ITL_SLO, state)
+    assert shed.rejection is not None and shed.rejection.status == 429 and shed.saturated
+    assert shed.rejection.retry_after_s == 1
+    assert shed.rejection.message == (
+        "fleet saturated for priority 'batch': best predicted inter-token latency 120 ms (on 127.0.0.1:8002) "
+        "exceeds its ITL SLO of 100 ms; retry later"
+    )
+    kept = place(RouteRequest(model="m", prompt="x"), prompt(4096), ITL_SLO, state)
+    assert kept.endpoint == A and kept.saturated and "not sheddable" in kept.reason

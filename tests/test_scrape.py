@@ -205,6 +205,21 @@ async def test_prefill_and_decode_rates_learned_from_moving_counters(vllm_engine
     snap = (await store.snapshots())["e1"]
     assert snap.prefill_tokens_per_s == pytest.approx(6000.0)
     assert snap.decode_tokens_per_s == pytest.approx(50.0)
+    assert snap.itl_s == pytest.approx(0.020)
+
+
+def test_recent_itl_is_the_latest_window_unsmoothed() -> None:
+    """A batch that fills up doubles the step time: the speed's EWMA lags it, the ITL an objective is held to does
+    not."""
+    est = RateEstimator(min_decode_tokens=64)
+    est.observe(EngineLoad(itl_seconds_sum=0.0, itl_count=0.0, generation_tokens_total=0.0), 0.0)
+    est.observe(EngineLoad(itl_seconds_sum=2.0, itl_count=100.0, generation_tokens_total=100.0), 1.0)
+    assert est.recent_itl_s == pytest.approx(0.020)
+    est.observe(EngineLoad(itl_seconds_sum=2.4, itl_count=110.0, generation_tokens_total=110.0), 2.0)
+    assert est.recent_itl_s == pytest.approx(0.020)  # 10 tokens: the window stays open
+    est.observe(EngineLoad(itl_seconds_sum=6.0, itl_count=200.0, generation_tokens_total=200.0), 3.0)
+    assert est.recent_itl_s == pytest.approx(0.040)
+    assert 1 / est.decode_tokens_per_s < 0.035  # the smoothed speed still reads faster
 
 
 async def test_sglang_prefill_rate_excludes_cached_tokens(sglang_engine: FakeEngine) -> None:

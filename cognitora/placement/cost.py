@@ -131,6 +131,18 @@ def predicted_decode_s(
     return None if speed is None else decode_tokens * (1.0 / speed + params.decode_itl_s_per_running)
 
 
+def predicted_itl_s(
+    snap: EndpointSnapshot | None, added_context_tokens: float, kv_read_s_per_token: float
+) -> float | None:
+    """The inter-token latency a request placed here would see: the engine's as it measures it now (prefill
+    chunks sharing its steps included), plus what the context sent there since that measurement and this request's
+    own add to every step (``kv_read_s_per_token`` a token). None when it is not measured, or nothing runs there
+    (an idle engine decodes at its floor, and the last busy window's figure no longer says anything)."""
+    if snap is None or snap.itl_s is None or snap.running <= 0:
+        return None
+    return snap.itl_s + added_context_tokens * kv_read_s_per_token
+
+
 def estimate_unknown_decode(ranked: list[CandidateScore], decode_tokens: int, params: PlacementConfig) -> None:
     """Give candidates with no known decode pace a stand-in, in place: the fastest known engine's inter-token
     latency with its running sequences taken out, plus this one's (``decode_itl_s_per_running`` each).
@@ -229,9 +241,12 @@ def score_endpoint(
     ttft = (queued + prompt_tokens - cached) / rate + reload_s + decode_penalty + slot_wait
     extra = LongContextCost()
     bias = 1.0
+    kv_read_s_per_token = 0.0
     if cost_model is not None:
+        priors = engine_priors(endpoint, snap, cost_model)
+        kv_read_s_per_token = priors.kv_read_s_per_token
         extra = long_context_cost(
-            engine_priors(endpoint, snap, cost_model),
+            priors,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             queued_tokens=queued,
@@ -266,6 +281,9 @@ def score_endpoint(
         request_joules=request_joules,
         predicted_decode_s=predicted_decode_s(endpoint, snap, decode_tokens, params),
         running=running,
+        predicted_itl_s=predicted_itl_s(
+            snap, state.context_since_snapshot.get(endpoint.id, 0.0) + prompt_tokens, kv_read_s_per_token
+        ),
         basis=estimate_basis(endpoint, snap, params),
         reload_s=reload_s,
         attention_s=extra.attention_s,

@@ -5,7 +5,9 @@ Candidates come ranked by ``cost.ranking_cost_s``: the predicted TTFT, plus the 
 
 Rules, in order:
 
-1. **Feasible** candidates are those whose predicted TTFT meets the class's ``ttft_slo_s``.
+1. **Feasible** candidates are those whose predicted TTFT meets the class's ``ttft_slo_s`` and, when the class
+   sets ``itl_slo_s``, whose predicted inter-token latency meets that (``cost.predicted_itl_s``; an endpoint
+   whose ITL is not measured meets it).
 2. **Power**: among feasible candidates, the *close* ones are within ``min(power_ttft_slack_s,
    power_ttft_slack_ratio x best)`` of the best TTFT: the rule may cost a request at most that fraction of its
    TTFT and never more than that many seconds, so a sub-100 ms decision is not swamped by a fixed window. They
@@ -22,8 +24,9 @@ Rules, in order:
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
    prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
-   predicted overshoot; any other class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token
-   prompt is over a 2 s SLO on every idle engine, and without it every such prompt went to the first by name).
+   predicted overshoot (1 s for an ITL overshoot: a decode step shortens as soon as requests finish); any other
+   class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token prompt is over a 2 s SLO on
+   every idle engine, and without it every such prompt went to the first by name).
 
 The runner-up is the best-ranked candidate other than the pick.
 """
@@ -67,21 +70,33 @@ def pick(
     affinity_key: str,
 ) -> Pick | Rejection:
     """``ranked`` is non-empty and sorted best first (``cost.by_ranking_cost``); ``affinity_key`` breaks ties."""
-    best = ranked[0]
-    feasible = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
+    fast_enough = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
+    feasible = [c for c in fast_enough if meets_itl_slo(c, pclass)]
     if not feasible:
-        overshoot = best.predicted_ttft_s - pclass.ttft_slo_s
-        message = (
-            f"fleet saturated for priority {priority!r}: best predicted TTFT {best.predicted_ttft_s:.2f} s "
-            f"(on {best.endpoint}) exceeds its SLO of {pclass.ttft_slo_s:g} s"
-        )
+        # What is left to choose from: the candidates that meet the TTFT objective, when only the ITL one fails.
+        pool = fast_enough or list(ranked)
+        best = pool[0]
+        if fast_enough:
+            quickest = min(fast_enough, key=lambda c: c.predicted_itl_s or 0.0)
+            overshoot = 1.0
+            message = (
+                f"fleet saturated for priority {priority!r}: best predicted inter-token latency "
+                f"{_ms(quickest.predicted_itl_s or 0.0)} (on {quickest.endpoint}) exceeds its ITL SLO of "
+                f"{_ms(pclass.itl_slo_s or 0.0)}"
+            )
+        else:
+            overshoot = best.predicted_ttft_s - pclass.ttft_slo_s
+            message = (
+                f"fleet saturated for priority {priority!r}: best predicted TTFT {best.predicted_ttft_s:.2f} s "
+                f"(on {best.endpoint}) exceeds its SLO of {pclass.ttft_slo_s:g} s"
+            )
         if pclass.sheddable:
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
             return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
         # Ties are broken as for feasible candidates: a long prompt predicted over the SLO everywhere on an idle
         # fleet would otherwise go to the first endpoint by name, every time.
         band = tie_band_s(best, params)
-        chosen = rendezvous_pick([c for c in ranked if ranking_cost_s(c) <= ranking_cost_s(best) + band], affinity_key)
+        chosen = rendezvous_pick([c for c in pool if ranking_cost_s(c) <= ranking_cost_s(best) + band], affinity_key)
         reason = message + "; not sheddable, so placed on the fastest endpoint"
         if chosen is not best:
             reason += f" (tied with {best.endpoint} within the {_ms(band)} band; the prompt's prefix hashes here)"
@@ -123,6 +138,11 @@ def pick(
     else:
         reason = _tie_reason(chosen, best, pool, band)
     return Pick(chosen, _runner_up(ranked, chosen), reason)
+
+
+def meets_itl_slo(c: CandidateScore, pclass: PriorityClass) -> bool:
+    """The class sets no ITL objective, the endpoint's ITL is not measured, or its predicted ITL meets it."""
+    return pclass.itl_slo_s is None or c.predicted_itl_s is None or c.predicted_itl_s <= pclass.itl_slo_s
 
 
 def tie_band_s(best: CandidateScore, params: PlacementConfig) -> float:
