@@ -74,7 +74,7 @@ async def test_a_gateway_page_counts_what_its_router_did() -> None:
     config = make_config()
     store = MemoryStore()
     router = Router(config, store)
-    await store.put_snapshot(snap(A, 100.0, running=3, waiting=1, kv_usage=0.25, power_watts=300.0))
+    await store.put_snapshot(snap(A, 100.0, running=3, waiting=1, kv_usage=0.25, power_watts=300.0, itl_s=0.04))
     for i in range(5):
         _, attempt = await router.admit(RouteRequest(model="m", prompt=f"question {i} " * 20))
         assert attempt is not None
@@ -104,6 +104,7 @@ async def test_a_gateway_page_counts_what_its_router_did() -> None:
     assert value(page, "cognitora_endpoint_waiting", endpoint=A) == 1
     assert value(page, "cognitora_endpoint_kv_usage_ratio", endpoint=A) == 0.25
     assert value(page, "cognitora_endpoint_power_watts", endpoint=A) == 300
+    assert value(page, "cognitora_endpoint_inter_token_latency_seconds", endpoint=A) == 0.04
     assert value(page, "cognitora_fleet_power_watts") == 300
     assert total(page, "cognitora_endpoint_info") == 2
     assert not [s for s in samples(page) if s.name == "cognitora_endpoint_running" and s.labels["endpoint"] == B]

@@ -285,6 +285,7 @@ class FleetFamilies(PrometheusCollector):
         yield each("cognitora_endpoint_kv_usage_ratio", lambda s: s.kv_usage)
         yield each("cognitora_endpoint_prefill_tokens_per_second", lambda s: s.prefill_tokens_per_s or None)
         yield each("cognitora_endpoint_decode_tokens_per_second", lambda s: s.decode_tokens_per_s or None)
+        yield each("cognitora_endpoint_inter_token_latency_seconds", lambda s: s.itl_s)
         yield each("cognitora_endpoint_power_watts", lambda s: s.power_watts if metered(s) else None)
         yield each("cognitora_endpoint_energy_joules", lambda s: s.energy_joules or None)
         yield each("cognitora_endpoint_prompt_tokens", lambda s: s.prompt_tokens_total)

@@ -375,6 +375,14 @@ SPECS: tuple[MetricSpec, ...] = (
         "Decode throughput learned from the engine's counters (absent until learned).",
     ),
     _m(
+        "cognitora_endpoint_inter_token_latency_seconds",
+        G,
+        E,
+        F,
+        "Mean inter-token latency over the engine's latest decode window (engine seconds): what a priority class's "
+        "itl_slo_s is held to. Absent until measured.",
+    ),
+    _m(
         "cognitora_endpoint_power_watts",
         G,
         E,
