@@ -88,6 +88,15 @@ CASES = [
         config=fleet(prefill_rate=10000.0, decode_rate=10000.0),
     ),
     Case(
+        # Both legs pay the attention of a 30k-token prefill (and the pair a 0.08 s transfer besides): when only
+        # whole placement was priced with the cost model, the pair looked ~1.9 s cheaper and split.
+        "equal hardware, a fast link, a long-context prompt: whole",
+        30_000,
+        {D1, D2},
+        None,
+        config=fleet(prefill_rate=10000.0, decode_rate=10000.0, link={"link_gbps": 400.0, "link_latency_s": 0.0005}),
+    ),
+    Case(
         "an idle aggregated engine as fast as the prefill pool: whole there",
         2048,
         W,

@@ -10,6 +10,12 @@ does). A pair (p, d) is priced in the same seconds:
     admission(d)    = cost.score_endpoint(d) for a request with no prompt: d's queued prefill, decode load and
                       slot wait (a request holds prompt + output tokens of KV on d for its whole decode)
 
+Both legs are priced as whole placement prices a candidate (``placement.place``): KV tiers, the long-context cost
+model and its TTFT feedback, pooled prefill rates. Otherwise a pair's prefill was linear in tokens while the whole
+placement it competes with paid attention and KV pressure, and long prompts looked cheaper split than they are.
+The prefill leg decodes nothing (its engine stops at the first token), so its decode charges are 0. The decode
+leg's KV-pressure term does not see the KV arriving by transfer, only the output tokens.
+
 ``p`` ranges over the ``role: prefill`` endpoints, ``d`` over the ``role: decode`` ones; both go through the same
 filters (health, candidates, KV headroom: a decode endpoint near KV exhaustion is out like any other). With
 ``disaggregation.whole_on_decode: false`` only ``role: both`` endpoints compete whole (classic P/D). The two
@@ -28,9 +34,10 @@ from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, EndpointConfig, 
 from cognitora.decision import CandidateScore, Decision, PrefillLeg
 from cognitora.placement import FleetState, place
 from cognitora.placement.affinity import affinity_key, rendezvous_pick
-from cognitora.placement.cost import by_ranking_cost, ranking_cost_s, score_endpoint
+from cognitora.placement.cost import by_ranking_cost, fewest_uncached_tokens, ranking_cost_s, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import tie_band_s
+from cognitora.placement.rate_pooling import pooled_prefill_rates
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
 
@@ -67,7 +74,7 @@ class PairCost:
 def _pool(
     model: ModelConfig, role: Role, req: RouteRequest, state: FleetState, config: CognitoraConfig
 ) -> list[EndpointConfig]:
-    kept = run_filters(model.endpoints, FilterContext(req, role, state, config.placement)).kept
+    kept = run_filters(model.endpoints, FilterContext(req, role, state, config.placement, config.cost_model)).kept
     return [e for e in kept if e.role is role]
 
 
@@ -81,7 +88,27 @@ def best_pair(
     if not prefills or not decodes:
         return None
     n, per_key = prompt.prompt_tokens, prompt.tokens_per_key
-    scored = sorted((score_endpoint(e, n, per_key, state, params) for e in prefills), key=by_ranking_cost)
+    tiers, cost_model = config.kv_tiers, config.cost_model
+    pooled = pooled_prefill_rates(model.endpoints, state, params)
+    fewest = fewest_uncached_tokens(prefills, n, per_key, state, tiers)
+    scored = sorted(
+        (
+            score_endpoint(
+                e,
+                n,
+                per_key,
+                state,
+                params,
+                0,
+                tiers,
+                cost_model=cost_model,
+                pooled_rate=pooled.get(e.id),
+                fewest_uncached_tokens=fewest,
+            )
+            for e in prefills
+        ),
+        key=by_ranking_cost,
+    )
     best = scored[0]
     tied = [c for c in scored if ranking_cost_s(c) <= ranking_cost_s(best) + tie_band_s(best, params)]
     # Equal prefill endpoints: the prompt's prefix picks, so requests sharing it converge where it is cached.
@@ -89,8 +116,10 @@ def best_pair(
     decode_tokens = req.max_tokens or 0
     options: list[tuple[float, str, EndpointConfig, float, float, float]] = []
     for d in decodes:
-        cached = score_endpoint(d, n, per_key, state, params).cached_tokens
-        admission = score_endpoint(d, 0, per_key, state, params, decode_tokens).predicted_ttft_s
+        cached = score_endpoint(d, n, per_key, state, params, tiers=tiers).cached_tokens
+        admission = score_endpoint(
+            d, 0, per_key, state, params, decode_tokens, tiers, cost_model=cost_model, pooled_rate=pooled.get(d.id)
+        ).predicted_ttft_s
         move = transfer_s(config, model, n - cached)
         options.append((move + admission, d.id, d, cached, move, admission))
     _, _, decode, cached, move, admission = min(options, key=lambda o: (o[0], o[1]))
