@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,22 +141,54 @@ def start_envoy(config_text: str, workdir: Path, admin_port: int, concurrency: i
     return proc
 
 
+@dataclass(frozen=True)
+class GatewayStack:
+    """A running gateway: Envoy's listener URL, the ext_proc service, and the collector beside it (if one)."""
+
+    url: str
+    extproc: ManagedProcess
+    collector: ManagedProcess | None = None
+
+
 @contextmanager
-def embedded_gateway(config_path: Path, engines: Sequence[str], workdir: Path) -> Iterator[tuple[str, ManagedProcess]]:
-    """``cognitora extproc --collector`` (embedded mode: no Redis) on ``config_path``, behind an Envoy on the
-    example listing ``engines`` (IP:port). Yields the Envoy listener's URL and the service. On exit Envoy stops
-    first, then the service; its exit code stays in ``proc.returncode`` for a caller that checks a clean stop."""
+def start_gateway(
+    config_path: Path,
+    engines: Sequence[str],
+    workdir: Path,
+    *,
+    embedded: bool = True,
+    collector: bool = False,
+    extproc_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    **envoy_options: Any,
+) -> Iterator[GatewayStack]:
+    """``cognitora extproc`` on ``config_path`` behind an Envoy on the example listing ``engines`` (IP:port).
+
+    ``embedded``: the service runs its own collector (``--collector``: one gateway, no Redis). Otherwise it reads
+    the store the config names, and ``collector`` starts ``cognitora collector`` beside it (gateway replicas
+    share what one collector learns). ``extproc_args`` go to the service's command line, ``envoy_options`` to
+    ``render_config``. On exit Envoy stops first, then the service, then the collector; the service's exit code
+    stays in ``extproc.returncode`` for a caller that checks a clean stop."""
     port, listen, admin = free_port(), free_port(), free_port()
-    argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
+    cli = [sys.executable, "-m", "cognitora.cli"]
     root = EXAMPLE_CONFIG.parent.parent
-    extproc = ManagedProcess([*argv, "--listen", f"127.0.0.1:{port}"], workdir / "extproc.log", cwd=root)
+    beside = None
+    if collector and not embedded:
+        beside = ManagedProcess([*cli, "collector", "--config", str(config_path)], workdir / "collector.log", cwd=root)
+    argv = [*cli, "extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--collector"] if embedded else []
+    extproc = ManagedProcess([*argv, *extproc_args], workdir / "extproc.log", env=dict(env or {}), cwd=root)
     envoy = None
     try:
         wait_listening(port, extproc)
-        rendered = render_config(listen_port=listen, admin_port=admin, extproc_port=port, engines=engines)
+        rendered = render_config(
+            listen_port=listen, admin_port=admin, extproc_port=port, engines=engines, **envoy_options
+        )
         envoy = start_envoy(rendered, workdir / "envoy", admin)
-        yield f"http://127.0.0.1:{listen}", extproc
+        yield GatewayStack(f"http://127.0.0.1:{listen}", extproc, beside)
     finally:
         if envoy is not None:
             envoy.stop()
         extproc.stop()
+        if beside is not None:
+            beside.stop()

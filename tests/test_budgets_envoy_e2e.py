@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +16,8 @@ import jwt
 import pytest
 import yaml
 
-from cognitora.process import ManagedProcess, free_port
 from cognitora.sim.launch import start_fleet
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import start_gateway
 from tests import budgets_e2e
 
 pytestmark = pytest.mark.e2e
@@ -50,53 +48,36 @@ def test_two_teams_one_runs_out_through_envoy(
         }
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        extproc_port, listen, admin = free_port(), free_port(), free_port()
-        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path)]
-        extproc = ManagedProcess(
-            [*argv, "--listen", f"127.0.0.1:{extproc_port}"], tmp_path / "extproc.log", cwd=budgets_e2e.ROOT
-        )
-        envoy = None
         secret = secrets.token_bytes(32)
-        try:
-            wait_listening(extproc_port, extproc)
-            envoy_config = render_config(
-                listen_port=listen,
-                admin_port=admin,
-                extproc_port=extproc_port,
-                engines=fleet.endpoint_ids,
-                jwt_secret=secret,
-            )
-            envoy = start_envoy(envoy_config, tmp_path / "envoy", admin)
-            url = f"http://127.0.0.1:{listen}/v1/chat/completions"
-            headers = {
-                # alpha also claims to be beta in a header: Envoy strips it before auth, so alpha still runs out
-                "alpha": {
-                    "Authorization": f"Bearer {token(secret, 'alpha', 'alpha-key', 'alice')}",
-                    "x-cognitora-team": "beta",
-                },
-                "beta": {"Authorization": f"Bearer {token(secret, 'beta', 'beta-key', 'bob')}"},
-            }
-            traffic = asyncio.run(budgets_e2e.two_teams(url, headers, model=fleet.model))
-            report = budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
-            figures = budgets_e2e.check_two_teams(traffic, report, budgets_e2e.engine_tokens(fleet.urls))
-            rows = {(r["kind"], r["subject"]) for r in report["usage"]}
-            assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
+        with start_gateway(config_path, fleet.endpoint_ids, tmp_path, embedded=False, jwt_secret=secret) as stack:
+            extproc = stack.extproc
+            try:
+                url = f"{stack.url}/v1/chat/completions"
+                headers = {
+                    # alpha also claims to be beta in a header: Envoy strips it before auth, so alpha still runs out
+                    "alpha": {
+                        "Authorization": f"Bearer {token(secret, 'alpha', 'alpha-key', 'alice')}",
+                        "x-cognitora-team": "beta",
+                    },
+                    "beta": {"Authorization": f"Bearer {token(secret, 'beta', 'beta-key', 'bob')}"},
+                }
+                traffic = asyncio.run(budgets_e2e.two_teams(url, headers, model=fleet.model))
+                report = budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
+                figures = budgets_e2e.check_two_teams(traffic, report, budgets_e2e.engine_tokens(fleet.urls))
+                rows = {(r["kind"], r["subject"]) for r in report["usage"]}
+                assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
 
-            # No token, and a header naming the exhausted team: served (no team), not refused as alpha.
-            anonymous = budgets_e2e.body("anyone", 0, False, fleet.model)
-            r = httpx.post(url, json=anonymous, headers={"x-cognitora-team": "alpha"}, timeout=60)
-            assert r.status_code == 200, r.text
-            bad = httpx.post(url, json=anonymous, headers={"Authorization": "Bearer not.a.jwt"}, timeout=60)
-            assert bad.status_code == 401
-            after = budgets_e2e.team_totals(
-                budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
-            )
-            assert after["-"]["requests"] == 1 and after["alpha"] == budgets_e2e.team_totals(report)["alpha"]
-            print("envoy budgets", figures)
-        except BaseException:
-            print(extproc.log_tail(60))
-            raise
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            extproc.stop()
+                # No token, and a header naming the exhausted team: served (no team), not refused as alpha.
+                anonymous = budgets_e2e.body("anyone", 0, False, fleet.model)
+                r = httpx.post(url, json=anonymous, headers={"x-cognitora-team": "alpha"}, timeout=60)
+                assert r.status_code == 200, r.text
+                bad = httpx.post(url, json=anonymous, headers={"Authorization": "Bearer not.a.jwt"}, timeout=60)
+                assert bad.status_code == 401
+                after = budgets_e2e.team_totals(
+                    budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
+                )
+                assert after["-"]["requests"] == 1 and after["alpha"] == budgets_e2e.team_totals(report)["alpha"]
+                print("envoy budgets", figures)
+            except BaseException:
+                print(extproc.log_tail(60))
+                raise

@@ -15,7 +15,6 @@ import hashlib
 import hmac
 import json
 import secrets
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +25,14 @@ import pytest
 import yaml
 
 from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
-from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.process import free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import start_gateway
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
 SLO_S = 2.5
 ENGINE_TTFT_BOUND_S = 2.5
 JWT_SECRET = secrets.token_bytes(32)
@@ -136,31 +134,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         }
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        extproc_port, listen, admin, metrics = free_port(), free_port(), free_port(), free_port()
-        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path)]
-        argv += ["--listen", f"127.0.0.1:{extproc_port}", "--collector", "--metrics-listen", f"127.0.0.1:{metrics}"]
-        extproc = ManagedProcess(argv, work / "extproc.log", env=env, cwd=ROOT)
-        envoy = None
-        try:
-            wait_listening(extproc_port, extproc)
-            text = render_config(
-                listen_port=listen,
-                admin_port=admin,
-                extproc_port=extproc_port,
-                engines=fleet.endpoint_ids,
-                jwt_secret=JWT_SECRET,
-                edit=add_burst(cloud.port, cloud.ca_file),
-                expose_upstream_host=True,  # the test reads who answered
-            )
-            envoy = start_envoy(text, work / "envoy", admin)
-            stack = Stack(fleet, cloud, f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{metrics}/metrics")
+        metrics = free_port()
+        with start_gateway(
+            config_path,
+            fleet.endpoint_ids,
+            work,
+            extproc_args=["--metrics-listen", f"127.0.0.1:{metrics}"],
+            env=env,
+            jwt_secret=JWT_SECRET,
+            edit=add_burst(cloud.port, cloud.ca_file),
+            expose_upstream_host=True,  # the test reads who answered
+        ) as gateway:
+            stack = Stack(fleet, cloud, gateway.url, f"http://127.0.0.1:{metrics}/metrics")
             warm = stack.step("ops", "warm", requests=2, workers=1)
             assert all(a.status == 200 for a in warm), [a.error for a in warm]
             yield stack
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            extproc.stop()
 
 
 def test_a_load_step_bursts_a_share_over_tls_and_keeps_local_ttft_within_the_slo(stack: Stack) -> None:

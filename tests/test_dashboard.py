@@ -17,18 +17,16 @@ import asyncio
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from cognitora.process import ManagedProcess, free_port
+from cognitora.process import free_port
 from cognitora.sim.launch import start_fleet
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import start_gateway
 from tests.chromium import Chromium
 from tests.test_metrics_e2e import by_label, fleet_models, metrics, send, total
 
@@ -203,39 +201,25 @@ def test_dashboard_in_chromium_shows_what_metrics_says(tmp_path: Path, smollm2_d
         config = {"models": fleet_models(fleet, smollm2_dir), "scrape": {"interval_s": 0.5, "timeout_s": 0.4}}
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        extproc_port, metrics_port, listen, admin = free_port(), free_port(), free_port(), free_port()
-        argv = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(config_path), "--collector"]
-        argv += ["--listen", f"127.0.0.1:{extproc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
-        extproc = ManagedProcess(argv, tmp_path / "extproc.log", cwd=ROOT)
-        envoy = None
+        metrics_port = free_port()
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         shot = os.environ.get("COGNITORA_DASHBOARD_SCREENSHOT")
-        try:
-            wait_listening(extproc_port, extproc)
-            extproc.wait_http(url)
-            envoy_text = render_config(
-                listen_port=listen, admin_port=admin, extproc_port=extproc_port, engines=fleet.endpoint_ids
-            )
-            envoy = start_envoy(envoy_text, tmp_path / "envoy", admin)
-            httpx.get(url, timeout=10).raise_for_status()
+        metrics_args = ["--metrics-listen", f"127.0.0.1:{metrics_port}"]
+        with start_gateway(config_path, fleet.endpoint_ids, tmp_path, extproc_args=metrics_args) as gateway:
+            gateway.extproc.wait_http(url)
 
             async def run() -> None:
                 async with Chromium() as browser:
                     await watch(
                         browser,
                         url,
-                        f"http://127.0.0.1:{listen}",
+                        gateway.url,
                         list(fleet.endpoint_ids),
                         Path(shot) if shot else None,
                     )
 
             asyncio.run(run())
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            tail = extproc.log_tail(60)
-            code = extproc.stop()
-        assert code == 0, tail
+        assert gateway.extproc.proc.returncode == 0, gateway.extproc.log_tail(60)
 
 
 PARSER_CASE = r"""(() => {

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from cognitora.sim.launch import start_fleet
-from envoy_extproc.launch import embedded_gateway
+from envoy_extproc.launch import start_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -93,10 +93,10 @@ def test_more_concurrent_requests_than_envoys_default_breakers_all_get_placed(
         }
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        with embedded_gateway(config_path, fleet.endpoint_ids, tmp_path) as (url, extproc):
+        with start_gateway(config_path, fleet.endpoint_ids, tmp_path) as stack:
             started = time.monotonic()
-            statuses, refusal = asyncio.run(hold_streams(url, fleet.model, CONCURRENT))
+            statuses, refusal = asyncio.run(hold_streams(stack.url, fleet.model, CONCURRENT))
             assert statuses == Counter({200: CONCURRENT}), (
                 f"{dict(statuses)} after {time.monotonic() - started:.0f} s; first refusal: {refusal}; "
-                f"extproc log tail:\n{extproc.log_tail(20)}"
+                f"extproc log tail:\n{stack.extproc.log_tail(20)}"
             )

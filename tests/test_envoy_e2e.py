@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,13 +25,12 @@ import httpx
 import pytest
 import yaml
 
-from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.process import ManagedProcess, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from envoy_extproc.launch import start_gateway
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 8
 WORDS = ["cache", "prefix", "engine", "token", "route", "fleet", "batch", "prompt", "model", "shard", "queue"]
 
@@ -106,46 +104,16 @@ def gateway(
             del config["redis_url"], config["key_prefix"]
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        cli = [sys.executable, "-m", "cognitora.cli"]
-        extproc_port, listen, admin = free_port(), free_port(), free_port()
-        collector = (
-            None
-            if embedded
-            else ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "collector.log", cwd=ROOT)
-        )
-        extproc = ManagedProcess(
-            [
-                *cli,
-                "extproc",
-                "--config",
-                str(config_path),
-                "--listen",
-                f"127.0.0.1:{extproc_port}",
-                "--log-level",
-                "debug",
-                *(["--collector"] if embedded else []),
-            ],
-            work / "extproc.log",
-            cwd=ROOT,
-        )
-        envoy = None
-        try:
-            wait_listening(extproc_port, extproc)
-            envoy_config = render_config(
-                listen_port=listen,
-                admin_port=admin,
-                extproc_port=extproc_port,
-                engines=fleet.endpoint_ids,
-                expose_upstream_host=True,  # the test reads which engine answered
-            )
-            envoy = start_envoy(envoy_config, work / "envoy", admin)
-            yield Gateway(url=f"http://127.0.0.1:{listen}", fleet=fleet, extproc=extproc, collector=collector)
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            extproc.stop()
-            if collector is not None:
-                collector.stop()
+        with start_gateway(
+            config_path,
+            fleet.endpoint_ids,
+            work,
+            embedded=embedded,
+            collector=not embedded,
+            extproc_args=["--log-level", "debug"],
+            expose_upstream_host=True,  # the test reads which engine answered
+        ) as stack:
+            yield Gateway(url=stack.url, fleet=fleet, extproc=stack.extproc, collector=stack.collector)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc.launch import embedded_gateway
+from envoy_extproc.launch import start_gateway
 from tests.test_litellm_e2e import Proxy
 
 pytestmark = pytest.mark.e2e
@@ -159,6 +159,6 @@ def test_itl_admission_through_envoy(fleet: SimFleet, smollm2_dir: Path, tmp_pat
     }
     path = tmp_path / "cognitora.yaml"
     path.write_text(yaml.safe_dump(config))
-    with embedded_gateway(path, fleet.endpoint_ids, tmp_path) as (url, _):
-        seen = asyncio.run(admission_while_a_stream_runs(Gateway(url, fleet.model, {})))
+    with start_gateway(path, fleet.endpoint_ids, tmp_path) as stack:
+        seen = asyncio.run(admission_while_a_stream_runs(Gateway(stack.url, fleet.model, {})))
     check(seen)

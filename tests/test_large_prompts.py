@@ -35,7 +35,7 @@ from cognitora.process import ManagedProcess
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc.launch import embedded_gateway
+from envoy_extproc.launch import start_gateway
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer, read_prompt
 from tests.bos_model import write_bos_model
@@ -443,10 +443,10 @@ def envoy_gateway(
     }
     config_path = work / "cognitora.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    with embedded_gateway(config_path, fleet.endpoint_ids, work) as (url, extproc):
-        yield EnvoyGateway(url, extproc, request.param)
+    with start_gateway(config_path, fleet.endpoint_ids, work) as stack:
+        yield EnvoyGateway(stack.url, stack.extproc, request.param)
     # A service whose loop is free answers SIGTERM at once (a stalled one did not, for the length of the stall).
-    assert extproc.proc.returncode == 0, extproc.log_tail()
+    assert stack.extproc.proc.returncode == 0, stack.extproc.log_tail()
 
 
 @pytest.mark.e2e
