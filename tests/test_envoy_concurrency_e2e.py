@@ -81,16 +81,7 @@ def test_more_concurrent_requests_than_envoys_default_breakers_all_get_placed(
     tmp_path: Path, smollm2_dir: Path
 ) -> None:
     with start_fleet(4, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path) as fleet:
-        config = {
-            "models": [
-                {
-                    "name": fleet.model,
-                    "block_size": 16,
-                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
-                    "endpoints": [{"url": url} for url in fleet.urls],
-                }
-            ],
-        }
+        config = {"models": [fleet.model_config(smollm2_dir / "tokenizer.json")]}
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
         with start_gateway(config_path, fleet.endpoint_ids, tmp_path) as stack:

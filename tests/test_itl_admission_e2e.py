@@ -146,14 +146,7 @@ def test_itl_admission_through_litellm(fleet: SimFleet, smollm2_dir: Path, tmp_p
 
 def test_itl_admission_through_envoy(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path) -> None:
     config = {
-        "models": [
-            {
-                "name": fleet.model,
-                "block_size": 16,
-                "tokenizer": str(smollm2_dir / "tokenizer.json"),
-                "endpoints": [{"url": url} for url in fleet.urls],
-            }
-        ],
+        "models": [fleet.model_config(smollm2_dir / "tokenizer.json")],
         "scrape": SCRAPE,
         "placement": {"priorities": PRIORITIES},
     }

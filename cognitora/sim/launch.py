@@ -49,6 +49,15 @@ class SimFleet:
         self.replay_addresses = [f"tcp://127.0.0.1:{events_base_port + 2 * i + 1}" for i in range(n)]
         self.topics = [topic_for("127.0.0.1", p, model) for p in self.ports]
 
+    def model_config(self, tokenizer: Path, block_size: int = 16) -> dict[str, object]:
+        """This fleet as one ``models[]`` entry of a ``cognitora.yaml``: its model, the tokenizer, every engine."""
+        return {
+            "name": self.model,
+            "block_size": block_size,
+            "tokenizer": str(tokenizer),
+            "endpoints": [{"url": url} for url in self.urls],
+        }
+
     def fault(self, i: int, kind: str, factor: float | None = None) -> None:
         """Inject a fault into engine ``i``: crash | hang | slow (with factor) | clear_cache | restart | recover."""
         body: dict[str, object] = {"engine": i, "kind": kind}
