@@ -34,8 +34,8 @@ class RateEstimator:
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
-    The same window's mean inter-token latency, unsmoothed, is ``recent_itl_s``: what an ITL objective is held to
-    (``PriorityClass.itl_slo_s``), where an EWMA would lag a batch that fills up by several scrapes.
+    Its inverse, ``itl_s``, is the smoothed mean inter-token latency an ITL objective is held to
+    (``PriorityClass.itl_slo_s``).
 
     Service: the mean time a request holds a batch slot (scheduled to finished, queueing excluded), the W of
     Little's law that placement turns into a departure rate (``running / mean_service_s``). From the engine's own
@@ -60,13 +60,17 @@ class RateEstimator:
     per_request_prefill: float = 0.0
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
-    recent_itl_s: float = 0.0
     mean_service_s: float = 0.0
     _request_base: EngineLoad | None = field(default=None, repr=False)
     _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
     _decode_base: EngineLoad | None = field(default=None, repr=False)
     _service_base: EngineLoad | None = field(default=None, repr=False)
     _ceiling_base: EngineLoad | None = field(default=None, repr=False)
+
+    @property
+    def itl_s(self) -> float | None:
+        """The smoothed mean inter-token latency (s), the inverse of the decode speed; None until learned."""
+        return 1.0 / self.decode_tokens_per_s if self.decode_tokens_per_s > 0 else None
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -148,7 +152,6 @@ class RateEstimator:
             return False
         if count > 0 and seconds > 0:
             self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
-            self.recent_itl_s = seconds / count
         return True
 
     def _service_sample(self, old: EngineLoad, load: EngineLoad) -> bool:

@@ -95,9 +95,9 @@ class EndpointSnapshot:
     """Learned prefill throughput; 0 = not learned yet (placement then uses the configured default)."""
     decode_tokens_per_s: float = 0.0
     itl_s: float | None = None
-    """Mean inter-token latency (s, engine clock) over the scraper's latest decode window, unsmoothed: how long a
-    decode step takes now, prefill chunks sharing it included (``RateEstimator.recent_itl_s``). None until the
-    engine has decoded ``min_decode_tokens`` since the scraper started."""
+    """Mean inter-token latency (s, engine clock) the scraper learned, smoothed like the decode speed it inverts:
+    how long a decode step takes lately, prefill chunks sharing it included (``RateEstimator.itl_s``). None until
+    the engine has decoded ``min_decode_tokens`` since the scraper started."""
     power_watts: float = 0.0
     energy_joules: float = 0.0
     """Cumulative energy counter, as the engine's power meter reports it."""
