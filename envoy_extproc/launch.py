@@ -148,6 +148,8 @@ class GatewayStack:
     url: str
     extproc: ManagedProcess
     collector: ManagedProcess | None = None
+    admin_url: str = ""
+    """Envoy's admin interface (``/stats``, ``/clusters``)."""
 
 
 @contextmanager
@@ -185,7 +187,7 @@ def start_gateway(
             listen_port=listen, admin_port=admin, extproc_port=port, engines=engines, **envoy_options
         )
         envoy = start_envoy(rendered, workdir / "envoy", admin)
-        yield GatewayStack(f"http://127.0.0.1:{listen}", extproc, beside)
+        yield GatewayStack(f"http://127.0.0.1:{listen}", extproc, beside, f"http://127.0.0.1:{admin}")
     finally:
         if envoy is not None:
             envoy.stop()

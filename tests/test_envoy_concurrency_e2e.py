@@ -77,6 +77,19 @@ async def hold_streams(url: str, model: str, n: int) -> tuple[Counter[int], str]
     return answered, refusals[0] if refusals else ""
 
 
+def breaker_overflows(admin_url: str) -> dict[str, int]:
+    """The ext_proc cluster's circuit-breaker overflow counters that are not 0, from Envoy's admin ``/stats``."""
+    text = httpx.get(
+        f"{admin_url}/stats", params={"filter": r"cluster\.cognitora_extproc\..*overflow"}, timeout=10
+    ).text
+    counts = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(": ")
+        if value.strip().isdigit() and int(value) > 0:
+            counts[name] = int(value)
+    return counts
+
+
 def test_more_concurrent_requests_than_envoys_default_breakers_all_get_placed(
     tmp_path: Path, smollm2_dir: Path
 ) -> None:
@@ -87,7 +100,10 @@ def test_more_concurrent_requests_than_envoys_default_breakers_all_get_placed(
         with start_gateway(config_path, fleet.endpoint_ids, tmp_path) as stack:
             started = time.monotonic()
             statuses, refusal = asyncio.run(hold_streams(stack.url, fleet.model, CONCURRENT))
-            assert statuses == Counter({200: CONCURRENT}), (
-                f"{dict(statuses)} after {time.monotonic() - started:.0f} s; first refusal: {refusal}; "
-                f"extproc log tail:\n{stack.extproc.log_tail(20)}"
-            )
+            overflows = breaker_overflows(stack.admin_url)
+            seen = f"{dict(statuses)} after {time.monotonic() - started:.0f} s; first refusal: {refusal}"
+            # The breakers never refused a stream: with Envoy's defaults, 76 overflowed here.
+            assert overflows == {}, f"{overflows}; {seen}"
+            # A few streams may still fail closed on a starved CI machine: the ext_proc message_timeout (2 s) is
+            # a separate limit, and a CI run saw 9 of 1,100 pass it. Without the fix, 76 at least are refused.
+            assert statuses[200] >= CONCURRENT - 22, f"{seen}; extproc log tail:\n{stack.extproc.log_tail(20)}"
