@@ -34,8 +34,8 @@ class RateEstimator:
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
-    Its inverse, ``itl_s``, is the smoothed mean inter-token latency an ITL objective is held to
-    (``PriorityClass.itl_slo_s``).
+    Its inverse (``EndpointSnapshot.itl_s``) is the smoothed mean inter-token latency an ITL objective is held
+    to (``PriorityClass.itl_slo_s``).
 
     Service: the mean time a request holds a batch slot (scheduled to finished, queueing excluded), the W of
     Little's law that placement turns into a departure rate (``running / mean_service_s``). From the engine's own
@@ -66,11 +66,6 @@ class RateEstimator:
     _decode_base: EngineLoad | None = field(default=None, repr=False)
     _service_base: EngineLoad | None = field(default=None, repr=False)
     _ceiling_base: EngineLoad | None = field(default=None, repr=False)
-
-    @property
-    def itl_s(self) -> float | None:
-        """The smoothed mean inter-token latency (s), the inverse of the decode speed; None until learned."""
-        return 1.0 / self.decode_tokens_per_s if self.decode_tokens_per_s > 0 else None
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -359,7 +359,6 @@ class Scraper:
             kv_usage=min(max(load.kv_usage or 0.0, 0.0), 1.0),
             prefill_tokens_per_s=endpoint.estimator.prefill_tokens_per_s,
             decode_tokens_per_s=endpoint.estimator.decode_tokens_per_s,
-            itl_s=endpoint.estimator.itl_s,
             power_watts=watts or 0.0,
             energy_joules=joules or 0.0,
             block_size=load.block_size or spec.default_block_size or 0,

@@ -94,10 +94,6 @@ class EndpointSnapshot:
     prefill_tokens_per_s: float = 0.0
     """Learned prefill throughput; 0 = not learned yet (placement then uses the configured default)."""
     decode_tokens_per_s: float = 0.0
-    itl_s: float | None = None
-    """Mean inter-token latency (s, engine clock) the scraper learned, smoothed like the decode speed it inverts:
-    how long a decode step takes lately, prefill chunks sharing it included (``RateEstimator.itl_s``). None until
-    the engine has decoded ``min_decode_tokens`` since the scraper started."""
     power_watts: float = 0.0
     energy_joules: float = 0.0
     """Cumulative energy counter, as the engine's power meter reports it."""
@@ -119,6 +115,12 @@ class EndpointSnapshot:
     prefix_cache_queries_total: float | None = None
     requests_finished_total: float | None = None
     """Finished requests, every finish reason (vLLM ``vllm:request_success``)."""
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency (s, engine clock): the inverse of the learned, smoothed decode speed, so how long
+        a decode step takes lately, prefill chunks sharing it included. None until the speed is learned."""
+        return 1.0 / self.decode_tokens_per_s if self.decode_tokens_per_s > 0 else None
 
 
 @dataclass(frozen=True)

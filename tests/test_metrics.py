@@ -74,7 +74,9 @@ async def test_a_gateway_page_counts_what_its_router_did() -> None:
     config = make_config()
     store = MemoryStore()
     router = Router(config, store)
-    await store.put_snapshot(snap(A, 100.0, running=3, waiting=1, kv_usage=0.25, power_watts=300.0, itl_s=0.04))
+    await store.put_snapshot(
+        snap(A, 100.0, running=3, waiting=1, kv_usage=0.25, power_watts=300.0, decode_tokens_per_s=25.0)
+    )
     for i in range(5):
         _, attempt = await router.admit(RouteRequest(model="m", prompt=f"question {i} " * 20))
         assert attempt is not None

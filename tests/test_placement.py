@@ -836,7 +836,10 @@ def test_an_itl_slo_moves_a_request_off_an_engine_whose_decode_step_is_too_slow(
     state = FleetState(
         NOW,
         matches={A: cached(4000)},
-        snapshots={A: snap(A, running=10, itl_s=0.120), B: snap(B, running=5, itl_s=0.030)},
+        snapshots={
+            A: snap(A, running=10, decode_tokens_per_s=1 / 0.120),
+            B: snap(B, running=5, decode_tokens_per_s=1 / 0.030),
+        },
     )
     request = RouteRequest(model="m", prompt="x")
     assert place(request, prompt(4096), DEFAULT_FLEET, state).endpoint == A  # no ITL objective: the cache wins
@@ -851,7 +854,10 @@ def test_an_itl_slo_moves_a_request_off_an_engine_whose_decode_step_is_too_slow(
 
 def test_the_itl_prediction_counts_the_context_sent_since_the_measurement() -> None:
     # A measured 90 ms; 300k tokens of context sent there since then add ~14 ms to each of its steps.
-    snaps = {A: snap(A, running=10, itl_s=0.090), B: snap(B, running=5, itl_s=0.095)}
+    snaps = {
+        A: snap(A, running=10, decode_tokens_per_s=1 / 0.090),
+        B: snap(B, running=5, decode_tokens_per_s=1 / 0.095),
+    }
     request = RouteRequest(model="m", prompt="x")
     calm = FleetState(NOW, matches={A: cached(4000)}, snapshots=snaps)
     assert place(request, prompt(4096), ITL_SLO, calm).endpoint == A
@@ -861,7 +867,9 @@ def test_the_itl_prediction_counts_the_context_sent_since_the_measurement() -> N
 
 def test_an_idle_or_unmeasured_engine_meets_any_itl_slo() -> None:
     # A's last busy window measured 500 ms, but nothing runs there now; B has never decoded.
-    state = FleetState(NOW, matches={A: cached(4000)}, snapshots={A: snap(A, running=0, itl_s=0.5), B: snap(B)})
+    state = FleetState(
+        NOW, matches={A: cached(4000)}, snapshots={A: snap(A, running=0, decode_tokens_per_s=1 / 0.5), B: snap(B)}
+    )
     decision = place(RouteRequest(model="m", prompt="x"), prompt(4096), ITL_SLO, state)
     assert decision.endpoint == A and not decision.saturated
     assert all(c.predicted_itl_s is None for c in decision.candidates)
@@ -871,7 +879,10 @@ def test_over_the_itl_slo_everywhere_a_sheddable_class_is_refused_and_others_pla
     state = FleetState(
         NOW,
         matches={A: cached(4000)},
-        snapshots={A: snap(A, running=40, itl_s=0.150), B: snap(B, running=30, itl_s=0.120)},
+        snapshots={
+            A: snap(A, running=40, decode_tokens_per_s=1 / 0.150),
+            B: snap(B, running=30, decode_tokens_per_s=1 / 0.120),
+        },
     )
     shed = place(RouteRequest(model="m", prompt="x", priority="batch"), prompt(4096), ITL_SLO, state)
     assert shed.rejection is not None and shed.rejection.status == 429 and shed.saturated

@@ -212,14 +212,14 @@ def test_itl_is_the_smoothed_inverse_of_the_decode_speed() -> None:
     """One slow window (a step that carried a long prefill chunk) moves it part of the way, not all of it: an ITL
     objective is about a stream's whole life, and a raw window refused 45% of B2B SaaS's 15 rps stage."""
     est = RateEstimator(min_decode_tokens=64)
-    assert est.itl_s is None
+    assert est.decode_tokens_per_s == 0.0  # no ITL yet
     est.observe(EngineLoad(itl_seconds_sum=0.0, itl_count=0.0, generation_tokens_total=0.0), 0.0)
     est.observe(EngineLoad(itl_seconds_sum=2.0, itl_count=100.0, generation_tokens_total=100.0), 1.0)
-    assert est.itl_s == pytest.approx(0.020)
+    assert 1 / est.decode_tokens_per_s == pytest.approx(0.020)
     est.observe(EngineLoad(itl_seconds_sum=2.4, itl_count=110.0, generation_tokens_total=110.0), 2.0)
-    assert est.itl_s == pytest.approx(0.020)  # 10 tokens: the window stays open
+    assert 1 / est.decode_tokens_per_s == pytest.approx(0.020)  # 10 tokens: the window stays open
     est.observe(EngineLoad(itl_seconds_sum=14.0, itl_count=200.0, generation_tokens_total=200.0), 3.0)
-    assert 0.020 < est.itl_s < 0.040  # the window's own mean was 0.13 s
+    assert 0.020 < 1 / est.decode_tokens_per_s < 0.040  # the window's own mean was 0.13 s
 
 
 async def test_sglang_prefill_rate_excludes_cached_tokens(sglang_engine: FakeEngine) -> None:

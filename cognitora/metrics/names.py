@@ -379,8 +379,8 @@ SPECS: tuple[MetricSpec, ...] = (
         G,
         E,
         F,
-        "Mean inter-token latency over the engine's latest decode window (engine seconds): what a priority class's "
-        "itl_slo_s is held to. Absent until measured.",
+        "Mean inter-token latency learned from the engine's counters (engine seconds, smoothed; the inverse of the "
+        "decode throughput): what a priority class's itl_slo_s is held to. Absent until learned.",
     ),
     _m(
         "cognitora_endpoint_power_watts",
