@@ -32,6 +32,18 @@ class RateEstimator:
 
     Each is smoothed by an EWMA (``alpha``); the estimate is the larger of the two (the tighter lower bound).
 
+    Long prompts: a prefill takes at least one scheduler step, and a step has a floor (the weights are streamed
+    once per step, plus launch overhead: ~15 ms for a 32B model on two H100s). A 50-token prompt then "prefills" at
+    ~3k tokens/s on an engine that prefills 13k/s, so an engine that happened to serve short prompts is learned
+    several times slower than its twin serving long ones, is never offered a long prompt, and never learns
+    otherwise (on the Mooncake trace 3 of 8 identical engines were learned at ~3.4k against ~9k, and drew a
+    seventh of the others' prompt tokens). So the per-request windows whose requests prefilled at least
+    ``long_prompt_tokens`` uncached tokens each, on average, also feed a second EWMA, ``long_prompt_prefill``
+    (the finished-request ceiling likewise, over finished prompts that long). Once it has a sample it is the
+    engine's per-request rate; until then the all-windows rate is, and ``prefill_rate_from_short_prompts`` says
+    so: placement then prices the engine like its hardware class's engines that were measured on long prompts
+    (``cognitora.placement.rate_pooling``).
+
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
     Its inverse (``EndpointSnapshot.itl_s``) is the smoothed mean inter-token latency an ITL objective is held
@@ -57,7 +69,10 @@ class RateEstimator:
     throughput_window_s: float = 10.0
     min_decode_tokens: float = 64.0
     min_service_requests: float = 4.0
+    long_prompt_tokens: float = 2048.0
+    """Uncached prompt tokens per request (window mean) from which a window measures the long-prompt rate."""
     per_request_prefill: float = 0.0
+    long_prompt_prefill: float = 0.0
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
     mean_service_s: float = 0.0
@@ -69,7 +84,12 @@ class RateEstimator:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return max(self.per_request_prefill, self.throughput_prefill)
+        return max(self.long_prompt_prefill or self.per_request_prefill, self.throughput_prefill)
+
+    @property
+    def prefill_rate_from_short_prompts(self) -> bool:
+        """A rate is learned, but no window of long prompts measured it yet: it is mostly the step's floor."""
+        return self.long_prompt_prefill <= 0 and self.prefill_tokens_per_s > 0
 
     def restart_windows(self) -> None:
         self._request_base = None
@@ -112,6 +132,9 @@ class RateEstimator:
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
+            requests = delta(old.ttft_count, load.ttft_count)
+            if requests is not None and requests > 0 and tokens / requests >= self.long_prompt_tokens:
+                self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
         return True
 
     def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
@@ -124,6 +147,10 @@ class RateEstimator:
             # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
             # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
             self.per_request_prefill = ceiling
+        finished = delta(old.finish_count, load.finish_count) or 0.0
+        prompt = delta(old.finished_prompt_tokens_sum, load.finished_prompt_tokens_sum) or 0.0
+        if 0 < ceiling < self.long_prompt_prefill and finished > 0 and prompt / finished >= self.long_prompt_tokens:
+            self.long_prompt_prefill = ceiling
         return True
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
