@@ -392,11 +392,10 @@ class TtftFeedbackConfig(_Strict):
     min_samples: int = Field(default=3, ge=1)
     """Samples an endpoint needs before its factor is applied."""
     relative: bool = True
-    """Apply each endpoint's factor divided by the median factor of the model's endpoints that have one: what is
-    corrected is how much more (or less) an endpoint is off than its peers. A bias the whole fleet shares (the
-    gateway's own network time, a clock that runs at another rate, as the time-scaled simulator's) then moves no
-    prediction, so it shifts neither the SLO verdicts nor the balance against the ranking charges. False: the
-    absolute factor is applied."""
+    """Apply how much more (or less) an endpoint is off than its peers on predictions of the same size (its factor
+    against the median of theirs, per power of two of the prediction): a bias the whole fleet shares (the gateway's
+    own network time, a clock that runs at another rate, as the time-scaled simulator's) then moves no prediction,
+    nor does an error the model makes on one size of request. False: the endpoint's absolute factor is applied."""
 
 
 class CostModelConfig(_Strict):

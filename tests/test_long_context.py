@@ -256,6 +256,26 @@ def test_feedback_factor_is_learned_bounded_and_decays() -> None:
     assert fb.factor(B, NOW) == 1.0
 
 
+def test_feedback_compares_endpoints_on_predictions_of_the_same_size() -> None:
+    # The model over-predicts long prompts (achieved 0.7x of an 8 s prediction) and is right on short ones. A, B
+    # and C are identical. A drew mostly long prompts, so over all its samples it looks early (its absolute factor
+    # is below its peers'); against its peers on the same sizes it is not, and no relative factor is applied. D is
+    # 1.5x slower than the others at every size: it alone gets a factor.
+    fb = TtftFeedback(TtftFeedbackConfig(alpha=0.3, max_factor=2.0, floor_s=0.0, half_life_s=600.0, min_samples=3))
+    for i in range(20):
+        t = NOW + i
+        for e, slow in ((A, 1.0), (B, 1.0), (C, 1.0), (D, 1.5)):
+            longs = 4 if e == A else 1
+            for _ in range(longs):
+                fb.observe(e, 8.0, 8.0 * 0.7 * slow, t)
+            for _ in range(5 - longs):
+                fb.observe(e, 0.5, 0.5 * slow, t)
+    assert fb.factor(A, NOW + 20) < fb.factor(B, NOW + 20) / 1.15  # absolute: A looks early over all its samples
+    relative = fb.factors([A, B, C, D], NOW + 20)
+    assert all(relative.get(e, 1.0) == pytest.approx(1.0, abs=0.01) for e in (A, B, C)), relative
+    assert relative[D] == pytest.approx(1.5, rel=0.05)
+
+
 def test_feedback_ignores_what_cannot_be_a_measurement() -> None:
     fb = TtftFeedback(TtftFeedbackConfig(min_samples=1))
     for bad in (float("nan"), float("inf"), -1.0):
@@ -321,8 +341,9 @@ async def test_an_endpoint_slower_than_its_peers_is_corrected_and_exported() -> 
     assert 1.7 < learned[A] <= 2.0 and learned[B] == pytest.approx(1.0, abs=0.01)
     again = await router.place(RouteRequest(model="m", prompt=list(range(100_001, 108_001)), request_id="next"))
     slow, fresh = score(again, A), score(again, B)
-    # Relative to the peers' median (here the mean of two), decayed a little since (half-life 120 s).
-    median = (learned[A] + learned[B]) / 2
+    # Relative to the peers' median on predictions of the same size (here the geometric mean of the two: the median
+    # is taken over log factors), decayed a little since (half-life 120 s).
+    median = (learned[A] * learned[B]) ** 0.5
     assert slow.ttft_bias_factor == pytest.approx(learned[A] / median, rel=0.05)
     assert fresh.ttft_bias_factor == pytest.approx(learned[B] / median, rel=0.05)
     assert slow.predicted_ttft_s / fresh.predicted_ttft_s == pytest.approx(
