@@ -4,6 +4,7 @@ Router's own state; the end-to-end tests run both gateways against a real cloud 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from cognitora.metrics.exporter import Exporter
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
+from kvstate.store import EndpointSnapshot
 
 A = "127.0.0.1:8001"
 MODEL = "smollm2"
@@ -30,7 +32,9 @@ class Clock:
         return self.now
 
 
-def make_config(prefill_tokens_per_s: float = 10.0, **burst: Any) -> CognitoraConfig:
+def make_config(
+    prefill_tokens_per_s: float = 10.0, classes: dict[str, Any] | None = None, **burst: Any
+) -> CognitoraConfig:
     """One engine so slow (10 tokens/s) that any prompt misses a 2 s SLO: every decision is saturated."""
     settings: dict[str, Any] = {
         "targets": [
@@ -52,7 +56,11 @@ def make_config(prefill_tokens_per_s: float = 10.0, **burst: Any) -> CognitoraCo
         {
             "placement": {
                 "store_timeout_s": 5.0,
-                "priorities": {"default": {"ttft_slo_s": 2.0}, "batch": {"ttft_slo_s": 2.0, "sheddable": True}},
+                "priorities": {
+                    "default": {"ttft_slo_s": 2.0},
+                    "batch": {"ttft_slo_s": 2.0, "sheddable": True},
+                    **(classes or {}),
+                },
             },
             "models": [
                 {"name": MODEL, "endpoints": [{"url": f"http://{A}", "prefill_tokens_per_s": prefill_tokens_per_s}]}
@@ -77,18 +85,18 @@ def router_for(config: CognitoraConfig) -> tuple[Router, Clock]:
 
 
 def test_enters_at_once_stays_above_the_exit_threshold_and_leaves_after_the_dwell() -> None:
+    # The input is the best local endpoint's load ratio: its predicted TTFT (or ITL) over the class's SLO.
     d = SaturationDetector(enter_ratio=1.0, exit_ratio=0.5, min_dwell_s=5.0)
-    slo = 2.0
-    assert not d.observe("m", "c", 1.9, slo, 0.0).burst  # under the SLO: local
-    assert d.observe("m", "c", 2.1, slo, 1.0).burst  # over it: burst at once
-    assert d.observe("m", "c", 1.5, slo, 2.0).burst  # in burst, over the exit threshold (1 s): still out
-    calm = d.observe("m", "c", 0.9, slo, 3.0)
+    assert not d.observe("m", "c", 0.95, 0.0).burst  # under the SLO: local
+    assert d.observe("m", "c", 1.05, 1.0).burst  # over it: burst at once
+    assert d.observe("m", "c", 0.75, 2.0).burst  # in burst, over the exit threshold (half the SLO): still out
+    calm = d.observe("m", "c", 0.45, 3.0)
     assert not calm.burst and calm.bursting  # local, but the class stays in burst during the dwell
-    assert d.observe("m", "c", 1.2, slo, 4.0).burst  # back over the exit threshold: out again, the dwell restarts
-    assert d.observe("m", "c", 0.9, slo, 5.0).bursting
-    left = d.observe("m", "c", 0.9, slo, 10.5)
+    assert d.observe("m", "c", 0.6, 4.0).burst  # back over the exit threshold: out again, the dwell restarts
+    assert d.observe("m", "c", 0.45, 5.0).bursting
+    left = d.observe("m", "c", 0.45, 10.5)
     assert not left.burst and not left.bursting  # calm for 5.5 s: left
-    assert not d.observe("m", "c", 1.9, slo, 11.0).burst  # out of burst, the enter threshold applies again
+    assert not d.observe("m", "c", 0.95, 11.0).burst  # out of burst, the enter threshold applies again
 
 
 def test_the_exit_threshold_may_not_exceed_the_enter_one() -> None:
@@ -120,6 +128,27 @@ async def test_a_saturated_request_of_an_allowed_team_bursts_and_says_why() -> N
     assert "burst to cloud target cloud as model big-model" in decision.explain()
     assert router.recent_decisions()[-1] is decision  # explain and the decision log show the burst
     assert router.burst.decisions == {(MODEL, "default", "cloud", "saturated"): 1}
+
+
+async def test_a_class_over_its_itl_objective_bursts_instead_of_429_and_says_why() -> None:
+    # A fast engine (TTFT far under the class's SLO) whose measured decode step (100 ms: 10 tokens/s a sequence,
+    # 4 running) is over the class's 50 ms ITL objective. Without burst the class is refused with 429; with it the
+    # request goes to the cloud, under its own reason.
+    streaming = {"streaming": {"ttft_slo_s": 60.0, "itl_slo_s": 0.05, "sheddable": True}}
+    config = make_config(prefill_tokens_per_s=1e6, classes=streaming, priorities=["streaming"])
+    router, _ = router_for(config)
+    await router.store.put_snapshot(EndpointSnapshot(A, last_seen=time.time(), running=4, decode_tokens_per_s=10.0))
+    decision, attempt = await router.admit(request(priority="streaming"))
+    assert decision.cloud is not None and attempt is not None, decision.reason
+    assert decision.reason.startswith(
+        "burst to cloud: itl_saturated: best local predicted inter-token latency 100 ms over the burst threshold "
+        "50 ms (class 'streaming', ITL SLO 50 ms)"
+    ), decision.reason
+    assert router.burst.decisions == {(MODEL, "streaming", "cloud", "itl_saturated"): 1}
+    # A team that may not burst gets what the class gets without burst: 429 and the ITL in the message.
+    local, _ = await router.admit(request(team="ops", priority="streaming"))
+    assert local.rejection is not None and local.rejection.status == 429
+    assert "best predicted inter-token latency 100 ms" in local.rejection.message
 
 
 async def test_by_default_nothing_bursts() -> None:

@@ -30,6 +30,7 @@ from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from envoy_extproc.launch import start_gateway
+from tests.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
 
 pytestmark = pytest.mark.e2e
 
@@ -42,12 +43,15 @@ HOLD_OFF_S = 1.0
 LAST_FAILURE = [0.0]
 
 
-def jwt(team: str) -> str:
+def jwt(team: str, priority: str | None = None) -> str:
     def b64(data: bytes) -> str:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
+    claims: dict[str, Any] = {"iss": "cognitora-example", "exp": int(time.time()) + 3600, "team": team}
+    if priority is not None:
+        claims["priority"] = priority  # signed by the issuer: the client cannot choose its class
     head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
-    body = b64(json.dumps({"iss": "cognitora-example", "exp": int(time.time()) + 3600, "team": team}).encode())
+    body = b64(json.dumps(claims).encode())
     signature = hmac.new(JWT_SECRET, f"{head}.{body}".encode(), hashlib.sha256).digest()
     return f"{head}.{body}.{b64(signature)}"
 
@@ -57,8 +61,8 @@ class Stack:
         self.fleet, self.cloud, self.url, self.metrics_url = fleet, cloud, url, metrics_url
         self.cloud_marks = frozenset({f"127.0.0.1:{cloud.port}"})  # the address Envoy reached
 
-    def headers(self, team: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {jwt(team)}"}
+    def headers(self, team: str, priority: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {jwt(team, priority)}"}
 
     def idle(self) -> None:
         def quiet() -> bool:
@@ -109,7 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
                 }
             ],
             "scrape": {"interval_s": 1.0, "timeout_s": 1.0},
-            "placement": {"priorities": {"default": {"ttft_slo_s": SLO_S}}},
+            "placement": {"priorities": {"default": {"ttft_slo_s": SLO_S}, "streaming": STREAMING_CLASS}},
             "burst": {
                 "targets": [
                     {
@@ -123,7 +127,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
                     }
                 ],
                 "teams": ["research"],
-                "priorities": ["default"],
+                "priorities": ["default", "streaming"],
                 # Margins below the SLO: the predictor underestimates a queue that builds on a loaded machine (in one
                 # CI run, entering only at 1.0 x SLO let 3 of 10 local requests wait 4 s).
                 "enter_ratio": 0.7,
@@ -209,3 +213,22 @@ def test_a_cloud_answering_429_or_down_is_retried_locally(stack: Stack, failure:
     assert not [a for a in answers if a.cloud(stack.cloud_marks)]
     key = f'sim_cloud_requests_total{{status="{"429" if failure == "rate_limited" else "503"}"}}'
     assert stack.cloud.metrics().get(key, 0) > before.get(key, 0), "the cloud was never tried: this proves nothing"
+
+
+def test_a_streaming_class_over_its_itl_objective_bursts_instead_of_429(stack: Stack) -> None:
+    # While a stream of a team that may not burst decodes locally, the engine's decode step (measured by the
+    # service's collector) is over the streaming class's ITL objective (the class from the JWT's signed claim):
+    # its requests go to the cloud, under the cloud's model name, not a 429.
+    stack.idle()
+    seen = asyncio.run(
+        burst_while_a_stream_decodes(
+            stack.url,
+            stack.fleet.model,
+            stack.headers("ops"),
+            stack.headers("research", priority="streaming"),
+            stack.cloud_marks,
+        )
+    )
+    assert seen.burst.model_field == CLOUD_MODEL
+    page = httpx.get(stack.metrics_url, timeout=10).text
+    assert 'priority="streaming",reason="itl_saturated",target="sim-cloud"}' in page, page[-2000:]

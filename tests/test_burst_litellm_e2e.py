@@ -25,6 +25,7 @@ from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
+from tests.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +41,7 @@ HOLD_OFF_S = 1.0
 LAST_FAILURE = [0.0]
 BURST_KEY = "sk-team-research"
 LOCAL_KEY = "sk-team-ops"
+STREAMING_KEY = "sk-team-research-streaming"
 
 # A static key -> team map stands in for LiteLLM's virtual keys (no database here).
 AUTH_MODULE = f"""
@@ -55,6 +57,8 @@ async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
         return UserAPIKeyAuth(api_key=key, team_id="research")
     if key == "{LOCAL_KEY}":
         return UserAPIKeyAuth(api_key=key, team_id="ops")
+    if key == "{STREAMING_KEY}":  # the admin set the key's class: the client cannot
+        return UserAPIKeyAuth(api_key=key, team_id="research", metadata={{"cognitora_priority": "streaming"}})
     raise HTTPException(status_code=401, detail="unknown key")
 """
 
@@ -108,6 +112,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         args["models"][0]["tokenizer"] = str(smollm2_dir / "tokenizer.json")
         args["scrape"] = {"interval_s": 1.0, "timeout_s": 1.0}
         args["burst"]["unhealthy_s"] = HOLD_OFF_S
+        args["placement"]["priorities"]["streaming"] = STREAMING_CLASS
         (tmp / "burst_auth.py").write_text(AUTH_MODULE)
         config["general_settings"]["custom_auth"] = "burst_auth.user_api_key_auth"
         path = tmp / "litellm_burst.yaml"
@@ -207,3 +212,19 @@ def test_a_cloud_answering_429_or_down_means_local_answers(stack: Stack, failure
     after = stack.cloud.metrics()
     key = f'sim_cloud_requests_total{{status="{status}"}}'
     assert after.get(key, 0) > before.get(key, 0), "the cloud was never tried: this test proves nothing"
+
+
+def test_a_streaming_class_over_its_itl_objective_bursts_instead_of_429(stack: Stack) -> None:
+    # While a stream of a team that may not burst decodes locally, the engine's decode step (measured by the
+    # proxy's collector) is over the streaming class's ITL objective: its requests go to the cloud, not a 429.
+    stack.idle()
+    before = stack.metrics()
+    seen = asyncio.run(
+        burst_while_a_stream_decodes(
+            stack.url, "chat", stack.headers(LOCAL_KEY), stack.headers(STREAMING_KEY), stack.cloud_marks
+        )
+    )
+    assert seen.burst.ttft_s is not None  # the cloud streamed an answer
+    page = stack.metrics()
+    counted = 'cognitora_burst_decisions_total{model="chat",priority="streaming",reason="itl_saturated",'
+    assert counted in page and counted not in before, page[-2000:]

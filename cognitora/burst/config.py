@@ -69,13 +69,15 @@ class BurstConfig(_Strict):
     priorities: list[str] = Field(default_factory=list)
     """Priority classes (``placement.priorities``) that may burst. Empty (the default): none."""
     enter_ratio: float = Field(default=1.0, gt=0)
-    """A (model, class) enters burst when the best local predicted TTFT exceeds ``enter_ratio`` x the class's SLO."""
+    """A (model, class) enters burst when the best local endpoint's predicted TTFT exceeds ``enter_ratio`` x the
+    class's SLO, or, for a class with ``itl_slo_s``, its predicted inter-token latency exceeds ``enter_ratio`` x
+    that."""
     exit_ratio: float = Field(default=0.8, gt=0)
-    """While in burst, a request still goes to the cloud when the best local predicted TTFT exceeds ``exit_ratio``
-    x the SLO; the (model, class) leaves burst when a decision's best local TTFT is below it. Lower than
-    ``enter_ratio``: the hysteresis that keeps a fleet at the edge from flapping."""
+    """While in burst, a request still goes to the cloud when the best local endpoint is over ``exit_ratio`` x its
+    objectives (as for ``enter_ratio``); the (model, class) leaves burst when a decision's best local endpoint is
+    under it. Lower than ``enter_ratio``: the hysteresis that keeps a fleet at the edge from flapping."""
     min_dwell_s: float = Field(default=5.0, ge=0)
-    """A (model, class) leaves burst only after every decision for this long had its best local TTFT under the
+    """A (model, class) leaves burst only after every decision for this long had its best local endpoint under the
     exit threshold. Entering is immediate."""
     team_spend_limit_usd: dict[str, float] = Field(default_factory=dict)
     """Cloud spend (USD) per team after which its requests stop bursting (``"*"``: the limit of every team not

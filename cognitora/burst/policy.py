@@ -4,8 +4,9 @@
 the local decision's candidates (the best local predicted TTFT), feeds the class's hysteresis
 (``saturation``), and bursts only when every rule allows it:
 
-- the class is in burst and this request's best local TTFT is over the threshold (or no local endpoint is
-  eligible at all);
+- the class is in burst and this request's best local endpoint is over the threshold: its predicted TTFT against
+  the class's TTFT SLO or, when the class sets ``itl_slo_s``, its predicted inter-token latency against that,
+  whichever is further (``LocalLoad``), or no local endpoint is eligible at all;
 - its team (from the gateway's authentication) is in ``burst.teams`` and its class in ``burst.priorities``;
 - a target serves the model, has room (``max_concurrency``), has not answered 429 with a Retry-After still
   running and is not unreachable (``cloud_state``);
@@ -22,7 +23,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cognitora.attempt import Outcome
@@ -32,8 +33,8 @@ from cognitora.burst.config import ANY_TEAM, BurstConfig, CloudTargetConfig
 from cognitora.burst.ledger_spend import LedgerSpend
 from cognitora.burst.saturation import SaturationDetector
 from cognitora.burst.spend import CloudSpend, InProcessSpend, SpendGate
-from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig
-from cognitora.decision import CloudPick, Decision
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, PriorityClass
+from cognitora.decision import CandidateScore, CloudPick, Decision
 from cognitora.request import RouteRequest
 
 CLOUD_ENDPOINT_PREFIX = "cloud:"
@@ -48,6 +49,8 @@ class BurstReason(StrEnum):
 
     SATURATED = "saturated"
     """The best local predicted TTFT missed the class's burst threshold (``enter_ratio``/``exit_ratio`` x SLO)."""
+    ITL_SATURATED = "itl_saturated"
+    """The best local predicted inter-token latency missed the burst threshold of the class's ITL SLO."""
     NO_LOCAL_ENDPOINT = "no_local_endpoint"
     """No local endpoint was eligible (all unhealthy or full)."""
 
@@ -111,19 +114,13 @@ class BurstPolicy:
         model = self.config.model(req.model)
         if pclass is None or model is None or priority not in self.settings.priorities:
             return decision
-        best = _best_local_ttft(decision)
+        best = best_local_load(decision, pclass)
         if best is None:
             return decision  # refused for a reason of its own (bad prompt, unknown model): not the fleet's load
-        verdict = self.detector.observe(model.name, priority, best, pclass.ttft_slo_s, self._clock())
+        verdict = self.detector.observe(model.name, priority, best.ratio, self._clock())
         if not verdict.burst:
             return decision
-        why = BurstReason.NO_LOCAL_ENDPOINT if math.isinf(best) else BurstReason.SATURATED
-        detail = (
-            "no local endpoint is eligible"
-            if why is BurstReason.NO_LOCAL_ENDPOINT
-            else f"best local predicted TTFT {best:.2f} s over the burst threshold {verdict.threshold_s:.2f} s "
-            f"(class {priority!r}, SLO {pclass.ttft_slo_s:g} s)"
-        )
+        why, detail = best.why(priority, pclass, verdict.threshold)
         target, denied = self._target_for(req, decision, group)
         if target is None:
             assert denied is not None
@@ -253,17 +250,54 @@ class BurstPolicy:
                 self._failed_groups.popitem(last=False)
 
 
-def _best_local_ttft(decision: Decision) -> float | None:
-    """The best local predicted TTFT of ``decision``: ``inf`` when every local endpoint was excluded; None when
+@dataclass(frozen=True)
+class LocalLoad:
+    """How far the best local endpoint is from a request's class objectives."""
+
+    ratio: float
+    """Its predicted TTFT over the TTFT SLO, or its predicted ITL over the ITL SLO when the class sets one and that
+    is larger; ``inf`` when no local endpoint is eligible."""
+    ttft_s: float
+    itl_s: float | None = None
+    """Its predicted inter-token latency, when the ITL objective is the one that sets ``ratio``."""
+
+    def why(self, priority: str, pclass: PriorityClass, threshold: float) -> tuple[BurstReason, str]:
+        """The burst reason and the explanation's words, for a request over ``threshold``."""
+        if math.isinf(self.ratio):
+            return BurstReason.NO_LOCAL_ENDPOINT, "no local endpoint is eligible"
+        if self.itl_s is not None and pclass.itl_slo_s is not None:
+            return BurstReason.ITL_SATURATED, (
+                f"best local predicted inter-token latency {self.itl_s * 1000:.0f} ms over the burst threshold "
+                f"{threshold * pclass.itl_slo_s * 1000:.0f} ms (class {priority!r}, ITL SLO "
+                f"{pclass.itl_slo_s * 1000:g} ms)"
+            )
+        return BurstReason.SATURATED, (
+            f"best local predicted TTFT {self.ttft_s:.2f} s over the burst threshold "
+            f"{threshold * pclass.ttft_slo_s:.2f} s (class {priority!r}, SLO {pclass.ttft_slo_s:g} s)"
+        )
+
+
+def best_local_load(decision: Decision, pclass: PriorityClass) -> LocalLoad | None:
+    """The load of ``decision``'s best local candidate (``inf`` when every local endpoint was excluded); None when
     the decision was refused for a reason other than the fleet's load (nothing to burst for)."""
-    ranked = [c.predicted_ttft_s for c in decision.candidates if c.excluded is None]
+    ranked = [c for c in decision.candidates if c.excluded is None]
     if ranked:
         if decision.rejection is not None and not decision.saturated:
             return None
-        return min(ranked)
+        return min((_load(c, pclass) for c in ranked), key=lambda load: load.ratio)
     if decision.rejection is not None and decision.rejection.status == 503 and decision.candidates:
-        return math.inf
+        return LocalLoad(math.inf, math.inf)
     return None
+
+
+def _load(c: CandidateScore, pclass: PriorityClass) -> LocalLoad:
+    ttft_ratio = c.predicted_ttft_s / pclass.ttft_slo_s
+    if pclass.itl_slo_s is None or c.predicted_itl_s is None:
+        return LocalLoad(ttft_ratio, c.predicted_ttft_s)
+    itl_ratio = c.predicted_itl_s / pclass.itl_slo_s
+    if itl_ratio > ttft_ratio:
+        return LocalLoad(itl_ratio, c.predicted_ttft_s, c.predicted_itl_s)
+    return LocalLoad(ttft_ratio, c.predicted_ttft_s)
 
 
 def _local_order(decision: Decision) -> tuple[str, ...]:

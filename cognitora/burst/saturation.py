@@ -1,16 +1,17 @@
 """When a (model, priority class) bursts: hysteresis between two thresholds, and a minimum dwell in burst.
 
-The input is one number per decision: the best local predicted TTFT (seconds) for the request, against its
-class's SLO.
+The input is one number per decision: the best local endpoint's *load ratio* for the request, its predicted TTFT
+over the class's TTFT SLO, or its predicted inter-token latency over the class's ITL SLO when that is larger
+(``cognitora.burst.policy.LocalLoad``); infinite when no local endpoint is eligible.
 
-- Out of burst, a decision whose best local TTFT exceeds ``enter_ratio`` x SLO enters burst at once (waiting
-  would pile requests onto an engine that already cannot meet the SLO).
-- In burst, each request whose best local TTFT exceeds ``exit_ratio`` x SLO (lower) goes to the cloud; the others
-  are placed locally. So the local fleet is kept at about ``exit_ratio`` x SLO while the load lasts and the
+- Out of burst, a decision whose ratio exceeds ``enter_ratio`` enters burst at once (waiting would pile requests
+  onto an engine that already cannot meet the SLO).
+- In burst, each request whose ratio exceeds ``exit_ratio`` (lower) goes to the cloud; the others are placed
+  locally. So the local fleet is kept at about ``exit_ratio`` of its objectives while the load lasts and the
   overflow goes out.
-- The class leaves burst only once every decision for ``min_dwell_s`` has had its best local TTFT under the exit
-  threshold: a single quiet moment in a load step does not end it, and a fleet hovering at the SLO does not
-  switch back and forth request by request.
+- The class leaves burst only once every decision for ``min_dwell_s`` has had its ratio under the exit threshold:
+  a single quiet moment in a load step does not end it, and a fleet hovering at the SLO does not switch back and
+  forth request by request.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class Verdict:
     """The request should go to the cloud (if it may)."""
     bursting: bool
     """The class is in burst after this decision."""
-    threshold_s: float
-    """The predicted TTFT the request was compared with (the enter or the exit threshold)."""
+    threshold: float
+    """The load ratio the request was compared with (``enter_ratio`` or ``exit_ratio``)."""
 
 
 class SaturationDetector:
@@ -50,22 +51,20 @@ class SaturationDetector:
         """(model, class) -> whether it is in burst, for every pair seen."""
         return {key: state.bursting for key, state in self._states.items()}
 
-    def observe(self, model: str, priority: str, best_local_ttft_s: float, slo_s: float, now: float) -> Verdict:
-        """One decision's best local predicted TTFT (``inf`` when no local endpoint is eligible)."""
+    def observe(self, model: str, priority: str, load_ratio: float, now: float) -> Verdict:
+        """One decision's best local load ratio (``inf`` when no local endpoint is eligible)."""
         state = self._states.setdefault((model, priority), _ClassState())
         if not state.bursting:
-            threshold = self.enter_ratio * slo_s
-            if best_local_ttft_s <= threshold:
-                return Verdict(burst=False, bursting=False, threshold_s=threshold)
+            if load_ratio <= self.enter_ratio:
+                return Verdict(burst=False, bursting=False, threshold=self.enter_ratio)
             state.bursting, state.calm_since = True, None
-            return Verdict(burst=True, bursting=True, threshold_s=threshold)
-        threshold = self.exit_ratio * slo_s
-        if best_local_ttft_s > threshold:
+            return Verdict(burst=True, bursting=True, threshold=self.enter_ratio)
+        if load_ratio > self.exit_ratio:
             state.calm_since = None
-            return Verdict(burst=True, bursting=True, threshold_s=threshold)
+            return Verdict(burst=True, bursting=True, threshold=self.exit_ratio)
         if state.calm_since is None:
             state.calm_since = now
         if now - state.calm_since >= self.min_dwell_s:
             state.bursting, state.calm_since = False, None
-            return Verdict(burst=False, bursting=False, threshold_s=threshold)
-        return Verdict(burst=False, bursting=True, threshold_s=threshold)
+            return Verdict(burst=False, bursting=False, threshold=self.exit_ratio)
+        return Verdict(burst=False, bursting=True, threshold=self.exit_ratio)

@@ -229,7 +229,8 @@ SPECS: tuple[MetricSpec, ...] = (
         ("model", "priority", "target", "reason"),
         R,
         """Requests sent to a cloud target, by `reason`: saturated (the best local predicted TTFT missed the class's
-        burst threshold) or no_local_endpoint (none was eligible).""",
+        burst threshold), itl_saturated (the best local predicted inter-token latency missed the burst threshold of
+        the class's ITL SLO) or no_local_endpoint (none was eligible).""",
     ),
     _m(
         "cognitora_burst_denied",
