@@ -39,10 +39,10 @@ class RateEstimator:
     otherwise (on the Mooncake trace 3 of 8 identical engines were learned at ~3.4k against ~9k, and drew a
     seventh of the others' prompt tokens). So the per-request windows whose requests prefilled at least
     ``long_prompt_tokens`` uncached tokens each, on average, also feed a second EWMA, ``long_prompt_prefill``
-    (the finished-request ceiling likewise, over finished prompts that long). Once it has a sample it is the
-    engine's per-request rate; until then the all-windows rate is, and ``prefill_rate_from_short_prompts`` says
-    so: placement then prices the engine like its hardware class's engines that were measured on long prompts
-    (``cognitora.placement.rate_pooling``).
+    (the finished-request ceiling likewise, over finished prompts that long; an engine that counts no requests,
+    llama.cpp, has every window fed to it). Once it has a sample it is the engine's per-request rate; until then
+    the all-windows rate is, and ``prefill_rate_from_short_prompts`` says so: placement then prices the engine like
+    its hardware class's engines that were measured on long prompts (``cognitora.placement.rate_pooling``).
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
@@ -132,8 +132,9 @@ class RateEstimator:
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
+            # An engine that counts no requests (llama.cpp) cannot tell: every window counts, as before.
             requests = delta(old.ttft_count, load.ttft_count)
-            if requests is not None and requests > 0 and tokens / requests >= self.long_prompt_tokens:
+            if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
                 self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
         return True
 
