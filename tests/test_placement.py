@@ -615,6 +615,8 @@ def test_a_rate_learned_on_short_prompts_only_is_priced_like_its_peers_measured_
     decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), FOUR, state)
     assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 9250, B: 9250, C: 9250, D: 9250}
     assert decision.endpoint in (C, D), decision.reason  # idle, and no longer priced 2.7x slower
+    basis = {c.endpoint: c.basis for c in decision.candidates}
+    assert "short prompts only" in basis[C] and "short prompts only" not in basis[A], basis  # explain says why
     # Other hardware is another class: a short-prompt rate there is not replaced by this class's long-prompt one.
     labeled = fleet(ep(8001), ep(8002), ep(8003, hardware="m2"), ep(8004, hardware="m2"))
     decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), labeled, state)
