@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from kvstate.engines import EngineLoad
 
+SLOWDOWN = 0.5
+"""Short prompts finishing at under this share of the short-prompt rate learned so far mean the engine slowed
+down, not noise: its long-prompt rate is scaled by the same share."""
+
 
 @dataclass
 class RateEstimator:
@@ -144,13 +148,19 @@ class RateEstimator:
         ceiling = finished_ceiling_rate(old, load)
         if ceiling is None:
             return delta(old.finish_count, load.finish_count) != 0
+        finished = delta(old.finish_count, load.finish_count) or 0.0
+        prompt = delta(old.finished_prompt_tokens_sum, load.finished_prompt_tokens_sum) or 0.0
+        long_prompts = finished > 0 and prompt / finished >= self.long_prompt_tokens
         if 0 < ceiling < self.per_request_prefill:
             # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
             # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
+            slowed = ceiling / self.per_request_prefill
             self.per_request_prefill = ceiling
-        finished = delta(old.finish_count, load.finish_count) or 0.0
-        prompt = delta(old.finished_prompt_tokens_sum, load.finished_prompt_tokens_sum) or 0.0
-        if 0 < ceiling < self.long_prompt_prefill and finished > 0 and prompt / finished >= self.long_prompt_tokens:
+            if not long_prompts and slowed < SLOWDOWN:
+                # Short prompts at under half their own learned pace: the engine slowed down (a fault, throttling),
+                # and its long prompts with it; their rate is scaled alike (short prompts cannot bound it directly).
+                self.long_prompt_prefill *= slowed
+        if 0 < ceiling < self.long_prompt_prefill and long_prompts:
             self.long_prompt_prefill = ceiling
         return True
 

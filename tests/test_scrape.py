@@ -611,3 +611,18 @@ def test_estimator_a_rate_learned_on_short_prompts_gives_way_to_one_learned_on_l
         est.observe(engine(served), now=float(t))
     assert est.prefill_tokens_per_s == pytest.approx(10_000)
     assert est.per_request_prefill == pytest.approx(3333, rel=0.01)
+    # The engine slows 50x: short prompts alone show it, and the long-prompt rate drops with them at once.
+    base = engine(served)
+    est.observe(
+        EngineLoad(
+            prompt_tokens_total=base.prompt_tokens_total + 300,
+            prefix_cache_hits_total=0.0,
+            ttft_seconds_sum=(base.ttft_seconds_sum or 0) + 6 * 0.75,
+            ttft_count=(base.ttft_count or 0) + 6,
+            prefill_seconds_sum=(base.prefill_seconds_sum or 0) + 6 * 0.75,
+            finish_count=(base.finish_count or 0) + 6,
+            finished_prompt_tokens_sum=(base.finished_prompt_tokens_sum or 0) + 300,
+        ),
+        now=8.0,
+    )
+    assert est.prefill_tokens_per_s < 10_000 / 20
