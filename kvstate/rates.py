@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from kvstate.engines import EngineLoad
 
-SLOWDOWN = 0.5
-"""Short prompts finishing at under this share of the short-prompt rate learned so far mean the engine slowed
-down, not noise: its long-prompt rate is scaled by the same share."""
+SLOWDOWN = 0.2
+"""The all-windows rate and the decode speed both fallen under this share of what they were when the long-prompt
+rate was last measured mean the engine slowed down (a fault, throttling), not that it drew shorter prompts (the
+step's floor costs them ~3x, not 5x): the long-prompt rate is priced down by the same share until they recover."""
 
 
 @dataclass
@@ -86,9 +87,31 @@ class RateEstimator:
     _service_base: EngineLoad | None = field(default=None, repr=False)
     _ceiling_base: EngineLoad | None = field(default=None, repr=False)
 
+    _all_windows_at_long: float = field(default=0.0, repr=False)
+    """``per_request_prefill`` when ``long_prompt_prefill`` was last updated."""
+    _decode_at_long: float = field(default=0.0, repr=False)
+    """``decode_tokens_per_s`` then."""
+
     @property
     def prefill_tokens_per_s(self) -> float:
-        return max(self.long_prompt_prefill or self.per_request_prefill, self.throughput_prefill)
+        rate = self.long_prompt_prefill
+        if rate > 0 and self._all_windows_at_long > 0:
+            # Short, cached prompts are all a slowed engine may see: their rate bounds how far it slowed. One
+            # window of short prompts that shared their steps with a long prompt's chunks reads as slow too, so
+            # the decode speed, smoothed over many steps, must have fallen as far (when both are known).
+            slowed = self.per_request_prefill / self._all_windows_at_long
+            decode_slowed = (
+                self.decode_tokens_per_s / self._decode_at_long
+                if self._decode_at_long > 0 and self.decode_tokens_per_s > 0
+                else 0.0
+            )
+            if slowed < SLOWDOWN and decode_slowed < SLOWDOWN:
+                rate *= slowed
+        return max(rate or self.per_request_prefill, self.throughput_prefill)
+
+    def _long_prompt_measured(self) -> None:
+        self._all_windows_at_long = self.per_request_prefill
+        self._decode_at_long = self.decode_tokens_per_s
 
     @property
     def prefill_rate_from_short_prompts(self) -> bool:
@@ -140,6 +163,7 @@ class RateEstimator:
             requests = delta(old.ttft_count, load.ttft_count)
             if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
                 self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
+                self._long_prompt_measured()
         return True
 
     def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
@@ -154,14 +178,10 @@ class RateEstimator:
         if 0 < ceiling < self.per_request_prefill:
             # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
             # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
-            slowed = ceiling / self.per_request_prefill
             self.per_request_prefill = ceiling
-            if not long_prompts and slowed < SLOWDOWN:
-                # Short prompts at under half their own learned pace: the engine slowed down (a fault, throttling),
-                # and its long prompts with it; their rate is scaled alike (short prompts cannot bound it directly).
-                self.long_prompt_prefill *= slowed
         if 0 < ceiling < self.long_prompt_prefill and long_prompts:
             self.long_prompt_prefill = ceiling
+            self._long_prompt_measured()
         return True
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
