@@ -8,11 +8,6 @@ from dataclasses import dataclass, field
 
 from kvstate.engines import EngineLoad
 
-SLOWDOWN = 0.2
-"""The all-windows rate and the decode speed both fallen under this share of what they were when the long-prompt
-rate was last measured mean the engine slowed down (a fault, throttling), not that it drew shorter prompts (the
-step's floor costs them ~3x, not 5x): the long-prompt rate is priced down by the same share until they recover."""
-
 
 @dataclass
 class RateEstimator:
@@ -36,18 +31,6 @@ class RateEstimator:
       show more than C.
 
     Each is smoothed by an EWMA (``alpha``); the estimate is the larger of the two (the tighter lower bound).
-
-    Long prompts: a prefill takes at least one scheduler step, and a step has a floor (the weights are streamed
-    once per step, plus launch overhead: ~15 ms for a 32B model on two H100s). A 50-token prompt then "prefills" at
-    ~3k tokens/s on an engine that prefills 13k/s, so an engine that happened to serve short prompts is learned
-    several times slower than its twin serving long ones, is never offered a long prompt, and never learns
-    otherwise (on the Mooncake trace 3 of 8 identical engines were learned at ~3.4k against ~9k, and drew a
-    seventh of the others' prompt tokens). So the per-request windows whose requests prefilled at least
-    ``long_prompt_tokens`` uncached tokens each, on average, also feed a second EWMA, ``long_prompt_prefill``
-    (the finished-request ceiling likewise, over finished prompts that long; an engine that counts no requests,
-    llama.cpp, has every window fed to it). Once it has a sample it is the engine's per-request rate; until then
-    the all-windows rate is, and ``prefill_rate_from_short_prompts`` says so: placement then prices the engine like
-    its hardware class's engines that were measured on long prompts (``cognitora.placement.rate_pooling``).
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
@@ -74,10 +57,7 @@ class RateEstimator:
     throughput_window_s: float = 10.0
     min_decode_tokens: float = 64.0
     min_service_requests: float = 4.0
-    long_prompt_tokens: float = 2048.0
-    """Uncached prompt tokens per request (window mean) from which a window measures the long-prompt rate."""
     per_request_prefill: float = 0.0
-    long_prompt_prefill: float = 0.0
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
     mean_service_s: float = 0.0
@@ -87,36 +67,15 @@ class RateEstimator:
     _service_base: EngineLoad | None = field(default=None, repr=False)
     _ceiling_base: EngineLoad | None = field(default=None, repr=False)
 
-    _all_windows_at_long: float = field(default=0.0, repr=False)
-    """``per_request_prefill`` when ``long_prompt_prefill`` was last updated."""
-    _decode_at_long: float = field(default=0.0, repr=False)
-    """``decode_tokens_per_s`` then."""
-
     @property
     def prefill_tokens_per_s(self) -> float:
-        rate = self.long_prompt_prefill
-        if rate > 0 and self._all_windows_at_long > 0:
-            # Short, cached prompts are all a slowed engine may see: their rate bounds how far it slowed. One
-            # window of short prompts that shared their steps with a long prompt's chunks reads as slow too, so
-            # the decode speed, smoothed over many steps, must have fallen as far (when both are known).
-            slowed = self.per_request_prefill / self._all_windows_at_long
-            decode_slowed = (
-                self.decode_tokens_per_s / self._decode_at_long
-                if self._decode_at_long > 0 and self.decode_tokens_per_s > 0
-                else 0.0
-            )
-            if slowed < SLOWDOWN and decode_slowed < SLOWDOWN:
-                rate *= slowed
-        return max(rate or self.per_request_prefill, self.throughput_prefill)
-
-    def _long_prompt_measured(self) -> None:
-        self._all_windows_at_long = self.per_request_prefill
-        self._decode_at_long = self.decode_tokens_per_s
+        return max(self.per_request_prefill, self.throughput_prefill)
 
     @property
     def prefill_rate_from_short_prompts(self) -> bool:
-        """A rate is learned, but no window of long prompts measured it yet: it is mostly the step's floor."""
-        return self.long_prompt_prefill <= 0 and self.prefill_tokens_per_s > 0
+        """Not told apart yet: a long-prompt rate made an engine slowed while serving short, cached prompts invisible
+        (the slow-engine e2e tests), so it was taken out again; placement's pooling rule for such rates stays."""
+        return False
 
     def restart_windows(self) -> None:
         self._request_base = None
@@ -159,11 +118,6 @@ class RateEstimator:
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
-            # An engine that counts no requests (llama.cpp) cannot tell: every window counts, as before.
-            requests = delta(old.ttft_count, load.ttft_count)
-            if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
-                self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
-                self._long_prompt_measured()
         return True
 
     def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
@@ -172,16 +126,10 @@ class RateEstimator:
         ceiling = finished_ceiling_rate(old, load)
         if ceiling is None:
             return delta(old.finish_count, load.finish_count) != 0
-        finished = delta(old.finish_count, load.finish_count) or 0.0
-        prompt = delta(old.finished_prompt_tokens_sum, load.finished_prompt_tokens_sum) or 0.0
-        long_prompts = finished > 0 and prompt / finished >= self.long_prompt_tokens
         if 0 < ceiling < self.per_request_prefill:
             # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
             # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
             self.per_request_prefill = ceiling
-        if 0 < ceiling < self.long_prompt_prefill and long_prompts:
-            self.long_prompt_prefill = ceiling
-            self._long_prompt_measured()
         return True
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
