@@ -71,12 +71,6 @@ class RateEstimator:
     def prefill_tokens_per_s(self) -> float:
         return max(self.per_request_prefill, self.throughput_prefill)
 
-    @property
-    def prefill_rate_from_short_prompts(self) -> bool:
-        """Not told apart yet: a long-prompt rate made an engine slowed while serving short, cached prompts invisible
-        (the slow-engine e2e tests), so it was taken out again; placement's pooling rule for such rates stays."""
-        return False
-
     def restart_windows(self) -> None:
         self._request_base = None
         self._throughput_base = None

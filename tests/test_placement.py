@@ -598,31 +598,6 @@ def test_hardware_apart_by_more_than_the_band_keeps_its_own_rates() -> None:
     assert got == {A: 10000, B: 10000, C: 12500, D: 12500}
 
 
-def test_a_rate_learned_on_short_prompts_only_is_priced_like_its_peers_measured_on_long_ones() -> None:
-    # On the Mooncake trace 3 of 8 identical engines served short prompts and were learned at ~3.4k tokens/s (a
-    # step's floor) against ~9k: 2.7x "slower", they drew no long prompt and never learned better. They take the
-    # median rate of their class's engines measured on long prompts, so a long cold prompt may go there.
-    short = {"prefill_tokens_per_s": 3400, "prefill_rate_from_short_prompts": True}
-    state = FleetState(
-        NOW,
-        snapshots={
-            A: snap(A, prefill_tokens_per_s=9000, running=2),
-            B: snap(B, prefill_tokens_per_s=9500, running=2),
-            C: snap(C, **short),
-            D: snap(D, **short),
-        },
-    )
-    decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), FOUR, state)
-    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 9250, B: 9250, C: 9250, D: 9250}
-    assert decision.endpoint in (C, D), decision.reason  # idle, and no longer priced 2.7x slower
-    basis = {c.endpoint: c.basis for c in decision.candidates}
-    assert "short prompts only" in basis[C] and "short prompts only" not in basis[A], basis  # explain says why
-    # Other hardware is another class: a short-prompt rate there is not replaced by this class's long-prompt one.
-    labeled = fleet(ep(8001), ep(8002), ep(8003, hardware="m2"), ep(8004, hardware="m2"))
-    decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), labeled, state)
-    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 9250, B: 9250, C: 3400, D: 3400}
-
-
 def test_an_endpoint_not_learned_yet_is_priced_at_its_peers_learned_rate() -> None:
     # A learned 12,000 tokens/s first; B, C, D (no prior, same hardware) have not learned yet. They are assumed to
     # run at the median learned rate, not at default_prefill_tokens_per_s, so cold prompts do not herd onto A.
