@@ -32,6 +32,25 @@ class RateEstimator:
 
     Each is smoothed by an EWMA (``alpha``); the estimate is the larger of the two (the tighter lower bound).
 
+    Long prompts: a prefill takes at least one scheduler step, and a step has a floor (the weights are streamed
+    once per step, plus launch overhead: ~15 ms for a 32B model on two H100s). A 50-token prompt then "prefills" at
+    ~3k tokens/s on an engine that prefills 13k/s, so an engine that happened to serve short prompts is learned
+    several times slower than its twin serving long ones, is never offered a long prompt, and never learns
+    otherwise (on the Mooncake trace 3 of 8 identical engines were learned at ~3.4k against ~9k, and drew a
+    seventh of the others' prompt tokens). So the per-request windows whose requests prefilled at least
+    ``long_prompt_tokens`` uncached tokens each, on average, also feed a second EWMA, ``long_prompt_prefill``
+    (the finished-request ceiling likewise, over finished prompts that long; an engine that counts no requests,
+    llama.cpp, has every window fed to it). Once it has a sample it is the engine's per-request rate; until then
+    the all-windows rate is, and ``prefill_rate_from_short_prompts`` says so: placement then prices the engine like
+    its hardware class's engines that were measured on long prompts (``cognitora.placement.rate_pooling``).
+
+    Short prompts: the long-prompt rate is not what a short or cached prompt waits for, and it is blind to an
+    engine that slowed down while serving only those (a fault, throttling: it kept its 10k tokens/s and its share
+    of the traffic). So the windows of short prompts (under ``long_prompt_tokens`` uncached tokens per request)
+    feed ``short_prompt_prefill_s``, the smoothed prefill seconds per request: from the finished requests' prefill
+    time when the engine reports it (vLLM, at once as they finish), else from the per-request windows. Placement
+    prices a request's own prefill at no less than that (``cognitora.placement.cost``).
+
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
     Its inverse (``EndpointSnapshot.itl_s``) is the smoothed mean inter-token latency an ITL objective is held
@@ -57,7 +76,12 @@ class RateEstimator:
     throughput_window_s: float = 10.0
     min_decode_tokens: float = 64.0
     min_service_requests: float = 4.0
+    long_prompt_tokens: float = 2048.0
+    """Uncached prompt tokens per request (window mean) from which a window measures the long-prompt rate."""
     per_request_prefill: float = 0.0
+    long_prompt_prefill: float = 0.0
+    short_prompt_prefill_s: float = 0.0
+    """Smoothed prefill seconds per request of short prompts (see "Short prompts" above); 0: not learned."""
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
     mean_service_s: float = 0.0
@@ -69,7 +93,12 @@ class RateEstimator:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return max(self.per_request_prefill, self.throughput_prefill)
+        return max(self.long_prompt_prefill or self.per_request_prefill, self.throughput_prefill)
+
+    @property
+    def prefill_rate_from_short_prompts(self) -> bool:
+        """A rate is learned, but no window of long prompts measured it yet: it is mostly the step's floor."""
+        return self.long_prompt_prefill <= 0 and self.prefill_tokens_per_s > 0
 
     def restart_windows(self) -> None:
         self._request_base = None
@@ -112,6 +141,12 @@ class RateEstimator:
         rate = per_request_rate(old, load, tokens)
         if rate is not None:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
+            # An engine that counts no requests (llama.cpp) cannot tell: every window counts, as before.
+            requests = delta(old.ttft_count, load.ttft_count)
+            if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
+                self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
+            elif requests > 0 and not has_finished_prefill_figures(load):
+                self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, tokens / rate / requests, self.alpha)
         return True
 
     def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
@@ -120,10 +155,21 @@ class RateEstimator:
         ceiling = finished_ceiling_rate(old, load)
         if ceiling is None:
             return delta(old.finish_count, load.finish_count) != 0
+        finished = delta(old.finish_count, load.finish_count) or 0.0
+        prompt = delta(old.finished_prompt_tokens_sum, load.finished_prompt_tokens_sum) or 0.0
+        long_prompts = finished > 0 and prompt / finished >= self.long_prompt_tokens
         if 0 < ceiling < self.per_request_prefill:
             # A bound, not a sample: no request that finished could have been faster, so the estimate drops to it
             # at once (a slowed engine kept drawing its share for 4 rounds while an EWMA walked it down).
             self.per_request_prefill = ceiling
+        if 0 < ceiling < self.long_prompt_prefill and long_prompts:
+            self.long_prompt_prefill = ceiling
+        # The prefill time per finished request, when the requests prefilled few tokens each (cached or short):
+        # counted at their first tokens, the uncached tokens cover nearly the same requests in a steady stream.
+        uncached = uncached_prompt_tokens(old, load)
+        if finished > 0 and uncached is not None and uncached / finished < self.long_prompt_tokens:
+            prefill = delta(old.prefill_seconds_sum, load.prefill_seconds_sum) or 0.0
+            self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, prefill / finished, self.alpha)
         return True
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
@@ -172,6 +218,12 @@ class RateEstimator:
 def has_queue_free_busy_time(load: EngineLoad) -> bool:
     """The engine measures prefill time without queueing (directly, or as TTFT minus a queue-time histogram)."""
     return load.prefill_seconds_sum is not None or load.queue_seconds_sum is not None
+
+
+def has_finished_prefill_figures(load: EngineLoad) -> bool:
+    """The engine reports the prompt tokens and the prefill time of the requests that finished (vLLM), so the
+    finished-request figures (``finished_ceiling_rate``) are known."""
+    return load.finished_prompt_tokens_sum is not None and load.prefill_seconds_sum is not None
 
 
 def uncached_prompt_tokens(old: EngineLoad, new: EngineLoad) -> float | None:

@@ -358,6 +358,8 @@ class Scraper:
             waiting=int(load.waiting or 0),
             kv_usage=min(max(load.kv_usage or 0.0, 0.0), 1.0),
             prefill_tokens_per_s=endpoint.estimator.prefill_tokens_per_s,
+            prefill_rate_from_short_prompts=endpoint.estimator.prefill_rate_from_short_prompts,
+            short_prompt_prefill_s=endpoint.estimator.short_prompt_prefill_s,
             decode_tokens_per_s=endpoint.estimator.decode_tokens_per_s,
             power_watts=watts or 0.0,
             energy_joules=joules or 0.0,

@@ -93,6 +93,12 @@ class EndpointSnapshot:
     """0..1 share of the KV cache in use."""
     prefill_tokens_per_s: float = 0.0
     """Learned prefill throughput; 0 = not learned yet (placement then uses the configured default)."""
+    prefill_rate_from_short_prompts: bool = False
+    """``prefill_tokens_per_s`` was learned from short prompts only, so it is mostly the fixed cost of a step and
+    understates what the engine does on a long prompt (``kvstate.rates.RateEstimator``)."""
+    short_prompt_prefill_s: float = 0.0
+    """Smoothed prefill seconds per request of short (or mostly cached) prompts: the least a request's own prefill
+    takes there, whatever the rate; 0 = not learned yet."""
     decode_tokens_per_s: float = 0.0
     power_watts: float = 0.0
     energy_joules: float = 0.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -596,6 +596,52 @@ def test_hardware_apart_by_more_than_the_band_keeps_its_own_rates() -> None:
     decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), mixed, state)
     got = {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates}
     assert got == {A: 10000, B: 10000, C: 12500, D: 12500}
+
+
+def test_a_rate_learned_on_short_prompts_only_is_priced_like_its_peers_measured_on_long_ones() -> None:
+    # On the Mooncake trace 3 of 8 identical engines served short prompts and were learned at ~3.4k tokens/s (a
+    # step's floor) against ~9k: 2.7x "slower", they drew no long prompt and never learned better. They take the
+    # median rate of their class's engines measured on long prompts, so a long cold prompt may go there.
+    short = {"prefill_tokens_per_s": 3400, "prefill_rate_from_short_prompts": True}
+    state = FleetState(
+        NOW,
+        snapshots={
+            A: snap(A, prefill_tokens_per_s=9000, running=2),
+            B: snap(B, prefill_tokens_per_s=9500, running=2),
+            C: snap(C, **short),
+            D: snap(D, **short),
+        },
+    )
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), FOUR, state)
+    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 9250, B: 9250, C: 9250, D: 9250}
+    assert decision.endpoint in (C, D), decision.reason  # idle, and no longer priced 2.7x slower
+    basis = {c.endpoint: c.basis for c in decision.candidates}
+    assert "short prompts only" in basis[C] and "short prompts only" not in basis[A], basis  # explain says why
+    # Other hardware is another class: a short-prompt rate there is not replaced by this class's long-prompt one.
+    labeled = fleet(ep(8001), ep(8002), ep(8003, hardware="m2"), ep(8004, hardware="m2"))
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(30_000, 7), labeled, state)
+    assert {c.endpoint: c.prefill_tokens_per_s for c in decision.candidates} == {A: 9250, B: 9250, C: 3400, D: 3400}
+
+
+def test_an_engine_slowed_while_serving_cached_prompts_is_avoided_though_its_long_prompt_rate_is_unchanged() -> None:
+    # A holds the prompt's 2,000-token prefix and slowed 50x while serving short, cached prompts: no long prompt
+    # came to bring its long-prompt rate down, but its short prompts now take 0.75 s each instead of 15 ms. B
+    # recomputes the prefix in 0.2 s, and gets the request; healthy again, A keeps it.
+    rates = {"prefill_tokens_per_s": 10_000.0}
+    slowed = FleetState(
+        NOW,
+        matches={A: cached(2000)},
+        snapshots={
+            A: snap(A, short_prompt_prefill_s=0.75, **rates),
+            B: snap(B, short_prompt_prefill_s=0.015, **rates),
+        },
+    )
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(2050), DEFAULT_FLEET, slowed)
+    assert decision.endpoint == B, decision.reason
+    ttft = {c.endpoint: c.predicted_ttft_s for c in decision.candidates}
+    assert ttft[A] == pytest.approx(0.75, abs=0.01) and ttft[B] == pytest.approx(0.205, abs=0.01), ttft
+    healthy = replace(slowed, snapshots={**slowed.snapshots, A: snap(A, short_prompt_prefill_s=0.015, **rates)})
+    assert place(RouteRequest(model="m", prompt="x"), prompt(2050), DEFAULT_FLEET, healthy).endpoint == A
 
 
 def test_an_endpoint_not_learned_yet_is_priced_at_its_peers_learned_rate() -> None:

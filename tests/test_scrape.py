@@ -577,3 +577,56 @@ async def test_mixed_hardware_rates_learned_from_the_simulated_fleet(tmp_path: P
     h100, mac = (await store.snapshots())[fleet.endpoint_ids[0]], (await store.snapshots())[fleet.endpoint_ids[1]]
     assert h100.prefill_tokens_per_s > 10 * mac.prefill_tokens_per_s > 0
     assert h100.decode_tokens_per_s > mac.decode_tokens_per_s > 0
+
+
+def test_estimator_a_rate_learned_on_short_prompts_gives_way_to_one_learned_on_long_prompts() -> None:
+    # A step has a floor (the weights are read once per step): a 50-token prompt takes a 15 ms step on an engine
+    # that prefills 10,000 tokens/s, so short prompts alone teach ~3,300 tokens/s, and say that they are short.
+    def engine(prompts: list[int]) -> EngineLoad:
+        seconds = [max(0.015, n / 10_000) for n in prompts]
+        return EngineLoad(
+            prompt_tokens_total=float(sum(prompts)),
+            prefix_cache_hits_total=0.0,
+            ttft_seconds_sum=sum(seconds),
+            ttft_count=float(len(prompts)),
+            prefill_seconds_sum=sum(seconds),
+            finish_count=float(len(prompts)),
+            finished_prompt_tokens_sum=float(sum(prompts)),
+        )
+
+    est = RateEstimator()
+    served: list[int] = []
+    est.observe(engine(served), now=0.0)
+    for t in range(1, 4):
+        served += [50] * 6
+        est.observe(engine(served), now=float(t))
+    assert est.prefill_tokens_per_s == pytest.approx(3333, rel=0.01)
+    assert est.prefill_rate_from_short_prompts
+    served.append(30_000)  # one long prompt: its window measures the engine's rate
+    est.observe(engine(served), now=4.0)
+    assert est.prefill_tokens_per_s == pytest.approx(10_000)
+    assert not est.prefill_rate_from_short_prompts
+    for t in range(5, 8):  # short prompts again: neither their windows nor their finishes pull it down
+        served += [50] * 6
+        est.observe(engine(served), now=float(t))
+    assert est.prefill_tokens_per_s == pytest.approx(10_000)
+    assert est.per_request_prefill == pytest.approx(3333, rel=0.01)
+    # What a short prompt waits for there is the step, not the rate: 15 ms.
+    assert est.short_prompt_prefill_s == pytest.approx(0.015, rel=0.01)
+    # The engine slows 50x while serving short prompts only: they show it at their first finishes (a request's own
+    # prefill is priced at no less than this), while no long prompt came to bring the long-prompt rate down.
+    base = engine(served)
+    est.observe(
+        EngineLoad(
+            prompt_tokens_total=base.prompt_tokens_total + 300,
+            prefix_cache_hits_total=0.0,
+            ttft_seconds_sum=(base.ttft_seconds_sum or 0) + 6 * 0.75,
+            ttft_count=(base.ttft_count or 0) + 6,
+            prefill_seconds_sum=(base.prefill_seconds_sum or 0) + 6 * 0.75,
+            finish_count=(base.finish_count or 0) + 6,
+            finished_prompt_tokens_sum=(base.finished_prompt_tokens_sum or 0) + 300,
+        ),
+        now=8.0,
+    )
+    assert est.short_prompt_prefill_s > 10 * 0.015
+    assert est.prefill_tokens_per_s == pytest.approx(10_000)

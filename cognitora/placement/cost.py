@@ -1,6 +1,7 @@
 """The cost stage: predicted time to first token, in seconds, per endpoint.
 
-    predicted_ttft(e) = (queued_prefill_tokens(e) + prompt_tokens - cached_tokens(e)) / prefill_rate(e)
+    predicted_ttft(e) = queued_prefill_tokens(e) / prefill_rate(e)
+                        + max((prompt_tokens - cached_tokens(e)) / prefill_rate(e), short_prompt_prefill_s(e))
                         + decode_penalty_s_per_running * running(e)
                         + slot_wait(e)
 
@@ -15,6 +16,10 @@
 - ``prefill_rate(e)``: learned from the engine's metrics and pooled with the engines of its hardware class
   (``rate_pooling``), else the endpoint's configured prior, else its class's median learned rate, else the
   default.
+- ``short_prompt_prefill_s(e)``: the prefill seconds a short or mostly cached request took there lately
+  (``EndpointSnapshot.short_prompt_prefill_s``), the least its own prefill takes: a step has a floor the rate,
+  learned on long prompts, does not show, and an engine slowed down (a fault, throttling) while serving cached
+  prompts shows it here first. 0 without a fresh snapshot.
 - ``running(e)``: requests running on ``e``, scraped or router-counted, whichever is larger: decode steps share
   the batch with prefill, so each one slows the first token a little.
 
@@ -238,7 +243,9 @@ def score_endpoint(
     rate = prefill_rate(endpoint, snap, params, pooled_rate)
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
-    ttft = (queued + prompt_tokens - cached) / rate + reload_s + decode_penalty + slot_wait
+    short_floor_s = snap.short_prompt_prefill_s if snap is not None else 0.0
+    own_prefill_s = max((prompt_tokens - cached) / rate, short_floor_s)
+    ttft = queued / rate + own_prefill_s + reload_s + decode_penalty + slot_wait
     extra = LongContextCost()
     bias = 1.0
     kv_read_s_per_token = 0.0

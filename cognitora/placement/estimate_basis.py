@@ -20,6 +20,8 @@ def estimate_basis(endpoint: EndpointConfig, snap: EndpointSnapshot | None, para
     scraped = spec.metrics_path is not None
     if snap is not None and snap.prefill_tokens_per_s > 0:
         rate = f"learned from {spec.metrics_path}" if scraped else "learned from this router's timed responses"
+        if snap.prefill_rate_from_short_prompts:
+            rate += " on short prompts only (priced like its class's engines measured on long ones, if any)"
     elif endpoint.prefill_tokens_per_s is not None:
         rate = "configured prior"
     else:

@@ -20,6 +20,12 @@ one before. Each endpoint whose rate lies within that band of its group's median
 
 An endpoint with no learned rate and no prior takes the median learned rate of its class, as before it took that
 of the model's endpoints.
+
+A rate learned from short prompts only (``EndpointSnapshot.prefill_rate_from_short_prompts``) is mostly the fixed
+cost of a scheduler step, not the engine's prefill rate. When its class has engines measured on long prompts, the
+endpoint is priced at their median, like an endpoint with no rate: otherwise an engine that happened to draw short
+prompts looks slow, draws no long one, and never learns better. In a class with no such measurement the short-prompt
+rates are grouped as above.
 """
 
 from __future__ import annotations
@@ -49,13 +55,20 @@ def pooled_prefill_rates(
     """Endpoint id -> the rate it is priced at instead of its own: its group's median (learned ones within the band)
     or its class's median (ones with neither a learned rate nor a prior). Absent: the endpoint's own figure."""
     learned: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
+    short_only: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
     unlearned: dict[Hashable, list[str]] = defaultdict(list)
     for e in endpoints:
-        rate = learned_rate(e.id, state, params)
-        if rate is not None:
-            learned[hardware_class(e)].append((rate, e.id))
+        snap = fresh_snapshot(e.id, state, params)
+        if snap is not None and snap.prefill_tokens_per_s > 0:
+            kind = short_only if snap.prefill_rate_from_short_prompts else learned
+            kind[hardware_class(e)].append((snap.prefill_tokens_per_s, e.id))
         elif e.prefill_tokens_per_s is None:
             unlearned[hardware_class(e)].append(e.id)
+    for cls, members in short_only.items():
+        if cls in learned:
+            unlearned[cls].extend(endpoint for _, endpoint in members)
+        else:
+            learned[cls] = members
     pooled: dict[str, float] = {}
     band = params.rate_pooling_band
     for cls, members in learned.items():
@@ -71,12 +84,6 @@ def pooled_prefill_rates(
             class_median = statistics.median(rate for rate, _ in members)
             pooled.update(dict.fromkeys(unlearned[cls], class_median))
     return pooled
-
-
-def learned_rate(endpoint_id: str, state: FleetState, params: PlacementConfig) -> float | None:
-    """The endpoint's learned prefill rate, from a snapshot recent enough to trust (None: none)."""
-    snap = fresh_snapshot(endpoint_id, state, params)
-    return snap.prefill_tokens_per_s if snap is not None and snap.prefill_tokens_per_s > 0 else None
 
 
 def _groups(members: list[tuple[float, str]], band: float) -> list[list[tuple[float, str]]]:
