@@ -67,6 +67,9 @@ class CandidateScore:
     reload_s: float = 0.0
     """Seconds to load this prompt's prefix blocks held only in CPU memory or on disk back to the GPU, included in
     ``predicted_ttft_s`` (``cognitora.placement.tier_reload``)."""
+    short_prompt_floor_s: float = 0.0
+    """When it set the request's own prefill time (``predicted_ttft_s`` includes it instead of uncached tokens /
+    rate): the prefill seconds the endpoint's short or cached prompts took lately. 0 when the rate set it."""
     basis: str = ""
     """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
     router-counted load): ``cognitora.placement.estimate_basis``."""
@@ -214,6 +217,9 @@ class Decision:
             if c.reload_s > 0 and not c.excluded:
                 note = f"{note}; " if note else ""
                 note += f"reload from CPU/disk {c.reload_s * 1000:.1f} ms"
+            if c.short_prompt_floor_s > 0 and not c.excluded:
+                note = f"{note}; " if note else ""
+                note += f"short prompts take {c.short_prompt_floor_s * 1000:.0f} ms here"
             if c.predicted_itl_s is not None and not c.excluded:
                 note = f"{note}; " if note else ""
                 note += f"ITL {c.predicted_itl_s * 1000:.0f} ms"

@@ -640,6 +640,7 @@ def test_an_engine_slowed_while_serving_cached_prompts_is_avoided_though_its_lon
     assert decision.endpoint == B, decision.reason
     ttft = {c.endpoint: c.predicted_ttft_s for c in decision.candidates}
     assert ttft[A] == pytest.approx(0.75, abs=0.01) and ttft[B] == pytest.approx(0.205, abs=0.01), ttft
+    assert "short prompts take 750 ms here" in decision.explain()  # explain says why A lost
     healthy = replace(slowed, snapshots={**slowed.snapshots, A: snap(A, short_prompt_prefill_s=0.015, **rates)})
     assert place(RouteRequest(model="m", prompt="x"), prompt(2050), DEFAULT_FLEET, healthy).endpoint == A
 

@@ -293,6 +293,7 @@ def score_endpoint(
         ),
         basis=estimate_basis(endpoint, snap, params),
         reload_s=reload_s,
+        short_prompt_floor_s=short_floor_s if short_floor_s > (prompt_tokens - cached) / rate else 0.0,
         attention_s=extra.attention_s,
         interference_s=extra.interference_s,
         kv_pressure_s=extra.kv_pressure_s,
