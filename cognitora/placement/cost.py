@@ -243,8 +243,10 @@ def score_endpoint(
     rate = prefill_rate(endpoint, snap, params, pooled_rate)
     decode_penalty = params.decode_penalty_s_per_running * running
     slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
+    uncached_prefill_s = (prompt_tokens - cached) / rate
     short_floor_s = snap.short_prompt_prefill_s if snap is not None else 0.0
-    own_prefill_s = max((prompt_tokens - cached) / rate, short_floor_s)
+    floor_binds = short_floor_s > uncached_prefill_s
+    own_prefill_s = short_floor_s if floor_binds else uncached_prefill_s
     ttft = queued / rate + own_prefill_s + reload_s + decode_penalty + slot_wait
     extra = LongContextCost()
     bias = 1.0
@@ -293,7 +295,7 @@ def score_endpoint(
         ),
         basis=estimate_basis(endpoint, snap, params),
         reload_s=reload_s,
-        short_prompt_floor_s=short_floor_s if short_floor_s > (prompt_tokens - cached) / rate else 0.0,
+        short_prompt_floor_s=short_floor_s if floor_binds else 0.0,
         attention_s=extra.attention_s,
         interference_s=extra.interference_s,
         kv_pressure_s=extra.kv_pressure_s,
