@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import run_all
+from bench.capacity_bound import capacity_bounds
 from bench.report import Report, StageSummary, load_report
 
 DEFAULT_SEEDS = (20251130, 20251201, 20251202, 20251203, 20251204)
@@ -104,8 +105,11 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
         f"ITL <= {slo.itl_s * 1000:g} ms. Each cell: median [min-max] over the seeds (engine seconds). A verdict is "
         "'within range' when the ranges overlap: the difference is not larger than the run-to-run spread.",
         "",
-        "| stage | target | TTFT p50 | TTFT p90 | TTFT p99 | goodput rps | hit rate | reuse bound |",
-        "|---|---|---|---|---|---|---|---|",
+        "Hit rate: the engines' cached prompt tokens over prompt tokens. Reuse bound: the prefix tokens an earlier "
+        "request sent (an unlimited cache); 'of bound' is each seed's hit rate over its own bound.",
+        "",
+        "| stage | target | TTFT p50 | TTFT p90 | TTFT p99 | goodput rps | hit rate | reuse bound | of bound |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label in measured:
         for t in targets:
@@ -115,7 +119,8 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
             lines.append(
                 f"| {label} | {t} | {_show(_spread(st, 'ttft_p50'))} | {_show(_spread(st, 'ttft_p90'))} | "
                 f"{_show(_spread(st, 'ttft_p99'))} | {_show(_spread(st, 'goodput_rps'))} | "
-                f"{_show(_spread(st, 'hit_rate'), 3)} | {st[0].reuse_bound:.3f} |"
+                f"{_show(_spread(st, 'hit_rate'), 3)} | {_show(_spread(st, 'reuse_bound'), 3)} | "
+                f"{_show(_ratios(reports, t, label, lambda rep, st: st.reuse_bound))} |"
             )
     peers = [t for t in targets if not t.startswith("cognitora")]
     mine = [t for t in targets if t.startswith("cognitora")]
@@ -166,12 +171,78 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
                     f"- {t}: {ours.median:.2f} req/s against {best}'s {theirs.median:.2f}: no ratio (the peer's "
                     "median goodput is 0)"
                 )
+    lines += _capacity_section(reports, measured, mine)
     lines.append("")
     lines.append(
         "The machine has 2 cores, shared with whatever else ran: the range is the spread between seeds on it; "
         "each seed is also a different workload instance (arrivals, lengths)."
     )
     return "\n".join(lines) + "\n"
+
+
+def _ratios(
+    reports: Sequence[Report], target: str, label: str, bound_of: Callable[[Report, StageSummary], float | None]
+) -> Spread | None:
+    """Per seed, ``target``'s hit rate at ``label`` over that seed's own bound (None where either is missing)."""
+    values = []
+    for rep in reports:
+        for run in rep.runs:
+            if run.target != target:
+                continue
+            for st in run.stages:
+                bound = bound_of(rep, st) if st.stage == label else None
+                if bound and st.hit_rate is not None:
+                    values.append(st.hit_rate / bound)
+    return Spread(tuple(values)) if values else None
+
+
+def _capacity_section(reports: Sequence[Report], measured: Sequence[str], mine: Sequence[str]) -> list[str]:
+    """The hit rates against what the fleet's finite KV allows (``bench.capacity_bound``), when every seed has it."""
+    if not mine or not all(rep.capacity_bound for rep in reports):
+        return []
+    lines = [
+        "",
+        "## Cache hits against the fleet's KV capacity",
+        "",
+        "Capacity bound: Belady's MIN over one cache of the fleet's KV tokens, the most any router could serve "
+        "from cache (it knows the future). Pooled LRU: one least-recently-used cache of that size, as if the "
+        "engines were one (`bench/capacity_bound.py`). Median [range] over the seeds; each ratio is per seed.",
+        "",
+        "| stage | reuse bound | capacity bound | pooled LRU | Cognitora target | of capacity bound | of pooled LRU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label in measured:
+        cap = _values([rep.capacity_bound.get(label) for rep in reports])
+        lru = _values([rep.pooled_lru_bound.get(label) for rep in reports])
+        reuse = _values([rep.reuse_bound.get(label) for rep in reports])  # (= each stage summary's)
+        for t in mine:
+            of_cap = _ratios(reports, t, label, lambda rep, st: rep.capacity_bound.get(st.stage))
+            of_lru = _ratios(reports, t, label, lambda rep, st: rep.pooled_lru_bound.get(st.stage))
+            lines.append(
+                f"| {label} | {_show(reuse, 3)} | {_show(cap, 3)} | {_show(lru, 3)} | {t} | {_show(of_cap)} | "
+                f"{_show(of_lru)} |"
+            )
+    return lines
+
+
+def _values(values: Sequence[float | None]) -> Spread | None:
+    kept = tuple(v for v in values if v is not None)
+    return Spread(kept) if kept else None
+
+
+def fill_capacity_bound(report: Report) -> bool:
+    """Compute ``report.capacity_bound`` from its own ``bench.run_all`` command, for a report made before the
+    harness recorded it. False when the command cannot be rebuilt here (another harness, a trace not here)."""
+    argv = shlex.split(report.command)
+    if argv[:3] != ["python", "-m", "bench.run_all"]:
+        return False
+    args = run_all.parse_args(argv[3:])
+    if args.trace is not None and not Path(args.trace).exists():
+        return False
+    schedule = run_all.build_schedule(args)
+    bound = capacity_bounds(schedule.requests, run_all.fleet_kv_tokens(args), run_all.FleetSpec.block_size)
+    report.capacity_bound, report.pooled_lru_bound = bound.capacity, bound.pooled_lru
+    return True
 
 
 def _best_peer(peers: Sequence[str], label: str, stages_of: Callable[[str, str], list[StageSummary]]) -> str | None:
@@ -214,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = out.with_suffix(".json")
         if path.exists():
             rep = load_report(json.loads(path.read_text()))
+            if not rep.capacity_bound:
+                fill_capacity_bound(rep)
             for other in args.merge:
                 extra = Path(f"{other}_seed{seed}.json")
                 if extra.exists():

@@ -146,6 +146,11 @@ class Report:
     reuse_bound: dict[str, float]
     runs: list[TargetRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    capacity_bound: dict[str, float] = field(default_factory=dict)
+    """Per stage, the most of its prompt tokens any router could serve from cache with the fleet's finite KV
+    (``bench.capacity_bound``: Belady's MIN over one cache of the fleet's size). Empty in reports made before it."""
+    pooled_lru_bound: dict[str, float] = field(default_factory=dict)
+    """Per stage, what one LRU cache of the fleet's size would serve (a yardstick, not a bound)."""
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -253,7 +258,16 @@ def render_markdown(report: Report) -> str:
         "",
     ]
     lines += [f"- {n}" for n in report.notes]
-    if report.notes:
+    if report.capacity_bound:
+        lines.append(
+            "- With the fleet's finite KV cache, the most any router could serve from cache (capacity bound, "
+            "`bench/capacity_bound.py`) / one pooled LRU cache of that size, per stage: "
+            + ", ".join(
+                f"{label} {bound:.3f} / {report.pooled_lru_bound.get(label, 0.0):.3f}"
+                for label, bound in report.capacity_bound.items()
+            )
+        )
+    if report.notes or report.capacity_bound:
         lines.append("")
     lines += [
         "## Targets",

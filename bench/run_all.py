@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 from bench import workloads as wl
+from bench.capacity_bound import capacity_bounds
 from bench.loadgen import LoadResult, RequestResult, run_load
 from bench.long_context import LongContextProfile, long_context_schedule
 from bench.report import (
@@ -369,6 +370,13 @@ def build_schedule(args: argparse.Namespace) -> wl.Schedule:
     return wl.shared_prefix_schedule(profile, stages, seed=args.seed)
 
 
+def fleet_kv_tokens(args: argparse.Namespace) -> int:
+    """The KV cache of the whole simulated fleet, in tokens (each engine's profile's capacity)."""
+    from cognitora.sim.profiles import profiles_for_fleet
+
+    return sum(p.kv_capacity_tokens for p in profiles_for_fleet(args.profile, args.engines))
+
+
 def pick_time_scale(schedule: wl.Schedule, requested: str, max_wall_rps: float) -> float:
     if requested != "auto":
         return float(requested)
@@ -486,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         reuse_bound={label: schedule.reuse_bound(label) for label in schedule.stage_labels()},
     )
+    bound = capacity_bounds(schedule.requests, fleet_kv_tokens(args), spec.block_size)
+    report.capacity_bound, report.pooled_lru_bound = bound.capacity, bound.pooled_lru
     if time_scale < 1:
         report.notes.append(
             f"The sim ran at time scale {time_scale:g}: wall-clock router overhead is scaled by the same factor."

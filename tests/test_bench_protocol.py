@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from bench import protocol
@@ -76,3 +77,32 @@ def test_a_peer_that_serves_nothing_at_the_first_missed_stage_is_said_so() -> No
     text = protocol.aggregate(seeds, "cmd")
     assert "First stage where the best peer misses the TTFT SLO: **s1**" in text
     assert "cognitora-envoy: 0.90 req/s against sglang's 0.00: no ratio (the peer's median goodput is 0)" in text
+
+
+def test_hit_rates_are_judged_against_each_seeds_own_bounds_including_the_fleets_capacity() -> None:
+    # Each seed is a different workload instance with its own bounds: seed 2's hit rate of 0.1 against its bound
+    # of 0.4 is 0.25 of it, not 0.5 of seed 0's.
+    seeds = []
+    for i, (reuse, lru) in enumerate([(0.2, 0.05), (0.2, 0.08), (0.4, 0.1)]):
+        rep = report(i, {"sglang": [(1.0, 3.0), (3.0, 2.0)], "cognitora-envoy": [(0.9, 3.0), (1.5, 3.0)]})
+        rep.reuse_bound = {"s0": reuse, "s1": reuse}
+        for run in rep.runs:
+            run.stages = [replace(st, reuse_bound=reuse) for st in run.stages]
+        rep.capacity_bound = {"s0": reuse, "s1": reuse}
+        rep.pooled_lru_bound = {"s0": lru, "s1": lru}
+        seeds.append(rep)
+    text = protocol.aggregate(seeds, "cmd")
+    row = next(line for line in text.splitlines() if line.startswith("| s0 | cognitora-envoy | 0.45"))
+    assert row.endswith("| 0.100 [0.100-0.100] | 0.200 [0.200-0.400] | 0.50 [0.25-0.50] |")
+    assert "## Cache hits against the fleet's KV capacity" in text
+    assert "| s0 | 0.200 [0.200-0.400] | 0.200 [0.200-0.400] | 0.080 [0.050-0.100] | cognitora-envoy | " in text
+    assert "| 0.50 [0.25-0.50] | 1.25 [1.00-2.00] |" in text
+
+
+def test_reports_without_the_fleets_capacity_get_no_capacity_section() -> None:
+    seeds = [
+        report(i, {"sglang": [(1.0, 3.0), (3.0, 2.0)], "cognitora-envoy": [(0.9, 3.0), (1.5, 3.0)]}) for i in range(3)
+    ]
+    text = protocol.aggregate(seeds, "cmd")
+    assert "KV capacity" not in text and "| s0 | cognitora-envoy |" in text
+    assert not protocol.fill_capacity_bound(seeds[0])  # "run 0" is not a bench.run_all command
