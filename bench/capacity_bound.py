@@ -146,13 +146,12 @@ def _lru_leading_hits(chains: Sequence[Sequence[int]], slots: int) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.run_all import FleetSpec, build_schedule, fleet_kv_tokens, parse_args
+    from bench.run_all import build_schedule, fleet_capacity_bounds, parse_args
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     schedule = build_schedule(args)
-    kv = fleet_kv_tokens(args)
-    bound = capacity_bounds(schedule.requests, kv, FleetSpec.block_size)
-    print(f"{schedule.description}: {len(schedule.requests)} requests; fleet KV {kv:,} tokens")
+    bound = fleet_capacity_bounds(schedule, args)
+    print(f"{schedule.description}: {len(schedule.requests)} requests; fleet KV {bound.kv_tokens:,} tokens")
     print("| stage | reuse bound | capacity bound (MIN) | pooled LRU |")
     print("|---|---|---|---|")
     for stage in schedule.stage_labels():

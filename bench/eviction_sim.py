@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
+from bench.workloads import MOONCAKE_BLOCK_TOKENS as BLOCK_TOKENS
+from bench.workloads import read_mooncake
+
 POLICIES = ("least-loaded", "coldest-tail", "reused-tail", "oracle")
-BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,11 @@ class TraceRequest:
 
 
 def read_trace(path: Path, max_requests: int) -> list[TraceRequest]:
-    out: list[TraceRequest] = []
-    with path.open() as lines:
-        for line in lines:
-            if len(out) >= max_requests:
-                break
-            o = json.loads(line)
-            out.append(TraceRequest(o["timestamp"] / 1000, tuple(o["hash_ids"]), int(o["input_length"])))
-    return out
+    """The trace's first ``max_requests`` requests (``bench.workloads.read_mooncake`` checks each line)."""
+    return [
+        TraceRequest(rec.timestamp_ms / 1000, rec.hash_ids, rec.input_length)
+        for rec in islice(read_mooncake(path), max_requests)
+    ]
 
 
 class _Engine:

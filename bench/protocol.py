@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import run_all
-from bench.capacity_bound import capacity_bounds
 from bench.report import Report, StageSummary, load_report
 
 DEFAULT_SEEDS = (20251130, 20251201, 20251202, 20251203, 20251204)
@@ -60,8 +59,13 @@ class Spread:
 
 
 def _spread(stages: Sequence[StageSummary], field: str) -> Spread | None:
-    values = tuple(v for v in (getattr(s, field) for s in stages) if v is not None)
-    return Spread(values) if values else None
+    return _values([getattr(s, field) for s in stages])
+
+
+def _values(values: Sequence[float | None]) -> Spread | None:
+    """The spread of the values that are known (None when none is)."""
+    kept = tuple(v for v in values if v is not None)
+    return Spread(kept) if kept else None
 
 
 def _show(s: Spread | None, digits: int = 2) -> str:
@@ -225,11 +229,6 @@ def _capacity_section(reports: Sequence[Report], measured: Sequence[str], mine: 
     return lines
 
 
-def _values(values: Sequence[float | None]) -> Spread | None:
-    kept = tuple(v for v in values if v is not None)
-    return Spread(kept) if kept else None
-
-
 def fill_capacity_bound(report: Report) -> bool:
     """Compute ``report.capacity_bound`` from its own ``bench.run_all`` command, for a report made before the
     harness recorded it. False when the command cannot be rebuilt here (another harness, a trace not here)."""
@@ -240,7 +239,7 @@ def fill_capacity_bound(report: Report) -> bool:
     if args.trace is not None and not Path(args.trace).exists():
         return False
     schedule = run_all.build_schedule(args)
-    bound = capacity_bounds(schedule.requests, run_all.fleet_kv_tokens(args), run_all.FleetSpec.block_size)
+    bound = run_all.fleet_capacity_bounds(schedule, args)
     report.capacity_bound, report.pooled_lru_bound = bound.capacity, bound.pooled_lru
     return True
 

@@ -12,8 +12,10 @@ trace. Prints the percentiles and the share of reuses within the capacity.
 from __future__ import annotations
 
 import argparse
-import json
+from itertools import islice
 from pathlib import Path
+
+from bench.workloads import MOONCAKE_BLOCK_TOKENS, read_mooncake
 
 
 def reuse_distances(trace: Path, max_requests: int, block_tokens: int) -> tuple[list[int], int]:
@@ -22,17 +24,13 @@ def reuse_distances(trace: Path, max_requests: int, block_tokens: int) -> tuple[
     distances: list[int] = []
     position = 0
     total = 0
-    with trace.open() as lines:
-        for n, line in enumerate(lines):
-            if n >= max_requests:
-                break
-            request = json.loads(line)
-            total += int(request["input_length"])
-            for block in request["hash_ids"]:
-                if block in last_seen:
-                    distances.append((position - last_seen[block]) * block_tokens)
-                last_seen[block] = position
-                position += 1
+    for request in islice(read_mooncake(trace), max_requests):
+        total += request.input_length
+        for block in request.hash_ids:
+            if block in last_seen:
+                distances.append((position - last_seen[block]) * block_tokens)
+            last_seen[block] = position
+            position += 1
     return sorted(distances), total
 
 
@@ -40,7 +38,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--trace", type=Path, required=True)
     parser.add_argument("--max-requests", type=int, default=1000)
-    parser.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id (Mooncake: 512)")
+    parser.add_argument(
+        "--block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS, help="tokens per hash id (Mooncake: 512)"
+    )
     parser.add_argument("--kv-tokens", type=int, default=8 * 300_000, help="the fleet's KV capacity in tokens")
     args = parser.parse_args()
     distances, total = reuse_distances(args.trace, args.max_requests, args.block_tokens)

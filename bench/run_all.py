@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 from bench import workloads as wl
-from bench.capacity_bound import capacity_bounds
+from bench.capacity_bound import CapacityBound, capacity_bounds
 from bench.loadgen import LoadResult, RequestResult, run_load
 from bench.long_context import LongContextProfile, long_context_schedule
 from bench.report import (
@@ -377,6 +377,11 @@ def fleet_kv_tokens(args: argparse.Namespace) -> int:
     return sum(p.kv_capacity_tokens for p in profiles_for_fleet(args.profile, args.engines))
 
 
+def fleet_capacity_bounds(schedule: wl.Schedule, args: argparse.Namespace) -> CapacityBound:
+    """``bench.capacity_bound`` for this run's schedule on the fleet its arguments describe."""
+    return capacity_bounds(schedule.requests, fleet_kv_tokens(args), FleetSpec.block_size)
+
+
 def pick_time_scale(schedule: wl.Schedule, requested: str, max_wall_rps: float) -> float:
     if requested != "auto":
         return float(requested)
@@ -494,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         reuse_bound={label: schedule.reuse_bound(label) for label in schedule.stage_labels()},
     )
-    bound = capacity_bounds(schedule.requests, fleet_kv_tokens(args), spec.block_size)
+    bound = fleet_capacity_bounds(schedule, args)
     report.capacity_bound, report.pooled_lru_bound = bound.capacity, bound.pooled_lru
     if time_scale < 1:
         report.notes.append(
