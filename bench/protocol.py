@@ -112,8 +112,12 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
         "Hit rate: the engines' cached prompt tokens over prompt tokens. Reuse bound: the prefix tokens an earlier "
         "request sent (an unlimited cache); 'of bound' is each seed's hit rate over its own bound.",
         "",
-        "| stage | target | TTFT p50 | TTFT p90 | TTFT p99 | goodput rps | hit rate | reuse bound | of bound |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Router CPU: the cores the router's processes used during the stage (the LiteLLM proxy is one process: near "
+        "1.0 it, not placement, is what the stage measures).",
+        "",
+        "| stage | target | TTFT p50 | TTFT p90 | TTFT p99 | goodput rps | hit rate | reuse bound | of bound "
+        "| router CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label in measured:
         for t in targets:
@@ -124,7 +128,8 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
                 f"| {label} | {t} | {_show(_spread(st, 'ttft_p50'))} | {_show(_spread(st, 'ttft_p90'))} | "
                 f"{_show(_spread(st, 'ttft_p99'))} | {_show(_spread(st, 'goodput_rps'))} | "
                 f"{_show(_spread(st, 'hit_rate'), 3)} | {_show(_spread(st, 'reuse_bound'), 3)} | "
-                f"{_show(_ratios(reports, t, label, lambda rep, st: st.reuse_bound))} |"
+                f"{_show(_ratios(reports, t, label, lambda rep, st: st.reuse_bound))} | "
+                f"{_show(_spread(st, 'router_cpu_share'))} |"
             )
     peers = [t for t in targets if not t.startswith("cognitora")]
     mine = [t for t in targets if t.startswith("cognitora")]

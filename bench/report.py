@@ -62,6 +62,9 @@ class StageSummary:
     """Of ``failed``: requests still streaming when the run's deadline cut them (judged on what had arrived)."""
     waiting_at_cut: int = 0
     """Of ``failed``: requests cut by the deadline before their first token (queued, not failed by the server)."""
+    router_cpu_share: float | None = None
+    """Cores the router's processes used from the stage's first arrival to its last (``bench.cpu_timeline``); None
+    when not measured."""
 
     @property
     def errored(self) -> int:
@@ -284,7 +287,7 @@ def render_markdown(report: Report) -> str:
         valid = "yes" if h and not h.saturated else f"**no**: {h.reason if h else 'no data'}"
         cpu = f"{h.cpu_share:.0%} of a core" if h else "-"
         busy = f"{h.machine_busy_share:.0%}" if h else "-"
-        router = "-" if run.router_cpu_share is None else f"{run.router_cpu_share:.2f} cores"
+        router = _cores(run.router_cpu_share)
         sim = "-" if run.fleet_cpu_share is None else f"{run.fleet_cpu_share:.2f} cores"
         hits = f"{_f(run.engine_hit_rate)} / {_f(run.engine_reuse_bound)}"
         lines.append(
@@ -297,9 +300,9 @@ def render_markdown(report: Report) -> str:
     lines += ["## Results per stage", ""]
     header = (
         "| stage | target | sent/s | finished/sent | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms | E2E p50 | E2E p99 "
-        "| out tok/s | goodput rps | hit rate | reuse bound |"
+        "| out tok/s | goodput rps | hit rate | reuse bound | router CPU |"
     )
-    lines += [header, "|" + "---|" * 14]
+    lines += [header, "|" + "---|" * 15]
     for label in measured:
         for run in report.runs:
             for s in run.stages:
@@ -310,7 +313,7 @@ def render_markdown(report: Report) -> str:
                     f"{s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
                     f"{_f(s.ttft_p99)} | {_f(None if s.itl_p50 is None else s.itl_p50 * 1000, 1)} | "
                     f"{_f(s.e2e_p50, 2)} | {_f(s.e2e_p99, 2)} | {s.output_tps:.0f} | {s.goodput_rps:.2f} | "
-                    f"{_f(s.hit_rate)} | {s.reuse_bound:.3f} |"
+                    f"{_f(s.hit_rate)} | {s.reuse_bound:.3f} | {_cores(s.router_cpu_share)} |"
                 )
     lines.append("")
 
@@ -362,6 +365,10 @@ def render_markdown(report: Report) -> str:
                 lines.append(f"- {target} / {stage}: {n} x `{msg}`")
         lines.append("")
     return "\n".join(lines)
+
+
+def _cores(share: float | None) -> str:
+    return "-" if share is None else f"{share:.2f} cores"
 
 
 def engine_hit_and_bound(run: TargetRun, results: list[RequestResult]) -> None:

@@ -24,6 +24,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -37,6 +38,7 @@ from tqdm import tqdm
 
 from bench import workloads as wl
 from bench.capacity_bound import CapacityBound, capacity_bounds
+from bench.cpu_timeline import CpuTimeline
 from bench.loadgen import LoadResult, RequestResult, run_load
 from bench.long_context import LongContextProfile, long_context_schedule
 from bench.report import (
@@ -261,10 +263,20 @@ class Progress:
 
 
 async def _drive(
-    target: Target, base_url: str, fleet: FleetLike, schedule: wl.Schedule, spec: FleetSpec, args: argparse.Namespace
-) -> tuple[LoadResult, list[EngineStats]]:
+    target: Target,
+    base_url: str,
+    fleet: FleetLike,
+    schedule: wl.Schedule,
+    spec: FleetSpec,
+    args: argparse.Namespace,
+    router_cpu: CpuTimeline,
+) -> tuple[LoadResult, list[EngineStats], float]:
+    """The load result, the engines' counters, and the wall time (``perf_counter``) the schedule started at."""
     sampler = EngineSampler(fleet.urls)
     sampling = asyncio.create_task(sampler.sample_forever())
+    cpu_sampling = asyncio.create_task(router_cpu.sample_forever())
+    await asyncio.sleep(0)  # the first CPU sample is taken before the first request
+    started = time.perf_counter()
     try:
         result = await run_load(
             base_url,
@@ -280,7 +292,8 @@ async def _drive(
         )
     finally:
         sampling.cancel()
-    return result, sampler.finish()
+        cpu_sampling.cancel()
+    return result, sampler.finish(), started
 
 
 def _fleet_cpu(fleet: Any) -> float:
@@ -315,7 +328,8 @@ def run_target(
             run.skipped = f"failed to start: {str(exc)[-300:]}"
             return run
         router_cpu0, fleet_cpu0 = target.cpu_seconds(), _fleet_cpu(fleet)
-        result, engines = asyncio.run(_drive(target, base_url, fleet, schedule, spec, args))
+        router_cpu = CpuTimeline(target.cpu_seconds)
+        result, engines, started = asyncio.run(_drive(target, base_url, fleet, schedule, spec, args, router_cpu))
         wall = result.health.wall_s
         if wall > 0:
             run.router_cpu_share = (target.cpu_seconds() - router_cpu0) / wall
@@ -339,9 +353,13 @@ def run_target(
         results = by_stage.get(stage.label, [])
         if not stage.measured or not results:
             continue
-        run.stages.append(
-            summarize_stage(stage.label, stage.rate, stage.duration_s, results, schedule.reuse_bound(stage.label), slo)
+        summary = summarize_stage(
+            stage.label, stage.rate, stage.duration_s, results, schedule.reuse_bound(stage.label), slo
         )
+        # The stage's window in wall time: from its first arrival to its last (arrivals are engine seconds).
+        first, last = (f(r.arrival_s for r in results) / spec.time_scale for f in (min, max))
+        summary.router_cpu_share = router_cpu.cores_between(started + first, started + last)
+        run.stages.append(summary)
     engine_hit_and_bound(run, result.results)
     return run
 

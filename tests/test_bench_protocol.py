@@ -87,13 +87,15 @@ def test_hit_rates_are_judged_against_each_seeds_own_bounds_including_the_fleets
         rep = report(i, {"sglang": [(1.0, 3.0), (3.0, 2.0)], "cognitora-envoy": [(0.9, 3.0), (1.5, 3.0)]})
         rep.reuse_bound = {"s0": reuse, "s1": reuse}
         for run in rep.runs:
-            run.stages = [replace(st, reuse_bound=reuse) for st in run.stages]
+            # The router's CPU per stage (the one seed that did not measure it shows in no cell).
+            cpu = None if i == 2 else 0.8 + i / 10
+            run.stages = [replace(st, reuse_bound=reuse, router_cpu_share=cpu) for st in run.stages]
         rep.capacity_bound = {"s0": reuse, "s1": reuse}
         rep.pooled_lru_bound = {"s0": lru, "s1": lru}
         seeds.append(rep)
     text = protocol.aggregate(seeds, "cmd")
     row = next(line for line in text.splitlines() if line.startswith("| s0 | cognitora-envoy | 0.45"))
-    assert row.endswith("| 0.100 [0.100-0.100] | 0.200 [0.200-0.400] | 0.50 [0.25-0.50] |")
+    assert row.endswith("| 0.100 [0.100-0.100] | 0.200 [0.200-0.400] | 0.50 [0.25-0.50] | 0.85 [0.80-0.90] |")
     assert "## Cache hits against the fleet's KV capacity" in text
     assert "| s0 | 0.200 [0.200-0.400] | 0.200 [0.200-0.400] | 0.080 [0.050-0.100] | cognitora-envoy | " in text
     assert "| 0.50 [0.25-0.50] | 1.25 [1.00-2.00] |" in text

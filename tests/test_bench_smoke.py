@@ -43,6 +43,8 @@ def test_harness_runs_two_targets_and_reports_sane_numbers(tmp_path: Path) -> No
         # The engines saw exactly our requests.
         assert sum(e["requests"] for e in run["engines"]) == sent
         assert not run["health"]["saturated"]
+        # The router's CPU is measured per stage, not only over the run (a 2 s stage spans two samples).
+        assert stage["router_cpu_share"] is not None and 0 <= stage["router_cpu_share"] < 2
     md = out.with_suffix(".md").read_text()
     assert md.splitlines()[5].startswith("python -m bench.run_all --workload shared-prefix-32x32")
     assert out.with_suffix(".png").stat().st_size > 0
