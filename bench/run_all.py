@@ -52,6 +52,7 @@ from bench.report import (
     write_report,
 )
 from bench.targets import (
+    COGNITORA_TARGETS,
     PEER_TARGETS,
     FleetLike,
     Target,
@@ -474,7 +475,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def resolve_targets(spec: str) -> list[str]:
     if spec == "all":
-        return list(all_targets())
+        return [*PEER_TARGETS, *COGNITORA_TARGETS]
     if spec == "peers":
         return list(PEER_TARGETS)
     names = [n.strip() for n in spec.split(",") if n.strip()]

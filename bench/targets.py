@@ -10,6 +10,7 @@ each peer installs and behaves here: shared/reference/peer-routers.md.
 | envoy-lr | same | LEAST_REQUEST (power of two choices, Envoy's default for it) |
 | litellm-shuffle | LiteLLM proxy 1.108.7, one deployment per engine | simple-shuffle (LiteLLM's default) |
 | litellm-least-busy | same | least-busy |
+| litellm-shuffle-logged | same, + a pass-through callback on the hooks Cognitora's plugin uses | simple-shuffle |
 | sglang-cache-aware | sglang-router 0.3.2 (``smg launch``) | cache_aware with its defaults |
 | vllm-cache-aware | vllm-router 0.1.17 | cache_aware with its defaults |
 | cognitora-litellm | LiteLLM proxy with ``routing_strategy: cognitora`` (litellm_plugin) | Cognitora |
@@ -320,6 +321,27 @@ class LiteLLMTarget(Target):
         return f"http://127.0.0.1:{port}"
 
 
+class LoggedLiteLLMTarget(LiteLLMTarget):
+    """LiteLLM's simple-shuffle plus a callback that overrides the hooks Cognitora's plugin overrides and does nothing
+    (bench/litellm_logged_callback.py): what the proxy charges for having such a callback, apart from Cognitora."""
+
+    CALLBACK = Path(__file__).with_name("litellm_logged_callback.py")
+
+    def __init__(self, model: str, workdir: Path | None = None) -> None:
+        super().__init__(model, "simple-shuffle", workdir)
+        self.name = "litellm-shuffle-logged"
+        self.settings += (
+            "; + a pass-through callback on the hooks Cognitora's plugin uses (bench/litellm_logged_callback.py)"
+        )
+
+    def config(self, fleet: FleetLike) -> dict[str, Any]:
+        cfg = super().config(fleet)
+        # LiteLLM loads a callback module from the config's directory: copy it next to the config.
+        (self.workdir / self.CALLBACK.name).write_text(self.CALLBACK.read_text())
+        cfg["litellm_settings"]["callbacks"] = [f"{self.CALLBACK.stem}.callbacks"]
+        return cfg
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # sglang-router and vllm-router
 
@@ -583,9 +605,15 @@ PEER_TARGETS: dict[str, TargetFactory] = {
 }
 
 
+DIAGNOSTIC_TARGETS: dict[str, TargetFactory] = {
+    "litellm-shuffle-logged": lambda m, w: LoggedLiteLLMTarget(m, w),
+}
+"""Run by name only (not in 'all' or 'peers'): they explain a measurement, they are not a router to compare."""
+
+
 def all_targets() -> dict[str, TargetFactory]:
-    """Every target name -> factory (peers first, then Cognitora's)."""
-    return {**PEER_TARGETS, **COGNITORA_TARGETS}
+    """Every target name -> factory (peers first, then Cognitora's, then the diagnostic ones)."""
+    return {**PEER_TARGETS, **COGNITORA_TARGETS, **DIAGNOSTIC_TARGETS}
 
 
 def split_target(name: str) -> tuple[str, dict[str, Any]]:
