@@ -78,9 +78,11 @@ async def hold_streams(url: str, model: str, n: int) -> tuple[Counter[int], str]
 
 
 def breaker_overflows(admin_url: str) -> dict[str, int]:
-    """The ext_proc cluster's circuit-breaker overflow counters that are not 0, from Envoy's admin ``/stats``."""
+    """The ext_proc and engine clusters' circuit-breaker overflow counters that are not 0, from Envoy's admin
+    ``/stats``: on the engines' (HTTP/1.1, a connection per request) ``upstream_cx_overflow`` counts requests that
+    waited inside Envoy for a connection, placed but unseen by the engine."""
     text = httpx.get(
-        f"{admin_url}/stats", params={"filter": r"cluster\.cognitora_extproc\..*overflow"}, timeout=10
+        f"{admin_url}/stats", params={"filter": r"cluster\.(cognitora_extproc|engines)\..*overflow"}, timeout=10
     ).text
     counts = {}
     for line in text.splitlines():
