@@ -23,11 +23,16 @@ class CpuTimeline:
     samples: list[tuple[float, float]] = field(default_factory=list)
     """(``time.perf_counter()``, CPU seconds), in time order."""
 
+    def sample(self) -> None:
+        """Take one sample now (call it before the run starts, so the first stage's window begins after it)."""
+        self.samples.append((time.perf_counter(), self.read_cpu_s()))
+
     async def sample_forever(self) -> None:
+        """One sample each interval, the first one interval from now."""
         while True:
+            await asyncio.sleep(self.interval_s)
             cpu = await asyncio.to_thread(self.read_cpu_s)
             self.samples.append((time.perf_counter(), cpu))
-            await asyncio.sleep(self.interval_s)
 
     def cores_between(self, t0: float, t1: float) -> float | None:
         """Mean cores used between wall times ``t0`` and ``t1`` (``perf_counter`` seconds); None when the window is

@@ -288,7 +288,7 @@ def render_markdown(report: Report) -> str:
         cpu = f"{h.cpu_share:.0%} of a core" if h else "-"
         busy = f"{h.machine_busy_share:.0%}" if h else "-"
         router = _cores(run.router_cpu_share)
-        sim = "-" if run.fleet_cpu_share is None else f"{run.fleet_cpu_share:.2f} cores"
+        sim = _cores(run.fleet_cpu_share)
         hits = f"{_f(run.engine_hit_rate)} / {_f(run.engine_reuse_bound)}"
         lines.append(
             f"| {run.target} | {run.settings} | {run.total_ok} / {run.total_requests} | {hits} | {router} | {sim} | "

@@ -275,8 +275,8 @@ async def _drive(
     """The load result, the engines' counters, and the wall time (``perf_counter``) the schedule started at."""
     sampler = EngineSampler(fleet.urls)
     sampling = asyncio.create_task(sampler.sample_forever())
+    router_cpu.sample()  # before the first request: every stage's window lies within the samples
     cpu_sampling = asyncio.create_task(router_cpu.sample_forever())
-    await asyncio.sleep(0)  # the first CPU sample is taken before the first request
     started = time.perf_counter()
     try:
         result = await run_load(

@@ -27,6 +27,8 @@ def test_sampling_reads_the_counter_over_time() -> None:
     timeline = CpuTimeline(lambda: float(next(reads)), interval_s=0.01)
 
     async def sample_a_while() -> None:
+        timeline.sample()  # taken at once, before the loop runs: the run's start lies within the samples
+        assert len(timeline.samples) == 1
         task = asyncio.create_task(timeline.sample_forever())
         while len(timeline.samples) < 3:
             await asyncio.sleep(0.005)
