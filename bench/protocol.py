@@ -272,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--merge",
         action="append",
         default=[],
-        help="also read OTHER_seedN.json and add its targets to each seed (a variant run later on the same seeds)",
+        help="also read OTHER_seedN.json and add its targets to each seed (a variant run later on the same seeds); "
+        "a target this run has keeps this run's rows",
     )
     args = p.parse_args(ours)
     if any(a in ("--seed", "--out") for a in theirs):
@@ -294,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for other in args.merge:
                 extra = Path(f"{other}_seed{seed}.json")
                 if extra.exists():
-                    rep.runs += load_report(json.loads(extra.read_text())).runs
+                    # A target this run has is this run's: a rerun of it supersedes the merged file's rows.
+                    have = {run.target for run in rep.runs}
+                    rep.runs += [r for r in load_report(json.loads(extra.read_text())).runs if r.target not in have]
             reports.append(rep)
     if not reports:
         raise SystemExit("no seed produced a report")

@@ -58,6 +58,21 @@ def test_protocol_aggregates_the_seeds_already_run(tmp_path: Path) -> None:
     assert "3 seeds" in text and "| s1 | cognitora-envoy | envoy-rr | better" in text
 
 
+def test_a_merged_run_adds_its_peers_and_a_rerun_target_keeps_this_runs_rows(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    for seed in protocol.DEFAULT_SEEDS[:3]:
+        before = report(seed, {"envoy-rr": [(1.0, 3.0), (5.0, 1.0)], "cognitora-envoy": [(9.0, 0.5), (9.5, 0.4)]})
+        Path(f"{old}_seed{seed}.json").write_text(json.dumps(report_json(before)))
+        rerun = report(seed, {"cognitora-envoy": [(0.9, 3.0), (1.5, 3.0)]})
+        Path(f"{new}_seed{seed}.json").write_text(json.dumps(report_json(rerun)))
+    assert protocol.main(["--seeds", "3", "--out", str(new), "--aggregate", "--merge", str(old)]) == 0
+    text = new.with_suffix(".md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| s1 | cognitora-envoy | ")]
+    assert len(rows) == 2, rows  # the table's row and the verdict's: the merged file's old row is not there
+    assert "| s1 | cognitora-envoy | 0.75 [0.75-0.75] | 1.50 [1.50-1.50] |" in text
+    assert "| s1 | envoy-rr |" in text  # the peer came from the merged file
+
+
 def test_long_context_profile_is_long_with_low_reuse() -> None:
     schedule = long_context_schedule(LongContextProfile(), ladder([4.0], 100.0), seed=7)
     prompts = [r.prompt_tokens for r in schedule.requests]
