@@ -176,6 +176,10 @@ class EnginePriors(_Strict):
     kv_capacity_tokens: int | None = Field(default=None, gt=0)
     """Tokens the engine's KV cache holds; learned from its metrics (vLLM ``cache_config_info`` num_gpu_blocks x
     block_size) when it reports them. Unknown: no KV-capacity charge and resident context from the routers' counts."""
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    """Requests the engine runs at once (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, llama.cpp
+    ``-np``): a request beyond them waits for a running one to finish (the seat wait). Unset: llama.cpp's ``/slots``
+    count, else learned from the engine's gauges once it has been full (``kvstate.seats``); until then no seat wait."""
 
 
 class EndpointConfig(_Strict):
@@ -421,6 +425,10 @@ class CostModelConfig(_Strict):
     kv_pressure_weight: float = Field(default=1.0, ge=0)
     """Multiplier of the KV-capacity term: a placement whose new blocks (uncached prompt + ``max_tokens``) would not
     fit beside the resident context waits for enough of it to leave (or preempts, and recomputes), in seconds."""
+    seat_wait_weight: float = Field(default=1.0, ge=0)
+    """Multiplier of the seat wait: on an engine whose seats (``max_num_seqs``) are all taken by the requests in
+    flight there, a new one starts only when enough running ones finish, at the times their ages say
+    (docs/placement.md, "Seats"). 0 leaves it out."""
     affinity_prompt_share: float = Field(default=0.5, ge=0, le=1)
     """The tie-breaking prefix key is taken at least this share of the way into the prompt (and at least
     ``placement.affinity_prefix_tokens`` deep): requests converge on what most of their prompt shares, so 30k-token

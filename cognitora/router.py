@@ -42,6 +42,7 @@ from cognitora.placement import FleetState, HealthMark, place, reject, unknown_m
 from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
+from cognitora.seat_tenure import SeatTenure
 from cognitora.telemetry import Telemetry
 from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.engines import ENGINES
@@ -111,6 +112,8 @@ class _LocalRequest:
     context_tokens: float = 0.0
     """Its prompt plus half its ``max_tokens``: the KV it holds on average over its life."""
     dispatched_at: float = 0.0
+    seat_since: float | None = None
+    """When its first token came back (router clock): from then it holds a seat (``cognitora.seat_tenure``)."""
 
 
 class _LocalInflight:
@@ -126,10 +129,24 @@ class _LocalInflight:
     def has(self, request_id: str) -> bool:
         return request_id in self._requests
 
-    def prefill_done(self, request_id: str) -> None:
+    def prefill_done(self, request_id: str, now: float) -> None:
         entry = self._requests.get(request_id)
         if entry is not None:
             entry.prefill_done = True
+            if entry.seat_since is None:
+                entry.seat_since = now
+
+    def seat_since(self, request_id: str) -> float | None:
+        entry = self._requests.get(request_id)
+        return None if entry is None else entry.seat_since
+
+    def seat_ages(self, endpoints: Sequence[str], now: float) -> dict[str, list[float]]:
+        """Seconds since the first token of each request holding a seat, per endpoint of ``endpoints`` with any."""
+        ages: dict[str, list[float]] = {}
+        for entry in self._requests.values():
+            if entry.seat_since is not None and entry.endpoint in endpoints:
+                ages.setdefault(entry.endpoint, []).append(now - entry.seat_since)
+        return ages
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -209,6 +226,8 @@ class Router:
         self.intent = None if config.intent is None else IntentSource.shared(config.intent, set(config.model_names()))
         """The model-rewrite policy in force (``cognitora.intent``), reloaded when its file changes."""
         self._local = _LocalInflight()
+        self._seat_tenure = SeatTenure()
+        """How long requests hold a seat per endpoint, on this router's clock: the seat wait's schedule."""
         self._feedback = TtftFeedback(config.cost_model.feedback)
         self._routed = RoutedPrefixes()
         self._outcome_rates = OutcomeRates(
@@ -390,6 +409,7 @@ class Router:
         if also is not None and not also.done():
             await asyncio.wait([also])
         local = self._local.totals(ids, now)
+        seats = self._seat_tenure.progress(self._local.seat_ages(ids, now)) if local else {}
         bias = self._feedback.factors(ids, now)
         routed = self._routed.match(model.name, prompt.keys, now)
         if view is None:
@@ -402,6 +422,7 @@ class Router:
                 health_marks=_newest_marks(self._shared_marks, self._health_marks),
                 context_tokens=context,
                 context_since_snapshot=recent,
+                seat_progress=seats,
                 ttft_bias=bias,
                 degraded=True,
             )
@@ -429,6 +450,7 @@ class Router:
             health_marks=_newest_marks(view.health_marks, self._health_marks),
             context_tokens=context,
             context_since_snapshot=recent,
+            seat_progress=seats,
             ttft_bias=bias,
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
@@ -659,7 +681,7 @@ class Router:
         """From the attempt: its prefill is over (first token, or its deadline passed)."""
         if self._attempts.get(attempt.request_id) is not attempt or attempt.decision.cloud is not None:
             return
-        self._local.prefill_done(attempt.request_id)
+        self._local.prefill_done(attempt.request_id, self._clock())
         endpoint, rid = attempt.endpoint, attempt.request_id
         attempt._write(lambda: self.store.inflight_prefill_done(endpoint, rid), "record a first token")
         self._release_prefill_leg(attempt)
@@ -695,6 +717,9 @@ class Router:
             self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group, identity=who)
             self._learn(attempt, outcome)
             return
+        seated = self._local.seat_since(rid)
+        if outcome.ok and seated is not None:
+            self._seat_tenure.observe(endpoint, self._clock() - seated)
         self._local.release(rid)
         self._learn(attempt, outcome)
         if outcome.kind.marks_unhealthy(outcome.status):

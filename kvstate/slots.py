@@ -77,8 +77,9 @@ class SlotsPoll:
 
     def apply(self, snapshot: EndpointSnapshot) -> EndpointSnapshot:
         """The snapshot with what /slots says: running = busy slots (the same moment the page was read, and known
-        without ``--metrics``), and the KV capacity = the largest slot's ``n_ctx`` when metrics did not give one."""
+        without ``--metrics``), seats = the slots, and the KV capacity = the largest slot's ``n_ctx`` when metrics
+        did not give one."""
         if self.load is None:
             return snapshot
         capacity = snapshot.kv_capacity_tokens or self.load.n_ctx
-        return replace(snapshot, running=self.load.busy, kv_capacity_tokens=capacity)
+        return replace(snapshot, running=self.load.busy, seats=self.load.slots, kv_capacity_tokens=capacity)

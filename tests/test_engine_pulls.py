@@ -77,6 +77,7 @@ async def test_llamacpp_slots_give_busy_slots_and_the_context_the_server_holds(f
     snap = (await store.snapshots())[endpoint]
     # llama.cpp's /metrics says nothing of its KV size; /slots does (the largest slot's n_ctx: a lower bound)
     assert snap.kv_capacity_tokens == max(s["n_ctx"] for s in slots) > 0
+    assert snap.seats == len(slots)  # the server's -np: placement's seat count (cognitora.placement.seat_wait)
     assert http_requests(fleet, 0).get("/slots", 0) >= 2  # the test's own read, and the scraper's
 
 

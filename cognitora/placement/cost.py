@@ -3,7 +3,7 @@
     predicted_ttft(e) = queued_prefill_tokens(e) / prefill_rate(e)
                         + max((prompt_tokens - cached_tokens(e)) / prefill_rate(e), short_prompt_prefill_s(e))
                         + decode_penalty_s_per_running * running(e)
-                        + slot_wait(e)
+                        + slot_wait(e)                 (with ``cost_model``: the larger of it and seat_wait(e))
 
 - ``cached_tokens(e)``: the tier-weighted longest held prefix (speculative entries included) x tokens per key,
   at most the prompt; with ``kv_tiers``, blocks held only in CPU memory or on disk count whole and their reload
@@ -55,10 +55,12 @@ prefill, which is where candidates differ most, is compared).
 Scraped load figures older than ``snapshot_max_age_s`` are ignored (the learned energy per token is not a load
 figure: it is used however old); router counts never are.
 
-With ``cost_model`` (``CognitoraConfig.cost_model``; every placement through ``placement.place``), the prediction
-also carries what long contexts cost (``placement.long_context``: attention, the prefill's steps slowed by the
-context resident there, the wait for KV room), and then the endpoint's learned feedback factor
-(``cognitora.ttft_feedback``): ``(ttft + floor) x factor - floor``.
+With ``cost_model`` (``CognitoraConfig.cost_model``; every placement through ``placement.place``), the slot wait is
+at least the seat wait (``placement.seat_wait``: an engine whose seats the requests in flight there fill, whatever
+its gauges said at the last scrape), and the prediction also carries what long contexts cost
+(``placement.long_context``: attention, the prefill's steps slowed by the context resident there, the wait for KV
+room), and then the endpoint's learned feedback factor (``cognitora.ttft_feedback``): ``(ttft + floor) x factor -
+floor``.
 
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
 (+ the decode-interference and prefill-stall charges, ``ranking_cost_s``). A positive recompute weight charges the
@@ -76,7 +78,8 @@ from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, Pla
 from cognitora.decision import CandidateScore
 from cognitora.placement.estimate_basis import estimate_basis
 from cognitora.placement.long_context import LongContextCost, engine_priors, long_context_cost
-from cognitora.placement.state import FleetState
+from cognitora.placement.seat_wait import departure_wait_s, seat_wait_s
+from cognitora.placement.state import FleetState, SeatProgress
 from cognitora.placement.tier_reload import priced_prefix
 from cognitora.ttft_feedback import corrected_ttft_s
 from kvstate.store import EndpointSnapshot, InFlight
@@ -180,13 +183,16 @@ def mean_service_s(snap: EndpointSnapshot, flight: InFlight) -> float:
     return 0.0
 
 
-def slot_wait_s(snap: EndpointSnapshot | None, flight: InFlight, params: PlacementConfig) -> float:
+def slot_wait_s(
+    snap: EndpointSnapshot | None, flight: InFlight, params: PlacementConfig, progress: SeatProgress | None = None
+) -> float:
     """How long a new request waits for a free slot (seconds): 0 unless the engine is at capacity.
 
     At capacity (requests waiting, or KV usage at least ``saturated_kv_usage``) it is admitted only after the
-    requests ahead of it and then one more leave the batch, and requests leave at ``running / mean_service_s``
-    (Little's law). Requests ahead: the engine's waiting count, or the routers' in-flight requests beyond what the
-    engine runs when that is more (dispatched since the scrape, not yet visible in ``waiting``).
+    requests ahead of it and then one more leave the batch, at the times ``seat_wait.departure_wait_s`` reads from
+    the seat holders' ages (``progress``), or at ``running / mean_service_s`` a second (Little's law) without them.
+    Requests ahead: the engine's waiting count, or the routers' in-flight requests beyond what the engine runs when
+    that is more (dispatched since the scrape, not yet visible in ``waiting``).
     """
     if snap is None:
         return 0.0
@@ -196,8 +202,7 @@ def slot_wait_s(snap: EndpointSnapshot | None, flight: InFlight, params: Placeme
     if service <= 0:
         return 0.0
     ahead = max(snap.waiting, flight.requests - snap.running)
-    departures_per_s = max(snap.running, 1) / service
-    return (ahead + 1) / departures_per_s
+    return departure_wait_s(ahead + 1, snap.running, service, progress)
 
 
 def fewest_uncached_tokens(
@@ -242,7 +247,15 @@ def score_endpoint(
         running = max(running, snap.running)
     rate = prefill_rate(endpoint, snap, params, pooled_rate)
     decode_penalty = params.decode_penalty_s_per_running * running
-    slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params) if params.slot_wait_weight else 0.0
+    progress = state.seat_progress.get(endpoint.id)
+    slot_wait = 0.0
+    if params.slot_wait_weight:
+        slot_wait = params.slot_wait_weight * slot_wait_s(snap, flight, params, progress)
+    priors = engine_priors(endpoint, snap, cost_model) if cost_model is not None else None
+    if priors is not None and cost_model is not None and cost_model.seat_wait_weight > 0:
+        service = mean_service_s(snap, flight) if snap is not None else 0.0
+        seat_wait = cost_model.seat_wait_weight * seat_wait_s(priors.seats, flight, snap, service, progress)
+        slot_wait = max(slot_wait, seat_wait)  # the same wait, seen two ways: the larger is the better-informed
     uncached_prefill_s = (prompt_tokens - cached) / rate
     short_floor_s = snap.short_prompt_prefill_s if snap is not None else 0.0
     floor_binds = short_floor_s > uncached_prefill_s
@@ -251,8 +264,7 @@ def score_endpoint(
     extra = LongContextCost()
     bias = 1.0
     kv_read_s_per_token = 0.0
-    if cost_model is not None:
-        priors = engine_priors(endpoint, snap, cost_model)
+    if cost_model is not None and priors is not None:
         kv_read_s_per_token = priors.kv_read_s_per_token
         extra = long_context_cost(
             priors,

@@ -65,6 +65,8 @@ class EngineCostPriors:
     attention_context_tokens: float
     kv_read_s_per_token: float
     kv_capacity_tokens: int | None
+    seats: int | None = None
+    """Requests it runs at once (``max_num_seqs``); None: not known."""
 
 
 @dataclass(frozen=True)
@@ -85,19 +87,25 @@ class LongContextCost:
 
 
 def engine_priors(endpoint: EndpointConfig, snap: EndpointSnapshot | None, model: CostModelConfig) -> EngineCostPriors:
-    """The endpoint's coefficients: its ``cost`` setting, else (capacity only) what the scraper learned, else the
-    fleet's ``cost_model.priors``."""
+    """The endpoint's coefficients: its ``cost`` setting, else (capacity and seats only) what the scraper learned,
+    else the fleet's ``cost_model.priors``."""
     own, fleet = endpoint.cost, model.priors
     capacity = own.kv_capacity_tokens
     if capacity is None and snap is not None and snap.kv_capacity_tokens > 0:
         capacity = snap.kv_capacity_tokens
     if capacity is None:
         capacity = fleet.kv_capacity_tokens
+    seats = own.max_num_seqs
+    if seats is None and snap is not None and snap.seats > 0:
+        seats = snap.seats
+    if seats is None:
+        seats = fleet.max_num_seqs
     return EngineCostPriors(
         step_tokens=own.max_num_batched_tokens or fleet.max_num_batched_tokens or 8192,
         attention_context_tokens=own.attention_context_tokens or fleet.attention_context_tokens or math.inf,
         kv_read_s_per_token=_first(own.kv_read_s_per_token, fleet.kv_read_s_per_token, 0.0),
         kv_capacity_tokens=capacity,
+        seats=seats,
     )
 
 

@@ -10,7 +10,22 @@ from dataclasses import dataclass, field
 
 from kvstate.store import EndpointSnapshot, HealthMark, InFlight, PrefixMatch
 
-__all__ = ["FleetState", "HealthMark"]
+__all__ = ["FleetState", "HealthMark", "SeatProgress"]
+
+
+@dataclass(frozen=True)
+class SeatProgress:
+    """This gateway's requests holding a seat on one endpoint (first token seen, end not yet), and how long its
+    requests hold one there, on the gateway's own clock (``cognitora.seat_tenure``): the departure schedule the
+    seat wait reads (``placement.seat_wait``)."""
+
+    ages_s: tuple[float, ...]
+    """Seconds since each one's first token."""
+    tenure_s: float
+    """Mean seconds from first token to end, over this endpoint's recent requests."""
+    variability: float
+    """The tenure's squared coefficient of variation, in [0, 1]: 0 when every request holds its seat as long (an
+    age then says when it leaves), 1 when ages say nothing (exponential service)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,8 @@ class FleetState:
     context_since_snapshot: Mapping[str, float] = field(default_factory=dict)
     """Of ``context_tokens``: the requests dispatched after the endpoint's snapshot was taken, which its
     ``kv_usage`` cannot show yet."""
+    seat_progress: Mapping[str, SeatProgress] = field(default_factory=dict)
+    """Per endpoint this router has requests holding a seat on and has learned a tenure for: their ages."""
     ttft_bias: Mapping[str, float] = field(default_factory=dict)
     """Per endpoint, the factor its predicted TTFT is corrected by (``cognitora.ttft_feedback``); absent: 1."""
     degraded: bool = False

@@ -1,0 +1,274 @@
+"""The seat wait (cognitora/placement/seat_wait.py): an engine whose seats are all taken admits a new request only
+when running ones finish, at the times their ages say; the seats learned from the gauges (kvstate/seats.py) and
+the tenure learned from the lifecycle (cognitora/seat_tenure.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.placement import FleetState, place
+from cognitora.placement.seat_wait import departure_wait_s, seat_wait_s
+from cognitora.placement.state import SeatProgress
+from cognitora.request import RouteRequest
+from cognitora.router import Router
+from cognitora.seat_tenure import MIN_SAMPLES, SeatTenure
+from cognitora.sim.launch import start_fleet
+from kvstate.memory_store import MemoryStore
+from kvstate.prompt import PromptKeys
+from kvstate.scrape import Scraper, ScrapeTarget
+from kvstate.seats import SeatCount
+from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
+
+NOW = 1_000_000.0
+BLOCK = 16
+A, B = "127.0.0.1:8001", "127.0.0.1:8002"
+
+
+def fleet(*, seats: int | None = 256, **top: Any) -> CognitoraConfig:
+    cost = {} if seats is None else {"cost": {"max_num_seqs": seats}}
+    endpoints = [{"url": f"http://{e}", **cost} for e in (A, B)]
+    data: dict[str, Any] = {"models": [{"name": "m", "block_size": BLOCK, "endpoints": endpoints}], **top}
+    return config_from_dict(data)
+
+
+def keys(tokens: int, first_key: int = 1) -> PromptKeys:
+    return PromptKeys(
+        keys=list(range(first_key, first_key + tokens // BLOCK)), prompt_tokens=tokens, exact=True, tokens_per_key=BLOCK
+    )
+
+
+def snap(endpoint: str, **fields: Any) -> EndpointSnapshot:
+    return EndpointSnapshot(endpoint=endpoint, last_seen=NOW - 0.5, **fields)
+
+
+def cohort(n: int, age_s: float, tenure_s: float = 15.0, variability: float = 0.0) -> SeatProgress:
+    return SeatProgress(tuple(age_s for _ in range(n)), tenure_s, variability)
+
+
+def score(decision: Any, endpoint: str) -> Any:
+    return next(c for c in decision.candidates if c.endpoint == endpoint)
+
+
+# -- the departure schedule -----------------------------------------------------------------------------------------
+
+
+def test_without_ages_departures_follow_littles_law() -> None:
+    assert departure_wait_s(4, 40, 30.0, None) == pytest.approx(3.0)
+
+
+def test_a_cohort_that_took_its_seats_together_leaves_together() -> None:
+    # 256 requests took their seats 6 s ago and hold them 15 s: nobody leaves for 9 s. Little's law said 0.06 s.
+    assert departure_wait_s(1, 256, 15.0, cohort(256, 6.0)) == pytest.approx(9.0)
+    assert departure_wait_s(1, 256, 15.0, None) == pytest.approx(15.0 / 256)
+
+
+def test_evenly_spread_ages_agree_with_littles_law() -> None:
+    ages = SeatProgress(tuple(15.0 * i / 100 for i in range(100)), 15.0, 0.0)
+    for k in (1, 10, 50, 100):
+        assert departure_wait_s(k, 100, 15.0, ages) == pytest.approx(k * 15.0 / 100, abs=0.16)
+
+
+def test_beyond_one_round_of_seats_each_round_takes_a_tenure() -> None:
+    # 2 seat holders 10 s into a 15 s tenure: the 3rd departure is the first of the next round's.
+    assert departure_wait_s(3, 2, 15.0, cohort(2, 10.0)) == pytest.approx(15.0 + 5.0)
+
+
+def test_ages_say_nothing_when_service_times_are_exponential() -> None:
+    # Squared coefficient of variation 1: Poisson departures, Little's law whatever the ages.
+    assert departure_wait_s(1, 256, 15.0, cohort(256, 6.0, variability=1.0)) == pytest.approx(15.0 / 256)
+    half = departure_wait_s(1, 256, 15.0, cohort(256, 6.0, variability=0.5))
+    assert half == pytest.approx(0.5 * 9.0 + 0.5 * 15.0 / 256)
+
+
+def test_the_gateways_own_holders_stand_for_all_of_them() -> None:
+    # The engine runs 200; this gateway holds 2 of the seats (ages 14 and 2 s of 15): the 100th departure is the
+    # median residual, the first is the oldest's.
+    two = SeatProgress((14.0, 2.0), 15.0, 0.0)
+    assert departure_wait_s(1, 200, 15.0, two) == pytest.approx(1.0)
+    assert departure_wait_s(150, 200, 15.0, two) == pytest.approx(13.0)
+
+
+def test_no_seat_wait_while_a_seat_is_free_or_the_seats_are_unknown() -> None:
+    young = cohort(256, 1.0)
+    assert seat_wait_s(256, InFlight(requests=255), None, 15.0, young) == 0.0
+    assert seat_wait_s(None, InFlight(requests=999), None, 15.0, young) == 0.0
+    assert seat_wait_s(256, InFlight(requests=999), None, 0.0, young) == 0.0  # no service time learned
+    # The router's count fills them before the engine shows it: the 257th waits for the first departure.
+    assert seat_wait_s(256, InFlight(requests=256), snap(A, running=200), 15.0, young) == pytest.approx(14.0)
+    # Traffic that bypassed the routers shows in the engine's gauges: 256 wait, so this one needs the whole cohort
+    # to leave and then one of the next.
+    gauges = snap(A, running=256, waiting=256)
+    assert seat_wait_s(256, InFlight(requests=10), gauges, 15.0, young) == pytest.approx(14.0 + 15.0)
+
+
+# -- placement ------------------------------------------------------------------------------------------------------
+
+
+def test_a_full_engine_holding_the_prefix_loses_to_one_with_a_free_seat() -> None:
+    # B holds 6,000 of the 7,200 tokens (0.6 s of prefill saved) but its 256 seats are taken by requests 6 s into
+    # 15 s of service: the next one starts in 9 s. A has a seat free.
+    state = FleetState(
+        NOW,
+        matches={B: _cached(6000)},
+        inflight={A: InFlight(requests=200), B: InFlight(requests=256)},
+        snapshots={A: snap(A, running=200, mean_service_s=15.0), B: snap(B, running=250, mean_service_s=15.0)},
+        seat_progress={A: cohort(200, 6.0), B: cohort(256, 6.0)},
+    )
+    decision = place(RouteRequest(model="m", prompt="x"), keys(7200), fleet(), state)
+    assert decision.endpoint == A, decision.explain()
+    assert score(decision, B).slot_wait_s == pytest.approx(9.0)
+    assert score(decision, A).slot_wait_s == 0.0
+    assert "slot wait" in decision.explain()
+    # Off, or with no seat count known, the prefix wins as before.
+    assert place(RouteRequest(model="m", prompt="x"), keys(7200), fleet(seats=None), state).endpoint == B
+    off = fleet(cost_model={"seat_wait_weight": 0.0})
+    assert place(RouteRequest(model="m", prompt="x"), keys(7200), off, state).endpoint == B
+
+
+SHEDDABLE = {"priorities": {"default": {"ttft_slo_s": 2.0, "sheddable": True}}}
+
+
+def test_a_sheddable_class_is_refused_while_every_seat_is_held_by_a_young_cohort() -> None:
+    # 270 in flight on each engine's 256 seats: 14 ahead, so the 15th departure.
+    full = {e: InFlight(requests=270) for e in (A, B)}
+    snaps = {e: snap(e, running=256, mean_service_s=15.0) for e in (A, B)}
+    req = RouteRequest(model="m", prompt="x")
+    young = FleetState(NOW, inflight=full, snapshots=snaps, seat_progress={A: cohort(256, 6.0), B: cohort(256, 7.0)})
+    decision = place(req, keys(512), fleet(placement=SHEDDABLE), young)
+    assert decision.rejection is not None and decision.rejection.status == 429, decision.explain()
+    # B's cohort is 7 s into its 15: 8 s to the first departure, 6.1 s past the 2 s SLO.
+    assert decision.rejection.retry_after_s == 7
+    # Little's law alone (no ages) puts 15 departures 0.9 s away and admits it, to wait 8 s.
+    blind = place(req, keys(512), fleet(placement=SHEDDABLE), FleetState(NOW, inflight=full, snapshots=snaps))
+    assert blind.rejection is None and score(blind, blind.endpoint).slot_wait_s == pytest.approx(15 * 15.0 / 256)
+    # With the cohort near its end the seats free in time, and the request is placed.
+    old = FleetState(NOW, inflight=full, snapshots=snaps, seat_progress={A: cohort(256, 14.5), B: cohort(256, 14.9)})
+    placed = place(req, keys(512), fleet(placement=SHEDDABLE), old)
+    assert placed.endpoint == B and placed.rejection is None, placed.explain()
+
+
+def _cached(tokens: int) -> PrefixMatch:
+    return PrefixMatch(blocks=tokens // BLOCK, weighted_blocks=tokens / BLOCK)
+
+
+# -- seats learned from the gauges ----------------------------------------------------------------------------------
+
+
+def test_seats_are_learned_when_two_scrapes_in_a_row_pin_the_running_count() -> None:
+    seats = SeatCount()
+    assert seats.observe(running=40, waiting=3, kv_usage=0.3) == 0  # one reading: a step's token budget, maybe
+    assert seats.observe(running=52, waiting=1, kv_usage=0.3) == 0  # it moved: it was
+    assert seats.observe(running=52, waiting=9, kv_usage=0.3) == 52  # pinned while requests wait: the limit
+    assert seats.observe(running=30, waiting=0, kv_usage=0.2) == 52  # kept when the engine empties
+
+
+def test_a_wait_for_kv_blocks_teaches_no_seat_count() -> None:
+    seats = SeatCount()
+    for _ in range(3):
+        seats.observe(running=12, waiting=4, kv_usage=0.97)
+    assert seats.seats == 0
+    seats.observe(running=64, waiting=2, kv_usage=0.5)
+    seats.restart()  # a failed scrape between two readings: they are not "in a row"
+    assert seats.observe(running=64, waiting=2, kv_usage=0.5) == 0
+    assert seats.observe(running=64, waiting=2, kv_usage=0.5) == 64
+
+
+@pytest.mark.e2e
+async def test_the_scraper_learns_a_vllm_engines_seats_from_its_gauges(tmp_path: Path) -> None:
+    """A simulated vLLM engine started with ``--max-num-seqs 2`` and sent 4 long requests: 2 run, 2 wait, and the
+    scraper learns 2 seats, which vLLM's metrics never state."""
+    with start_fleet(1, time_scale=1.0, extra_args=["--max-num-seqs", "2"], log_dir=tmp_path) as sim:
+        endpoint, url = sim.endpoint_ids[0], sim.urls[0]
+        store = MemoryStore()
+        scraper = Scraper(store, [ScrapeTarget(endpoint, url, "vllm")], interval_s=0.2)
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"model": "smollm2", "prompt": "hello " * 50, "max_tokens": 4000, "stream": True}
+            streams = [asyncio.create_task(_hold(client, url, body)) for _ in range(4)]
+            deadline = time.monotonic() + 30
+            learned = 0
+            while learned != 2:
+                assert time.monotonic() < deadline, "the scraper never learned the engine's 2 seats"
+                snapshot = await scraper.scrape(endpoint)
+                learned = 0 if snapshot is None else snapshot.seats
+                await asyncio.sleep(0.1)
+            for task in streams:
+                task.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+        await scraper.stop()
+    assert (await store.snapshots())[endpoint].seats == 2
+
+
+async def _hold(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async for _ in response.aiter_lines():
+            pass
+
+
+# -- the tenure, learned from the lifecycle -------------------------------------------------------------------------
+
+
+def test_tenure_needs_samples_and_measures_its_spread() -> None:
+    tenure = SeatTenure()
+    for _ in range(MIN_SAMPLES - 1):
+        tenure.observe(A, 15.0)
+    assert tenure.tenure_s(A) is None and tenure.variability(A) == 1.0
+    tenure.observe(A, 15.0)
+    assert tenure.tenure_s(A) == pytest.approx(15.0) and tenure.variability(A) == pytest.approx(0.0)
+    for seconds in (1.0, 29.0) * 20:
+        tenure.observe(B, seconds)
+    assert tenure.variability(B) == pytest.approx(14.0**2 / 15.0**2, rel=0.1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_router_times_its_seat_holders_and_predicts_when_a_seat_frees() -> None:
+    """Through the lifecycle: requests whose first token came back hold a seat until they finish; the router learns
+    how long (10 s here, on its own clock) and, with the engine's 2 seats taken by requests 4 s old, predicts the
+    next one waits the 6 s until the first of them finishes, in the engine's units (mean_service_s 10 s)."""
+    clock = Clock()
+    store = MemoryStore()
+    config = fleet(seats=2, placement={"recompute_weight": 0.0, "priorities": {"default": {"ttft_slo_s": 60}}})
+    router = Router(config, store, clock=clock)
+    for e in (A, B):
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=NOW, mean_service_s=10.0))
+
+    async def admit(i: int, endpoint: str) -> Any:
+        req = RouteRequest(model="m", prompt=f"prompt {i}", candidates=(endpoint,), request_id=f"r{i}")
+        decision, attempt = await router.admit(req)
+        assert attempt is not None and decision.endpoint == endpoint
+        return attempt
+
+    for i in range(MIN_SAMPLES):
+        attempt = await admit(i, A)
+        attempt.first_token()
+        await asyncio.sleep(0)
+        clock.now += 10.0
+        attempt.finish(Outcome(OutcomeKind.COMPLETED))
+        await attempt.settled()
+    for e in (A, B):
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=clock.now, mean_service_s=10.0))
+    holders = [await admit(100 + i, A) for i in range(2)]
+    for attempt in holders:
+        attempt.first_token()
+    await asyncio.sleep(0)
+    clock.now += 4.0
+
+    req = RouteRequest(model="m", prompt="the next one", request_id="next")
+    decision = await router.place(req)
+    assert decision.endpoint == B, decision.explain()
+    assert score(decision, A).slot_wait_s == pytest.approx(6.0)
+    assert score(decision, B).slot_wait_s == 0.0
