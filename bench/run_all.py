@@ -138,6 +138,10 @@ class BenchFleet:
         self.events_addresses = [f"tcp://127.0.0.1:{events + 2 * i}" for i in range(spec.engines)]
         self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
         self.tokenizer_path = None if spec.tokenizer == "builtin" else spec.tokenizer
+        from cognitora.sim.profiles import profiles_for_fleet
+
+        self.max_num_seqs = [p.max_num_seqs for p in profiles_for_fleet(spec.profile, spec.engines)]
+        """Each engine's seats (its profile's ``--max-num-seqs``): an operator's engine flag, told to Cognitora."""
         self.engine_kinds = spec.engine_kinds
         """Each engine's kind: Cognitora's config says it (and subscribes to events only where there are some)."""
         try:

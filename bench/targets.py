@@ -474,14 +474,19 @@ def cognitora_model(model: str, fleet: CognitoraFleet, block_size: int = 16) -> 
     return entry
 
 
-def engine_facts(fleet: CognitoraFleet, i: int, events: str, replay: str) -> dict[str, str]:
-    """Engine ``i``'s kind, and its KV-event addresses when that kind publishes events (a mixed fleet's MLX or
-    llama.cpp engines have none)."""
+def engine_facts(fleet: CognitoraFleet, i: int, events: str, replay: str) -> dict[str, Any]:
+    """Engine ``i``'s kind, its KV-event addresses when that kind publishes events (a mixed fleet's MLX or
+    llama.cpp engines have none), and its seats when the fleet says (``cost.max_num_seqs``: the engine's
+    ``--max-num-seqs``, which an operator writes down as they write its URL; vLLM does not export it)."""
     kinds = getattr(fleet, "engine_kinds", None)
     kind = kinds[i] if kinds else "vllm"
-    if kind != "vllm":
-        return {"engine": kind}
-    return {"engine": kind, "kv_events": events, "kv_events_replay": replay}
+    seats = getattr(fleet, "max_num_seqs", None)
+    facts: dict[str, Any] = {"engine": kind}
+    if kind == "vllm":
+        facts |= {"kv_events": events, "kv_events_replay": replay}
+    if seats:
+        facts["cost"] = {"max_num_seqs": seats[i]}
+    return facts
 
 
 class CognitoraLiteLLMTarget(LiteLLMTarget):
@@ -531,8 +536,8 @@ class CognitoraEnvoyTarget(Target):
     name = "cognitora-envoy"
     settings = (
         "Envoy 1.40.0 configured by examples/envoy.yaml (ext_proc, override_host) + `cognitora extproc "
-        "--collector`: embedded store (no Redis), KV events from every engine, the engines' tokenizer, "
-        "Cognitora's default placement settings"
+        "--collector`: embedded store (no Redis), KV events from every engine, the engines' tokenizer and "
+        "max_num_seqs, Cognitora's default placement settings"
     )
 
     def start(self, fleet: FleetLike) -> str:

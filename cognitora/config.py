@@ -178,8 +178,9 @@ class EnginePriors(_Strict):
     block_size) when it reports them. Unknown: no KV-capacity charge and resident context from the routers' counts."""
     max_num_seqs: int | None = Field(default=None, gt=0)
     """Requests the engine runs at once (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, llama.cpp
-    ``-np``): a request beyond them waits for a running one to finish (the seat wait). Unset: llama.cpp's ``/slots``
-    count, else learned from the engine's gauges once it has been full (``kvstate.seats``); until then no seat wait."""
+    ``-np``): a request beyond them waits for a running one to finish (the seat wait). vLLM and SGLang do not
+    export it: set it to the engine's flag (vLLM's default is 1024 on a GPU of 70 GiB or more other than an A100,
+    else 256). Unset: llama.cpp's ``/slots`` count, else unknown, and no seat wait."""
 
 
 class EndpointConfig(_Strict):

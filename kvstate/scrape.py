@@ -39,7 +39,6 @@ from kvstate.engines import (
     parse_prometheus_text,
 )
 from kvstate.rates import RateEstimator
-from kvstate.seats import SeatCount
 from kvstate.slots import SlotsPoll
 from kvstate.store import EndpointSnapshot, Store
 
@@ -110,8 +109,6 @@ class _Endpoint:
     metrics_broken: bool = False
     """The last metrics fetch failed or was garbage: log only the first of a streak."""
     snapshot: EndpointSnapshot | None = None
-    seat_count: SeatCount = field(default_factory=SeatCount)
-    """The engine's seats, learned from its gauges (``kvstate.seats``)."""
     slots: SlotsPoll | None = None
     """llama.cpp ``/slots``, when the engine kind has one and polling it is on (``kvstate.slots``)."""
 
@@ -338,7 +335,6 @@ class Scraper:
         endpoint.consecutive_failures += 1
         # Counters across an outage may belong to a restarted process: never take a delta across one.
         endpoint.estimator.restart_windows()
-        endpoint.seat_count.restart()
         if endpoint.consecutive_failures >= self.unhealthy_after and endpoint.healthy is not False:
             log.warning(
                 "endpoint unhealthy",
@@ -354,15 +350,13 @@ class Scraper:
         load, spec = endpoint.load, endpoint.spec
         watts = endpoint.power.power_watts if endpoint.power.power_watts is not None else load.power_watts
         joules = endpoint.power.energy_joules if endpoint.power.energy_joules is not None else load.energy_joules
-        running, waiting = int(load.running or 0), int(load.waiting or 0)
-        kv_usage = min(max(load.kv_usage or 0.0, 0.0), 1.0)
         seen = EndpointSnapshot(
             endpoint=endpoint.target.endpoint_id,
             healthy=bool(endpoint.healthy),
             last_seen=endpoint.last_seen,
-            running=running,
-            waiting=waiting,
-            kv_usage=kv_usage,
+            running=int(load.running or 0),
+            waiting=int(load.waiting or 0),
+            kv_usage=min(max(load.kv_usage or 0.0, 0.0), 1.0),
             prefill_tokens_per_s=endpoint.estimator.prefill_tokens_per_s,
             prefill_rate_from_short_prompts=endpoint.estimator.prefill_rate_from_short_prompts,
             short_prompt_prefill_s=endpoint.estimator.short_prompt_prefill_s,
@@ -373,7 +367,6 @@ class Scraper:
             kv_capacity_tokens=(load.kv_blocks or 0) * (load.block_size or spec.default_block_size or 0),
             consecutive_failures=endpoint.consecutive_failures,
             mean_service_s=endpoint.estimator.mean_service_s or None,
-            seats=endpoint.seat_count.observe(running, waiting, kv_usage),
             prompt_tokens_total=load.prompt_tokens_total,
             generation_tokens_total=load.generation_tokens_total,
             prefix_cache_hits_total=load.prefix_cache_hits_total,

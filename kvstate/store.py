@@ -112,8 +112,9 @@ class EndpointSnapshot:
     """The learned mean time (s) a request holds a batch slot (``RateEstimator``). Placement's slot-wait term
     divides it into the running count for a departure rate."""
     seats: int = 0
-    """Requests the engine runs at once (its batch slots: ``--max-num-seqs``, llama.cpp ``-np``): from llama.cpp's
-    ``/slots``, else learned from the load gauges (``kvstate.seats``); 0 = not known."""
+    """Requests the engine runs at once (its batch slots), when it says: llama.cpp's ``/slots`` count (``-np``).
+    vLLM and SGLang export no such gauge; their ``--max-num-seqs`` is configured (``cost.max_num_seqs``). 0 = not
+    known."""
     joules_per_token: float | None = None
     """The learned marginal energy per token (J, prompt and generated alike) from the endpoint's own power meter
     (``kvstate.energy``): learned once, by the scraper, for every gateway replica."""

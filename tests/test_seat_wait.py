@@ -1,15 +1,12 @@
 """The seat wait (cognitora/placement/seat_wait.py): an engine whose seats are all taken admits a new request only
-when running ones finish, at the times their ages say; the seats learned from the gauges (kvstate/seats.py) and
-the tenure learned from the lifecycle (cognitora/seat_tenure.py)."""
+when running ones finish, at the times their ages say; the tenure learned from the lifecycle
+(cognitora/seat_tenure.py). llama.cpp's seats from /slots: tests/test_engine_pulls.py."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from cognitora.attempt import Outcome, OutcomeKind
@@ -20,11 +17,8 @@ from cognitora.placement.state import SeatProgress
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from cognitora.seat_tenure import MIN_SAMPLES, SeatTenure
-from cognitora.sim.launch import start_fleet
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptKeys
-from kvstate.scrape import Scraper, ScrapeTarget
-from kvstate.seats import SeatCount
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
 
 NOW = 1_000_000.0
@@ -157,59 +151,6 @@ def test_a_sheddable_class_is_refused_while_every_seat_is_held_by_a_young_cohort
 
 def _cached(tokens: int) -> PrefixMatch:
     return PrefixMatch(blocks=tokens // BLOCK, weighted_blocks=tokens / BLOCK)
-
-
-# -- seats learned from the gauges ----------------------------------------------------------------------------------
-
-
-def test_seats_are_learned_when_two_scrapes_in_a_row_pin_the_running_count() -> None:
-    seats = SeatCount()
-    assert seats.observe(running=40, waiting=3, kv_usage=0.3) == 0  # one reading: a step's token budget, maybe
-    assert seats.observe(running=52, waiting=1, kv_usage=0.3) == 0  # it moved: it was
-    assert seats.observe(running=52, waiting=9, kv_usage=0.3) == 52  # pinned while requests wait: the limit
-    assert seats.observe(running=30, waiting=0, kv_usage=0.2) == 52  # kept when the engine empties
-
-
-def test_a_wait_for_kv_blocks_teaches_no_seat_count() -> None:
-    seats = SeatCount()
-    for _ in range(3):
-        seats.observe(running=12, waiting=4, kv_usage=0.97)
-    assert seats.seats == 0
-    seats.observe(running=64, waiting=2, kv_usage=0.5)
-    seats.restart()  # a failed scrape between two readings: they are not "in a row"
-    assert seats.observe(running=64, waiting=2, kv_usage=0.5) == 0
-    assert seats.observe(running=64, waiting=2, kv_usage=0.5) == 64
-
-
-@pytest.mark.e2e
-async def test_the_scraper_learns_a_vllm_engines_seats_from_its_gauges(tmp_path: Path) -> None:
-    """A simulated vLLM engine started with ``--max-num-seqs 2`` and sent 4 long requests: 2 run, 2 wait, and the
-    scraper learns 2 seats, which vLLM's metrics never state."""
-    with start_fleet(1, time_scale=1.0, extra_args=["--max-num-seqs", "2"], log_dir=tmp_path) as sim:
-        endpoint, url = sim.endpoint_ids[0], sim.urls[0]
-        store = MemoryStore()
-        scraper = Scraper(store, [ScrapeTarget(endpoint, url, "vllm")], interval_s=0.2)
-        async with httpx.AsyncClient(timeout=120) as client:
-            body = {"model": "smollm2", "prompt": "hello " * 50, "max_tokens": 4000, "stream": True}
-            streams = [asyncio.create_task(_hold(client, url, body)) for _ in range(4)]
-            deadline = time.monotonic() + 30
-            learned = 0
-            while learned != 2:
-                assert time.monotonic() < deadline, "the scraper never learned the engine's 2 seats"
-                snapshot = await scraper.scrape(endpoint)
-                learned = 0 if snapshot is None else snapshot.seats
-                await asyncio.sleep(0.1)
-            for task in streams:
-                task.cancel()
-            await asyncio.gather(*streams, return_exceptions=True)
-        await scraper.stop()
-    assert (await store.snapshots())[endpoint].seats == 2
-
-
-async def _hold(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-        async for _ in response.aiter_lines():
-            pass
 
 
 # -- the tenure, learned from the lifecycle -------------------------------------------------------------------------
