@@ -4,7 +4,8 @@ The seat wait (``cognitora.placement.seat_wait``) reads when an engine's seats f
 requests holding them. The engine's own figure for a seat's tenure (``EndpointSnapshot.mean_service_s``) is on the
 engine's clock, and ages are on the gateway's: the same seconds in production, not when the engine's clock runs at
 another rate (the time-scaled simulator). A share of a tenure measured on the gateway's clock, ``age / tenure``,
-is the same on both. The variability of the tenures says how much an age tells (``SeatProgress.variability``).
+is the same on both; before one is measured, the engine's ``clock_rate`` converts the ages. The variability of the
+tenures says how much an age tells (``SeatProgress.variability``; a prior until measured).
 
 Per endpoint: EWMA of the tenure and of its square, over attempts that ended well after a first token (an error
 cuts a tenure short and says nothing of the next one's). ``MIN_SAMPLES`` before it is used.
@@ -19,6 +20,9 @@ from cognitora.placement.state import SeatProgress
 ALPHA = 0.05
 """EWMA weight of one tenure: about the last 20 requests (a few seconds of a busy engine)."""
 MIN_SAMPLES = 8
+PRIOR_VARIABILITY = 0.5
+"""The squared coefficient of variation assumed before it is measured: between output lengths that are all alike
+(0: a benchmark's fixed ``max_tokens``) and exponential ones (1; chat outputs come near it)."""
 
 
 @dataclass
@@ -54,19 +58,18 @@ class SeatTenure:
         return t.mean_s if t is not None and t.samples >= MIN_SAMPLES else None
 
     def variability(self, endpoint: str) -> float:
-        """Squared coefficient of variation of the tenure, in [0, 1] (1 when unknown: ages then say nothing)."""
+        """Squared coefficient of variation of the tenure, in [0, 1] (``PRIOR_VARIABILITY`` until learned)."""
         t = self._by_endpoint.get(endpoint)
         if t is None or t.samples < MIN_SAMPLES or t.mean_s <= 0:
-            return 1.0
+            return PRIOR_VARIABILITY
         variance = max(0.0, t.mean_sq - t.mean_s * t.mean_s)
         return min(1.0, variance / (t.mean_s * t.mean_s))
 
     def progress(self, ages: dict[str, list[float]]) -> dict[str, SeatProgress]:
-        """``ages``: seconds since first token of this gateway's seat holders, per endpoint. The endpoints with a
-        learned tenure, as placement reads them."""
-        out: dict[str, SeatProgress] = {}
-        for endpoint, held in ages.items():
-            tenure = self.tenure_s(endpoint)
-            if tenure is not None and held:
-                out[endpoint] = SeatProgress(tuple(held), tenure, self.variability(endpoint))
-        return out
+        """``ages``: seconds since first token of this gateway's seat holders, per endpoint; as placement reads
+        them, with the tenure where it is learned."""
+        return {
+            endpoint: SeatProgress(tuple(held), self.tenure_s(endpoint), self.variability(endpoint))
+            for endpoint, held in ages.items()
+            if held
+        }

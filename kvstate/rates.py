@@ -85,6 +85,10 @@ class RateEstimator:
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
     mean_service_s: float = 0.0
+    clock_rate: float = 0.0
+    """Engine seconds per wall second (0: not learned): 1 for a real engine, the time scale for the simulator."""
+    clock_window_s: float = 2.0
+    _clock_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
     _request_base: EngineLoad | None = field(default=None, repr=False)
     _throughput_base: tuple[EngineLoad, float] | None = field(default=None, repr=False)
     _decode_base: EngineLoad | None = field(default=None, repr=False)
@@ -106,6 +110,7 @@ class RateEstimator:
         self._decode_base = None
         self._service_base = None
         self._ceiling_base = None
+        self._clock_base = None
 
     def observe(self, load: EngineLoad, now: float) -> None:
         """Feed one scrape taken at monotonic time ``now`` (seconds)."""
@@ -126,6 +131,8 @@ class RateEstimator:
             self._decode_base = load
         if self._service_base is None or self._service_sample(self._service_base, load):
             self._service_base = load
+        if self._clock_base is None or self._clock_sample(self._clock_base, load, now):
+            self._clock_base = (load, now)
 
     def _per_request_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
         """Update from the window ``old`` .. ``load``; False while the window is still too small to close."""
@@ -193,6 +200,25 @@ class RateEstimator:
             return False
         if count > 0 and seconds > 0:
             self.decode_tokens_per_s = ewma(self.decode_tokens_per_s, count / seconds, self.alpha)
+        return True
+
+    def _clock_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
+        """Each running sequence adds its inter-token latencies to the ITL histogram's sum on the engine's clock,
+        so over a window the sum grows by ``running x engine seconds``: engine seconds per wall second is
+        ``d(itl_sum) / (mean running x d(wall))``. Only where the histogram counts tokens (not TRT-LLM's)."""
+        old, then = base
+        seconds = delta(old.itl_seconds_sum, load.itl_seconds_sum)
+        count = delta(old.itl_count, load.itl_count)
+        generated = delta(old.generation_tokens_total, load.generation_tokens_total)
+        if seconds is None or count is None or generated is None:
+            return True  # nothing to learn it from
+        if now - then < self.clock_window_s or count < self.min_decode_tokens:
+            return False
+        running = ((old.running or 0) + (load.running or 0)) / 2
+        # The running gauge is read at the window's ends only: a window whose count moved much is not measured.
+        steady = min(old.running or 0, load.running or 0) >= 0.8 * max(old.running or 0, load.running or 0)
+        if running >= 1 and steady and count >= 0.5 * generated and seconds > 0:
+            self.clock_rate = ewma(self.clock_rate, seconds / (running * (now - then)), self.alpha)
         return True
 
     def _service_sample(self, old: EngineLoad, load: EngineLoad) -> bool:

@@ -367,6 +367,7 @@ class Scraper:
             kv_capacity_tokens=(load.kv_blocks or 0) * (load.block_size or spec.default_block_size or 0),
             consecutive_failures=endpoint.consecutive_failures,
             mean_service_s=endpoint.estimator.mean_service_s or None,
+            clock_rate=endpoint.estimator.clock_rate or None,
             prompt_tokens_total=load.prompt_tokens_total,
             generation_tokens_total=load.generation_tokens_total,
             prefix_cache_hits_total=load.prefix_cache_hits_total,

@@ -111,6 +111,9 @@ class EndpointSnapshot:
     mean_service_s: float | None = None
     """The learned mean time (s) a request holds a batch slot (``RateEstimator``). Placement's slot-wait term
     divides it into the running count for a departure rate."""
+    clock_rate: float | None = None
+    """Engine seconds per gateway second, learned from the engine's own latencies (``RateEstimator.clock_rate``):
+    1 on a real engine; the time scale of a time-scaled simulator. None: not learned."""
     seats: int = 0
     """Requests the engine runs at once (its batch slots), when it says: llama.cpp's ``/slots`` count (``-np``).
     vLLM and SGLang export no such gauge; their ``--max-num-seqs`` is configured (``cost.max_num_seqs``). 0 = not

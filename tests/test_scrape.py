@@ -531,6 +531,53 @@ def test_estimator_mean_service_time_from_tokens_per_request_and_decode_speed() 
     assert est.mean_service_s == pytest.approx(10.0)  # 500 tokens each at 50 tokens/s
 
 
+def test_estimator_learns_the_engines_clock_from_its_latencies_and_running_count() -> None:
+    # 40 sequences decode for 10 wall seconds on an engine whose clock runs at 0.25 of the wall's: each adds 2.5
+    # engine seconds of inter-token latency, 100 s in all. TRT-LLM's request-counting histogram teaches nothing.
+    est = RateEstimator()
+    est.observe(EngineLoad(running=40, itl_seconds_sum=0.0, itl_count=0.0, generation_tokens_total=0.0), 0.0)
+    est.observe(EngineLoad(running=40, itl_seconds_sum=50.0, itl_count=2000.0, generation_tokens_total=2000.0), 1.0)
+    assert est.clock_rate == 0.0  # a 1 s window is too short to read a gauge's mean from its two ends
+    est.observe(EngineLoad(running=40, itl_seconds_sum=100.0, itl_count=4000.0, generation_tokens_total=4000.0), 10.0)
+    assert est.clock_rate == pytest.approx(0.25)
+    requests = RateEstimator()
+    requests.observe(EngineLoad(running=40, itl_seconds_sum=0.0, itl_count=0.0, generation_tokens_total=0.0), 0.0)
+    requests.observe(EngineLoad(running=40, itl_seconds_sum=9.0, itl_count=80.0, generation_tokens_total=4000.0), 9.0)
+    assert requests.clock_rate == 0.0
+
+
+@pytest.mark.e2e
+async def test_the_simulators_clock_rate_is_learned_from_its_metrics(tmp_path: Path) -> None:
+    """A simulated engine at time scale 4 (its clock 4x the wall's) decoding 4 long streams: the scraper learns a
+    clock rate near 4, which placement uses to read the gateway's ages on the engine's clock."""
+    with start_fleet(1, time_scale=4.0, log_dir=tmp_path) as fleet:
+        endpoint, url = fleet.endpoint_ids[0], fleet.urls[0]
+        store = MemoryStore()
+        scraper = Scraper(store, [ScrapeTarget(endpoint, url, "vllm")], interval_s=0.5)
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"model": "smollm2", "prompt": "hello " * 50, "max_tokens": 20_000, "stream": True}
+
+            async def hold() -> None:
+                async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+
+            streams = [asyncio.create_task(hold()) for _ in range(4)]
+
+            async def learned() -> bool:
+                snap = await scraper.scrape(endpoint)
+                await asyncio.sleep(0.5)
+                return snap is not None and snap.clock_rate is not None
+
+            await eventually(learned, 30.0, "a learned clock rate")
+            for task in streams:
+                task.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+        await scraper.stop()
+    rate = (await store.snapshots())[endpoint].clock_rate
+    assert rate is not None and 3.0 < rate < 5.0, rate
+
+
 async def test_learned_service_time_and_finished_count_reach_the_snapshot(vllm_engine: FakeEngine) -> None:
     store = MemoryStore()
     scraper = Scraper(store, [ScrapeTarget("e", vllm_engine.url, "vllm")], rate=RateEstimator(min_service_requests=2))

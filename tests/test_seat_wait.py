@@ -12,11 +12,11 @@ import pytest
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.placement import FleetState, place
-from cognitora.placement.seat_wait import departure_wait_s, seat_wait_s
+from cognitora.placement.seat_wait import departure_wait_s, engine_clock_rate, seat_wait_s
 from cognitora.placement.state import SeatProgress
 from cognitora.request import RouteRequest
 from cognitora.router import Router
-from cognitora.seat_tenure import MIN_SAMPLES, SeatTenure
+from cognitora.seat_tenure import MIN_SAMPLES, PRIOR_VARIABILITY, SeatTenure
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptKeys
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
@@ -90,6 +90,22 @@ def test_the_gateways_own_holders_stand_for_all_of_them() -> None:
     assert departure_wait_s(150, 200, 15.0, two) == pytest.approx(13.0)
 
 
+def test_before_a_tenure_is_measured_ages_are_read_on_the_engines_clock() -> None:
+    # Nothing has finished yet: the gateway's ages (60 s) are 6 s on an engine whose clock runs at 0.1 of it (the
+    # simulator at time scale 0.1), 9 s before the 15 s service ends.
+    ramp = SeatProgress(tuple(60.0 for _ in range(256)), None, 0.0)
+    assert departure_wait_s(1, 256, 15.0, ramp, clock_rate=0.1) == pytest.approx(9.0)
+    # Read as gateway seconds they would be past the service time: the seats would look free at once.
+    assert departure_wait_s(1, 256, 15.0, ramp, clock_rate=1.0) == pytest.approx(0.0)
+
+
+def test_a_clock_rate_near_one_is_a_real_engines_and_taken_as_one() -> None:
+    assert engine_clock_rate(snap(A, clock_rate=1.3)) == 1.0
+    assert engine_clock_rate(snap(A, clock_rate=None)) == 1.0
+    assert engine_clock_rate(snap(A, clock_rate=0.1)) == pytest.approx(0.1)
+    assert engine_clock_rate(None) == 1.0
+
+
 def test_no_seat_wait_while_a_seat_is_free_or_the_seats_are_unknown() -> None:
     young = cohort(256, 1.0)
     assert seat_wait_s(256, InFlight(requests=255), None, 15.0, young) == 0.0
@@ -160,7 +176,7 @@ def test_tenure_needs_samples_and_measures_its_spread() -> None:
     tenure = SeatTenure()
     for _ in range(MIN_SAMPLES - 1):
         tenure.observe(A, 15.0)
-    assert tenure.tenure_s(A) is None and tenure.variability(A) == 1.0
+    assert tenure.tenure_s(A) is None and tenure.variability(A) == PRIOR_VARIABILITY
     tenure.observe(A, 15.0)
     assert tenure.tenure_s(A) == pytest.approx(15.0) and tenure.variability(A) == pytest.approx(0.0)
     for seconds in (1.0, 29.0) * 20:
@@ -213,3 +229,29 @@ async def test_the_router_times_its_seat_holders_and_predicts_when_a_seat_frees(
     assert decision.endpoint == B, decision.explain()
     assert score(decision, A).slot_wait_s == pytest.approx(6.0)
     assert score(decision, B).slot_wait_s == 0.0
+
+
+async def test_on_a_ramp_nothing_has_finished_and_the_engines_clock_reads_the_ages() -> None:
+    """The seats fill before any request finishes (a ramp of load): no tenure is measured yet, so the holders' ages
+    (8 gateway seconds) are read on the engine's clock (0.25: 2 engine seconds) against its 10 s of service: 8 s to
+    the first departure, blended half and half (the prior variability) with Little's law's 10 / 2 = 5 s."""
+    clock = Clock()
+    store = MemoryStore()
+    config = fleet(seats=2, placement={"recompute_weight": 0.0, "priorities": {"default": {"ttft_slo_s": 60}}})
+    router = Router(config, store, clock=clock)
+    holders = []
+    for i in range(2):
+        req = RouteRequest(model="m", prompt=f"prompt {i}", candidates=(A,), request_id=f"r{i}")
+        _, attempt = await router.admit(req)
+        assert attempt is not None
+        attempt.first_token()
+        holders.append(attempt)
+    await asyncio.sleep(0)
+    clock.now += 8.0
+    for e in (A, B):
+        await store.put_snapshot(
+            EndpointSnapshot(endpoint=e, last_seen=clock.now, mean_service_s=10.0, clock_rate=0.25)
+        )
+    decision = await router.place(RouteRequest(model="m", prompt="the next one", request_id="next"))
+    assert decision.endpoint == B, decision.explain()
+    assert score(decision, A).slot_wait_s == pytest.approx(0.5 * 8.0 + 0.5 * 5.0)

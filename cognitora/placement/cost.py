@@ -78,7 +78,7 @@ from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, Pla
 from cognitora.decision import CandidateScore
 from cognitora.placement.estimate_basis import estimate_basis
 from cognitora.placement.long_context import LongContextCost, engine_priors, long_context_cost
-from cognitora.placement.seat_wait import departure_wait_s, seat_wait_s
+from cognitora.placement.seat_wait import departure_wait_s, engine_clock_rate, seat_wait_s
 from cognitora.placement.state import FleetState, SeatProgress
 from cognitora.placement.tier_reload import priced_prefix
 from cognitora.ttft_feedback import corrected_ttft_s
@@ -202,7 +202,7 @@ def slot_wait_s(
     if service <= 0:
         return 0.0
     ahead = max(snap.waiting, flight.requests - snap.running)
-    return departure_wait_s(ahead + 1, snap.running, service, progress)
+    return departure_wait_s(ahead + 1, snap.running, service, progress, engine_clock_rate(snap))
 
 
 def fewest_uncached_tokens(

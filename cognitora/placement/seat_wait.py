@@ -31,8 +31,11 @@ departures are Poisson and Little's law is exact. So the two are blended by the 
 
     departure_wait(k) = (1 - c2) x deterministic(k) + c2 x k x S / n
 
-Without seat holders of this gateway's there, or before a tenure is learned, it is Little's law alone. Pure
-functions of their arguments.
+Before the gateway has measured a tenure (no request finished there yet, which on a ramp of load is exactly when
+the seats fill), the ages are read on the engine's clock against ``S``: ``u = age x clock_rate / S``, with
+``clock_rate`` the engine seconds per gateway second the scraper learned (``EndpointSnapshot.clock_rate``: 1 on a
+real engine, 0.1 for the simulator at time scale 0.1), and ``c2`` a prior (``seat_tenure.PRIOR_VARIABILITY``).
+Without seat holders of this gateway's there, it is Little's law alone. Pure functions of their arguments.
 """
 
 from __future__ import annotations
@@ -42,20 +45,40 @@ import math
 from cognitora.placement.state import SeatProgress
 from kvstate.store import EndpointSnapshot, InFlight
 
+CLOCK_AGREES = (0.67, 1.5)
+"""A learned engine clock rate in this range is taken as 1 (``engine_clock_rate``)."""
 
-def departure_wait_s(departures: int, holders: int, service_s: float, progress: SeatProgress | None) -> float:
+
+def departure_wait_s(
+    departures: int, holders: int, service_s: float, progress: SeatProgress | None, clock_rate: float = 1.0
+) -> float:
     """Seconds until ``departures`` of an engine's ``holders`` seat holders have left (``service_s`` each, on
-    average), from their ages when ``progress`` has any."""
+    average, on the engine's clock), from their ages when ``progress`` has any: as shares of the tenure the gateway
+    measured, or before it has, on the engine's clock (``clock_rate`` engine seconds per gateway second)."""
     n = max(holders, 1)
     little = departures * service_s / n
-    if progress is None or not progress.ages_s or progress.tenure_s <= 0:
+    if progress is None or not progress.ages_s or service_s <= 0:
         return little
+    if progress.tenure_s is not None and progress.tenure_s > 0:
+        tenure, scale = progress.tenure_s, 1.0
+    else:
+        tenure, scale = service_s, clock_rate
     rounds, rest = divmod(departures - 1, n)
-    residuals = sorted(max(0.0, 1.0 - age / progress.tenure_s) for age in progress.ages_s)
+    residuals = sorted(max(0.0, 1.0 - age * scale / tenure) for age in progress.ages_s)
     index = min(len(residuals) - 1, max(0, math.ceil((rest + 1) / n * len(residuals)) - 1))
     deterministic = (rounds + residuals[index]) * service_s
     c2 = min(1.0, max(0.0, progress.variability))
     return (1.0 - c2) * deterministic + c2 * little
+
+
+def engine_clock_rate(snap: EndpointSnapshot | None) -> float:
+    """Engine seconds per gateway second: the scraper's ``clock_rate`` when it is far from 1 (a time-scaled
+    simulator), else 1. A real engine's clock is the gateway's; the estimate's noise (a running count read at a
+    window's two ends) is not applied to it."""
+    rate = snap.clock_rate if snap is not None else None
+    if rate is None or rate <= 0 or CLOCK_AGREES[0] <= rate <= CLOCK_AGREES[1]:
+        return 1.0
+    return rate
 
 
 def seat_wait_s(
@@ -75,4 +98,4 @@ def seat_wait_s(
     ahead = occupied - seats
     if ahead < 0:
         return 0.0
-    return departure_wait_s(ahead + 1, seats, service_s, progress)
+    return departure_wait_s(ahead + 1, seats, service_s, progress, engine_clock_rate(snap))

@@ -21,11 +21,11 @@ class SeatProgress:
 
     ages_s: tuple[float, ...]
     """Seconds since each one's first token."""
-    tenure_s: float
-    """Mean seconds from first token to end, over this endpoint's recent requests."""
+    tenure_s: float | None
+    """Mean seconds from first token to end, over this endpoint's recent requests; None before enough finished."""
     variability: float
     """The tenure's squared coefficient of variation, in [0, 1]: 0 when every request holds its seat as long (an
-    age then says when it leaves), 1 when ages say nothing (exponential service)."""
+    age then says when it leaves), 1 when ages say nothing (exponential service); a prior until learned."""
 
 
 @dataclass(frozen=True)
