@@ -180,6 +180,7 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
                     f"- {t}: {ours.median:.2f} req/s against {best}'s {theirs.median:.2f}: no ratio (the peer's "
                     "median goodput is 0)"
                 )
+        lines += _carried_over_section(reports, measured, targets, first_miss)
     lines += _capacity_section(reports, measured, mine)
     lines.append("")
     lines.append(
@@ -203,6 +204,44 @@ def _ratios(
                 if bound and st.hit_rate is not None:
                     values.append(st.hit_rate / bound)
     return Spread(tuple(values)) if values else None
+
+
+def _met_slo(reports: Sequence[Report], target: str, labels: Sequence[str]) -> Spread | None:
+    """Per seed, the requests of ``target`` that met the SLO over the stages ``labels`` (goodput x duration)."""
+    values = []
+    for rep in reports:
+        for run in rep.runs:
+            if run.target == target:
+                met = [st.goodput_rps * st.duration_s for st in run.stages if st.stage in labels]
+                if len(met) == len(labels):
+                    values.append(sum(met))
+    return Spread(tuple(values)) if values else None
+
+
+def _carried_over_section(
+    reports: Sequence[Report], measured: Sequence[str], targets: Sequence[str], first_miss: str
+) -> list[str]:
+    """The requests that met the SLO in the first missed stage and the stage before it, together.
+
+    When a stage is shorter than the time a request holds an engine's seat, the stages are not independent: the
+    seats a router leaves free at the end of one stage are the goodput of the next, so a router can buy goodput
+    in the overload stage with misses in the stage before. The sum says whether it did."""
+    at = measured.index(first_miss)
+    if at == 0:
+        return []
+    labels = list(measured[at - 1 : at + 1])
+    lines = [
+        "",
+        f"Requests that met the SLO in {labels[0]} and {labels[1]} together, per seed, median [range] (a router "
+        "can move goodput from one stage to the next when a request holds its seat longer than a stage lasts):",
+        "",
+    ]
+    for t in targets:
+        met = _met_slo(reports, t, labels)
+        if met is not None:
+            per_seed = ", ".join(f"{v:g}" for v in met.values)
+            lines.append(f"- {t}: {_show(met, 0)} (seeds: {per_seed})")
+    return lines
 
 
 def _capacity_section(reports: Sequence[Report], measured: Sequence[str], mine: Sequence[str]) -> list[str]:

@@ -123,3 +123,16 @@ def test_reports_without_the_fleets_capacity_get_no_capacity_section() -> None:
     text = protocol.aggregate(seeds, "cmd")
     assert "KV capacity" not in text and "| s0 | cognitora-envoy |" in text
     assert not protocol.fill_capacity_bound(seeds[0])  # "run 0" is not a bench.run_all command
+
+
+def test_the_report_sums_what_met_the_slo_across_the_overload_stage_and_the_one_before() -> None:
+    # Cognitora wins the overload stage s1 only by missing more in s0: together both served the same.
+    rr = [(1.0, 3.0), (5.0, 1.0)]
+    cog = [(0.9, 2.0), (1.5, 2.0)]
+    seeds = [report(i, {"envoy-rr": rr, "cognitora-envoy": cog}) for i in range(3)]
+    text = protocol.aggregate(seeds, "cmd")
+    assert "cognitora-envoy: 2.00x envoy-rr's (bar: 1.3x)" in text
+    assert "met the SLO in s0 and s1 together" in text
+    # 20 s stages: (3 + 1) x 20 and (2 + 2) x 20 requests.
+    assert "- envoy-rr: 80 [80-80] (seeds: 80, 80, 80)" in text
+    assert "- cognitora-envoy: 80 [80-80] (seeds: 80, 80, 80)" in text
