@@ -200,7 +200,7 @@ def summarize_stage(
     cached = sum(r.cached_tokens for r in ok)
     errors: dict[str, int] = {}
     for r in results:
-        if not r.ok:
+        if not r.ok and not r.censored:  # cut by the run's deadline: counted apart (streaming_at_cut, waiting_at_cut)
             key = f"{r.status}: {r.error[:80]}"
             errors[key] = errors.get(key, 0) + 1
     return StageSummary(
@@ -299,8 +299,8 @@ def render_markdown(report: Report) -> str:
     measured = [s["label"] for s in report.stages if s.get("measured", True)]
     lines += ["## Results per stage", ""]
     header = (
-        "| stage | target | sent/s | finished/sent | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms | E2E p50 | E2E p99 "
-        "| out tok/s | goodput rps | hit rate | reuse bound | router CPU |"
+        "| stage | target | sent/s | finished / streaming at end / sent | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 ms "
+        "| E2E p50 | E2E p99 | out tok/s | goodput rps | hit rate | reuse bound | router CPU |"
     )
     lines += [header, "|" + "---|" * 15]
     for label in measured:
@@ -310,7 +310,7 @@ def render_markdown(report: Report) -> str:
                     continue
                 lines.append(
                     f"| {label} | {run.target} | {s.requests / s.duration_s if s.duration_s else 0:.1f} | "
-                    f"{s.ok}/{s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
+                    f"{s.ok} / {s.streaming_at_cut} / {s.requests} | {_f(s.ttft_p50)} | {_f(s.ttft_p90)} | "
                     f"{_f(s.ttft_p99)} | {_f(None if s.itl_p50 is None else s.itl_p50 * 1000, 1)} | "
                     f"{_f(s.e2e_p50, 2)} | {_f(s.e2e_p99, 2)} | {s.output_tps:.0f} | {s.goodput_rps:.2f} | "
                     f"{_f(s.hit_rate)} | {s.reuse_bound:.3f} | {_cores(s.router_cpu_share)} |"
@@ -363,6 +363,19 @@ def render_markdown(report: Report) -> str:
         for target, stage, errs in errors:
             for msg, n in errs.items():
                 lines.append(f"- {target} / {stage}: {n} x `{msg}`")
+        lines.append("")
+    cut = [(run.target, s) for run in report.runs for s in run.stages if s.streaming_at_cut or s.waiting_at_cut]
+    if cut:
+        lines += [
+            "## Cut by the run's end",
+            "",
+            "Not errors: requests still streaming when the run stopped waiting are judged on the tokens that had "
+            "arrived (their TTFT and pace count; goodput includes them); those still queued count with the wait so "
+            "far as their TTFT.",
+            "",
+        ]
+        for target, s in cut:
+            lines.append(f"- {target} / {s.stage}: {s.streaming_at_cut} streaming, {s.waiting_at_cut} queued")
         lines.append("")
     return "\n".join(lines)
 

@@ -105,3 +105,34 @@ def test_the_demo_table_shows_requests_cut_while_streaming_as_such_not_as_failur
     assert cells["sent"] == "158" and cells["finished"] == "0"
     assert cells["streaming at deadline"] == "150" and cells["queued at deadline"] == "8" and cells["failed"] == "0"
     assert "0/158" not in table
+
+
+def test_the_bench_report_counts_streams_cut_by_the_run_apart_from_errors() -> None:
+    """B2B SaaS decodes 1,000 tokens a request, longer than the run waits: every request is still streaming at the
+    end. The per-stage table must not read "0/3" and the Errors section must not list them; a real error still is."""
+    from bench.loadgen import RequestResult
+    from bench.report import Report, Slo, render_markdown, summarize_stage
+
+    cut = "not finished when the run ended"
+    results = [
+        RequestResult(0, "30 rps", True, 0.0, status=200, error=cut, censored=True, ttft_s=0.4, itl_s=0.05,
+                      tokens_received=300, max_tokens=1000),
+        RequestResult(1, "30 rps", True, 0.1, status=200, error=cut, censored=True, ttft_s=0.5, itl_s=0.05,
+                      tokens_received=280, max_tokens=1000),
+        RequestResult(2, "30 rps", True, 0.2, status=200, error=cut, censored=True, ttft_s=9.0, max_tokens=1000),
+        RequestResult(3, "30 rps", True, 0.3, status=429, error="fleet saturated", ttft_s=None, max_tokens=1000),
+    ]  # fmt: skip
+    stage = summarize_stage("30 rps", 30.0, 1.0, results, 0.9, Slo())
+    assert stage.errors == {"429: fleet saturated": 1}
+    assert (stage.streaming_at_cut, stage.waiting_at_cut, stage.errored) == (2, 1, 1)
+    assert stage.goodput_rps == 2.0  # the two streams that met the SLO before the cut count
+    report = Report(
+        command="c", workload="w", description="d", started_at="now", time_scale=1.0, slo=Slo(), fleet={},
+        stages=[{"label": "30 rps", "measured": True}], reuse_bound={"30 rps": 0.9},
+        runs=[TargetRun(target="t", settings="", total_requests=4, stages=[stage])],
+    )  # fmt: skip
+    text = render_markdown(report)
+    assert "| 30 rps | t | 4.0 | 0 / 2 / 4 |" in text
+    errors = text.split("## Errors")[1].split("##")[0]
+    assert "fleet saturated" in errors and cut not in errors
+    assert "- t / 30 rps: 2 streaming, 1 queued" in text.split("## Cut by the run's end")[1]
