@@ -65,6 +65,12 @@ class RequestResult:
     def ok(self) -> bool:
         return self.status == 200 and not self.error
 
+    @property
+    def errored(self) -> bool:
+        """Failed for another reason than the run's deadline (an error answer, a reset); a request the deadline cut
+        is judged on what had arrived, not counted as an error."""
+        return not self.ok and not self.censored
+
 
 @dataclass
 class HarnessHealth:

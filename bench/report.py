@@ -200,7 +200,7 @@ def summarize_stage(
     cached = sum(r.cached_tokens for r in ok)
     errors: dict[str, int] = {}
     for r in results:
-        if not r.ok and not r.censored:  # cut by the run's deadline: counted apart (streaming_at_cut, waiting_at_cut)
+        if r.errored:  # a request cut by the run's deadline is counted apart (streaming_at_cut, waiting_at_cut)
             key = f"{r.status}: {r.error[:80]}"
             errors[key] = errors.get(key, 0) + 1
     return StageSummary(
