@@ -637,7 +637,7 @@ class Router:
         self.stats.dispatched += 1
         ttl = self._history_ttl(endpoint)
         if decision.keys:
-            self._routed.add(self._key_space(decision), endpoint, decision.keys, now + ttl)
+            self._routed.add(self._key_space(decision), endpoint, decision.keys, now, now + ttl)
         # Without a first-token report (LiteLLM's SDK streams have no per-chunk hook) the prefill would count as
         # queued until the stream ends: past a deadline well beyond the prediction, it is taken as done.
         attempt._watch_prefill(
