@@ -120,7 +120,13 @@ async def measure_mode(
     rng = random.Random(7)
     results: dict[str, Any] = {}
     for size, texts in prompts.items():
-        times: dict[str, list[float]] = {"simple-shuffle": [], "cognitora": [], "core-place": [], "core-no-memo": []}
+        times: dict[str, list[float]] = {
+            "simple-shuffle": [],
+            "cognitora": [],
+            "core-place": [],
+            "core-no-checkpoint": [],
+            "core-no-memo": [],
+        }
         # warm-up: first tokenization of each long system prompt, connection set-up
         for text in texts:
             msgs = [{"role": "system", "content": text}, {"role": "user", "content": "warm-up"}]
@@ -128,18 +134,18 @@ async def measure_mode(
         for n in range(iterations):
             text = texts[n % len(texts)]
             messages = [{"role": "system", "content": text}, {"role": "user", "content": f"Question {rng.random()}?"}]
-            order = ["simple-shuffle", "cognitora", "core-place", "core-no-memo"]
+            order = list(times)
             rng.shuffle(order)
             for name in order:
                 if name == "cognitora":
                     times[name].append(await _pick(router, messages, callbacks, host, failure_outcome))
-                elif name in ("core-place", "core-no-memo"):
-                    # The decision core alone (no LiteLLM, no adapter): what the adapter wraps. "no-memo": the same
-                    # with the block-key memo bypassed (the code before it), interleaved in the same run.
+                elif name.startswith("core-"):
+                    # The decision core alone (no LiteLLM, no adapter): what the adapter wraps. "no-checkpoint": the
+                    # same with prefix-match checkpoints off (the store walks the whole prompt each time);
+                    # "no-memo": the block-key memo bypassed too (the code before either), interleaved in one run.
                     req = RouteRequest(model="chat", messages=messages, candidates=tuple(endpoints))
-                    memo = name == "core-place"
                     start = time.perf_counter()
-                    await host.call(lambda core, req=req, memo=memo: _place(core, req, memo))
+                    await host.call(lambda core, req=req, name=name: _place(core, req, name))
                     times[name].append(time.perf_counter() - start)
                 else:
                     start = time.perf_counter()
@@ -176,15 +182,17 @@ async def measure_mode(
     return results
 
 
-async def _place(core: Any, req: Any, memo: bool) -> Any:
+async def _place(core: Any, req: Any, variant: str) -> Any:
     keyer = core.prompt_keyer("chat")
-    entries = keyer.key_memo.max_bytes
-    if not memo:
+    entries, ttl = keyer.key_memo.max_bytes, core._checkpoints.ttl_s
+    if variant == "core-no-memo":
         keyer.key_memo.max_bytes = 0
+    if variant != "core-place":
+        core._checkpoints.ttl_s = 0.0
     try:
         return await core.place(req)
     finally:
-        keyer.key_memo.max_bytes = entries
+        keyer.key_memo.max_bytes, core._checkpoints.ttl_s = entries, ttl
 
 
 async def _pick(router: Any, messages: list[dict[str, str]], callbacks: Any, host: Any, failure_outcome: Any) -> float:
@@ -212,13 +220,15 @@ def render(report: dict[str, Any]) -> str:
         "in-process, both Routers built inside the running loop as the proxy does. simple-shuffle = LiteLLM's "
         "default strategy over the same deployments; added = cognitora - simple-shuffle. core place = "
         "`cognitora.router.Router.place` called directly on the same prompts (tokenize, block keys, store reads, "
-        "placement): the part of `added` that is the decision core's, not the adapter's. core place, no key memo = "
-        "the same with the block-key memo (kvstate/key_memo.py) bypassed, i.e. before it, interleaved in the same "
-        "run. The dispatch's store write is not in the timed path: it runs while LiteLLM calls the engine.",
+        "placement): the part of `added` that is the decision core's, not the adapter's. no checkpoint = the same "
+        "with prefix-match checkpoints off (limits.match_checkpoint_ttl_s: 0; the store walks the whole prompt); "
+        "no key memo = with the block-key memo (kvstate/key_memo.py) bypassed too, i.e. before either; all "
+        "interleaved in the same run. The dispatch's store write is not in the timed path: it runs while LiteLLM "
+        "calls the engine.",
         "",
         "| mode | prompt | simple-shuffle p50 | p99 | cognitora p50 | p99 | added p50 | added p99 "
-        "| core place p50 | p99 | core place, no key memo p50 | p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| core place p50 | p99 | no checkpoint p50 | p99 | no key memo p50 | p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, rows in report["modes"].items():
         for size in SIZES:
@@ -227,6 +237,7 @@ def render(report: dict[str, Any]) -> str:
                 f"| {mode} | {size} | {r['simple-shuffle']['p50_ms']:.2f} | {r['simple-shuffle']['p99_ms']:.2f} | "
                 f"{r['cognitora']['p50_ms']:.2f} | {r['cognitora']['p99_ms']:.2f} | {r['added_p50_ms']:.2f} | "
                 f"{r['added_p99_ms']:.2f} | {r['core-place']['p50_ms']:.2f} | {r['core-place']['p99_ms']:.2f} | "
+                f"{r['core-no-checkpoint']['p50_ms']:.2f} | {r['core-no-checkpoint']['p99_ms']:.2f} | "
                 f"{r['core-no-memo']['p50_ms']:.2f} | {r['core-no-memo']['p99_ms']:.2f} |"
             )
     target = report["modes"].get("redis", {}).get("8k")

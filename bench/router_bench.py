@@ -131,7 +131,9 @@ class ThreeReads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+    async def fleet_view(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], **_: object
+    ) -> FleetView:  # (no checkpoints: as before fleet_view existed)
         async def no_match() -> dict[str, Any]:
             return {}
 

@@ -465,6 +465,11 @@ class LimitsConfig(_Strict):
     a prompt reuses the keys of the whole blocks it shares with the latest prompt that began with the same block,
     so a shared system prompt is hashed once (kvstate/key_memo.py). When full it is emptied and refills. 0 turns it
     off."""
+    match_checkpoint_ttl_s: float = Field(default=1.0, ge=0)
+    """How long a prefix-match checkpoint is kept (stores that take them: Redis). Requests that share a system prompt
+    then have the store walk only the blocks after it, once a few block strings show that the prompt's holders have
+    not changed (kvstate/store.py, ``MatchCheckpoint``); a block lost inside the prompt, or moved between tiers, goes
+    unseen for at most this long. 0 turns it off."""
     tokenizer_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Bound of each model tokenizer's piece cache (bytes, as Python holds the text and token ids); a piece larger
     than a sixteenth of it is encoded but not kept. 0 turns the cache off."""

@@ -37,6 +37,7 @@ from cognitora.disagg import place_with_pairs, uses_pairs
 from cognitora.failsafe import RateLimitedLog, fallback_decision
 from cognitora.intent import IntentSource, Rewrite
 from cognitora.kv_event_sources import reports_kv_events
+from cognitora.match_checkpoints import MatchCheckpoints
 from cognitora.outcome_rates import OutcomeRates
 from cognitora.placement import FleetState, HealthMark, place, reject, unknown_model
 from cognitora.preflight import prompt_keyers
@@ -48,7 +49,7 @@ from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.engines import ENGINES
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import Prompt, PromptError, PromptKeyer, PromptKeys, prompt_chars, read_prompt
-from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, Store, StoreUnavailable, open_store
+from kvstate.store import EndpointSnapshot, Heartbeat, InFlight, MatchCheckpoint, Store, StoreUnavailable, open_store
 
 __all__ = ["RECENT_DECISIONS", "Router", "RouterStats"]
 
@@ -230,6 +231,10 @@ class Router:
         """How long requests hold a seat per endpoint, on this router's clock: the seat wait's schedule."""
         self._feedback = TtftFeedback(config.cost_model.feedback)
         self._routed = RoutedPrefixes()
+        self._checkpoints = MatchCheckpoints(
+            config.limits.match_checkpoint_ttl_s if getattr(store, "takes_match_checkpoints", False) else 0.0
+        )
+        """Where the store's prefix match stood after shared system prompts (stores that take checkpoints)."""
         self._outcome_rates = OutcomeRates(
             e.id for m in config.models for e in m.endpoints if ENGINES.get(e.engine.value).metrics_path is None
         )
@@ -404,8 +409,21 @@ class Router:
         ids = self._endpoint_ids[model.name]
         now = self._clock()
         read_started = time.perf_counter()
-        view = await self._guarded(self.store.fleet_view(model.name, prompt.keys, ids), "read the fleet state")
+        at = prompt.reused_blocks if self._checkpoints.enabled else 0
+        resume: MatchCheckpoint | None = None
+        asked: tuple[str, ...] = ()
+        if at:
+            asked = tuple(ids)
+            resume = self._checkpoints.find(model.name, prompt.keys, at, asked, now)
+            read = self.store.fleet_view(model.name, prompt.keys, ids, checkpoint=at, resume=resume)
+        else:
+            read = self.store.fleet_view(model.name, prompt.keys, ids)
+        view = await self._guarded(read, "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
+        if at and view is not None:
+            self._checkpoints.outcome(resume, view.resumed)
+            if view.checkpoint is not None:
+                self._checkpoints.keep(model.name, prompt.keys, view.checkpoint, asked, now)
         if also is not None and not also.done():
             await asyncio.wait([also])
         local = self._local.totals(ids, now)

@@ -46,11 +46,16 @@ class BlockKeyMemo:
 
     def chain(self, parent: BlockKey, token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
         """``chain_block_keys(parent, token_ids, block_size)``, reusing the keys of a prefix seen before."""
+        return self.chain_reusing(parent, token_ids, block_size)[0]
+
+    def chain_reusing(self, parent: BlockKey, token_ids: Sequence[int], block_size: int) -> tuple[list[BlockKey], int]:
+        """``chain`` and how many of its leading keys were the latest such prompt's: where the two part, which is
+        where a prompt's own text begins after a shared system prompt (0: nothing reused)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         n_full = len(token_ids) // block_size
         if self.max_bytes <= 0 or n_full == 0:
-            return chain_block_keys(parent, token_ids, block_size)
+            return chain_block_keys(parent, token_ids, block_size), 0
         raw = array("I", token_ids[: n_full * block_size]).tobytes()
         width = len(raw) // n_full
         head = parent.to_bytes(8, "big") + raw[:width]
@@ -68,7 +73,7 @@ class BlockKeyMemo:
             self._keep(head, raw, keys)
         self.reused_blocks += shared
         self.hashed_blocks += n_full - shared
-        return keys
+        return keys, shared
 
     def _keep(self, head: bytes, raw: bytes, keys: list[BlockKey]) -> None:
         size = len(head) + len(raw) + _KEY_BYTES * len(keys)

@@ -36,6 +36,7 @@ from kvstate.store import (
     HealthMark,
     Heartbeat,
     InFlight,
+    MatchCheckpoint,
     PrefixMatch,
     Tier,
 )
@@ -457,10 +458,19 @@ class MemoryStore:
 
     # -- everything placement reads ---------------------------------------------------------------------------
     @_exclusive
-    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+    async def fleet_view(
+        self,
+        model: str,
+        keys: Sequence[BlockKey],
+        endpoints: Sequence[str],
+        *,
+        checkpoint: int = 0,
+        resume: MatchCheckpoint | None = None,
+    ) -> FleetView:
         """The five reads in turn: they cost no round trip here, and since none of them suspends, nothing
         changes in between. Snapshots are the stored (frozen) objects, so a reader can tell an unchanged snapshot by
-        identity."""
+        identity. No checkpoints: a walk in memory costs less than keeping them (``checkpoint`` and ``resume`` are
+        ignored)."""
         if not endpoints:
             return FleetView({}, {}, {})
         matches = await self.match_prefix(model, keys, endpoints) if keys else {}

@@ -381,6 +381,9 @@ class PromptKeys:
     """Tokens the engine prefills for the request: the sum over a completions batch."""
     exact: bool
     tokens_per_key: int
+    reused_blocks: int = 0
+    """Leading keys shared with the latest prompt that began the same way (``kvstate.key_memo``): a shared system
+    prompt's whole blocks, where this prompt's own text begins. 0: none, or not known."""
 
 
 class PromptKeyer:
@@ -417,7 +420,8 @@ class PromptKeyer:
         ):
             sequences = prompt_token_ids(self.tokenizer or _NO_TEXT, prompt)
             total = sum(len(s) for s in sequences)
-            return PromptKeys(self.keys_for_tokens(sequences[0], lora), total, True, self.block_size)
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), sequences[0], self.block_size)
+            return PromptKeys(keys, total, True, self.block_size, reused)
         return self._approx(prompt, lora)
 
     def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | None:
@@ -432,7 +436,8 @@ class PromptKeyer:
             ids = tok.encode_within(tok.render_chat(prompt), prompt.add_special_tokens, max_uncached_chars)
             if ids is None:
                 return None
-            return PromptKeys(self.keys_for_tokens(ids, lora), len(ids), True, self.block_size)
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size)
+            return PromptKeys(keys, len(ids), True, self.block_size, reused)
         texts = [p for p in prompt.prompts if isinstance(p, str)]
         if sum(tok.uncached_chars(t, prompt.add_special_tokens) for t in texts) > max_uncached_chars:
             return None

@@ -53,28 +53,96 @@ _MATCH_FN = """
 -- blocks (as a string: Lua replies truncate numbers), blocks held only in CPU memory, blocks held only on
 -- disk. ``wanted``: endpoint names to score, or nil for every holder
 -- of the first block (``first_key``). ``mw``: weights of nibbles 1..7; ``sw``: weight of a live speculative entry.
-local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, wanted)
+--
+-- ``cp_at`` > 0 also takes a checkpoint after that many blocks: the second value returned is {proof, held}, where
+-- ``held`` is the flat list endpoint, weighted, CPU-only, disk-only of the endpoints holding all ``cp_at`` blocks,
+-- and ``proof`` the flat list block number, block string of the blocks where any holder's change would show (the
+-- first block, the checkpoint's, and each shorter holder's last block and the one after it); nil when the prefix
+-- holds a speculative entry (its expiry is read at match time). ``resume``: {proof, held} of such a checkpoint taken
+-- on a chain that began with the same ``cp_at`` blocks: if every block of its proof reads the same, the walk starts
+-- after ``cp_at`` from ``held`` (third value true) and the endpoints that ended before it are the caller's to add.
+local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, wanted, cp_at, resume)
   local n = #blob / 16
   if n == 0 then return {} end
+  local function block_key(i) return base .. ssub(blob, 16 * i - 15, 16 * i) end
+  -- the block strings a change of holders would show in: the first block, the checkpoint's, and where each holder
+  -- that stops short of it (``lengths``) stops
+  local function proof_of(lengths)
+    local seen, where = {}, {1, cp_at}
+    for _, len in pairs(lengths) do
+      if len < cp_at then where[#where + 1] = math.max(1, len); where[#where + 1] = len + 1 end
+    end
+    local blocks, pkeys = {}, {}
+    for _, i in ipairs(where) do
+      if not seen[i] then seen[i] = true; blocks[#blocks + 1] = i; pkeys[#pkeys + 1] = block_key(i) end
+    end
+    local strings = rcall('MGET', unpack(pkeys))
+    local flat = {}
+    for j = 1, #blocks do flat[#flat + 1] = blocks[j]; flat[#flat + 1] = strings[j] or '' end
+    return flat
+  end
+  -- nobody to match: a checkpoint all the same (no holders), so the next prompt only reads the proof
+  local function nobody()
+    if cp_at > 0 and cp_at <= n then return {}, {proof_of({}), {}}, false end
+    return {}
+  end
   local alive = {}
-  if wanted then
-    if #wanted == 0 then return {} end
-    local ids = rcall('HMGET', ids_key, unpack(wanted))
-    for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
-  else
-    local s = rcall('GET', first_key)
-    if s then
-      for j = 1, #s do if sbyte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
+  local name, lengths, weighted, cpu, disk = {}, {}, {}, {}, {}
+  local start, resumed = 1, false
+  if resume then
+    local proof, held = resume[1], resume[2]
+    local pkeys = {}
+    for j = 1, #proof, 2 do pkeys[#pkeys + 1] = block_key(tonumber(proof[j])) end
+    local now_strings = rcall('MGET', unpack(pkeys))
+    resumed = true
+    for j = 1, #pkeys do
+      if (now_strings[j] or '') ~= proof[2 * j] then resumed = false; break end
+    end
+    if resumed then
+      start = cp_at + 1
+      if #held > 0 then
+        local held_names = {}
+        for j = 1, #held, 4 do held_names[#held_names + 1] = held[j] end
+        local ids = rcall('HMGET', ids_key, unpack(held_names))
+        for j = 1, #held_names do
+          if ids[j] then
+            local id = tonumber(ids[j])
+            local at = 4 * j - 3
+            name[id] = held[at]; lengths[id] = cp_at; weighted[id] = tonumber(held[at + 1])
+            cpu[id] = tonumber(held[at + 2]); disk[id] = tonumber(held[at + 3])
+            alive[#alive + 1] = id
+          end
+        end
+      end
+      if #alive == 0 or start > n then
+        local out = {}
+        for id, len in pairs(lengths) do
+          out[#out + 1] = name[id]; out[#out + 1] = len; out[#out + 1] = tostring(weighted[id])
+          out[#out + 1] = cpu[id]; out[#out + 1] = disk[id]
+        end
+        return out, nil, true
+      end
     end
   end
-  if #alive == 0 then return {} end
-  local names = rcall('HMGET', names_key, unpack(alive))
-  local name, lengths, weighted, cpu, disk = {}, {}, {}, {}, {}
-  local named = {}
-  for j, id in ipairs(alive) do
-    if names[j] then name[id] = names[j]; weighted[id] = 0; cpu[id] = 0; disk[id] = 0; named[#named + 1] = id end
+  if not resumed then
+    if wanted then
+      if #wanted == 0 then return nobody() end
+      local ids = rcall('HMGET', ids_key, unpack(wanted))
+      for j = 1, #wanted do if ids[j] then alive[#alive + 1] = tonumber(ids[j]) end end
+    else
+      local s = rcall('GET', first_key)
+      if s then
+        for j = 1, #s do if sbyte(s, j) > 0 then alive[#alive + 1] = j - 1 end end
+      end
+    end
+    if #alive == 0 then return nobody() end
+    local names = rcall('HMGET', names_key, unpack(alive))
+    local named = {}
+    for j, id in ipairs(alive) do
+      if names[j] then name[id] = names[j]; weighted[id] = 0; cpu[id] = 0; disk[id] = 0; named[#named + 1] = id end
+    end
+    alive = named
   end
-  alive = named
   local now = nil
   -- Consecutive blocks usually have byte-identical strings (the same endpoints hold the whole run). Lua strings are
   -- interned, so ``s == prev`` is a pointer compare: such a block repeats the previous step's outcome and is only
@@ -82,6 +150,8 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   local prev, simple, run = nil, false, 0
   local step_weight, step_tier = {}, {}
   local count = #alive
+  local spec_seen, reached = false, false
+  local checkpoint = nil
   local function flush_run()
     if run > 0 then
       for j = 1, count do
@@ -94,15 +164,17 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
       run = 0
     end
   end
-  for j = 1, count do lengths[alive[j]] = 0 end
+  if not resumed then
+    for j = 1, count do lengths[alive[j]] = 0 end
+  end
   -- Blocks are fetched 32 at a time with MGET: a third fewer calls' worth of time than one GET each, and at most
   -- 31 keys read past the end of the match.
-  local batch, batch_start = {}, 1
-  for i = 1, n do
+  local batch, batch_start = {}, start
+  for i = start, n do
     if i - batch_start >= #batch then
       batch_start = i
       local batch_keys = {}
-      for j = i, math.min(n, i + 31) do batch_keys[#batch_keys + 1] = base .. ssub(blob, 16 * j - 15, 16 * j) end
+      for j = i, math.min(n, i + 31) do batch_keys[#batch_keys + 1] = block_key(j) end
       batch = rcall('MGET', unpack(batch_keys))
     end
     local s = batch[i - batch_start + 1] or ''
@@ -122,6 +194,7 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
           if v % 2 == 0 then if v % 4 >= 2 then t = 1 else t = 2 end end
         elseif v >= 8 then
           simple = false
+          spec_seen = true
           now = now or now_ms()
           local expiry = rcall('ZSCORE', sbase .. name[id], hex_at(blob, i))
           if expiry and tonumber(expiry) > now then w = sw end
@@ -140,6 +213,20 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
       count = kept
       if count == 0 then break end
     end
+    if i == cp_at then
+      reached = true
+      if not resumed and not spec_seen then
+        flush_run()
+        local held = {}
+        for j = 1, count do
+          local id = alive[j]
+          -- %.17g: the weight reads back exactly, so a resumed match equals a whole walk
+          held[#held + 1] = name[id]; held[#held + 1] = sformat('%.17g', weighted[id])
+          held[#held + 1] = cpu[id]; held[#held + 1] = disk[id]
+        end
+        checkpoint = held
+      end
+    end
   end
   flush_run()
   local out = {}
@@ -149,7 +236,11 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
       out[#out + 1] = cpu[id]; out[#out + 1] = disk[id]
     end
   end
-  return out
+  if not resumed and not reached and not spec_seen and cp_at > 0 and cp_at <= n then
+    checkpoint = {}  -- the walk stopped before the checkpoint: nobody holds all of it
+  end
+  if checkpoint then return out, {proof_of(lengths), checkpoint}, false end
+  return out, nil, resumed
 end
 """
 
@@ -159,16 +250,30 @@ MATCH = (
     + _MATCH_FN
     + """
 -- KEYS: first block string (routes to the model's slot), ids hash, names hash.
--- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, endpoints...
+-- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, checkpoint
+-- (blocks; 0: none), the resumed checkpoint's proof length P and held length H (0 0: none), its P proof values and
+-- H held values, then the endpoints to score (none: every holder of the first block).
 local mw = {}
 for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
+local cp_at = tonumber(ARGV[12])
+local np, nh = tonumber(ARGV[13]), tonumber(ARGV[14])
+local resume = nil
+if np > 0 then
+  local proof, held = {}, {}
+  for i = 15, 14 + np do proof[#proof + 1] = ARGV[i] end
+  for i = 15 + np, 14 + np + nh do held[#held + 1] = ARGV[i] end
+  resume = {proof, held}
+end
 local wanted = nil
-if #ARGV > 11 then
+if #ARGV > 14 + np + nh then
   wanted = {}
-  for i = 12, #ARGV do wanted[#wanted + 1] = ARGV[i] end
+  for i = 15 + np + nh, #ARGV do wanted[#wanted + 1] = ARGV[i] end
 end
 -- ends in ``return out``: bench/store_bench.py swaps that line for its server-clock timing
-local out = match(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), wanted)
+local out, checkpoint, resumed = match(
+  KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], mw, tonumber(ARGV[11]), wanted, cp_at, resume
+)
+if cp_at > 0 then out = {out, checkpoint or {}, resumed and 1 or 0} end
 return out
 """
 )

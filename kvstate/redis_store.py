@@ -65,6 +65,7 @@ from kvstate.store import (
     HealthMark,
     Heartbeat,
     InFlight,
+    MatchCheckpoint,
     PrefixMatch,
     StoreRefused,
     StoreUnavailable,
@@ -107,6 +108,28 @@ class _Script:
 
 
 _Call = tuple[_Script, Sequence[str], Sequence[Any]]
+
+
+def _matches(flat: Sequence[Any]) -> dict[str, PrefixMatch]:
+    """``redis_scripts.MATCH``'s flat reply: name, blocks, weighted blocks, CPU-only, disk-only per endpoint."""
+    return {
+        _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2])), int(flat[i + 3]), int(flat[i + 4]))
+        for i in range(0, len(flat), MATCH_FIELDS)
+    }
+
+
+def _checkpoint(blocks: int, matches: dict[str, PrefixMatch], raw: Sequence[Any]) -> MatchCheckpoint:
+    """The checkpoint ``redis_scripts.MATCH`` took after ``blocks`` keys: [proof, held], each a flat list."""
+    proof_flat, held_flat = raw
+    held = {
+        _text(held_flat[i]): PrefixMatch(
+            blocks, float(_text(held_flat[i + 1])), int(held_flat[i + 2]), int(held_flat[i + 3])
+        )
+        for i in range(0, len(held_flat), 4)
+    }
+    ended = {e: m for e, m in matches.items() if m.blocks < blocks}
+    proof = tuple((int(proof_flat[i]), bytes(proof_flat[i + 1])) for i in range(0, len(proof_flat), 2))
+    return MatchCheckpoint(blocks, ended, held, proof)
 
 
 def _hex_chain(keys: Sequence[BlockKey]) -> str:
@@ -213,6 +236,9 @@ class RedisStore:
 
     A store built by ``from_url`` owns its client and closes it in ``close()``; a client passed in is left open.
     """
+
+    takes_match_checkpoints = True
+    """``fleet_view`` takes and resumes prefix-match checkpoints (``kvstate.store.MatchCheckpoint``)."""
 
     def __init__(
         self,
@@ -458,18 +484,35 @@ class RedisStore:
         zkeys, args = self.match_script_call(model, keys, endpoints)
         with self._unavailable("match_prefix"):
             flat = await self._run(self._match, zkeys, args)
-        return {
-            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2])), int(flat[i + 3]), int(flat[i + 4]))
-            for i in range(0, len(flat), MATCH_FIELDS)
-        }
+        return _matches(flat)
 
     def match_script_call(
-        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
-    ) -> tuple[list[str], list[str]]:
+        self,
+        model: str,
+        keys: Sequence[BlockKey],
+        endpoints: Sequence[str] | None = None,
+        checkpoint: int = 0,
+        resume: MatchCheckpoint | None = None,
+    ) -> tuple[list[str], list[str | bytes]]:
         """KEYS and ARGV of ``redis_scripts.MATCH`` for this lookup (the benchmark times the script on its own)."""
         k = self.keys
         zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
-        args = [k.block_base(model), _hex_chain(keys), k.endpoint_speculative(model, ""), *self._match_weights]
+        args: list[str | bytes] = [
+            k.block_base(model),
+            _hex_chain(keys),
+            k.endpoint_speculative(model, ""),
+            *self._match_weights,
+        ]
+        if resume is not None:
+            proof = [str(v) if isinstance(v, int) else v for pair in resume.proof for v in pair]
+            held = [
+                str(v)
+                for e, m in resume.held.items()
+                for v in (e, repr(m.weighted_blocks), m.cpu_blocks, m.disk_blocks)
+            ]
+            args += [str(resume.blocks), str(len(proof)), str(len(held)), *proof, *held]
+        else:
+            args += [str(checkpoint), "0", "0"]
         if endpoints is not None:
             args.extend(dict.fromkeys(endpoints))  # a repeated endpoint must not be counted twice
         return zkeys, args
@@ -563,20 +606,41 @@ class RedisStore:
         return _beats(flat)
 
     # -- everything placement reads ---------------------------------------------------------------------------
-    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+    async def fleet_view(
+        self,
+        model: str,
+        keys: Sequence[BlockKey],
+        endpoints: Sequence[str],
+        *,
+        checkpoint: int = 0,
+        resume: MatchCheckpoint | None = None,
+    ) -> FleetView:
         known = self._fleet_call(endpoints)[0]
         if not known:
             return FleetView({}, {}, {})
+        if resume is not None and not 0 < resume.blocks <= len(keys):
+            resume = None
+        at = resume.blocks if resume is not None else checkpoint
+        if not 0 < at <= len(keys):
+            at = 0
         cached = self._snapshot_cache
-        calls = self._fleet_view_calls(model, keys, endpoints, all(e in cached for e in known))
+        calls = self._fleet_view_calls(model, keys, endpoints, all(e in cached for e in known), at, resume)
         with self._unavailable("fleet_view"):
             replies = await self._run_many(calls)
         counts, version, rows, marks, beats = replies[-1]
-        flat = replies[0] if len(replies) == 2 else []
-        matches = {
-            _text(flat[i]): PrefixMatch(int(flat[i + 1]), float(_text(flat[i + 2])), int(flat[i + 3]), int(flat[i + 4]))
-            for i in range(0, len(flat), MATCH_FIELDS)
-        }
+        reply = replies[0] if len(replies) == 2 else []
+        taken: MatchCheckpoint | None = None
+        resumed = False
+        if at and reply:
+            flat, raw_checkpoint, resumed_flag = reply
+            matches = _matches(flat)
+            resumed = bool(resumed_flag)
+            if resumed and resume is not None:
+                matches = {**resume.ended, **matches}
+            elif raw_checkpoint:
+                taken = _checkpoint(at, matches, raw_checkpoint)
+        else:
+            matches = _matches(reply)
         inflight = {e: InFlight(counts[3 * j], counts[3 * j + 1], counts[3 * j + 2]) for j, e in enumerate(known)}
         if rows != 0:
             version = _text(version)
@@ -591,7 +655,7 @@ class RedisStore:
             snap = cached[e]
             if snap is not None:
                 snapshots[e] = snap
-        return FleetView(matches, inflight, snapshots, _marks(marks), _beats(beats))
+        return FleetView(matches, inflight, snapshots, _marks(marks), _beats(beats), checkpoint=taken, resumed=resumed)
 
     def fleet_view_script_calls(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
@@ -609,14 +673,20 @@ class RedisStore:
         ]
 
     def _fleet_view_calls(
-        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
+        self,
+        model: str,
+        keys: Sequence[BlockKey],
+        endpoints: Sequence[str],
+        snapshots_held: bool,
+        checkpoint: int = 0,
+        resume: MatchCheckpoint | None = None,
     ) -> list[_Call]:
         known, state_keys = self._fleet_call(endpoints)
         have = self._snapshot_version if snapshots_held else ""
         state: _Call = (self._fleet_state, state_keys, [have, *known])
         if not keys or not known:
             return [state]
-        zkeys, args = self.match_script_call(model, keys, known)
+        zkeys, args = self.match_script_call(model, keys, known, checkpoint, resume)
         return [(self._match, zkeys, args), state]
 
     def _fleet_call(self, endpoints: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -162,6 +162,25 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class MatchCheckpoint:
+    """Where a prefix match stood after a chain's first ``blocks`` keys, kept to resume a later match of a chain that
+    begins with the same keys (``Store.fleet_view``): requests that share a long system prompt then walk only what
+    follows it.
+
+    ``ended``: the endpoints whose match ends before ``blocks`` (final). ``held``: those holding all ``blocks``, as
+    matched so far. ``proof``: what a store re-reads to tell that the checkpoint still stands (on Redis: the block
+    strings where a holder's change would show: the first block, the checkpoint's, and each shorter holder's last
+    block and the one after it). A change that none of them shows (a block lost mid-prefix, a tier change inside
+    it) is not seen while the caller keeps the checkpoint: the caller bounds that by how long it keeps one.
+    """
+
+    blocks: int
+    ended: dict[str, PrefixMatch]
+    held: dict[str, PrefixMatch]
+    proof: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True)
 class FleetView:
     """What one placement reads about a model's endpoints: ``Store.fleet_view``."""
 
@@ -175,6 +194,11 @@ class FleetView:
     """As ``health_marks``: endpoints without a live mark are absent."""
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     """As ``heartbeats()``: every live beat, by writer name (how old the state the view holds may be)."""
+    # Not part of equality: how the matches were read, not what the fleet holds.
+    checkpoint: MatchCheckpoint | None = field(default=None, compare=False)
+    """The match after ``fleet_view(checkpoint=n)``'s first ``n`` keys, when the store takes checkpoints."""
+    resumed: bool = field(default=False, compare=False)
+    """The matches continued from ``fleet_view(resume=...)``'s checkpoint, which still stood."""
 
 
 @runtime_checkable
@@ -259,12 +283,27 @@ class Store(Protocol):
         ...
 
     # -- everything placement reads ---------------------------------------------------------------------------
-    async def fleet_view(self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str]) -> FleetView:
+    async def fleet_view(
+        self,
+        model: str,
+        keys: Sequence[BlockKey],
+        endpoints: Sequence[str],
+        *,
+        checkpoint: int = 0,
+        resume: MatchCheckpoint | None = None,
+    ) -> FleetView:
         """``match_prefix(model, keys, endpoints)``, ``inflight(endpoints)``, ``snapshots(endpoints)``,
         ``health_marks(endpoints)`` and ``heartbeats()`` together (no endpoints: nothing is read, all empty).
 
         The router's read for every decision: one round trip on Redis, where the five calls cost five. Empty
         ``keys`` give no matches.
+
+        ``checkpoint`` (0 < n <= len(keys)): also return the match after the first ``n`` keys (``FleetView.checkpoint``)
+        where the store can resume from one; others return None. ``resume``: a checkpoint taken on a chain whose
+        first ``resume.blocks`` keys are ``keys``'s; if its proof still reads the same the match walks on from it,
+        else (or where the store does not resume) the whole chain is matched, with a new checkpoint at the same
+        place. Matches are the same either way while the fleet's holdings have not changed. A store that takes
+        checkpoints says so with a class attribute ``takes_match_checkpoints = True`` (``RedisStore``).
         """
         ...
 
