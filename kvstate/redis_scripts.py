@@ -54,13 +54,14 @@ _MATCH_FN = """
 -- disk. ``wanted``: endpoint names to score, or nil for every holder
 -- of the first block (``first_key``). ``mw``: weights of nibbles 1..7; ``sw``: weight of a live speculative entry.
 --
--- ``cp_at`` > 0 also takes a checkpoint after that many blocks: the second value returned is {proof, held}, where
--- ``held`` is the flat list endpoint, weighted, CPU-only, disk-only of the endpoints holding all ``cp_at`` blocks,
--- and ``proof`` the flat list block number, block string of the blocks where any holder's change would show (the
--- first block, the checkpoint's, and each shorter holder's last block and the one after it); nil when the prefix
--- holds a speculative entry (its expiry is read at match time). ``resume``: {proof, held} of such a checkpoint taken
--- on a chain that began with the same ``cp_at`` blocks: if every block of its proof reads the same, the walk starts
--- after ``cp_at`` from ``held`` (third value true) and the endpoints that ended before it are the caller's to add.
+-- ``cp_at`` > 0 also takes a checkpoint after that many blocks: the second value returned is {proof, held, until},
+-- where ``held`` is the flat list endpoint, weighted, CPU-only, disk-only of the endpoints holding all ``cp_at``
+-- blocks, ``proof`` the flat list block number, block string of the blocks where any holder's change would show (the
+-- first block, the checkpoint's, and each shorter holder's last block and the one after it), and ``until`` the
+-- earliest expiry (ms) of a live speculative entry it counted (0: none); nil when the prefix holds an expired
+-- speculative entry. ``resume``: {proof, held, until} of such a checkpoint taken on a chain that began with the same
+-- ``cp_at`` blocks: if it has not expired and every block of its proof reads the same, the walk starts after
+-- ``cp_at`` from ``held`` (third value true) and the endpoints that ended before it are the caller's to add.
 local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, wanted, cp_at, resume)
   local n = #blob / 16
   if n == 0 then return {} end
@@ -83,7 +84,7 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   end
   -- nobody to match: a checkpoint all the same (no holders), so the next prompt only reads the proof
   local function nobody()
-    if cp_at > 0 and cp_at <= n then return {}, {proof_of({}), {}}, false end
+    if cp_at > 0 and cp_at <= n then return {}, {proof_of({}), {}, 0}, false end
     return {}
   end
   local alive = {}
@@ -94,9 +95,10 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
     local pkeys = {}
     for j = 1, #proof, 2 do pkeys[#pkeys + 1] = block_key(tonumber(proof[j])) end
     local now_strings = rcall('MGET', unpack(pkeys))
-    resumed = true
+    resumed = resume[3] == 0 or now_ms() < resume[3]  -- a speculative entry it counted has not expired
     for j = 1, #pkeys do
-      if (now_strings[j] or '') ~= proof[2 * j] then resumed = false; break end
+      if not resumed then break end
+      if (now_strings[j] or '') ~= proof[2 * j] then resumed = false end
     end
     if resumed then
       start = cp_at + 1
@@ -150,7 +152,9 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
   local prev, simple, run = nil, false, 0
   local step_weight, step_tier = {}, {}
   local count = #alive
-  local spec_seen, reached = false, false
+  -- a speculative entry before the checkpoint: alive, it bounds how long the checkpoint holds (``spec_until``, the
+  -- earliest expiry); expired, it ends a match where a renewal would not change the block string: no checkpoint
+  local spec_dead, spec_until, reached = false, nil, false
   local checkpoint = nil
   local function flush_run()
     if run > 0 then
@@ -194,10 +198,14 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
           if v % 2 == 0 then if v % 4 >= 2 then t = 1 else t = 2 end end
         elseif v >= 8 then
           simple = false
-          spec_seen = true
           now = now or now_ms()
-          local expiry = rcall('ZSCORE', sbase .. name[id], hex_at(blob, i))
-          if expiry and tonumber(expiry) > now then w = sw end
+          local expiry = tonumber(rcall('ZSCORE', sbase .. name[id], hex_at(blob, i)) or 0)
+          if expiry > now then
+            w = sw
+            if not reached then spec_until = math.min(spec_until or expiry, expiry) end
+          elseif not reached then
+            spec_dead = true
+          end
         end
         if w then
           step_weight[id] = w
@@ -215,7 +223,7 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
     end
     if i == cp_at then
       reached = true
-      if not resumed and not spec_seen then
+      if not resumed and not spec_dead then
         flush_run()
         local held = {}
         for j = 1, count do
@@ -236,10 +244,10 @@ local function match(first_key, ids_key, names_key, base, blob, sbase, mw, sw, w
       out[#out + 1] = cpu[id]; out[#out + 1] = disk[id]
     end
   end
-  if not resumed and not reached and not spec_seen and cp_at > 0 and cp_at <= n then
+  if not resumed and not reached and not spec_dead and cp_at > 0 and cp_at <= n then
     checkpoint = {}  -- the walk stopped before the checkpoint: nobody holds all of it
   end
-  if checkpoint then return out, {proof_of(lengths), checkpoint}, false end
+  if checkpoint then return out, {proof_of(lengths), checkpoint, spec_until or 0}, false end
   return out, nil, resumed
 end
 """
@@ -251,23 +259,23 @@ MATCH = (
     + """
 -- KEYS: first block string (routes to the model's slot), ids hash, names hash.
 -- ARGV: block base, hex chain, speculative zset base, weights of nibbles 1..7, speculative weight, checkpoint
--- (blocks; 0: none), the resumed checkpoint's proof length P and held length H (0 0: none), its P proof values and
--- H held values, then the endpoints to score (none: every holder of the first block).
+-- (blocks; 0: none), the resumed checkpoint's expiry (server ms; 0: none), proof length P and held length H (0 0:
+-- none), its P proof values and H held values, then the endpoints to score (none: every holder of the first block).
 local mw = {}
 for m = 1, 7 do mw[m] = tonumber(ARGV[3 + m]) end
 local cp_at = tonumber(ARGV[12])
-local np, nh = tonumber(ARGV[13]), tonumber(ARGV[14])
+local np, nh = tonumber(ARGV[14]), tonumber(ARGV[15])
 local resume = nil
 if np > 0 then
   local proof, held = {}, {}
-  for i = 15, 14 + np do proof[#proof + 1] = ARGV[i] end
-  for i = 15 + np, 14 + np + nh do held[#held + 1] = ARGV[i] end
-  resume = {proof, held}
+  for i = 16, 15 + np do proof[#proof + 1] = ARGV[i] end
+  for i = 16 + np, 15 + np + nh do held[#held + 1] = ARGV[i] end
+  resume = {proof, held, tonumber(ARGV[13])}
 end
 local wanted = nil
-if #ARGV > 14 + np + nh then
+if #ARGV > 15 + np + nh then
   wanted = {}
-  for i = 15 + np + nh, #ARGV do wanted[#wanted + 1] = ARGV[i] end
+  for i = 16 + np + nh, #ARGV do wanted[#wanted + 1] = ARGV[i] end
 end
 -- ends in ``return out``: bench/store_bench.py swaps that line for its server-clock timing
 local out, checkpoint, resumed = match(

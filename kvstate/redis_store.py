@@ -119,8 +119,8 @@ def _matches(flat: Sequence[Any]) -> dict[str, PrefixMatch]:
 
 
 def _checkpoint(blocks: int, matches: dict[str, PrefixMatch], raw: Sequence[Any]) -> MatchCheckpoint:
-    """The checkpoint ``redis_scripts.MATCH`` took after ``blocks`` keys: [proof, held], each a flat list."""
-    proof_flat, held_flat = raw
+    """The checkpoint ``redis_scripts.MATCH`` took after ``blocks`` keys: [proof, held, until] (flat lists, ms)."""
+    proof_flat, held_flat, until_ms = raw
     held = {
         _text(held_flat[i]): PrefixMatch(
             blocks, float(_text(held_flat[i + 1])), int(held_flat[i + 2]), int(held_flat[i + 3])
@@ -129,7 +129,7 @@ def _checkpoint(blocks: int, matches: dict[str, PrefixMatch], raw: Sequence[Any]
     }
     ended = {e: m for e, m in matches.items() if m.blocks < blocks}
     proof = tuple((int(proof_flat[i]), bytes(proof_flat[i + 1])) for i in range(0, len(proof_flat), 2))
-    return MatchCheckpoint(blocks, ended, held, proof)
+    return MatchCheckpoint(blocks, ended, held, proof, int(until_ms))
 
 
 def _hex_chain(keys: Sequence[BlockKey]) -> str:
@@ -510,9 +510,9 @@ class RedisStore:
                 for e, m in resume.held.items()
                 for v in (e, repr(m.weighted_blocks), m.cpu_blocks, m.disk_blocks)
             ]
-            args += [str(resume.blocks), str(len(proof)), str(len(held)), *proof, *held]
+            args += [str(resume.blocks), repr(resume.until_ms), str(len(proof)), str(len(held)), *proof, *held]
         else:
-            args += [str(checkpoint), "0", "0"]
+            args += [str(checkpoint), "0", "0", "0"]
         if endpoints is not None:
             args.extend(dict.fromkeys(endpoints))  # a repeated endpoint must not be counted twice
         return zkeys, args

@@ -171,13 +171,16 @@ class MatchCheckpoint:
     matched so far. ``proof``: what a store re-reads to tell that the checkpoint still stands (on Redis: the block
     strings where a holder's change would show: the first block, the checkpoint's, and each shorter holder's last
     block and the one after it). A change that none of them shows (a block lost mid-prefix, a tier change inside
-    it) is not seen while the caller keeps the checkpoint: the caller bounds that by how long it keeps one.
+    it) is not seen while the caller keeps the checkpoint: the caller bounds that by how long it keeps one. None is
+    taken over an expired speculative entry (renewing it would change no block string).
     """
 
     blocks: int
     ended: dict[str, PrefixMatch]
     held: dict[str, PrefixMatch]
     proof: tuple[tuple[int, bytes], ...]
+    until_ms: int = 0
+    """When a speculative entry it counts expires (the store's clock, ms): it no longer stands from then. 0: none."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ holds both stores to."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -137,14 +139,22 @@ async def test_nobody_holding_the_prompt_is_a_checkpoint_too(both: tuple[RedisSt
     assert not view.resumed and same(view.matches, await memory.match_prefix(M, prompt(2), ENDPOINTS))
 
 
-async def test_no_checkpoint_over_a_speculative_entry(both: tuple[RedisStore, MemoryStore]) -> None:
-    """A speculative entry's expiry is read at match time: a checkpoint could outlive it."""
+async def test_a_speculative_entry_bounds_the_checkpoint_by_its_expiry(both: tuple[RedisStore, MemoryStore]) -> None:
+    """A speculative entry counts only until it expires (read at match time): a checkpoint that counted one stands
+    until then, and none is taken over one already expired (renewing it would change no block string)."""
     redis, _ = both
     await redis.add_blocks(M, A, SHARED)
-    await redis.add_speculative(M, B, SHARED, ttl_s=30.0)
-    view = await redis.fleet_view(M, prompt(1), ENDPOINTS, checkpoint=len(SHARED))
-    assert view.checkpoint is None
-    assert view.matches[B] == PrefixMatch(40, 40.0)
+    await redis.add_speculative(M, B, SHARED, ttl_s=0.6)
+    cp = await checkpoint_at(redis, prompt(1), len(SHARED))
+    assert cp.held[B] == PrefixMatch(40, 40.0) and cp.until_ms > 0
+    assert (await redis.fleet_view(M, prompt(2), ENDPOINTS, resume=cp)).resumed
+    deadline = time.monotonic() + 5.0
+    while (await redis.match_prefix(M, SHARED, ENDPOINTS)).get(B) is not None:
+        assert time.monotonic() < deadline, "the speculative entry never expired"
+        await asyncio.sleep(0.05)
+    view = await redis.fleet_view(M, prompt(2), ENDPOINTS, resume=cp)
+    assert not view.resumed and B not in view.matches
+    assert view.checkpoint is None, "a checkpoint over an expired speculative entry"
 
 
 async def test_a_checkpoint_past_the_chain_or_from_a_memory_store_is_none(
