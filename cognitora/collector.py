@@ -41,6 +41,7 @@ from kvstate.events.trtllm_poller import TrtllmEventPoller
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget
 from kvstate.store import Store, StoreUnavailable, open_store
+from kvstate.task_stop import cancel_and_wait
 
 if TYPE_CHECKING:
     from cognitora.metrics.serve import MetricsServer
@@ -52,6 +53,9 @@ DEFAULT_STATS_INTERVAL_S = 30.0
 HEARTBEAT_TTL_S = 86400.0
 """How long a collector's heartbeat stays in the store: a day, so the beat of a collector that died ages where every
 gateway sees it (and says how long ago) rather than vanishing."""
+
+STOP_TIMEOUT_S = 10.0
+"""How long ``cognitora collector`` waits for its parts to stop after SIGTERM before it exits anyway."""
 
 
 def heartbeat_interval_s(config: CognitoraConfig) -> float:
@@ -183,9 +187,7 @@ class Collector:
             return
         self._started = False
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await cancel_and_wait(self._heartbeat)
             self._heartbeat = None
         await asyncio.gather(
             self.scraper.stop(),
@@ -357,9 +359,15 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        if metrics is not None:
-            await metrics.stop()
-        await collector.stop()
+        # Bounded: a part whose task lost its cancel (kvstate.task_stop) must not keep the process alive; the
+        # timeout cancels the stop under way, which cancels the parts' tasks once more.
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                if metrics is not None:
+                    await metrics.stop()
+                await collector.stop()
+        except TimeoutError:
+            log.error("collector did not stop in time; exiting anyway", extra={"stop_timeout_s": STOP_TIMEOUT_S})
 
 
 async def collector_metrics(config: CognitoraConfig, collector: Collector, listen: str) -> MetricsServer:

@@ -41,6 +41,7 @@ from kvstate.engines import (
 from kvstate.rates import RateEstimator
 from kvstate.slots import SlotsPoll
 from kvstate.store import EndpointSnapshot, Store
+from kvstate.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,7 @@ class Scraper:
             self._tasks.append(asyncio.create_task(self._run(endpoint, offset), name=f"scrape {endpoint.root}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks), return_exceptions=True)
         self._tasks = []
         if self._client is not None:
             await self._client.aclose()

@@ -50,7 +50,27 @@ READ_PAGE = """(() => {
     nodes[row.dataset.endpoint] = cells;
   }
   const sources = [...document.querySelectorAll('[data-source]')].map((el) => el.dataset.state);
-  return {shown, nodes, sources, ready: !!document.body && document.body.dataset.ready === '1'};
+  const history = window.cognitoraDashboard ? window.cognitoraDashboard.state.history : [];
+  const last = history[history.length - 1];
+  const stamp = last && last.map.get('dashboard_test_fetch_started_ms{}');  // STAMP_FETCHES's
+  const fetched = stamp ? stamp.value : null;
+  return {shown, nodes, sources, fetched, ready: !!document.body && document.body.dataset.ready === '1'};
+})()"""
+
+# Installed in the page once it runs: every /metrics body the page fetches from then on ends with one more sample,
+# the time (the browser's Date.now(), ms) its fetch started. The page parses it like any other line and keeps it in
+# the snapshot it renders (the newest of state.history), so READ_PAGE's "fetched" says when the scrape behind the
+# figures shown was asked for: the test can tell a poll sent after its own read of /metrics from one sent before.
+STAMP_FETCHES = """(() => {
+  const fetch0 = window.fetch.bind(window);
+  window.fetch = async (...args) => {
+    const started = Date.now();
+    const r = await fetch0(...args);
+    const body = await r.text();
+    const stamped = body + '\\ndashboard_test_fetch_started_ms ' + started + '\\n';
+    return new Response(stamped, {status: r.status, statusText: r.statusText, headers: r.headers});
+  };
+  return true;
 })()"""
 
 
@@ -98,10 +118,35 @@ async def until(browser: Chromium, check: Any, timeout_s: float, what: str) -> d
         await asyncio.sleep(0.2)
 
 
-async def watch(browser: Chromium, url: str, listen: str, endpoints: list[str], screenshot: Path | None) -> None:
+def engine_tokens(engines: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Each engine's own prompt and generated token counters, from its own /metrics page (``engines``: endpoint id
+    -> the engine's URL)."""
+    counted = {}
+    for endpoint, engine_url in engines.items():
+        page = metrics(f"{engine_url}/metrics")
+        counted[endpoint] = (total(page, "vllm:prompt_tokens_total"), total(page, "vllm:generation_tokens_total"))
+    return counted
+
+
+def exported_tokens(
+    page: dict[tuple[str, frozenset[tuple[str, str]]], float], endpoints: list[str]
+) -> dict[str, tuple[float, float]]:
+    """The same counters as Cognitora's /metrics re-exports them (its collector's latest scrape of each engine)."""
+    return {
+        ep: (
+            total(page, "cognitora_endpoint_prompt_tokens_total", endpoint=ep),
+            total(page, "cognitora_endpoint_generation_tokens_total", endpoint=ep),
+        )
+        for ep in endpoints
+    }
+
+
+async def watch(browser: Chromium, url: str, listen: str, engines: dict[str, str], screenshot: Path | None) -> None:
+    endpoints = list(engines)
     query = f"metrics={url}&interval=500&rate_window=3&quantile_window=600"
     await browser.open(f"{DASHBOARD.as_uri()}?{query}")
     await until(browser, lambda r: r["ready"] and r["shown"]["nodes"] == str(len(endpoints)), 30, "both nodes")
+    assert await browser.evaluate(STAMP_FETCHES)
 
     # Live rates while requests run: the page's requests/s and tokens/s move above zero.
     traffic = asyncio.create_task(send(listen, REQUESTS, concurrency=3))
@@ -136,11 +181,25 @@ async def watch(browser: Chromium, url: str, listen: str, endpoints: list[str], 
         15,
         f"{REQUESTS} decisions and {ttft_count} TTFTs",
     )
-    # The fleet's gauges move (power falls to idle, the energy window slides): bracket the page's newest poll
-    # between two reads of /metrics, and check each figure lies between them.
+    # The fleet's figures are the collector's scrapes of the engines, a scrape or more behind the router's counters:
+    # wait until /metrics re-exports every token the engines themselves counted (they served every request: their
+    # counters are final). Until then energy per token drops when the last requests' tokens land, then climbs again,
+    # so a figure read between two reads of /metrics need not lie between them (a loaded CI run showed 0.091 J,
+    # outside the band).
+    deadline = time.monotonic() + 30
+    while (exported := exported_tokens(metrics(url), endpoints)) != (counted := engine_tokens(engines)):
+        assert time.monotonic() < deadline, (
+            f"/metrics never re-exported the engines' token counts: {exported} {counted}"
+        )
+        await asyncio.sleep(0.2)
+    # From here the fleet is idle and its token counts stay: power only falls to idle, energy per token only rises
+    # (the energy window, which starts before the traffic, gains joules over the same tokens). Bracket the figures
+    # the page shows between two reads of /metrics, with the page's scrape between them: one whose fetch started
+    # after the first read was answered (its Date.now() stamp, STAMP_FETCHES), not merely a later poll (polls
+    # overlap, a slow one lands late).
     before = metrics(url)
-    polls = int(read["shown"]["polls"])
-    read = await until(browser, lambda r: int(r["shown"]["polls"]) >= polls + 2, 10, "two more polls")
+    mark = await browser.evaluate("Date.now()")
+    read = await until(browser, lambda r: (r["fetched"] or 0) > mark, 15, f"a poll fetched after {mark}")
     page = metrics(url)
     shown, nodes = read["shown"], read["nodes"]
 
@@ -190,10 +249,10 @@ async def watch(browser: Chromium, url: str, listen: str, endpoints: list[str], 
             while time.monotonic() < stop:
                 await send(listen, 12, concurrency=4)
 
-        traffic = asyncio.create_task(steady())
+        wave = asyncio.create_task(steady())
         await asyncio.sleep(20)
         await browser.screenshot(screenshot)
-        await traffic
+        await wave
 
 
 def test_dashboard_in_chromium_shows_what_metrics_says(tmp_path: Path, smollm2_dir: Path) -> None:
@@ -214,7 +273,7 @@ def test_dashboard_in_chromium_shows_what_metrics_says(tmp_path: Path, smollm2_d
                         browser,
                         url,
                         gateway.url,
-                        list(fleet.endpoint_ids),
+                        dict(zip(fleet.endpoint_ids, fleet.urls, strict=True)),
                         Path(shot) if shot else None,
                     )
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import redis
@@ -71,10 +72,17 @@ def cognitora_yaml(tmp: Path, redis_url: str, name: str = "cognitora.yaml") -> P
     return path
 
 
-def run(argv: list[str], tmp: Path, *, env: dict[str, str] | None = None, for_s: float | None = None) -> str:
-    """Run a command; with ``for_s``, let it serve at least that long and until it has printed something (its
-    start-up lines: a loaded machine may take longer than ``for_s`` to get there; 60 s at most), then SIGTERM it.
-    Everything it printed."""
+def run(
+    argv: list[str],
+    tmp: Path,
+    *,
+    env: dict[str, str] | None = None,
+    for_s: float | None = None,
+    serving: str | None = None,
+) -> str:
+    """Run a command; with ``for_s``, let it serve: until it has printed ``serving`` (the line that says it serves:
+    by then SIGTERM is its own to handle) and for at least ``for_s`` seconds, or until it exits by itself; 60 s at
+    most (a loaded machine starts it slowly). Then SIGTERM it: it must exit within 30 s. Everything it printed."""
     full_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=tmp
@@ -82,21 +90,36 @@ def run(argv: list[str], tmp: Path, *, env: dict[str, str] | None = None, for_s:
     if for_s is None:
         out, _ = proc.communicate(timeout=120)
         return out.decode(errors="replace")
-    assert proc.stdout is not None
+    assert proc.stdout is not None and serving is not None
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stdout.readline, b"")), daemon=True)  # type: ignore[union-attr]
     reader.start()
+    what = " ".join(argv[2:4])
+
+    def printed() -> str:
+        return b"".join(chunks).decode(errors="replace")
+
+    def fail(why: str) -> NoReturn:
+        proc.kill()
+        proc.wait()
+        reader.join(timeout=10)
+        raise AssertionError(f"{what} {why}; it printed:\n{printed()[-3000:]}")
+
     started = time.monotonic()
-    deadline = started + 60
-    while proc.poll() is None and time.monotonic() < deadline:
-        if chunks and time.monotonic() - started >= for_s:
+    while proc.poll() is None:
+        if time.monotonic() - started >= for_s and any(serving.encode() in chunk for chunk in chunks):
             break
+        if time.monotonic() > started + 60:
+            fail(f"did not print {serving!r} within 60 s")
         time.sleep(0.05)
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        fail("did not exit within 30 s of SIGTERM")
     reader.join(timeout=30)
-    return b"".join(chunks).decode(errors="replace")
+    return printed()
 
 
 def assert_clean(output: str, what: str) -> None:
@@ -118,7 +141,7 @@ def test_no_command_prints_a_redis_password_or_an_api_key(redis_with_password: i
         explain = [py, "-m", "cognitora.cli", "explain", "--config", str(config), "--model", "m"]
         outputs[f"explain ({label})"] = run([*explain, "--prompt-file", str(prompt)], tmp_path)
         collector = [py, "-m", "cognitora.cli", "collector", "--config", str(config), "--log-level", "debug"]
-        outputs[f"collector ({label})"] = run(collector, tmp_path, for_s=4)
+        outputs[f"collector ({label})"] = run(collector, tmp_path, for_s=4, serving="collector started")
         extproc = [
             py,
             "-m",
@@ -129,7 +152,9 @@ def test_no_command_prints_a_redis_password_or_an_api_key(redis_with_password: i
             "--listen",
             f"127.0.0.1:{free_port()}",
         ]
-        outputs[f"extproc ({label})"] = run([*extproc, "--log-level", "debug"], tmp_path, for_s=4)
+        outputs[f"extproc ({label})"] = run(
+            [*extproc, "--log-level", "debug"], tmp_path, for_s=4, serving="ext_proc listening on"
+        )
     # A redis_url with the wrong scheme is echoed in the config error: without its password.
     bad_scheme = cognitora_yaml(tmp_path, f"http://:{CANARY_PASSWORD}@127.0.0.1:1/0", "bad-scheme.yaml")
     outputs["config error"] = run(

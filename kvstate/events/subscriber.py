@@ -31,7 +31,6 @@ store outages are counted in ``stats.store_errors`` and followed by a resync onc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from zmq.utils.monitor import parse_monitor_message
 from kvstate.events import vllm
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.model import EventBatch, EventDecodeError
+from kvstate.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,7 @@ class KVEventSubscriber:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def run(self) -> None:
         """Receive until cancelled. Raises ``ValueError`` at once if ``pub_address`` is not a ZMQ address."""

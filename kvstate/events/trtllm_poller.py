@@ -21,7 +21,6 @@ What can go wrong, and what it does:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from kvstate.engines import trtllm
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.model import EventDecodeError
 from kvstate.events.trtllm import decode_events
+from kvstate.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,7 @@ class TrtllmEventPoller:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._client is not None:
             await self._client.aclose()
