@@ -414,7 +414,7 @@ class Router:
         asked: tuple[str, ...] = ()
         if at:
             asked = tuple(ids)
-            resume = self._checkpoints.find(model.name, prompt.keys, at, asked, now)
+            resume = self._checkpoints.find(model.name, prompt.keys, asked, now)
             read = self.store.fleet_view(model.name, prompt.keys, ids, checkpoint=at, resume=resume)
         else:
             read = self.store.fleet_view(model.name, prompt.keys, ids)

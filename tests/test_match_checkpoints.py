@@ -171,20 +171,25 @@ async def test_a_checkpoint_past_the_chain_or_from_a_memory_store_is_none(
     assert whole.resumed and whole.matches == {A: PrefixMatch(40, 40.0)}
 
 
-def test_checkpoints_are_kept_a_ttl_per_prefix_and_endpoint_list() -> None:
-    kept = MatchCheckpoints(ttl_s=1.0, max_entries=2)
-    cp = MatchCheckpoint(40, {}, {A: PrefixMatch(40, 40.0)}, ())
-    keys, ends = prompt(1), (A, B)
-    kept.keep(M, keys, cp, ends, now=100.0)
-    assert kept.find(M, prompt(2), 40, ends, now=100.5) is cp  # any prompt sharing the 40 blocks
-    assert kept.find(M, prompt(2), 39, ends, now=100.5) is None  # another place in the chain
-    assert kept.find(M, prompt(2), 40, (A,), now=100.5) is None  # other endpoints asked for
-    assert kept.find("other", prompt(2), 40, ends, now=100.5) is None
-    assert kept.find(M, prompt(2), 40, ends, now=101.0) is None  # one TTL old
-    assert kept.find(M, prompt(2), 40, ends, now=100.2) is None  # expired entries are dropped, not kept
-    for n in range(3):
-        kept.keep(M, [n, *keys], replace(cp, blocks=1), ends, now=200.0)
-    assert kept.find(M, [0], 1, ends, now=200.0) is None and kept.find(M, [2], 1, ends, now=200.0) is not None
+def test_the_deepest_checkpoint_a_prompt_begins_with_is_found_for_a_ttl() -> None:
+    kept = MatchCheckpoints(ttl_s=1.0, max_entries=3)
+    shallow = MatchCheckpoint(40, {}, {A: PrefixMatch(40, 40.0)}, ())
+    deep = MatchCheckpoint(44, {}, {A: PrefixMatch(44, 44.0)}, ())
+    ends = (A, B)
+    kept.keep(M, prompt(1), shallow, ends, now=100.0)
+    assert kept.find(M, prompt(2), ends, now=100.5) is shallow  # any prompt that begins with the 40 blocks
+    kept.keep(M, prompt(1), deep, ends, now=100.5)
+    assert kept.find(M, prompt(1), ends, now=100.6) is deep  # the deepest first
+    assert kept.find(M, prompt(2), ends, now=100.6) is shallow  # prompt 2 parts from prompt 1 at block 40
+    assert kept.find(M, prompt(1)[:42], ends, now=100.6) is shallow  # too short for the deep one
+    assert kept.find(M, prompt(2), (A,), now=100.6) is None  # other endpoints asked for
+    assert kept.find("other", prompt(2), ends, now=100.6) is None
+    assert kept.find(M, prompt(2), ends, now=101.0) is None  # one TTL old
+    assert kept.find(M, prompt(1), ends, now=101.2) is deep  # the deep one is younger
+    assert kept.find(M, prompt(1), ends, now=101.6) is None
+    for n in range(4):  # past max_entries the oldest go
+        kept.keep(M, [n, *SHARED], replace(shallow, blocks=1), ends, now=200.0)
+    assert kept.find(M, [0], ends, now=200.0) is None and kept.find(M, [3], ends, now=200.0) is not None
 
 
 async def test_the_router_resumes_on_a_shared_system_prompt_and_places_as_without(
