@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
+from cognitora.metrics.serve import cors_headers
 from cognitora.process import free_port
 from cognitora.sim.launch import start_fleet
 from envoy_extproc.launch import start_gateway
@@ -367,3 +369,58 @@ def test_dashboard_parser_merge_and_quantiles_in_chromium() -> None:
     expected = [histogram_quantile(q, page, "h") for q in (0.25, 0.5, 0.9, 0.99)]
     assert got["quantiles"] == pytest.approx(expected) and expected == pytest.approx([0.15, 0.4, 0.5, 0.5])
     assert got["merged"] == {"placed": 7, "shed": 1, "e1": 5, "e2": 7, "power": 100}
+
+
+def test_a_slow_scrape_that_lands_late_is_not_drawn_after_a_newer_one() -> None:
+    """Polls overlap when /metrics answers slower than the interval. A counter read early but answered late must not
+    be drawn after one read later (it would read as a restart and spike the rates): the page's history keeps its
+    counters in the order they were read, and requests/s never goes negative."""
+    served = 0
+
+    async def page(request: web.Request) -> web.Response:
+        nonlocal served
+        served += 1
+        value = served * 10  # the counter as of this read
+        if served % 2:
+            await asyncio.sleep(0.9)  # answered after the next poll's read (interval 0.3 s)
+        body = f"# TYPE cognitora_decisions_total counter\ncognitora_decisions_total {value}\n"
+        return web.Response(text=body, headers=cors_headers())
+
+    async def preflight(request: web.Request) -> web.Response:
+        return web.Response(status=204, headers=cors_headers(dict(request.headers)))
+
+    async def run() -> dict[str, Any]:
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        app.router.add_route("OPTIONS", "/metrics", preflight)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with Chromium() as browser:
+                await browser.open(f"{DASHBOARD.as_uri()}?metrics=http://127.0.0.1:{port}/metrics&interval=300")
+                deadline = time.monotonic() + 30
+                while served < 14:
+                    assert time.monotonic() < deadline, f"the page polled {served} times in 30 s"
+                    await asyncio.sleep(0.1)
+                got: dict[str, Any] = await browser.evaluate(
+                    """(() => {
+                      const s = window.cognitoraDashboard.state;
+                      return {
+                        history: s.history.map((h) => [h.t, h.map.get('cognitora_decisions_total{}').value]),
+                        rates: (s.series.requests_per_s || []).map((p) => p[1]).filter((v) => !Number.isNaN(v)),
+                      };
+                    })()"""
+                )
+                return got
+        finally:
+            await runner.cleanup()
+
+    got = asyncio.run(run())
+    history = got["history"]
+    assert len(history) >= 5, history
+    assert [t for t, _ in history] == sorted(t for t, _ in history)
+    counters = [float(v) for _, v in history]
+    assert counters == sorted(counters), f"a counter read earlier was drawn after a later one: {counters}"
+    assert got["rates"] and min(got["rates"]) >= 0, got["rates"]
