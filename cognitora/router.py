@@ -409,18 +409,21 @@ class Router:
         ids = self._endpoint_ids[model.name]
         now = self._clock()
         read_started = time.perf_counter()
-        at = prompt.reused_blocks if self._checkpoints.enabled else 0
+        # Prefix-match checkpoints (cognitora.match_checkpoints): resume from the deepest one this prompt begins
+        # with, and ask for one where it parts from the latest prompt that began the same way.
+        checkpoints = self._checkpoints.enabled and bool(prompt.keys)
         resume: MatchCheckpoint | None = None
         asked: tuple[str, ...] = ()
-        if at:
+        if checkpoints:
             asked = tuple(ids)
             resume = self._checkpoints.find(model.name, prompt.keys, asked, now)
+            at = prompt.reused_blocks
             read = self.store.fleet_view(model.name, prompt.keys, ids, checkpoint=at, resume=resume)
         else:
             read = self.store.fleet_view(model.name, prompt.keys, ids)
         view = await self._guarded(read, "read the fleet state")
         self.telemetry.store_read(time.perf_counter() - read_started, ok=view is not None)
-        if at and view is not None:
+        if checkpoints and view is not None:
             self._checkpoints.outcome(resume, view.resumed)
             if view.checkpoint is not None:
                 self._checkpoints.keep(model.name, prompt.keys, view.checkpoint, asked, now)
