@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from cognitora.config import CognitoraConfig, Role, config_from_dict
-from cognitora.decision import Decision
+from cognitora.decision import CandidateScore, Decision, Rejection
 from cognitora.placement import FleetState, HealthMark, place
+from cognitora.placement.cost import by_ranking_cost
+from cognitora.placement.picker import pick, tie_band_s
 from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
@@ -664,6 +666,49 @@ def test_tie_band_has_an_absolute_floor_for_short_prompts() -> None:
     state = FleetState(NOW, inflight={B: InFlight(1, 40, 0)})
     picks = cold_picks(FOUR, state, 200, tokens=64)
     assert picks.count(B) >= 25, {e: picks.count(e) for e in (A, B, C, D)}
+
+
+def _loaded(endpoint: str, ttft: float, recompute_s: float, decode_interference_s: float) -> CandidateScore:
+    """A candidate on a loaded engine: the decode-interference charge sums seconds over its ~100 running requests."""
+    return CandidateScore(
+        endpoint=endpoint,
+        cached_tokens=0.0,
+        queued_prefill_tokens=0.0,
+        prefill_tokens_per_s=10_000.0,
+        predicted_ttft_s=ttft,
+        recompute_penalty_s=recompute_s,
+        decode_interference_s=decode_interference_s,
+    )
+
+
+# B2B SaaS at 30 req/s, as the router logged it: A holds the group's 6,000-token system prompt; B would recompute
+# it. The decode-interference charge is ~78 s on both (their running requests' slowdown, summed), so the ranking
+# costs are 78.50 and 78.70 s: 0.2 s apart, where A's own prefill estimate is 0.5 s.
+HOLDER = replace(_loaded(A, 0.40, 0.10, 78.0), cached_tokens=6000.0, predicted_decode_s=80.0)
+COLD = replace(_loaded(B, 1.50, 0.70, 76.5), predicted_decode_s=79.0)
+
+
+def test_the_tie_band_is_relative_to_the_prefill_estimate_not_to_the_fleet_wide_charges() -> None:
+    params = DEFAULT_FLEET.placement
+    ranked = sorted([HOLDER, COLD], key=by_ranking_cost)
+    assert ranked[0] is HOLDER
+    # 5% of A's predicted TTFT + recompute charge (25 ms); 5% of its ranking cost would be 3.9 s and tie B with it,
+    # and then the prefix hash, not the cache, would pick: about half the groups would go to B and recompute.
+    assert tie_band_s(HOLDER, params) == pytest.approx(0.025)
+    picks = {pick(ranked, "default", params.priorities["default"], params, f"prefix-{i}") for i in range(64)}
+    assert {p.chosen.endpoint for p in picks if not isinstance(p, Rejection)} == {A}
+
+
+def test_the_power_rule_does_not_trade_a_cache_hit_for_energy_under_load() -> None:
+    # B's learned energy per token is a fifth of A's (noise between identical engines does that), so the request's
+    # energy is lower there even with the whole prompt to prefill; but B's predicted TTFT is 1.1 s worse, far past
+    # the power slack (min(50 ms, 10%)). With a band of 5% of the ranking cost B was "close" and got the request.
+    params = DEFAULT_FLEET.placement
+    holder = replace(HOLDER, joules_per_token=0.111, request_joules=0.111 * (1214 + 1000))
+    cold = replace(COLD, joules_per_token=0.0242, request_joules=0.0242 * (7214 + 1000))
+    outcome = pick(sorted([holder, cold], key=by_ranking_cost), "default", params.priorities["default"], params, "k")
+    assert not isinstance(outcome, Rejection)
+    assert outcome.chosen.endpoint == A, outcome.reason
 
 
 def test_an_endpoint_leaving_moves_only_its_own_prefixes() -> None:

@@ -20,7 +20,8 @@ Rules, in order:
    requests onto one low-energy engine stops once its slower decode costs more than that. Unknown energy never
    beats known, and never loses to it either: a fleet without power data ranks by TTFT alone.
 3. **Ties**: candidates whose ranking cost is within ``max(tie_band_s, tie_band_ratio x best)`` of the best are
-   equal (the prediction is not more precise than that). Among them, or among the power rule's winners, the
+   equal (the prediction is not more precise than that), where ``best`` is the best's predicted TTFT plus its
+   recompute charge (``tie_band_s``). Among them, or among the power rule's winners, the
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
    prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
@@ -146,8 +147,15 @@ def meets_itl_slo(c: CandidateScore, pclass: PriorityClass) -> bool:
 
 
 def tie_band_s(best: CandidateScore, params: PlacementConfig) -> float:
-    """Predicted TTFTs this close to the best one's are equal: the larger of the absolute and relative band."""
-    return max(params.tie_band_s, params.tie_band_ratio * ranking_cost_s(best))
+    """Ranking costs this close to the best one's are equal: the larger of the absolute band and the relative one.
+
+    The relative band is a fraction of the best's own prefill estimate (its predicted TTFT plus the recompute
+    charge, both prefill over a learned rate, so both carry that rate's error), not of its whole ranking cost: the
+    decode-interference and prefill-stall charges sum seconds over every request running on an engine (tens to
+    hundreds of seconds under load, nearly the same on every candidate), and 5% of them made a band of seconds that
+    tied a cached endpoint with cold ones, so the prefix hash sent a group's requests off the engine holding it.
+    """
+    return max(params.tie_band_s, params.tie_band_ratio * (best.predicted_ttft_s + best.recompute_penalty_s))
 
 
 def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
