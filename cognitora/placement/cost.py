@@ -63,10 +63,12 @@ room), and then the endpoint's learned feedback factor (``cognitora.ttft_feedbac
 floor``.
 
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
-(+ the decode-interference and prefill-stall charges, ``ranking_cost_s``). A positive recompute weight charges the
-capacity a recomputed prefix takes from later requests, which the request's own TTFT does not see; the
-decode-interference charge is the decode slowdown the placement causes, its own and the running requests'; the
-prefill-stall charge is the running requests' wait for its uncached prefill.
+(``request_cost_s``: this request's own seconds) + the decode-interference and prefill-stall charges
+(``externality_s``: seconds of the other requests there, summed), together ``ranking_cost_s``. A positive recompute
+weight charges the capacity a recomputed prefix takes from later requests, which the request's own TTFT does not
+see; the decode-interference charge is the decode slowdown the placement causes, its own and the running
+requests'; the prefill-stall charge is the running requests' wait for its uncached prefill. Rules that take a share
+of a cost (the tie band) take it of ``request_cost_s`` only.
 """
 
 from __future__ import annotations
@@ -331,10 +333,24 @@ def excluded_score(endpoint: EndpointConfig, reason: str, state: FleetState, par
     )
 
 
+def request_cost_s(score: CandidateScore) -> float:
+    """This request's own seconds: its predicted TTFT plus the recompute charge (its prefill over the same rate).
+
+    Per-request seconds, so a *share* of it means something (the picker's tie band is one); ``externality_s`` is
+    not, and keeping the two apart is what stops a relative rule from inheriting the externality's scale."""
+    return score.predicted_ttft_s + score.recompute_penalty_s
+
+
+def externality_s(score: CandidateScore) -> float:
+    """Seconds this placement costs the *other* requests on the endpoint: the decode-interference and prefill-stall
+    charges (``cost_model``). They sum over every running request, so under load they are tens to hundreds of
+    seconds, nearly equal across candidates: compare them by difference, never by ratio."""
+    return score.decode_interference_s + score.prefill_stall_s
+
+
 def ranking_cost_s(score: CandidateScore) -> float:
-    """What ranking minimizes: the predicted TTFT plus the recompute charge (0 unless ``recompute_weight`` is set)
-    plus the decode-interference and prefill-stall charges (``cost_model``)."""
-    return score.predicted_ttft_s + score.recompute_penalty_s + score.decode_interference_s + score.prefill_stall_s
+    """What ranking minimizes: the request's own cost plus the externality it imposes."""
+    return request_cost_s(score) + externality_s(score)
 
 
 def by_ranking_cost(score: CandidateScore) -> tuple[float, str]:

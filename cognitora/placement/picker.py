@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from cognitora.config import PlacementConfig, PriorityClass
 from cognitora.decision import CandidateScore, Rejection
 from cognitora.placement.affinity import rendezvous_pick
-from cognitora.placement.cost import ranking_cost_s
+from cognitora.placement.cost import externality_s, ranking_cost_s, request_cost_s
 
 MAX_RETRY_AFTER_S = 60
 
@@ -149,13 +149,13 @@ def meets_itl_slo(c: CandidateScore, pclass: PriorityClass) -> bool:
 def tie_band_s(best: CandidateScore, params: PlacementConfig) -> float:
     """Ranking costs this close to the best one's are equal: the larger of the absolute band and the relative one.
 
-    The relative band is a fraction of the best's own prefill estimate (its predicted TTFT plus the recompute
-    charge, both prefill over a learned rate, so both carry that rate's error), not of its whole ranking cost: the
-    decode-interference and prefill-stall charges sum seconds over every request running on an engine (tens to
+    The relative band is a fraction of the best's own cost (``cost.request_cost_s``: its predicted TTFT plus the
+    recompute charge, both prefill over a learned rate, so both carry that rate's error), not of its whole ranking
+    cost: the externality (``cost.externality_s``) sums seconds over every request running on an engine (tens to
     hundreds of seconds under load, nearly the same on every candidate), and 5% of them made a band of seconds that
     tied a cached endpoint with cold ones, so the prefix hash sent a group's requests off the engine holding it.
     """
-    return max(params.tie_band_s, params.tie_band_ratio * (best.predicted_ttft_s + best.recompute_penalty_s))
+    return max(params.tie_band_s, params.tie_band_ratio * request_cost_s(best))
 
 
 def power_slack_s(best: CandidateScore, params: PlacementConfig) -> float:
@@ -244,7 +244,7 @@ def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
         return "the only eligible endpoint"
     second = ranked[1]
     what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
-    if best.decode_interference_s or second.decode_interference_s or best.prefill_stall_s or second.prefill_stall_s:
+    if externality_s(best) or externality_s(second):
         what = "ranking cost (TTFT + recompute + decode interference + prefill stall)"
     why = f"lowest {what} ({_ms(ranking_cost_s(best))} vs {_ms(ranking_cost_s(second))} on {second.endpoint})"
     mine, theirs = _terms(best), _terms(second)
