@@ -329,8 +329,10 @@ class PlacementConfig(_Strict):
     minute. The collector beats every quarter of its own ``state_max_age_s`` (at least once a second)."""
     power_ttft_slack_s: float = Field(default=0.05, ge=0)
     """Power rule: a candidate counts as close when its predicted TTFT is within this many seconds of the best
-    AND within ``power_ttft_slack_ratio`` of it (the smaller bound applies); among close ones, the lowest energy
-    for the request wins. The rule never costs a request more than this, nor more than that fraction."""
+    AND within ``power_ttft_slack_ratio`` of it (the smaller bound applies), and its ranking cost within as much of
+    the best's; among close ones, the lowest energy for the request wins. The rule never costs a request more than
+    this, nor more than that fraction, and never trades away more than that of the recompute and interference
+    charges."""
     power_ttft_slack_ratio: float = Field(default=0.1, ge=0)
     """Power rule: the slack as a fraction of the best predicted TTFT; the slack is the smaller of the two."""
     power_e2e_slack_s: float = Field(default=0.3, ge=0)

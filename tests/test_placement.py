@@ -80,6 +80,10 @@ SATURATED_B = FleetState(
 )
 
 
+WIDE_TTFT_SLACK = {"power_ttft_slack_s": 0.1, "power_ttft_slack_ratio": 0.25}
+"""A power slack of 100 ms for the E2E-bound cases, whose A also ranks 69 ms above B (see the first of them)."""
+
+
 def _decoding(a_tokens_per_s: float, b_tokens_per_s: float) -> dict[str, EndpointSnapshot]:
     """A greener A (0.135 J/token learned) and B (0.30), each with its learned per-sequence decode speed."""
     return {
@@ -297,10 +301,19 @@ CASES = [
     ),
     Case(
         "power: within the E2E bound it still saves energy (A decodes 3% slower: E2E 4.04 s vs 3.92 s)",
+        # The TTFT slack is widened to 100 ms here: A also ranks 69 ms above B (its 30 ms more TTFT and 38.5 ms of
+        # decode interference with the request it runs), past the default 44.5 ms, and the case is the E2E bound.
+        FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(55.5, 57.0)),
+        config=fleet(ep(8001), ep(8002), placement=WIDE_TTFT_SLACK),
+        request={"max_tokens": 200},
+        expect=A,
+    ),
+    Case(
+        "power: the ranking cost bounds it too (A's 30 ms more TTFT and 38.5 ms of interference: over 44.5 ms)",
         FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(55.5, 57.0)),
         config=fleet(ep(8001), ep(8002)),
         request={"max_tokens": 200},
-        expect=A,
+        expect=B,
     ),
     Case(
         "power: the E2E slack is the smaller of 0.3 s and 10% (E2E 1.59 s vs 1.41 s: 0.18 s, over 0.141 s)",
@@ -336,7 +349,11 @@ CASES = [
     Case(
         "power: with the E2E slack opened up, the rule packs again (the behaviour the bound replaced)",
         FleetState(NOW, inflight={A: InFlight(1, 300, 0)}, snapshots=_decoding(26.0, 57.0)),
-        config=fleet(ep(8001), ep(8002), placement={"power_e2e_slack_s": 1000.0, "power_e2e_slack_ratio": 1000.0}),
+        config=fleet(
+            ep(8001),
+            ep(8002),
+            placement={**WIDE_TTFT_SLACK, "power_e2e_slack_s": 1000.0, "power_e2e_slack_ratio": 1000.0},
+        ),
         request={"max_tokens": 200},
         expect=A,
     ),
@@ -711,6 +728,30 @@ def test_the_power_rule_does_not_trade_a_cache_hit_for_energy_under_load() -> No
     outcome = pick(sorted([holder, cold], key=by_ranking_cost), "default", params.priorities["default"], params, "k")
     assert not isinstance(outcome, Rejection)
     assert outcome.chosen.endpoint == A, outcome.reason
+
+
+def test_the_power_rule_does_not_undo_the_recompute_charge_of_a_cold_engine_with_a_shorter_queue() -> None:
+    # 32 x 32 at 100 rps in LiteLLM, as the router logged it: the cold engine B has no queue, so its predicted TTFT
+    # (0.36 s) is below A's (1.03 s, which holds the group's prompt), but it ranks below A by the recompute charge
+    # and the decode interference of recomputing there. Its learned J/token read 0.0138 against A's 0.0904 (noise:
+    # the engines are identical). Bounded by TTFT alone, B was "close" and got the request, and recomputed.
+    params = DEFAULT_FLEET.placement
+    holder = replace(
+        _loaded(A, 1.03, 0.0, 8.0),
+        cached_tokens=2304.0,
+        predicted_decode_s=68.5,
+        joules_per_token=0.0904,
+        request_joules=0.0904 * (14 + 512),
+    )
+    cold = replace(
+        _loaded(B, 0.36, 0.23, 9.2), predicted_decode_s=69.2, joules_per_token=0.0138, request_joules=0.0138 * 2574
+    )
+    ranked = sorted([holder, cold], key=by_ranking_cost)
+    assert ranked[0] is holder
+    outcome = pick(ranked, "default", params.priorities["default"], params, "k")
+    assert not isinstance(outcome, Rejection)
+    assert outcome.chosen.endpoint == A, outcome.reason
+    assert not outcome.reason.startswith("lower energy"), outcome.reason
 
 
 def test_an_endpoint_leaving_moves_only_its_own_prefixes() -> None:
