@@ -730,6 +730,22 @@ def test_the_power_rule_does_not_trade_a_cache_hit_for_energy_under_load() -> No
     assert outcome.chosen.endpoint == A, outcome.reason
 
 
+def test_the_reason_names_better_ranked_candidates_that_miss_the_slo() -> None:
+    # 32 x 32 at 100 rps, as the router logged it: A ranked first but predicted 2.16 s, over the 2 s objective, so
+    # B was picked, and the reason read "lowest ranking cost (9400 ms vs 9400 ms on B)": B against itself.
+    params = DEFAULT_FLEET.placement
+    over = _loaded(A, 2.16, 0.0, 7.2)
+    picked = _loaded(B, 0.50, 0.23, 8.9)
+    ranked = sorted([over, picked], key=by_ranking_cost)
+    assert ranked[0] is over
+    outcome = pick(ranked, "default", params.priorities["default"], params, "k")
+    assert not isinstance(outcome, Rejection)
+    assert outcome.chosen.endpoint == B
+    assert outcome.reason == (
+        f"the best-ranked endpoint meeting the class's SLO; ranked above it: {A} (predicted TTFT 2160 ms over 2 s)"
+    )
+
+
 def test_the_power_rule_does_not_undo_the_recompute_charge_of_a_cold_engine_with_a_shorter_queue() -> None:
     # 32 x 32 at 100 rps in LiteLLM, as the router logged it: the cold engine B has no queue, so its predicted TTFT
     # (0.36 s) is below A's (1.03 s, which holds the group's prompt), but it ranks below A by the recompute charge

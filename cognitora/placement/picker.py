@@ -35,6 +35,7 @@ The runner-up is the best-ranked candidate other than the pick.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,7 +137,10 @@ def pick(
                 f"{_ms(power_e2e_slack_s(fastest, params))} of the fastest {_ms(fastest)}"
             )
     elif len(pool) == 1:
-        reason = _ttft_reason(chosen, ranked)
+        # Candidates ranked above the pick are out only for missing the class's SLO: say so (comparing the pick
+        # with ranked[1] compared it with itself).
+        ahead = list(itertools.takewhile(lambda c: c is not chosen, ranked))
+        reason = _slo_misses(ahead, pclass) if ahead else _ttft_reason(chosen, ranked[1:])
     else:
         reason = _tie_reason(chosen, best, pool, band)
     return Pick(chosen, _runner_up(ranked, chosen), reason)
@@ -247,10 +251,22 @@ def _long_context_s(c: CandidateScore) -> float:
     return c.attention_s + c.interference_s + c.kv_pressure_s
 
 
-def _ttft_reason(best: CandidateScore, ranked: Sequence[CandidateScore]) -> str:
-    if len(ranked) == 1:
+def _slo_misses(ahead: Sequence[CandidateScore], pclass: PriorityClass) -> str:
+    """Why candidates ranked above the pick were not picked: each misses the class's TTFT or ITL objective."""
+    misses = []
+    for c in ahead:
+        if c.predicted_ttft_s > pclass.ttft_slo_s:
+            misses.append(f"{c.endpoint} (predicted TTFT {_ms(c.predicted_ttft_s)} over {pclass.ttft_slo_s:g} s)")
+        else:
+            misses.append(f"{c.endpoint} (predicted ITL {_ms(c.predicted_itl_s or 0.0)} over the ITL objective)")
+    return "the best-ranked endpoint meeting the class's SLO; ranked above it: " + ", ".join(misses)
+
+
+def _ttft_reason(best: CandidateScore, others: Sequence[CandidateScore]) -> str:
+    """Why ``best``, ranked first, beat ``others[0]``, ranked second."""
+    if not others:
         return "the only eligible endpoint"
-    second = ranked[1]
+    second = others[0]
     what = "predicted TTFT" if best.recompute_penalty_s == second.recompute_penalty_s == 0 else "TTFT + recompute"
     if externality_s(best) or externality_s(second):
         what = "ranking cost (TTFT + recompute + decode interference + prefill stall)"
