@@ -591,18 +591,21 @@ async def test_learned_service_time_and_finished_count_reach_the_snapshot(vllm_e
 
 
 async def test_energy_per_token_is_learned_by_the_scraper_and_reaches_the_snapshot(vllm_engine: FakeEngine) -> None:
-    # Idle at 1 W (so the idle draw over the real time between scrapes is negligible), then 20,000 tokens for 1 kJ.
+    # Idle at 1 W (so the idle draw over the real time between scrapes is negligible), then 20,000 tokens computed
+    # for 1 kJ: 15,000 prompt tokens served, of which 5,000 were prefix-cache hits (no prefill), and 10,000 generated.
     store = MemoryStore()
     scraper = Scraper(store, [ScrapeTarget("e", vllm_engine.url, "vllm")])
     vllm_engine.counters = Counters(watts=1.0, millijoules=5_000_000, prompt=750.0, generation=250.0)
     await scraper.scrape_all()
     assert (await store.snapshots(["e"]))["e"].joules_per_token is None  # one scrape: no window yet
-    vllm_engine.counters = Counters(running=1, watts=300.0, millijoules=6_000_000, prompt=15_750.0, generation=5_250.0)
+    vllm_engine.counters = Counters(
+        running=1, watts=300.0, millijoules=6_000_000, prompt=15_750.0, hits=5_000.0, generation=10_250.0
+    )
     await scraper.scrape_all()
     await scraper.stop()
     snap = (await store.snapshots(["e"]))["e"]
     assert snap.joules_per_token == pytest.approx(0.05, rel=0.01)
-    assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (15_750.0, 5_250.0)
+    assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (15_750.0, 10_250.0)
 
 
 @pytest.mark.e2e
