@@ -286,7 +286,8 @@ class PlacementConfig(_Strict):
     """Learned prefill rates within one hardware class (``endpoints[].hardware``, engine kind, priors) that lie
     within this factor of each other are priced at their median: what an engine learns carries the prompts it
     happened to serve, and identical engines learned apart drew unequal shares. Rates further apart are kept
-    (different hardware, or a slowed engine). 1 turns pooling off."""
+    (different hardware, or a slowed engine). Learned energy per token is pooled the same way, within a class that
+    also shares the ``joules_per_token`` prior. 1 turns pooling off."""
     kv_usage_limit: float = Field(default=0.97, gt=0, le=1)
     """KV-cache usage (0..1) above which an endpoint is filtered out, unless no other endpoint is left."""
     decode_penalty_s_per_running: float = Field(default=0.0002, ge=0)

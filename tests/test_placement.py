@@ -618,6 +618,39 @@ def test_hardware_apart_by_more_than_the_band_keeps_its_own_rates() -> None:
     assert got == {A: 10000, B: 10000, C: 12500, D: 12500}
 
 
+def test_identical_engines_learned_apart_in_energy_are_priced_alike() -> None:
+    # Four identical engines learned 0.09-0.11 J/token from their meters, and one cold engine none yet: each is
+    # priced at the class's median, so the power rule has no noise between identical engines to act on.
+    learned = {A: 0.09, B: 0.10, C: 0.11}
+    state = FleetState(NOW, snapshots={e: snap(e, joules_per_token=j) for e, j in learned.items()})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
+    assert {c.endpoint: c.joules_per_token for c in decision.candidates} == {A: 0.10, B: 0.10, C: 0.10, D: 0.10}
+    # Unpooled, each keeps its own; the cold one still takes its class's median, as for prefill rates.
+    unpooled = fleet(ep(8001), ep(8002), ep(8003), ep(8004), placement={"rate_pooling_band": 1.0})
+    decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), unpooled, state)
+    assert {c.endpoint: c.joules_per_token for c in decision.candidates} == {**learned, D: 0.10}
+
+
+def test_identical_engines_in_energy_no_longer_pull_a_request_off_its_prefix() -> None:
+    # Identical engines: A holds 3/4 of the prompt behind a queue, B is cold and idle, so B's TTFT is within the
+    # power slack of A's. B's meter read 0.014 J/token against A's 0.09 over one short window: its request energy
+    # looked lower in spite of the recompute, and the power rule sent the request there to recompute the prompt.
+    # Energy apart by more than the band stays apart (a fault or other hardware), so the pooled case is B read at
+    # 0.08: both are priced at 0.085, and the request stays with its prefix.
+    state = FleetState(
+        NOW,
+        matches={A: cached(3072)},
+        inflight={A: InFlight(requests=1, prefill_tokens=2900)},
+        snapshots={A: snap(A, joules_per_token=0.09), B: snap(B, joules_per_token=0.014)},
+    )
+    noisy = place(RouteRequest(model="m", prompt="x"), prompt(4096, 7), DEFAULT_FLEET, state)
+    assert noisy.endpoint == B and "lower energy" in noisy.reason, noisy.reason
+    state.snapshots[B] = snap(B, joules_per_token=0.08)
+    pooled = place(RouteRequest(model="m", prompt="x"), prompt(4096, 7), DEFAULT_FLEET, state)
+    assert pooled.endpoint == A, pooled.reason
+    assert [c.joules_per_token for c in pooled.candidates] == [pytest.approx(0.085)] * 2
+
+
 def test_a_rate_learned_on_short_prompts_only_is_priced_like_its_peers_measured_on_long_ones() -> None:
     # On the Mooncake trace 3 of 8 identical engines served short prompts and were learned at ~3.4k tokens/s (a
     # step's floor) against ~9k: 2.7x "slower", they drew no long prompt and never learned better. They take the

@@ -20,7 +20,7 @@ from cognitora.placement.cost import (
 )
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
-from cognitora.placement.rate_pooling import pooled_prefill_rates
+from cognitora.placement.rate_pooling import pooled_joules_per_token, pooled_prefill_rates
 from cognitora.placement.state import FleetState, HealthMark
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
@@ -77,6 +77,7 @@ def place(
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
     pooled = pooled_prefill_rates(model.endpoints, state, params)
+    pooled_energy = pooled_joules_per_token(model.endpoints, state, params)
     fewest = fewest_uncached_tokens(filtered.kept, prompt.prompt_tokens, prompt.tokens_per_key, state, config.kv_tiers)
     ranked = sorted(
         (
@@ -91,6 +92,7 @@ def place(
                 cost_model=config.cost_model,
                 pooled_rate=pooled.get(e.id),
                 fewest_uncached_tokens=fewest,
+                pooled_joules_per_token=pooled_energy.get(e.id),
             )
             for e in filtered.kept
         ),

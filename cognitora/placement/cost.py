@@ -48,9 +48,10 @@ endpoint's ``decode_tokens_per_s`` prior, plus ``decode_itl_s_per_running`` per 
 of the batch. An engine with neither gets a stand-in (``estimate_unknown_decode``) for the fastest-E2E figure only.
 
 A cache hit saves the prefill's energy as well as its time. Engines report one energy counter and the scraper
-learns one J/token over prompt and generated tokens together (``kvstate.energy``), so both kinds of token are
-charged at that rate; ``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the
-prefill, which is where candidates differ most, is compared).
+learns one J/token over the tokens computed, uncached prompt and generated together (``kvstate.energy``), so both
+kinds of token are charged at that rate, pooled within the hardware class (``rate_pooling``).
+``expected_decode_tokens`` is the request's ``max_tokens`` (0 when unset: then only the prefill, which is where
+candidates differ most, is compared).
 
 Scraped load figures older than ``snapshot_max_age_s`` are ignored (the learned energy per token is not a load
 figure: it is used however old); router counts never are.
@@ -112,11 +113,16 @@ def prefill_rate(
     return params.default_prefill_tokens_per_s
 
 
-def joules_per_token(endpoint: EndpointConfig, snap: EndpointSnapshot | None) -> float | None:
-    """Learned by the scraper from the power meter, else the configured prior, else unknown.
+def joules_per_token(
+    endpoint: EndpointConfig, snap: EndpointSnapshot | None, pooled: float | None = None
+) -> float | None:
+    """``pooled`` (its hardware class's, ``rate_pooling.pooled_joules_per_token``), else learned by the scraper from
+    the power meter, else the configured prior, else unknown.
 
     ``snap`` is the endpoint's latest snapshot however old: energy per token is a property of the hardware, not
     a load figure, so what was learned stays true while the scraper is away."""
+    if pooled is not None:
+        return pooled
     if snap is not None and snap.joules_per_token is not None and snap.joules_per_token > 0:
         return snap.joules_per_token
     return endpoint.joules_per_token
@@ -231,10 +237,12 @@ def score_endpoint(
     cost_model: CostModelConfig | None = None,
     pooled_rate: float | None = None,
     fewest_uncached_tokens: float = 0.0,
+    pooled_joules_per_token: float | None = None,
 ) -> CandidateScore:
     """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
     which is the linear model above. ``pooled_rate``: the rate of the endpoint's hardware class, when it is priced
-    at that (``rate_pooling.pooled_prefill_rates``). ``fewest_uncached_tokens``: the fewest prompt tokens any
+    at that (``rate_pooling.pooled_prefill_rates``); ``pooled_joules_per_token`` likewise for energy
+    (``rate_pooling.pooled_joules_per_token``). ``fewest_uncached_tokens``: the fewest prompt tokens any
     candidate would prefill (``fewest_uncached_tokens``); the prefill-stall charge counts only what this endpoint
     recomputes beyond that."""
     snap = fresh_snapshot(endpoint.id, state, params)
@@ -289,7 +297,7 @@ def score_endpoint(
         if bias != 1.0:
             ttft = corrected_ttft_s(ttft, bias, cost_model.feedback.floor_s)
     recompute_penalty = params.recompute_weight * (prompt_tokens - cached) / rate
-    jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id))
+    jpt = joules_per_token(endpoint, state.snapshots.get(endpoint.id), pooled_joules_per_token)
     request_joules = None if jpt is None else jpt * (prompt_tokens - cached + decode_tokens)
     return CandidateScore(
         endpoint=endpoint.id,

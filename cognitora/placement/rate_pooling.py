@@ -1,4 +1,4 @@
-"""Prefill rates pooled within a hardware class: engines that are alike are priced alike.
+"""Prefill rates and energy per token pooled within a hardware class: engines that are alike are priced alike.
 
 Each engine's prefill rate is learned from its own counters (``kvstate.rates``), over whatever requests it happened
 to serve. That figure carries the workload as well as the hardware: prefill time includes attention, which grows
@@ -26,6 +26,10 @@ cost of a scheduler step, not the engine's prefill rate. When its class has engi
 endpoint is priced at their median, like an endpoint with no rate: otherwise an engine that happened to draw short
 prompts looks slow, draws no long one, and never learns better. In a class with no such measurement the short-prompt
 rates are grouped as above.
+
+The learned marginal energy per token (``kvstate.energy``) is pooled the same way (``pooled_joules_per_token``),
+within a class that also shares the configured ``joules_per_token`` prior: it too carries what each engine happened
+to serve, and the power rule would otherwise send requests from one identical engine to another for noise.
 """
 
 from __future__ import annotations
@@ -69,19 +73,52 @@ def pooled_prefill_rates(
             unlearned[cls].extend(endpoint for _, endpoint in members)
         else:
             learned[cls] = members
+    return _pooled(learned, unlearned, params.rate_pooling_band)
+
+
+def energy_class(endpoint: EndpointConfig) -> Hashable:
+    """What endpoints must share to be assumed to spend alike per token: the hardware class and the energy prior."""
+    return (hardware_class(endpoint), endpoint.joules_per_token)
+
+
+def pooled_joules_per_token(
+    endpoints: Sequence[EndpointConfig], state: FleetState, params: PlacementConfig
+) -> dict[str, float]:
+    """Endpoint id -> the J/token it is priced at instead of its own (``cost.joules_per_token``), pooled as prefill
+    rates are: its group's median, or its class's median for an endpoint with neither a learned figure nor a prior.
+
+    Why: on identical engines what each learns from its meter differs by the prompts it happened to serve and by
+    when their counts landed in a window; the power rule would then move requests between identical engines for
+    energy that is noise. Pooled, identical engines are priced alike and only a cache hit (fewer tokens to compute)
+    saves energy among them. The energy figure is a property of the hardware, so a snapshot of any age counts."""
+    learned: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
+    unlearned: dict[Hashable, list[str]] = defaultdict(list)
+    for e in endpoints:
+        snap = state.snapshots.get(e.id)
+        if snap is not None and snap.joules_per_token is not None and snap.joules_per_token > 0:
+            learned[energy_class(e)].append((snap.joules_per_token, e.id))
+        elif e.joules_per_token is None:
+            unlearned[energy_class(e)].append(e.id)
+    return _pooled(learned, unlearned, params.rate_pooling_band)
+
+
+def _pooled(
+    learned: dict[Hashable, list[tuple[float, str]]], unlearned: dict[Hashable, list[str]], band: float
+) -> dict[str, float]:
+    """Within each class, every member within ``band`` of its group's median gets the median; the class's
+    unlearned endpoints get the median of all its learned figures."""
     pooled: dict[str, float] = {}
-    band = params.rate_pooling_band
     for cls, members in learned.items():
         members.sort()
         for group in _groups(members, band):
             if len(group) < 2:
                 continue
-            center = statistics.median(rate for rate, _ in group)
-            for rate, endpoint in group:
-                if center / band <= rate <= center * band:
+            center = statistics.median(value for value, _ in group)
+            for value, endpoint in group:
+                if center / band <= value <= center * band:
                     pooled[endpoint] = center
         if cls in unlearned:
-            class_median = statistics.median(rate for rate, _ in members)
+            class_median = statistics.median(value for value, _ in members)
             pooled.update(dict.fromkeys(unlearned[cls], class_median))
     return pooled
 
