@@ -619,8 +619,8 @@ def test_hardware_apart_by_more_than_the_band_keeps_its_own_rates() -> None:
 
 
 def test_identical_engines_learned_apart_in_energy_are_priced_alike() -> None:
-    # Four identical engines learned 0.09-0.11 J/token from their meters, and one cold engine none yet: each is
-    # priced at the class's median, so the power rule has no noise between identical engines to act on.
+    # Of four identical engines, three learned 0.09-0.11 J/token from their meters and one none yet: each is priced
+    # at the class's median, so the power rule has no noise between identical engines to act on.
     learned = {A: 0.09, B: 0.10, C: 0.11}
     state = FleetState(NOW, snapshots={e: snap(e, joules_per_token=j) for e, j in learned.items()})
     decision = place(RouteRequest(model="m", prompt="x"), prompt(1024, 7), FOUR, state)
@@ -635,8 +635,9 @@ def test_identical_engines_in_energy_no_longer_pull_a_request_off_its_prefix() -
     # Identical engines: A holds 3/4 of the prompt behind a queue, B is cold and idle, so B's TTFT is within the
     # power slack of A's. B's meter read 0.014 J/token against A's 0.09 over one short window: its request energy
     # looked lower in spite of the recompute, and the power rule sent the request there to recompute the prompt.
-    # Energy apart by more than the band stays apart (a fault or other hardware), so the pooled case is B read at
-    # 0.08: both are priced at 0.085, and the request stays with its prefix.
+    # Energy apart by more than the band stays apart (a fault or other hardware): at 0.014 B is not pooled. Read at
+    # 0.08 it is, both are priced at 0.085, and the request stays with its prefix (the cache hit is the lower
+    # energy). The case where pooling alone changes the pick is the next test.
     state = FleetState(
         NOW,
         matches={A: cached(3072)},
@@ -649,6 +650,16 @@ def test_identical_engines_in_energy_no_longer_pull_a_request_off_its_prefix() -
     pooled = place(RouteRequest(model="m", prompt="x"), prompt(4096, 7), DEFAULT_FLEET, state)
     assert pooled.endpoint == A, pooled.reason
     assert [c.joules_per_token for c in pooled.candidates] == [pytest.approx(0.085)] * 2
+
+
+def test_energy_learned_a_third_apart_on_identical_engines_does_not_herd_cold_prompts() -> None:
+    # A's meter read 0.075 J/token against 0.10 on the three others (inside the pooling band): unpooled, every cold
+    # prompt is "lower energy" on A, with TTFTs equal everywhere, and A draws them all. Pooled, they spread.
+    state = FleetState(NOW, snapshots={e: snap(e, joules_per_token=0.075 if e == A else 0.10) for e in (A, B, C, D)})
+    unpooled = fleet(ep(8001), ep(8002), ep(8003), ep(8004), placement={"rate_pooling_band": 1.0})
+    assert set(cold_picks(unpooled, state, 50)) == {A}
+    picks = cold_picks(FOUR, state, 200)
+    assert all(25 <= picks.count(e) <= 75 for e in (A, B, C, D)), {e: picks.count(e) for e in (A, B, C, D)}
 
 
 def test_a_rate_learned_on_short_prompts_only_is_priced_like_its_peers_measured_on_long_ones() -> None:
