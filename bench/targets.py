@@ -15,11 +15,13 @@ each peer installs and behaves here: shared/reference/peer-routers.md.
 | vllm-cache-aware | vllm-router 0.1.17 | cache_aware with its defaults |
 | cognitora-litellm | LiteLLM proxy with ``routing_strategy: cognitora`` (litellm_plugin) | Cognitora |
 | cognitora-envoy | Envoy + ``cognitora extproc`` (envoy_extproc) | Cognitora |
+| cognitora-litellm-redis-2w | LiteLLM proxy, 2 workers over Redis, ``cognitora collector`` beside them | Cognitora |
 """
 
 from __future__ import annotations
 
 import secrets
+import shutil
 import sys
 import tempfile
 from abc import ABC, abstractmethod
@@ -271,6 +273,9 @@ def litellm_config(
 
 
 class LiteLLMTarget(Target):
+    workers = 1
+    """The proxy's ``--num_workers``."""
+
     def __init__(self, model: str, routing_strategy: str, workdir: Path | None = None) -> None:
         self.routing_strategy = routing_strategy
         self.name = {"simple-shuffle": "litellm-shuffle", "least-busy": "litellm-least-busy"}.get(
@@ -313,7 +318,7 @@ class LiteLLMTarget(Target):
                 "--port",
                 str(port),
                 "--num_workers",
-                "1",
+                str(self.workers),
             ],
             env=self.env(),
         )
@@ -530,6 +535,59 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
         return super().start(fleet)
 
 
+class CognitoraLiteLLMRedisTarget(CognitoraLiteLLMTarget):
+    """The LiteLLM proxy as an operator scales it past one process (docs/litellm.md, "Embedded mode and Redis
+    mode"): ``--num_workers`` workers placing over one Redis store, fed by ``cognitora collector`` from the config
+    ``litellm_plugin.export`` writes. Redis and the collector count in the target's CPU, as the proxy does."""
+
+    def __init__(self, model: str, workdir: Path | None = None, workers: int = 2) -> None:
+        super().__init__(model, workdir)
+        self.workers = workers
+        self.name = f"cognitora-litellm-redis-{workers}w"
+        self.settings = (
+            f"LiteLLM proxy 1.108.7 + litellm_plugin, {workers} worker processes (--num_workers {workers}) "
+            "sharing a private redis-server (redis_url set, Cognitora's default store timeouts), `cognitora "
+            "collector` beside them on the config `litellm_plugin.export` writes; otherwise as cognitora-litellm"
+        )
+        self.redis_url = ""
+
+    def config(self, fleet: FleetLike) -> dict[str, Any]:
+        cfg = super().config(fleet)
+        cfg["router_settings"]["routing_strategy_args"]["redis_url"] = self.redis_url
+        return cfg
+
+    def start(self, fleet: FleetLike) -> str:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise TargetUnavailable("no redis-server on PATH (apt-get install redis-server)")
+        port = free_port()
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        redis_proc = self._spawn("redis", [*argv, "--dir", str(self.workdir)])
+        wait_until(lambda: _tcp_open(port) or not redis_proc.alive(), 15, "redis-server to listen")
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        litellm_yaml = self.workdir / f"{self.name}.yaml"
+        litellm_yaml.write_text(yaml.safe_dump(self.config(fleet), sort_keys=False))
+        cognitora_yaml = self.workdir / "cognitora.yaml"
+        export = ManagedProcess(
+            [sys.executable, "-m", "litellm_plugin.export", str(litellm_yaml), "-o", str(cognitora_yaml)],
+            self.workdir / "export.log",
+        )
+        if export.proc.wait(timeout=120) != 0:
+            raise RuntimeError(f"litellm_plugin.export failed:\n{export.log_tail()}")
+        collector = self._spawn(
+            "collector",
+            [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(cognitora_yaml)],
+        )
+        wait_until(
+            lambda: "collector started" in collector.log_tail(200) or not collector.alive(),
+            60,
+            "cognitora collector to start",
+        )
+        if not collector.alive():
+            raise RuntimeError(f"cognitora collector exited:\n{collector.log_tail()}")
+        return super().start(fleet)
+
+
 class CognitoraEnvoyTarget(Target):
     """Envoy configured by examples/envoy.yaml, with ``cognitora extproc --collector`` (embedded store) beside it."""
 
@@ -610,6 +668,12 @@ PEER_TARGETS: dict[str, TargetFactory] = {
 }
 
 
+SCALED_TARGETS: dict[str, TargetFactory] = {
+    "cognitora-litellm-redis-2w": lambda m, w: CognitoraLiteLLMRedisTarget(m, w, workers=2),
+}
+"""Cognitora deployed past one process, run by name only (not in 'all'): what scaling out buys where one process is
+the limit (the LiteLLM proxy's top stages), compared with the one-process targets."""
+
 DIAGNOSTIC_TARGETS: dict[str, TargetFactory] = {
     "litellm-shuffle-logged": lambda m, w: LoggedLiteLLMTarget(m, w),
 }
@@ -617,8 +681,8 @@ DIAGNOSTIC_TARGETS: dict[str, TargetFactory] = {
 
 
 def all_targets() -> dict[str, TargetFactory]:
-    """Every target name -> factory (peers first, then Cognitora's, then the diagnostic ones)."""
-    return {**PEER_TARGETS, **COGNITORA_TARGETS, **DIAGNOSTIC_TARGETS}
+    """Every target name -> factory (peers first, then Cognitora's, the scaled-out ones, the diagnostic ones)."""
+    return {**PEER_TARGETS, **COGNITORA_TARGETS, **SCALED_TARGETS, **DIAGNOSTIC_TARGETS}
 
 
 def split_target(name: str) -> tuple[str, dict[str, Any]]:
@@ -661,8 +725,10 @@ def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
     base, overrides = split_target(name)
     if base not in targets:
         raise TargetUnavailable(f"unknown target {base!r}; known: {', '.join(targets)}")
-    if overrides and base not in COGNITORA_TARGETS:
-        raise TargetUnavailable(f"{base} takes no placement overrides (only {', '.join(COGNITORA_TARGETS)} do)")
+    if overrides and base not in {**COGNITORA_TARGETS, **SCALED_TARGETS}:
+        raise TargetUnavailable(
+            f"{base} takes no placement overrides (only {', '.join([*COGNITORA_TARGETS, *SCALED_TARGETS])} do)"
+        )
     target = targets[base](model, workdir)
     if overrides:
         target.placement, target.cost_model = cost_model_overrides(overrides)

@@ -167,8 +167,9 @@ class CoreHost:
             if self._starting.done():
                 self._starting = None  # let the next request try again, with the same clear error if it persists
             raise
-        self._core = core
-        log.info("cognitora core started (%s mode)", self.mode)
+        if self._core is None:  # the first of the requests that waited for the start says it, once
+            self._core = core
+            log.info("cognitora core started (%s mode)", self.mode)
         return core
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:

@@ -137,7 +137,7 @@ def write_config(
 
 
 class Proxy:
-    def __init__(self, config: Path, log_dir: Path, salt: str) -> None:
+    def __init__(self, config: Path, log_dir: Path, salt: str, workers: int = 1) -> None:
         self.salt = salt
         """Each test's prompts are its own: the fleet (shared by the tests) must not hold them already."""
         self.port = free_port()
@@ -149,6 +149,7 @@ class Proxy:
             "PYTHONPATH": str(ROOT),
         }
         argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--num_workers", str(workers)]
         self.process = ManagedProcess(argv, log_dir / "litellm.log", env=env, cwd=config.parent)
         self.url = f"http://127.0.0.1:{self.port}"
         self.process.wait_http(f"{self.url}/health/liveliness", timeout_s=90)
@@ -405,9 +406,17 @@ def test_proxy_embedded_mode(fleet: SimFleet, smollm2_dir: Path, tmp_path: Path)
         proxy.stop()
 
 
+def placing_workers(proxy: Proxy) -> int:
+    """How many of the proxy's worker processes have started a core (each does at its first request)."""
+    return proxy.process.log_path.read_text(errors="replace").count("cognitora core started (redis mode)")
+
+
 def test_proxy_redis_mode_with_collector_beside_it(
     fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
 ) -> None:
+    """The proxy scaled out as docs/litellm.md says: two worker processes (``--num_workers 2``), one Redis store,
+    ``cognitora collector`` beside them. Requests reach either worker, and still land where their prompt is cached:
+    what one worker placed, the other sees."""
     config = write_config(tmp_path, fleet, smollm2_dir, redis_url=redis_server_url, key_prefix=key_prefix)
     cognitora_yaml = tmp_path / "cognitora.yaml"
     export = ManagedProcess(
@@ -424,10 +433,12 @@ def test_proxy_redis_mode_with_collector_beside_it(
     )
     try:
         wait_until(lambda: "collector started" in collector.log_tail(200), 30, "the collector to start")
-        proxy = Proxy(config, tmp_path, salt="redis")
+        proxy = Proxy(config, tmp_path, salt="redis", workers=2)
         try:
             figures = asyncio.run(check_gateway(proxy, fleet, chaos=False))
             print("redis", figures)
+            # Both workers placed some of that traffic: the affinity above held across processes.
+            assert placing_workers(proxy) == 2, proxy.process.log_tail(80)
             asyncio.run(check_stream_prefill_released_at_first_token(proxy, fleet, redis_server_url, key_prefix))
             asyncio.run(check_abandoned_stream_is_released(proxy, fleet, redis_server_url, key_prefix))
             # The collector dies: requests are still served, and the proxy's log says the state is going stale.
