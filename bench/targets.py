@@ -16,6 +16,7 @@ each peer installs and behaves here: shared/reference/peer-routers.md.
 | cognitora-litellm | LiteLLM proxy with ``routing_strategy: cognitora`` (litellm_plugin) | Cognitora |
 | cognitora-envoy | Envoy + ``cognitora extproc`` (envoy_extproc) | Cognitora |
 | cognitora-litellm-redis-2w | LiteLLM proxy, 2 workers over Redis, ``cognitora collector`` beside them | Cognitora |
+| cognitora-litellm-redis-1w | same, 1 worker: what Redis mode costs without a second worker | Cognitora |
 """
 
 from __future__ import annotations
@@ -669,10 +670,12 @@ PEER_TARGETS: dict[str, TargetFactory] = {
 
 
 SCALED_TARGETS: dict[str, TargetFactory] = {
+    "cognitora-litellm-redis-1w": lambda m, w: CognitoraLiteLLMRedisTarget(m, w, workers=1),
     "cognitora-litellm-redis-2w": lambda m, w: CognitoraLiteLLMRedisTarget(m, w, workers=2),
 }
 """Cognitora deployed past one process, run by name only (not in 'all'): what scaling out buys where one process is
-the limit (the LiteLLM proxy's top stages), compared with the one-process targets."""
+the limit (the LiteLLM proxy's top stages), compared with the one-process targets. ``-1w`` is Redis mode with one
+worker: it separates what the shared store costs from what the second worker buys."""
 
 DIAGNOSTIC_TARGETS: dict[str, TargetFactory] = {
     "litellm-shuffle-logged": lambda m, w: LoggedLiteLLMTarget(m, w),
