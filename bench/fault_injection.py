@@ -61,6 +61,7 @@ from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
 from cognitora.sim.tokenizer import SMOLLM2_DIR
 from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from tests.redis_server import redis_server_argv
 
 MODEL = "smollm2"
 SAMPLE_INTERVAL_S = 0.25
@@ -159,8 +160,7 @@ class Deployment:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("no redis-server on PATH: install Redis (apt-get install redis-server)")
-        argv = [binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.redis = self._spawn("redis", [*argv, "--dir", str(self.workdir)])
+        self.redis = self._spawn("redis", redis_server_argv(binary, self.redis_port, str(self.workdir)))
         client = redis.Redis(port=self.redis_port, socket_timeout=0.5, socket_connect_timeout=0.5)
         wait_until(lambda: bool(client.ping()), 15, f"redis-server on port {self.redis_port}")
 

@@ -35,6 +35,7 @@ import httpx
 import yaml
 
 from cognitora.process import ManagedProcess, free_port, wait_until
+from tests.redis_server import redis_server_argv
 
 BIN = Path(sys.executable).parent
 
@@ -307,6 +308,10 @@ class LiteLLMTarget(Target):
     def start(self, fleet: FleetLike) -> str:
         path = self.workdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(self.config(fleet), sort_keys=False))
+        return self._start_proxy(path)
+
+    def _start_proxy(self, path: Path) -> str:
+        """``litellm --config path``, once it answers."""
         port = free_port()
         proc = self._spawn(
             "litellm",
@@ -562,15 +567,19 @@ class CognitoraLiteLLMRedisTarget(CognitoraLiteLLMTarget):
         if binary is None:
             raise TargetUnavailable("no redis-server on PATH (apt-get install redis-server)")
         port = free_port()
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        redis_proc = self._spawn("redis", [*argv, "--dir", str(self.workdir)])
+        redis_proc = self._spawn("redis", redis_server_argv(binary, port, str(self.workdir)))
         wait_until(lambda: _tcp_open(port) or not redis_proc.alive(), 15, "redis-server to listen")
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
-        litellm_yaml = self.workdir / f"{self.name}.yaml"
-        litellm_yaml.write_text(yaml.safe_dump(self.config(fleet), sort_keys=False))
+        if not redis_proc.alive():
+            raise RuntimeError(f"redis-server exited:\n{redis_proc.log_tail()}")
+        self.redis_url = f"redis://127.0.0.1:{port}/0"  # config() writes it into the proxy's config
+        return super().start(fleet)
+
+    def _start_proxy(self, path: Path) -> str:
+        """The collector, fed from the proxy's own config as an operator does (``litellm_plugin.export``), then the
+        proxy."""
         cognitora_yaml = self.workdir / "cognitora.yaml"
         export = ManagedProcess(
-            [sys.executable, "-m", "litellm_plugin.export", str(litellm_yaml), "-o", str(cognitora_yaml)],
+            [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
             self.workdir / "export.log",
         )
         if export.proc.wait(timeout=120) != 0:
@@ -586,7 +595,7 @@ class CognitoraLiteLLMRedisTarget(CognitoraLiteLLMTarget):
         )
         if not collector.alive():
             raise RuntimeError(f"cognitora collector exited:\n{collector.log_tail()}")
-        return super().start(fleet)
+        return super()._start_proxy(path)
 
 
 class CognitoraEnvoyTarget(Target):

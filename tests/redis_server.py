@@ -43,6 +43,12 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
+def redis_server_argv(binary: str, port: int, workdir: str) -> list[str]:
+    """A ``redis-server`` on 127.0.0.1:``port`` that keeps nothing on disk (its state dies with it): the tests', the
+    fault-injection bench's and the scaled-out bench targets' Redis."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+
+
 @contextmanager
 def private_redis(password: str | None = None) -> Iterator[str]:
     """A ``redis-server`` of this test session's own on a free port (with ``requirepass`` when ``password`` is
@@ -52,7 +58,7 @@ def private_redis(password: str | None = None) -> Iterator[str]:
         raise RuntimeError("no Redis: set REDIS_URL, run one on 127.0.0.1:6379, or install redis-server")
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="cognitora-redis-")
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    argv = redis_server_argv(binary, port, workdir)
     if password is not None:
         argv += ["--requirepass", password]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
