@@ -286,16 +286,17 @@ class Router:
         """Where ``req`` should go, and why. Reads the store; writes nothing (``reserve``: ``admit``'s budget
         reservation is sent alongside the fleet read, once the prompt's token count is known). The model rewrite
         (``intent``) comes first, once: placement then runs among the chosen model's endpoints."""
-        rewrite = req.rewrite if req.rewrite is not None else self.rewrite(req)
+        rewrite = req.rewrite if req.rewrite is not None else await self.rewrite(req)
         if rewrite is not None and rewrite.model != req.model:
             req = replace(req, model=rewrite.model)
         decision = await self._place(req, reserve=reserve)
         return self._record(decision if rewrite is None else replace(decision, rewrite=rewrite))
 
-    def rewrite(self, req: RouteRequest) -> Rewrite | None:
+    async def rewrite(self, req: RouteRequest) -> Rewrite | None:
         """Which model serves ``req`` (``cognitora.intent``); None when the config has no ``intent`` section.
-        Pure: nothing is counted (``admit`` counts the decision that carries it)."""
-        return None if self.intent is None else self.intent.current().decide(req)
+        Pure: nothing is counted (``admit`` counts the decision that carries it). Awaited: an ``embeddings``
+        classifier calls its endpoint (within its budget)."""
+        return None if self.intent is None else await self.intent.current().decide_async(req)
 
     async def _place(self, req: RouteRequest, *, reserve: bool) -> Decision:
         if req.pinned_endpoint is not None and req.may_pin:
