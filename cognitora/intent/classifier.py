@@ -69,6 +69,7 @@ WORDS = {"analyzer": "word", "ngram_range": (1, 1), "sublinear_tf": True}
 def sklearn_or_explain() -> Any:
     """scikit-learn's modules the classifiers use, or ``ClassifierUnavailable`` saying what to install."""
     try:
+        import sklearn  # noqa: F401  (first: a submodule imported earlier would mask the package missing)
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
     except ImportError:

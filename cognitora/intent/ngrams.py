@@ -28,8 +28,25 @@ LO, HI = 1, 4
 ahead of 2-5 (the length scikit-learn users reach for) and cheaper; a single CJK character is a word."""
 
 
+_last: tuple[str, int, int, np.ndarray] | None = None
+"""The last text's n-grams: the intent classifier and the difficulty signal read the same turn of the same request
+(one comparison of the text, instead of its n-grams twice)."""
+
+
 def char_ngrams(text: str, lo: int = LO, hi: int = HI) -> np.ndarray:
-    """The hashes (uint64) of ``text``'s character ``lo``- to ``hi``-grams within words, one per occurrence."""
+    """The hashes (uint64) of ``text``'s character ``lo``- to ``hi``-grams within words, one per occurrence (read
+    only: the array may be the one the previous call returned)."""
+    global _last
+    last = _last
+    if last is not None and last[1] == lo and last[2] == hi and last[0] == text:
+        return last[3]
+    grams = _char_ngrams(text, lo, hi)
+    grams.flags.writeable = False
+    _last = (text, lo, hi, grams)
+    return grams
+
+
+def _char_ngrams(text: str, lo: int, hi: int) -> np.ndarray:
     padded = " " + _SPACES.sub(" ", text.lower()).strip() + " "
     points = np.frombuffer(padded.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
     n_points = len(points)
