@@ -158,10 +158,11 @@ def cost(r: Rewriter, calls: int) -> dict[str, float]:
         if len(text) > 4200:  # ~1,000 tokens of English prose and code
             break
         text += row["text"] + "\n"
-    req = RouteRequest(model="auto", messages=[{"role": "user", "content": text}])
-    r.decide(req)
+    # A new text each call (its last line differs), as in traffic: nothing computed for one text serves the next.
+    reqs = [RouteRequest(model="auto", messages=[{"role": "user", "content": f"{text}(#{i})"}]) for i in range(calls)]
+    r.decide(reqs[0])
     cpu = []
-    for _ in range(calls):
+    for req in reqs:
         c = time.thread_time()
         r.decide(req)
         cpu.append(time.thread_time() - c)

@@ -35,7 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cognitora.budgets.config import BudgetsConfig, LimitConfig, ModelPrice, SubjectBudget
 from cognitora.burst.config import BurstConfig, CloudTargetConfig
-from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
+from cognitora.intent.policy import (
+    ClassifierSpec,
+    DifficultySpec,
+    EmbeddingsSpec,
+    IntentConfig,
+    IntentSpec,
+    RuleSpec,
+)
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -956,6 +963,8 @@ def reference_markdown() -> str:
         ("intent.intents[]", IntentSpec),
         ("intent.intents[].rules[]", RuleSpec),
         ("intent.classifier", ClassifierSpec),
+        ("intent.classifier.embeddings", EmbeddingsSpec),
+        ("intent.difficulty", DifficultySpec),
         ("disaggregation", DisaggregationConfig),
         ("burst", BurstConfig),
         ("burst.targets[]", CloudTargetConfig),
