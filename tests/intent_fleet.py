@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
+from cognitora.process import wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,3 +158,31 @@ def chat_body(model: str, user: str, system: str | None = None, **extra: Any) ->
 
 def cached_tokens(body: dict[str, Any]) -> int:
     return int(((body.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+Ask = Callable[[dict[str, Any]], tuple[httpx.Response, str]]
+"""A gateway's client: the response to a chat body, and the engine that answered it."""
+
+
+def exercise_an_operators_policy(fleet: TwoModelFleet, ask: Ask) -> None:
+    """What both gateways' e2e tests check of an operator's own policy, written while the gateway runs: the default
+    classifier (character n-grams, calibrated) on multilingual examples and difficulty routing send each prompt to
+    its model; then the ``embeddings`` kind calls the embedder once for a new prompt and not for a repeated one."""
+    fleet.write_policy(**operator_policy("auto-own"))
+    wait_until(lambda: ask(chat_body("auto-own", "hi"))[0].status_code == 200, 30, "the operator's policy in force")
+    for text, model in OPERATOR_CASES:
+        r, engine = ask(chat_body("auto-own", text))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-cognitora-model"] == model, text
+        assert r.json()["model"] == model and fleet.model_of(engine) == model
+
+    embeddings = {"kind": "embeddings", "embeddings": {"url": fleet.embeddings_url(), "model": "embed"}}
+    fleet.write_policy(**operator_policy("auto-emb", embeddings))
+    wait_until(lambda: ask(chat_body("auto-emb", "hi"))[0].status_code == 200, 30, "the embeddings policy in force")
+    text = "Comment lire un fichier JSON en Python ?"
+    before = fleet.embeddings_calls()
+    r, engine = ask(chat_body("auto-emb", text))
+    assert r.status_code == 200 and r.headers["x-cognitora-model"] == "code" and fleet.model_of(engine) == "code"
+    assert fleet.embeddings_calls() == before + 1
+    again, _ = ask(chat_body("auto-emb", text))
+    assert again.headers["x-cognitora-model"] == "code" and fleet.embeddings_calls() == before + 1  # cached

@@ -25,14 +25,13 @@ from cognitora.process import ManagedProcess, free_port, wait_until
 from envoy_extproc.launch import render_config, start_envoy, wait_listening
 from tests.intent_fleet import (
     CODING_QUESTION,
-    OPERATOR_CASES,
     SMALL_TALK,
     TRAVEL,
     TwoModelFleet,
     cached_tokens,
     chat_body,
+    exercise_an_operators_policy,
     long_system_prompt,
-    operator_policy,
     two_model_fleet,
 )
 
@@ -154,25 +153,6 @@ def versions(gateway: Gateway, conversations: Any) -> set[str]:
 
 
 def test_an_operators_own_intents_difficulty_and_the_embeddings_kind_reload_in_place(gateway: Gateway) -> None:
-    fleet = gateway.fleet
-    # The operator's own intents with the default classifier (character n-grams, calibrated) and difficulty
-    # routing: prompts in French and German reach the model of their intent, a hard one the large model.
-    fleet.write_policy(**operator_policy("auto-own"))
-    wait_until(lambda: gateway.ask(chat_body("auto-own", "hi"))[0].status_code == 200, 30, "the operator's policy")
-    for text, model in OPERATOR_CASES:
-        r, engine = gateway.ask(chat_body("auto-own", text))
-        assert r.status_code == 200, r.text
-        assert r.headers["x-cognitora-model"] == model, text
-        assert r.json()["model"] == model and fleet.model_of(engine) == model
-
-    # The embeddings kind: the service calls the embedder's /v1/embeddings for a new prompt, not for a repeated one.
-    embeddings = {"kind": "embeddings", "embeddings": {"url": fleet.embeddings_url(), "model": "embed"}}
-    fleet.write_policy(**operator_policy("auto-emb", embeddings))
-    wait_until(lambda: gateway.ask(chat_body("auto-emb", "hi"))[0].status_code == 200, 30, "the embeddings policy")
-    text = "Comment lire un fichier JSON en Python ?"
-    before = fleet.embeddings_calls()
-    r, engine = gateway.ask(chat_body("auto-emb", text))
-    assert r.status_code == 200 and r.headers["x-cognitora-model"] == "code" and fleet.model_of(engine) == "code"
-    assert fleet.embeddings_calls() == before + 1
-    again, _ = gateway.ask(chat_body("auto-emb", text))
-    assert again.headers["x-cognitora-model"] == "code" and fleet.embeddings_calls() == before + 1  # cached
+    # The default classifier on an operator's own multilingual intents, difficulty routing, then the embeddings
+    # kind with its per-prompt cache (tests/intent_fleet.py says what is checked; the same through both gateways).
+    exercise_an_operators_policy(gateway.fleet, gateway.ask)
