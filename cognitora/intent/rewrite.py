@@ -93,12 +93,16 @@ class Rewriter:
     def decide(self, req: RouteRequest) -> Rewrite:
         """The decision, synchronously: an ``embeddings`` classifier answers from its cache, else its local
         fallback (no call is made); ``decide_async`` is what the gateways use."""
+        if self._untouched(req.model):
+            return Rewrite(req.model, req.model, How.KEPT)
         f = features(req, self.policy.max_chars)
         hit = self._rules.match(f) if self.rewrites(req.model) else None
         return self._decide(req, f, hit, None)
 
     async def decide_async(self, req: RouteRequest) -> Rewrite:
         """The decision, the ``embeddings`` classifier's call awaited (within its budget) when one is needed."""
+        if self._untouched(req.model):
+            return Rewrite(req.model, req.model, How.KEPT)
         f = features(req, self.policy.max_chars)
         hit = self._rules.match(f) if self.rewrites(req.model) else None
         predicted = None
@@ -106,10 +110,12 @@ class Rewriter:
             predicted = await self._classifier.predict_async(f.last_user)
         return self._decide(req, f, hit, predicted)
 
+    def _untouched(self, model: str) -> bool:
+        """Neither rewritten nor split: nothing to read of the request."""
+        return not self.rewrites(model) and model not in self.policy.weighted
+
     def _decide(self, req: RouteRequest, f: PromptFeatures, hit: RuleMatch | None, p: Prediction | None) -> Rewrite:
         requested = req.model
-        if not self.rewrites(requested) and requested not in self.policy.weighted:
-            return Rewrite(requested, requested, How.KEPT)
         if self.rewrites(requested):
             chosen = self._by_intent(requested, f, hit, p)
             chosen = self._allowed(chosen, req.team)
