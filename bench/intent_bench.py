@@ -226,7 +226,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "difficulty signal, a request judged hard goes to the large model with the intent the classifier found. "
         "ECE: expected calibration error of the classifier's top score (10 bins).",
         "",
-        "## The whole decision, `Router.place` (in-process store, the same 1,000-token prompt)",
+        "## The whole decision, `Router.place` (in-process store; 1,000-token prompts differing in their last line, "
+        "as in the table above)",
         "",
         "| | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |",
         "|---|---|---|---|---|",
