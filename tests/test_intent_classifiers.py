@@ -185,6 +185,22 @@ def test_the_embeddings_kind_classifies_by_the_endpoints_vectors_and_caches_per_
     assert "no cached embedding: local tfidf" in r.decide(ask("python class please")).detail
 
 
+def test_the_sim_answers_embeddings_in_openais_shape_and_refuses_bad_input(embedder: SimFleet) -> None:
+    import httpx
+
+    url = f"{embedder.urls[0]}/v1/embeddings"
+    r = httpx.post(url, json={"model": "embed", "input": ["hello world", "hello there"]}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "list" and body["usage"]["prompt_tokens"] > 0
+    a, b = (np.array(d["embedding"]) for d in body["data"])
+    assert [d["index"] for d in body["data"]] == [0, 1] and abs(float(a @ a) - 1.0) < 1e-9
+    assert 0 < float(a @ b) < 1  # a shared token: close, not equal
+    again = httpx.post(url, json={"model": "embed", "input": "hello world"}, timeout=10).json()
+    assert again["data"][0]["embedding"] == body["data"][0]["embedding"]  # deterministic
+    bad = httpx.post(url, json={"model": "embed", "input": 42}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
 def test_past_its_budget_the_local_classifier_decides_and_the_late_answer_fills_the_cache(embedder: SimFleet) -> None:
     r = Rewriter.build(embeddings_policy(embedder, timeout_ms=100))
 
