@@ -11,21 +11,28 @@ token-exact), and a disagreement is
   by model and endpoint, ``cognitora_prompt_token_mismatch_last`` with the last engine-minus-router difference), which
   the dashboard turns into a visible warning.
 
-``cognitora explain`` asks the engines the same question directly (vLLM's and SGLang's ``POST /tokenize``).
+``cognitora explain`` asks the engines the same question directly (``engine_token_counts``: vLLM's ``POST /tokenize``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
 
 from cognitora.failsafe import RateLimitedLog
 
 log = logging.getLogger("cognitora.tokens")
 
-__all__ = ["TokenAgreement", "TokenTally", "mismatch_message"]
+__all__ = ["TOKENIZE_ENGINES", "TokenAgreement", "TokenTally", "engine_token_counts", "mismatch_message"]
+
+TOKENIZE_ENGINES = frozenset({"vllm"})
+"""Engine kinds that count a prompt's tokens on request (``POST /tokenize``, as their completions would)."""
 
 
 def mismatch_message(model: str, endpoint: str, router_tokens: int, engine_tokens: int) -> str:
@@ -74,3 +81,34 @@ class TokenAgreement:
     def mismatched(self) -> dict[tuple[str, str], TokenTally]:
         """The (model, endpoint) pairs whose last comparison disagreed."""
         return {k: t for k, t in self.tallies.items() if t.last_difference != 0}
+
+
+async def engine_token_counts(
+    servers: Mapping[str, str],
+    model: str,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    prompt: str | None = None,
+    timeout_s: float = 2.0,
+) -> dict[str, int | str]:
+    """Each engine's own count of a prompt's tokens (``servers``: endpoint id -> server root), or why there is none:
+    what ``cognitora explain`` sets beside the router's count."""
+    body: dict[str, Any] = {"model": model}
+    if messages is not None:
+        body["messages"] = list(messages)
+    else:
+        body["prompt"] = prompt or ""
+
+    async def ask(client: httpx.AsyncClient, url: str) -> int | str:
+        try:
+            r = await client.post(f"{url.rstrip('/')}/tokenize", json=body)
+        except httpx.HTTPError as exc:
+            return f"not reachable ({type(exc).__name__})"
+        if r.status_code != 200:
+            return f"POST /tokenize answered {r.status_code}"
+        count = r.json().get("count") if r.headers.get("content-type", "").startswith("application/json") else None
+        return count if isinstance(count, int) else "POST /tokenize gave no count"
+
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        answers = await asyncio.gather(*(ask(client, url) for url in servers.values()))
+    return dict(zip(servers, answers, strict=True))

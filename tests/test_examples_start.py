@@ -125,14 +125,18 @@ def test_envoy_example_serves_the_openai_sdk_with_a_minted_team_key(fleet: None,
 
 
 def test_explain_example_line_prints_every_engine(fleet: None, tmp_path: Path) -> None:
-    prompt = tmp_path / "P"
-    prompt.write_text("Where would this go?")
-    argv = documented(f"cognitora explain --config {COGNITORA_YAML} --model smollm2 --prompt-file P", COGNITORA_YAML)
+    line = (
+        'echo "Where would this prompt go?" | cognitora explain --config examples/cognitora.yaml --model smollm2 '
+        "--prompt-file -"
+    )
+    documented(line, COGNITORA_YAML)
     with example_redis():
-        out = subprocess.run(argv, env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(["bash", "-c", line], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for port in (8001, 8002, 8003, 8004):
         assert f"127.0.0.1:{port}" in out.stdout, out.stdout
+    for port in (8001, 8002, 8003, 8004):  # the engines count the prompt as the router does: the examples agree
+        assert f"tokenizer check: 127.0.0.1:{port} counts" in out.stdout and "as the router does" in out.stdout
 
 
 def test_litellm_example_serves_the_openai_sdk_with_a_team_key(fleet: None, tmp_path: Path) -> None:

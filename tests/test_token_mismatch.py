@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,3 +184,16 @@ def test_dashboard_shows_the_disagreement_in_chromium() -> None:
     assert "smollm2 on 127.0.0.1:8001: engine -151 tokens (7 of 7 answers)" in bad["text"], bad["text"]
     assert "models[].tokenizer" in bad["text"]
     assert good["hidden"] and not good["shown"], good
+
+
+@pytest.mark.e2e
+def test_explain_asks_the_engines_and_names_the_mismatch(builtin_fleet: SimFleet, tmp_path: Path) -> None:
+    path = tmp_path / "cognitora.yaml"
+    path.write_text(yaml.safe_dump({"models": [builtin_fleet.model_config(tokenizer=Path(TOKENIZER))]}))
+    prompt = "A prompt long enough for a few full KV blocks of sixteen tokens each, " * 4
+    argv = [str(BIN / "cognitora"), "explain", "--config", str(path), "--model", builtin_fleet.model]
+    out = subprocess.run([*argv, "--prompt-file", "-"], input=prompt, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for endpoint in builtin_fleet.endpoint_ids:
+        assert "tokenizer check: router counts" in out.stdout and f"endpoint {endpoint})" in out.stdout, out.stdout
+    assert "is models[].tokenizer the engine's tokenizer and chat template?" in out.stdout
