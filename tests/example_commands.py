@@ -11,7 +11,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from cognitora.process import ManagedProcess, wait_until
@@ -95,12 +95,12 @@ def example_redis() -> Iterator[str]:
 
 
 @contextmanager
-def sim_fleet(log_dir: Path, *extra: str) -> Iterator[ManagedProcess]:
-    """The README's fleet (``FLEET``, plus ``extra`` flags a doc adds), every engine answering."""
-    require_free([*ENGINE_PORTS, *EVENT_PORTS], f"`{FLEET}`")
-    argv = documented(FLEET, "README.md") + list(extra)
-    with ExitStack() as stack:
-        fleet = stack.enter_context(start(argv, log_dir, "sim-fleet"))
+def sim_fleet(log_dir: Path, line: str = FLEET, doc: str = "README.md") -> Iterator[ManagedProcess]:
+    """The README's fleet, as ``doc`` starts it (``line``: ``FLEET`` and the flags that doc adds), every engine
+    answering."""
+    assert line.startswith(FLEET), f"`{line}` is not the README's fleet"
+    require_free([*ENGINE_PORTS, *EVENT_PORTS], f"`{line}`")
+    with start(documented(line, doc), log_dir, "sim-fleet") as fleet:
         for port in ENGINE_PORTS:
             fleet.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=60)
         yield fleet
