@@ -232,12 +232,16 @@ SPECS: tuple[MetricSpec, ...] = (
         router's tokenizer or chat template is not the engine's (`models[].tokenizer`), so its block keys never match
         the engine's KV events. Logged with both counts, at most once a minute.""",
     ),
-    _m(
-        "cognitora_prompt_token_mismatch_last",
-        G,
-        ("model", "endpoint"),
-        R,
-        "Engine minus router prompt tokens at the last comparison: 0 when they agree.",
+    replace(
+        _m(
+            "cognitora_prompt_token_mismatch_last",
+            G,
+            ("model", "endpoint"),
+            R,
+            """Engine minus router prompt tokens at the last comparison: 0 when they agree (the dashboard shows a
+            warning while any is not). With --workers N, one worker's.""",
+        ),
+        merge=Merge.FIRST,
     ),
     _m(
         "cognitora_endpoints_marked_unhealthy",
