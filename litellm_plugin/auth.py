@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cognitora.config import ConfigError
+from cognitora.config import ConfigError, resolve_env
 
 SETTINGS_KEY = "cognitora_api_keys"
 """The ``general_settings`` key listing the API keys."""
@@ -82,6 +85,27 @@ def parse_keys(raw: Any) -> tuple[ApiKeyEntry, ...]:
     if len(set(keys)) != len(keys):
         raise ConfigError(f"{where}: the same key is listed twice")
     return tuple(entries)
+
+
+def check_at_start() -> None:
+    """In a proxy whose ``custom_auth`` is this module's hook: its keys, read from the proxy's config file as the
+    proxy will read them, must make a valid list (a ``ConfigError`` stops the start, naming the entry), so a key
+    whose variable is not set is found before the first client is refused. Called when the Router is built."""
+    proxy = sys.modules.get("litellm.proxy.proxy_server")
+    hook = getattr(proxy, "user_custom_auth", None)
+    if hook is None or getattr(hook, "__module__", None) != __name__:
+        return
+    path = getattr(proxy, "user_config_file_path", None)
+    if not path or not Path(str(path)).is_file():
+        return  # a config from a bucket or the database: checked at the first request instead
+    config = yaml.safe_load(Path(str(path)).read_text()) or {}
+    raw = (config.get("general_settings") or {}).get(SETTINGS_KEY)
+    if raw is None:
+        raise ConfigError(
+            f"general_settings.custom_auth is {__name__}.user_api_key_auth but general_settings.{SETTINGS_KEY} lists "
+            "no key: only the master key would be accepted. List the keys and their teams (docs/litellm.md)"
+        )
+    parse_keys(resolve_env({SETTINGS_KEY: raw}, f"{path}: general_settings")[SETTINGS_KEY])
 
 
 def _entries(raw: Any) -> tuple[tuple[bytes, ApiKeyEntry], ...]:

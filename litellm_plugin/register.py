@@ -127,13 +127,15 @@ def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
 
 def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
-    from litellm_plugin import metrics
+    from litellm_plugin import auth, metrics
     from litellm_plugin.fleet import build_fleet
     from litellm_plugin.router_redis import router_redis_url
     from litellm_plugin.store_mode import split_collector, store_mode
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
+    if in_proxy():
+        auth.check_at_start()  # the API keys of Cognitora's custom_auth hook, if the proxy uses it
     metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
     collector, fleet_args = split_collector(fleet_args)
     workers = proxy_workers()

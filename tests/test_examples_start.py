@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ import httpx
 import openai
 import pytest
 
+from cognitora.process import wait_until
 from tests.example_commands import ROOT, documented, env, example_redis, require_free, sim_fleet, start, wait_port
 
 pytestmark = pytest.mark.e2e
@@ -153,3 +155,27 @@ def test_litellm_example_serves_the_openai_sdk_with_a_team_key(fleet: None, tmp_
         admin = openai.OpenAI(base_url="http://127.0.0.1:4000/v1", api_key=master, max_retries=0)
         assert ask(admin, "chat", "hi", "hi").choices[0].message.content
         assert "router counts" not in proxy.log_tail(400)
+
+
+def test_a_taken_port_fails_at_once_naming_it() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(AssertionError, match=rf"needs 127\.0\.0\.1 ports {port}, which something already"):
+            require_free([port], "an example")
+
+
+def test_litellm_example_with_a_key_variable_unset_refuses_to_start(tmp_path: Path) -> None:
+    """The example lists os.environ/RESEARCH_API_KEY: not set, the proxy stops at start naming the entry, instead
+    of answering every team's request with an error later."""
+    require_free([4000], f"{LITELLM_YAML} (the proxy on 4000)")
+    argv = documented(f"litellm --config {LITELLM_YAML} --port 4000", LITELLM_YAML)
+    with start(argv, tmp_path, "litellm", LITELLM_MASTER_KEY="sk-" + secrets.token_hex(16)) as proxy:
+        wait_until(lambda: "Application startup failed" in proxy.log_tail(200), 120, "the proxy to refuse to start")
+        log = proxy.log_tail(200)
+    expected = (
+        "general_settings: cognitora_api_keys[0].key: os.environ/RESEARCH_API_KEY names the environment variable "
+        "RESEARCH_API_KEY, which is not set"
+    )
+    assert expected in log, log
