@@ -6,43 +6,19 @@ engine and no placement. The real Envoy, the real service, a recording core (tes
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from cognitora import api_keys
-from cognitora.process import free_port
-from envoy_extproc.launch import render_config, start_envoy
-from envoy_extproc.processor import AddressBook
-from envoy_extproc.server import start_server
-from envoy_extproc.settings import ExtprocSettings
-from tests.test_envoy_protocol import BackgroundLoop, RecordingCore, Stack, chat_body, post, start_engine
+from tests.test_envoy_protocol import Stack, chat_body, post, recording_stack
 
 JWKS = api_keys.new_jwks()
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    bg = BackgroundLoop()
-    port = free_port()
-    engines = {"a": f"127.0.0.1:{port}"}
-    runner = bg.run(start_engine("a", port))
-    core = RecordingCore(pick=engines["a"])
-    server = bg.run(
-        start_server(core, ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0"), AddressBook({}))
-    )
-    listen, admin = free_port(), free_port()
-    config = render_config(
-        listen_port=listen, admin_port=admin, extproc_port=server.port, engines=list(engines.values()), jwks=JWKS
-    )
-    envoy = start_envoy(config, tmp_path_factory.mktemp("envoy"), admin)
-    try:
-        yield Stack(url=f"http://127.0.0.1:{listen}", core=core, engines=engines)
-    finally:
-        envoy.stop()
-        bg.run(server.stop(0))
-        bg.run(runner.cleanup())
-        bg.close()
+    with recording_stack(tmp_path_factory.mktemp("envoy"), ("a",), jwks=JWKS) as s:
+        yield s
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -190,13 +191,18 @@ class Stack:
         return self.core.outcomes
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@contextmanager
+def recording_stack(
+    workdir: Path, live: Sequence[str], dead: Sequence[str] = (), jwks: str | None = None
+) -> Iterator[Stack]:
+    """The real Envoy on examples/envoy.yaml before the service with a recording core, aiohttp engines named
+    ``live`` (and addresses named ``dead`` that Envoy lists but nothing serves); ``jwks``: keep the example's auth
+    filter with that signing key (``render_config``)."""
     bg = BackgroundLoop()
-    ports = {"a": free_port(), "b": free_port(), "dead": free_port()}
+    ports = {name: free_port() for name in (*live, *dead)}
     engines = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-    runners = [bg.run(start_engine(name, ports[name])) for name in ("a", "b")]
-    core = RecordingCore(pick=engines["a"])
+    runners = [bg.run(start_engine(name, ports[name])) for name in live]
+    core = RecordingCore(pick=engines[live[0]])
     settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
     server = bg.run(start_server(core, settings, AddressBook({})))
     listen, admin = free_port(), free_port()
@@ -205,9 +211,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         admin_port=admin,
         extproc_port=server.port,
         engines=list(engines.values()),
+        jwks=jwks,
         expose_upstream_host=True,  # these tests read which engine answered
     )
-    envoy = start_envoy(config, tmp_path_factory.mktemp("envoy"), admin)
+    envoy = start_envoy(config, workdir, admin)
     try:
         yield Stack(url=f"http://127.0.0.1:{listen}", core=core, engines=engines)
     finally:
@@ -216,6 +223,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for runner in runners:
             bg.run(runner.cleanup())
         bg.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with recording_stack(tmp_path_factory.mktemp("envoy"), ("a", "b"), ("dead",)) as s:
+        yield s
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:
