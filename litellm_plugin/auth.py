@@ -80,7 +80,8 @@ def parse_keys(raw: Any) -> tuple[ApiKeyEntry, ...]:
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"{where}[{i}].{field}: {first['msg']} (keys: at least 16 characters)") from None
+            hint = " (an API key: sk-$(openssl rand -hex 16))" if field == "key" else ""
+            raise ConfigError(f"{where}[{i}].{field}: {first['msg']}{hint}") from None
     keys = [e.key for e in entries]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"{where}: the same key is listed twice")

@@ -19,7 +19,7 @@ KEY = "sk-research-0123456789abcdef"
     [
         ("sk-x", "must be a list"),
         ([{"key": None, "team": "t", "key_alias": "a"}], r"\[0\]\.key is null.*export the variable"),
-        ([{"key": "short", "team": "t", "key_alias": "a"}], r"\[0\]\.key: .*at least 16"),
+        ([{"key": "short", "team": "t", "key_alias": "a"}], r"\[0\]\.key: .*at least 16 characters \(an API key: sk-"),
         ([{"key": KEY, "team": "t"}], r"\[0\]\.key_alias"),
         ([{"key": KEY, "team": "t", "key_alias": "a", "teams": "x"}], r"\[0\]\.teams"),
         ([{"key": KEY, "team": "a", "key_alias": "a"}, {"key": KEY, "team": "b", "key_alias": "b"}], "listed twice"),
