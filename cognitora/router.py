@@ -45,6 +45,7 @@ from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.seat_tenure import SeatTenure
 from cognitora.telemetry import Telemetry
+from cognitora.token_agreement import TokenAgreement
 from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.engines import ENGINES
 from kvstate.memory_store import MemoryStore
@@ -261,6 +262,8 @@ class Router:
         self._stale = False
         self._seen_heartbeat = False
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
+        self.token_agreement = TokenAgreement()
+        """The router's prompt-token counts against the engines' own (``usage.prompt_tokens``)."""
         if self.intent is not None:
             self.telemetry.names = self.intent.label_names()
         """Decisions, attempts and store reads, by label, for ``cognitora.metrics`` and the decision log."""
@@ -793,6 +796,10 @@ class Router:
             self._feed_back(attempt, achieved_ttft)
         if outcome.ok and attempt.endpoint in self._outcome_rates:
             self._learn_rates(attempt, outcome, achieved_ttft)
+        engine_tokens, cloud = outcome.prompt_tokens, decision.cloud
+        at_engine = cloud is None or cloud.target != attempt.endpoint  # a cloud's model counts its own way
+        if engine_tokens is not None and decision.exact_keys and at_engine:
+            self.token_agreement.observe(decision.model, attempt.endpoint, decision.prompt_tokens, engine_tokens)
         runner_up = decision.runner_up
         self._outcomes.append(
             AttemptRecord(
