@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "pd-sidecar": ("cognitora.disagg.sidecar", "beside a decode engine: run a request as a prefill/decode pair"),
     "budgets": ("cognitora.budgets.cli", "token budget reports, limits and resets, from Redis alone"),
     "node-agent": ("cognitora.node_agent.cli", "serve this node's GPU/Mac power under DCGM's metric names"),
+    "doctor": ("cognitora.doctor.cli", "check this host: config, Redis, clocks, engines, KV events"),
 }
 
 

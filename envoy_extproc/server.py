@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from cognitora import jsonlog
+from cognitora import jsonlog, sd_notify
 from cognitora.config import ConfigError
 from cognitora.failsafe import RateLimitedLog
 from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
@@ -230,6 +230,7 @@ async def _run(settings: ExtprocSettings) -> int:
         await server.stop(0)
         await router.close()
         return 1
+    sd_notify.ready(f"serving ext_proc on port {server.port}")  # systemd Type=notify (deploy/systemd/)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
