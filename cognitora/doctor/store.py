@@ -124,11 +124,14 @@ def _persistence(client: Client, config: CognitoraConfig) -> Check:
             f"RDB snapshots only (save {save[0]!r}): a crash loses what was counted since the last snapshot",
             "appendonly yes and appendfsync everysec in redis.conf (CONFIG SET appendonly yes applies it live)",
         )
-    what = "no AOF and no RDB snapshots: a Redis restart forgets every budget counter and the cloud-spend ledger"
     fix = "appendonly yes and appendfsync everysec in redis.conf (CONFIG SET appendonly yes applies it live)"
     if budgets:
-        return fail(name, what + " (budgets: is configured, so teams could spend their budget twice)", fix)
-    return warn(name, what + " (no budgets configured: the KV index is rebuilt from the engines)", fix)
+        what = "a Redis restart forgets every budget counter and the cloud-spend ledger: teams could spend twice"
+        return fail(name, f"no AOF and no RDB snapshots: {what}", fix)
+    what = (
+        "a Redis restart forgets the shared state (no budgets are configured; the KV index is rebuilt from the engines)"
+    )
+    return warn(name, f"no AOF and no RDB snapshots: {what}", fix)
 
 
 def _rdb_note(save: list[str]) -> str:
