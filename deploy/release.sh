@@ -11,7 +11,8 @@
 #                                         ones deploy/install.sh installs) resolves to now, validated
 #   SHA256SUMS                            `sha256sum -c SHA256SUMS` checks all of the above
 #
-# Needs: git, python3 >= 3.11 (PYTHON=...), and pip's access to PyPI (or its cache) for the pinned tools.
+# Needs: git, python3 >= 3.11 (PYTHON=...), and pip's access to PyPI (or its cache) for the pinned tools, which
+# are kept in ~/.cache/cognitora-release (RELEASE_TOOLS_CACHE=DIR elsewhere) between runs.
 set -eu
 
 OUT=dist
@@ -46,11 +47,17 @@ umask 022  # file modes in the archives come from the build tree: the same on ev
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-# The pinned tools, in an environment of their own.
-"$PYTHON" -m venv "$WORK/tools"
-TOOLS=$WORK/tools/bin
-PIP_DISABLE_PIP_VERSION_CHECK=1 "$TOOLS/python" -m pip install --quiet -r "$HERE/release-requirements.txt" ||
-    die "could not install deploy/release-requirements.txt"
+# The pinned tools, in an environment of their own, kept between runs under a name that changes with the pins.
+PINS=$(sha256sum "$HERE/release-requirements.txt" | cut -c1-12)
+TOOLS_VENV=${RELEASE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cognitora-release}/tools-$PINS
+TOOLS=$TOOLS_VENV/bin
+if [ ! -f "$TOOLS_VENV/.complete" ]; then
+    rm -rf "$TOOLS_VENV"
+    "$PYTHON" -m venv "$TOOLS_VENV"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$TOOLS/python" -m pip install --quiet -r "$HERE/release-requirements.txt" ||
+        die "could not install deploy/release-requirements.txt"
+    touch "$TOOLS_VENV/.complete"
+fi
 
 # The committed tree only, its files dated at the commit (git archive does that), then sdist and wheel from it.
 mkdir "$WORK/src" "$WORK/dist"
