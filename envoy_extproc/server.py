@@ -230,11 +230,11 @@ async def _run(settings: ExtprocSettings) -> int:
         await server.stop(0)
         await router.close()
         return 1
-    sd_notify.ready(f"serving ext_proc on port {server.port}")  # systemd Type=notify (deploy/systemd/)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    sd_notify.ready(f"serving ext_proc on port {server.port}")  # after the handlers: a stop then drains
     await stop.wait()
     log.info("stopping: finishing open streams (5 s grace)")
     await server.stop(5)

@@ -7,10 +7,12 @@ Also: reading a systemd unit as systemd would start it (``[Service]`` entries in
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ def run_install(root: Path, *args: str, stdin: str | None = None) -> subprocess.
 @functools.cache
 def installed_tree() -> InstalledTree:
     root = Path(tempfile.mkdtemp(prefix="cognitora-root-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # a whole environment: never left behind
     done = run_install(root)
     if done.returncode != 0:
         raise AssertionError(f"install.sh exited {done.returncode}:\n{done.stdout}\n{done.stderr}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -170,3 +171,15 @@ def test_pd_sidecar_is_ready_when_it_listens(fleet: SimFleet, tmp_path: Path) ->
     with notify_socket() as (sock, name), start(argv, name, tmp_path / "p.log") as proc:
         assert receive(sock, proc) == {"READY": "1", "STATUS": "serving 1 decode engine(s)"}
         assert accepts(port)
+
+
+def test_a_stop_right_after_ready_is_a_clean_stop(fleet: SimFleet, key_prefix: str, tmp_path: Path) -> None:
+    """``systemctl stop`` may come the moment the unit is ready: the SIGTERM handler must already be in place (it
+    drains and exits 0), not Python's default (killed by the signal, which systemd logs as a failure)."""
+    path = config(tmp_path, fleet, None, key_prefix)
+    for attempt in range(3):
+        argv = ["extproc", "--config", str(path), "--collector", "--listen", f"127.0.0.1:{free_port()}"]
+        with notify_socket() as (sock, name), start(argv, name, tmp_path / f"x{attempt}.log") as proc:
+            assert receive(sock, proc)["READY"] == "1"
+            proc.proc.send_signal(signal.SIGTERM)
+            assert proc.proc.wait(timeout=60) == 0, proc.log_tail()

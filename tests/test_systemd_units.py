@@ -129,10 +129,9 @@ def fleet_config(tree: InstalledTree, fleet: SimFleet, redis_url: str, key_prefi
     return path
 
 
-def start_unit(unit: Path, instance: str, notify: str) -> subprocess.Popen[str]:
+def start_unit(unit: Path, instance: str, notify: str, state: Path) -> subprocess.Popen[str]:
     """The unit's command with its environment, stdout and stderr on one pipe, as journald takes them."""
-    state = tempfile.mkdtemp(prefix="cognitora-state-")
-    command = unit_command(unit, instance, {"%S": state, "%C": state})
+    command = unit_command(unit, instance, {"%S": str(state), "%C": str(state)})
     env = {"PATH": "/usr/bin:/bin", **command.env, "NOTIFY_SOCKET": notify}
     return subprocess.Popen(command.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -178,7 +177,7 @@ def test_the_collector_unit_starts_ready_and_logs_json(
     tmp = Path(tempfile.mkdtemp(prefix="sdn-", dir="/tmp"))
     try:
         with notify_socket(tmp) as sock:
-            proc = start_unit(tree.units / "cognitora-collector.service", "", str(tmp / "notify"))
+            proc = start_unit(tree.units / "cognitora-collector.service", "", str(tmp / "notify"), tmp)
             try:
                 ready_and_json_lines(proc, sock, "collector started")
                 assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
@@ -186,6 +185,7 @@ def test_the_collector_unit_starts_ready_and_logs_json(
                 assert stop(proc) == 0  # SIGTERM stops it cleanly: no restart by Restart=on-failure
     finally:
         collector_env.write_text(original)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_an_extproc_instance_reads_its_own_file(
@@ -198,7 +198,7 @@ def test_an_extproc_instance_reads_its_own_file(
     )
     tmp = Path(tempfile.mkdtemp(prefix="sdn-", dir="/tmp"))
     with notify_socket(tmp) as sock:
-        proc = start_unit(tree.units / "cognitora-extproc@.service", "edge", str(tmp / "notify"))
+        proc = start_unit(tree.units / "cognitora-extproc@.service", "edge", str(tmp / "notify"), tmp)
         try:
             records = ready_and_json_lines(
                 proc, sock, f"ext_proc listening on 127.0.0.1:{port} (port {port}), 1 endpoints"
@@ -208,5 +208,6 @@ def test_an_extproc_instance_reads_its_own_file(
                 pass
         finally:
             assert stop(proc) == 0
+            shutil.rmtree(tmp, ignore_errors=True)
     with pytest.raises(FileNotFoundError, match=r"extproc-absent\.env"):  # systemd refuses an instance with no file
         unit_command(tree.units / "cognitora-extproc@.service", "absent")
