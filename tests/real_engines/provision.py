@@ -119,7 +119,7 @@ def _installed(root: Path) -> RealEngineInstall:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
@@ -134,18 +134,20 @@ def provision(say: Callable[[str], None] = print) -> RealEngineInstall:
     root = install_dir()
     if (root / READY).exists():
         return _installed(root)
-    with _exclusive(root.with_name(root.name + ".lock")):
+    with exclusive(root.with_name(root.name + ".lock")):
         if (root / READY).exists():  # another process built it while this one waited
             return _installed(root)
         if root.exists():
             say(f"real engines: removing an unfinished build in {root}")
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        _Build(root, say).run()
+        Build(root, say).run()
         return _installed(root)
 
 
-class _Build:
+class Build:
+    """One build of the recipe into ``root`` (``provision`` runs it under the lock)."""
+
     def __init__(self, root: Path, say: Callable[[str], None]) -> None:
         self.root = root
         self.say = say

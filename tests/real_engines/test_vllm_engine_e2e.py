@@ -119,3 +119,30 @@ def test_kv_events_stored_removed_and_cleared_reach_the_store(
     chat(engine.url, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
     wait_until(lambda: cached_on(config, MODEL, again, engine.endpoint_id) == 0, 30, "AllBlocksCleared applied")
     assert "engine cleared its cache (AllBlocksCleared)" in collected.collector.log_tail(400)
+
+
+def test_kv_event_sources_are_discovered_from_the_engine(
+    real_fleet: RealEngineFleet, redis_server_url: str, tmp_path: Path
+) -> None:
+    """No ``kv_events`` in the config: the collector reads each engine's ``GET /kv_event_sources`` and subscribes."""
+    config = cognitora_config(real_fleet, redis_server_url, f"cogtest-real-disc-{random.randrange(1 << 30):x}", False)
+    config["engine_pulls"] = {"vllm_kv_event_sources_interval_s": 0.5}
+    config_path = tmp_path / "cognitora.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    collector = start_collector(config_path, tmp_path)
+    try:
+        wait_until(
+            lambda: collector.log_tail(400).count("KV event sources discovered") == len(real_fleet.engines),
+            30,
+            "both engines' event sources discovered",
+        )
+        engine = real_fleet.engines[1]
+        assert f'"publisher": "{engine.events_address}"' in collector.log_tail(400)
+        chat(engine.url, {"messages": messages("discovered", 0), "max_tokens": 1})
+        wait_until(
+            lambda: cached_on(config_path, MODEL, messages("discovered", 1), engine.endpoint_id) >= 512,
+            30,
+            "the engine's blocks in the store, from the discovered stream",
+        )
+    finally:
+        collector.stop()
