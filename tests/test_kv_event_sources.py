@@ -89,7 +89,7 @@ async def test_the_watcher_follows_a_restarted_engines_new_ports(caplog: pytest.
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     seen: list[list[KvEventSource]] = []
 
     async def on_change(sources: list[KvEventSource]) -> None:

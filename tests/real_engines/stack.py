@@ -112,6 +112,15 @@ def cached_on(config_path: Path, model: str, prompt: Prompt, endpoint: str) -> f
     return next((c.cached_tokens for c in decision.candidates if c.endpoint == endpoint), 0.0)
 
 
+def run_module(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m argv...`` from the checkout, as an operator runs it; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 @dataclass(frozen=True)
 class Explained:
     endpoint: str
@@ -124,16 +133,8 @@ def explain(config_path: Path, model: str, messages: list[dict[str, str]], work:
     """``cognitora explain`` as an operator runs it, its pick and cached tokens read from what it prints."""
     prompt = work / f"explain-{random.randrange(1 << 30):x}.json"
     prompt.write_text(json.dumps(messages))
-    argv = [sys.executable, "-m", "cognitora.cli", "explain", "--config", str(config_path), "--model", model]
-    done = subprocess.run(
-        [*argv, "--prompt-file", str(prompt), "--messages-json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    argv = ["cognitora.cli", "explain", "--config", str(config_path), "--model", model]
+    done = run_module([*argv, "--prompt-file", str(prompt), "--messages-json"])
     # "picked 127.0.0.1:P for model M: predicted TTFT 12.3 ms, 544/571 prompt tokens cached"
     picked = next(line for line in done.stdout.splitlines() if line.startswith("picked "))
     endpoint = picked.split()[1]
@@ -194,15 +195,7 @@ def litellm_gateway(fleet: RealEngineFleet, redis_url: str, work: Path) -> Itera
     prefix = f"cogtest-real-litellm-{random.randrange(1 << 30):x}"
     config = litellm_config(fleet, redis_url, prefix, work)
     cognitora_yaml = work / "cognitora.yaml"
-    export = subprocess.run(
-        [sys.executable, "-m", "litellm_plugin.export", str(config), "-o", str(cognitora_yaml)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
-    )
-    assert export.returncode == 0, export.stdout + export.stderr
+    run_module(["litellm_plugin.export", str(config), "-o", str(cognitora_yaml)])
     collector = start_collector(cognitora_yaml, work)
     try:
         proxy = Proxy(config, work, salt="real")
