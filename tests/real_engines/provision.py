@@ -129,20 +129,25 @@ def exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def provision(say: Callable[[str], None] = print) -> RealEngineInstall:
-    """The build for this recipe: found in the cache, or built now (under the lock). Raises ``ProvisionError``."""
-    root = install_dir()
+def cached_build(root: Path, build: Callable[[Path], None], say: Callable[[str], None]) -> Path:
+    """``root`` once built: found (``READY`` in it), or built now by ``build(root)`` under an exclusive lock; a
+    folder left unfinished by a build that died is removed first."""
     if (root / READY).exists():
-        return _installed(root)
+        return root
     with exclusive(root.with_name(root.name + ".lock")):
         if (root / READY).exists():  # another process built it while this one waited
-            return _installed(root)
+            return root
         if root.exists():
             say(f"real engines: removing an unfinished build in {root}")
             shutil.rmtree(root)
         root.mkdir(parents=True)
-        Build(root, say).run()
-        return _installed(root)
+        build(root)
+        return root
+
+
+def provision(say: Callable[[str], None] = print) -> RealEngineInstall:
+    """The build for this recipe: found in the cache, or built now (under the lock). Raises ``ProvisionError``."""
+    return _installed(cached_build(install_dir(), lambda root: Build(root, say).run(), say))
 
 
 class Build:
@@ -155,14 +160,16 @@ class Build:
         self.python = root / "venv" / "bin" / "python"
         self.timings: dict[str, float] = {}
 
-    def step(self, name: str, argv: list[str], timeout_s: float = STEP_TIMEOUT_S) -> str:
+    def step(
+        self, name: str, argv: list[str], timeout_s: float = STEP_TIMEOUT_S, env: dict[str, str] | None = None
+    ) -> str:
         """Run one command, its output appended to provision.log; ProvisionError with its tail when it fails."""
         self.say(f"real engines: {name} ...")
         started = time.monotonic()
-        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1"}
-        env.pop("PYTHONPATH", None)  # the engine venv must not see the project's modules
+        full_env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1", **(env or {})}
+        full_env.pop("PYTHONPATH", None)  # the engine venv must not see the project's modules
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False)
         except subprocess.TimeoutExpired as exc:
             raise ProvisionError(f"{name}: `{' '.join(argv)}` did not finish in {timeout_s:.0f} s") from exc
         except OSError as exc:

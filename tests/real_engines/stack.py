@@ -35,15 +35,36 @@ LITELLM_MODEL = "chat"
 """The model name clients send to the LiteLLM proxy (the example's ``model_name``)."""
 
 
-def cognitora_config(fleet: RealEngineFleet, redis_url: str, key_prefix: str, kv_events: bool = True) -> dict[str, Any]:
-    """cognitora.yaml for the real fleet: token-exact keys from the tokenizer the engines load, vLLM's CPU block
-    size, each engine's KV events (or none: ``kv_events=False`` leaves the engines' own ``/kv_event_sources`` to
-    say where they are)."""
+@dataclass(frozen=True)
+class Upstream:
+    """One engine as Cognitora is told about it."""
+
+    url: str
+    endpoint_id: str
+    engine: str = "vllm"
+    events: str | None = None
+    replay: str | None = None
+    prefill_tokens_per_s: float | None = None
+    """A prior for an engine whose rate is not learned from /metrics (``engine: openai``)."""
+
+
+def vllm_upstreams(fleet: RealEngineFleet, kv_events: bool = True) -> list[Upstream]:
+    """The fleet's engines, with their KV events (or none: their own ``/kv_event_sources`` then says where)."""
+    return [
+        Upstream(e.url, e.endpoint_id, "vllm", *((e.events_address, e.replay_address) if kv_events else (None, None)))
+        for e in fleet.engines
+    ]
+
+
+def cognitora_config(upstreams: list[Upstream], redis_url: str, key_prefix: str) -> dict[str, Any]:
+    """cognitora.yaml for real engines: token-exact keys from the tokenizer the engines load, vLLM's CPU block size."""
     endpoints: list[dict[str, Any]] = []
-    for engine in fleet.engines:
-        endpoint: dict[str, Any] = {"url": engine.url}
-        if kv_events:
-            endpoint |= {"kv_events": engine.events_address, "kv_events_replay": engine.replay_address}
+    for up in upstreams:
+        endpoint: dict[str, Any] = {"url": up.url, "engine": up.engine}
+        if up.events is not None:
+            endpoint |= {"kv_events": up.events, "kv_events_replay": up.replay}
+        if up.prefill_tokens_per_s is not None:
+            endpoint["prefill_tokens_per_s"] = up.prefill_tokens_per_s
         endpoints.append(endpoint)
     return {
         "redis_url": redis_url,
@@ -154,13 +175,12 @@ class Gateway:
 
 
 @contextmanager
-def envoy_gateway(fleet: RealEngineFleet, redis_url: str, work: Path) -> Iterator[Gateway]:
+def envoy_gateway(upstreams: list[Upstream], redis_url: str, work: Path) -> Iterator[Gateway]:
     config_path = work / "cognitora.yaml"
     prefix = f"cogtest-real-envoy-{random.randrange(1 << 30):x}"
-    config_path.write_text(yaml.safe_dump(cognitora_config(fleet, redis_url, prefix)))
-    with start_gateway(
-        config_path, fleet.endpoint_ids, work, embedded=False, collector=True, expose_upstream_host=True
-    ) as stack:
+    config_path.write_text(yaml.safe_dump(cognitora_config(upstreams, redis_url, prefix)))
+    ids = [up.endpoint_id for up in upstreams]
+    with start_gateway(config_path, ids, work, embedded=False, collector=True, expose_upstream_host=True) as stack:
         collector = stack.collector
         assert collector is not None
         wait_until(lambda: "collector started" in collector.log_tail(200), 60, "the collector to start")
@@ -168,15 +188,21 @@ def envoy_gateway(fleet: RealEngineFleet, redis_url: str, work: Path) -> Iterato
         yield Gateway(client, config_path, MODEL, stack.extproc)
 
 
-def litellm_config(fleet: RealEngineFleet, redis_url: str, prefix: str, work: Path) -> Path:
+def litellm_config(upstreams: list[Upstream], redis_url: str, prefix: str, work: Path) -> Path:
     """The example LiteLLM config, its first deployments pointed at the real engines, in Redis mode."""
     config = yaml.safe_load(LITELLM_EXAMPLE.read_text())
-    deployments = config["model_list"][: len(fleet.engines)]
-    for dep, engine in zip(deployments, fleet.engines, strict=True):
-        dep["litellm_params"]["api_base"] = f"{engine.url}/v1"
+    deployments = config["model_list"][: len(upstreams)]
+    for dep, up in zip(deployments, upstreams, strict=True):
+        dep["litellm_params"]["api_base"] = f"{up.url}/v1"
         dep["litellm_params"]["model"] = f"openai/{MODEL}"
-        dep["model_info"]["cognitora_kv_events"] = engine.events_address
-        dep["model_info"]["cognitora_kv_events_replay"] = engine.replay_address
+        info = dep["model_info"]
+        info["cognitora_engine"] = up.engine
+        info.pop("cognitora_kv_events", None)
+        info.pop("cognitora_kv_events_replay", None)
+        if up.events is not None:
+            info |= {"cognitora_kv_events": up.events, "cognitora_kv_events_replay": up.replay}
+        if up.prefill_tokens_per_s is not None:
+            info["cognitora_prefill_tokens_per_s"] = up.prefill_tokens_per_s
     config["model_list"] = deployments
     args = config["router_settings"]["routing_strategy_args"]
     args["models"][0]["tokenizer"] = str(SMOLLM2_DIR / "tokenizer.json")
@@ -189,11 +215,11 @@ def litellm_config(fleet: RealEngineFleet, redis_url: str, prefix: str, work: Pa
 
 
 @contextmanager
-def litellm_gateway(fleet: RealEngineFleet, redis_url: str, work: Path) -> Iterator[Gateway]:
+def litellm_gateway(upstreams: list[Upstream], redis_url: str, work: Path) -> Iterator[Gateway]:
     from tests.test_litellm_e2e import Proxy
 
     prefix = f"cogtest-real-litellm-{random.randrange(1 << 30):x}"
-    config = litellm_config(fleet, redis_url, prefix, work)
+    config = litellm_config(upstreams, redis_url, prefix, work)
     cognitora_yaml = work / "cognitora.yaml"
     run_module(["litellm_plugin.export", str(config), "-o", str(cognitora_yaml)])
     collector = start_collector(cognitora_yaml, work)

@@ -25,7 +25,7 @@ import pytest
 
 from cognitora.process import wait_until
 from tests.real_engines.launch import RealEngineFleet
-from tests.real_engines.stack import Gateway, cached_on, envoy_gateway, explain, litellm_gateway
+from tests.real_engines.stack import Gateway, cached_on, envoy_gateway, explain, litellm_gateway, vllm_upstreams
 from tests.real_engines.traffic import Reply, messages, prefix_cache_hits, question, system_prompt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -40,7 +40,7 @@ def gateway(
 ) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp(f"real-{request.param}")
     start = envoy_gateway if request.param == "envoy" else litellm_gateway
-    with start(real_fleet, redis_server_url, work) as gw:
+    with start(vllm_upstreams(real_fleet), redis_server_url, work) as gw:
         yield gw
 
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cognitora.process import ManagedProcess, wait_until
 from cognitora.sim.metrics import EngineMetrics
 from tests.real_engines.launch import BLOCK_SIZE, KV_BLOCKS, MODEL, RealEngineFleet
-from tests.real_engines.stack import cached_on, cognitora_config, collector_stats, start_collector
+from tests.real_engines.stack import cached_on, cognitora_config, collector_stats, start_collector, vllm_upstreams
 from tests.real_engines.traffic import engine_load, messages, system_prompt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -75,7 +75,7 @@ class Collected:
 def collected(real_fleet: RealEngineFleet, redis_server_url: str, tmp_path: Path) -> Iterator[Collected]:
     config_path = tmp_path / "cognitora.yaml"
     prefix = f"cogtest-real-events-{random.randrange(1 << 30):x}"
-    config_path.write_text(yaml.safe_dump(cognitora_config(real_fleet, redis_server_url, prefix)))
+    config_path.write_text(yaml.safe_dump(cognitora_config(vllm_upstreams(real_fleet), redis_server_url, prefix)))
     collector = start_collector(config_path, tmp_path)
     try:
         yield Collected(config_path, collector)
@@ -125,7 +125,8 @@ def test_kv_event_sources_are_discovered_from_the_engine(
     real_fleet: RealEngineFleet, redis_server_url: str, tmp_path: Path
 ) -> None:
     """No ``kv_events`` in the config: the collector reads each engine's ``GET /kv_event_sources`` and subscribes."""
-    config = cognitora_config(real_fleet, redis_server_url, f"cogtest-real-disc-{random.randrange(1 << 30):x}", False)
+    prefix = f"cogtest-real-disc-{random.randrange(1 << 30):x}"
+    config = cognitora_config(vllm_upstreams(real_fleet, kv_events=False), redis_server_url, prefix)
     config["engine_pulls"] = {"vllm_kv_event_sources_interval_s": 0.5}
     config_path = tmp_path / "cognitora.yaml"
     config_path.write_text(yaml.safe_dump(config))
