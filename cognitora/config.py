@@ -521,6 +521,11 @@ class EnginePullsConfig(_Strict):
     DRAINS the engine's buffer: turn it off when something else (Dynamo) reads those events."""
     trtllm_kv_events_interval_s: float = Field(default=0.25, gt=0)
     """Seconds between two drains of one TRT-LLM engine's events."""
+    vllm_kv_event_sources: bool = True
+    """Read ``GET /kv_event_sources`` of ``engine: vllm`` endpoints without ``kv_events`` and subscribe to every
+    data-parallel rank's stream it names (``cognitora.kv_event_sources``)."""
+    vllm_kv_event_sources_interval_s: float = Field(default=5.0, gt=0)
+    """Seconds between two reads of one engine's ``/kv_event_sources`` (a restarted engine's new ports are followed)."""
 
 
 class DisaggregationConfig(_Strict):
