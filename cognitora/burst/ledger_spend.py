@@ -6,11 +6,12 @@ replica and shown by ``cognitora budgets report``.
   under ``<model>@<target>`` at the target's prices, for its team, key and user: it counts against their token
   and cost budgets like a local request, and adds to one more counter, the team's cloud spend this month
   (``burst_spend:<team>:cost_usd:m<YYYY-MM>``, in ``budgets.time_zone``).
-- ``may_burst``: that counter against the team's limit. It is read only for a request that would burst (the
-  router awaits ``refresh`` then), at most once per ``SPEND_FRESH_S`` per team and process; what this process
-  recorded since its last read is added, so one gateway never overshoots by its own spend. Other replicas' spend
-  is seen within ``SPEND_FRESH_S``. A read that fails keeps the last value (the limit is checked on what is known;
-  the cloud answers meanwhile).
+- ``hold``/``within_limit``: that counter, plus the estimated cost of this process's cloud requests in flight
+  (``spend.Holds``), against the team's limit. It is read only for a request that would burst (the router awaits
+  ``refresh`` then), at most once per ``SPEND_FRESH_S`` per team and process; what this process recorded since its
+  last read is added, so one gateway never overshoots by its own spend. Other replicas' spend is seen within
+  ``SPEND_FRESH_S`` (their requests in flight are not). A read that fails keeps the last value (the limit is
+  checked on what is known; the cloud answers meanwhile).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cognitora.budgets.config import LimitConfig, Metric, SubjectKind, WindowKin
 from cognitora.budgets.gate import BudgetGate
 from cognitora.budgets.plan import MICRO, CounterPlan, escape
 from cognitora.budgets.windows import current_window
-from cognitora.burst.spend import CloudSpend
+from cognitora.burst.spend import CloudSpend, Holds, fits
 
 if TYPE_CHECKING:
     from cognitora.config import CognitoraConfig
@@ -76,6 +77,7 @@ class LedgerSpend:
         self._clock = clock
         self._known: dict[str, _Known] = {}
         self._reading: dict[str, asyncio.Future[None]] = {}
+        self.holds = Holds()
         self.reads = 0
         """Ledger reads made (tests: one per ``SPEND_FRESH_S`` and team, none for local decisions)."""
 
@@ -83,9 +85,17 @@ class LedgerSpend:
         known = self._known.get(team)
         return 0.0 if known is None else (known.spent_micro + known.since_read_micro) / MICRO
 
-    def may_burst(self, team: str) -> bool:
-        limit = self._limit_of(team)
-        return limit is None or self.spent_usd(team) < limit
+    def hold(self, request_id: str, team: str, estimate_usd: float) -> bool:
+        if not fits(self.spent_usd(team), self.holds.of(team), estimate_usd, self._limit_of(team)):
+            return False
+        self.holds.add(request_id, team, estimate_usd)
+        return True
+
+    def release(self, request_id: str) -> None:
+        self.holds.remove(request_id)
+
+    def within_limit(self, team: str) -> bool:
+        return fits(self.spent_usd(team), self.holds.of(team), 0.0, self._limit_of(team))
 
     async def refresh(self, team: str) -> None:
         """Read the team's spend from the ledger unless it was read within ``SPEND_FRESH_S`` (or it has no limit)."""
