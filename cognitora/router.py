@@ -744,9 +744,9 @@ class Router:
             deadline = self._cloud_deadlines.pop(rid, None)
             if deadline is not None:
                 deadline.cancel()
-            first = attempt.first_token_at is not None
+            first = None if attempt.first_token_at is None else attempt.first_token_at - attempt.dispatched_at
             who = None if hold is None else hold.reservation.identity
-            self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group, identity=who)
+            self.burst.finished(attempt.decision, outcome, first_token_s=first, group=attempt.group, identity=who)
             self._learn(attempt, outcome)
             return
         if self.burst.probes.active:  # a local probe of a class in burst (cognitora.burst.probes)

@@ -22,8 +22,6 @@ def add_burst(cloud_port: int, ca_file: Path) -> Callable[[dict[str, Any]], None
 
     def edit(config: dict[str, Any]) -> None:
         hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
-        strip.extend(pieces["strip_request_headers"])
         host = hcm["route_config"]["virtual_hosts"][0]
         host["routes"] = [*pieces["routes"], *host["routes"]]
         config["static_resources"]["clusters"].extend(pieces["clusters"])
