@@ -10,10 +10,6 @@ retried on the engine by Envoy, so the client gets answers, not errors; the serv
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
-import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -30,6 +26,7 @@ from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from envoy_extproc.launch import start_gateway
+from tests.example_jwt import example_jwt
 from tests.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
 
 pytestmark = pytest.mark.e2e
@@ -44,16 +41,8 @@ LAST_FAILURE = [0.0]
 
 
 def jwt(team: str, priority: str | None = None) -> str:
-    def b64(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-    claims: dict[str, Any] = {"iss": "cognitora-example", "exp": int(time.time()) + 3600, "team": team}
-    if priority is not None:
-        claims["priority"] = priority  # signed by the issuer: the client cannot choose its class
-    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
-    body = b64(json.dumps(claims).encode())
-    signature = hmac.new(JWT_SECRET, f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{b64(signature)}"
+    # A priority claim is signed by the issuer: the client cannot choose its class.
+    return example_jwt(JWT_SECRET, {"team": team} if priority is None else {"team": team, "priority": priority})
 
 
 class Stack:

@@ -167,7 +167,8 @@ async def test_an_end_that_says_nothing_of_the_cloud_leaves_it_closed(outcome: O
     assert breaker(router, clock) is Breaker.CLOSED and router.burst.cloud.inflight("cloud") == 0
 
 
-async def test_a_cloud_whose_first_token_misses_the_slo_is_held_off_like_a_failing_one() -> None:
+async def test_a_slow_answer_is_an_answer() -> None:
+    # A cloud slower than the SLO may still be faster than the saturated fleet it relieves: not held off.
     router, clock = router_for(make_config())
     _, attempt = await router.admit(request())
     assert attempt is not None
@@ -175,8 +176,8 @@ async def test_a_cloud_whose_first_token_misses_the_slo_is_held_off_like_a_faili
     attempt.first_token()
     await asyncio.sleep(0)
     attempt.finish(OK)
-    assert breaker(router, clock) is Breaker.OPEN
-    assert router.burst.cloud.results == {("cloud", "slow"): 1}
+    assert breaker(router, clock) is Breaker.CLOSED
+    assert router.burst.cloud.results == {("cloud", "ok"): 1}
 
 
 # -- slots and holds are given back on every end ------------------------------------------------------------------

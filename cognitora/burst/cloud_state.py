@@ -5,8 +5,8 @@ the one half-open request).
 The breaker, per target:
 
 - **closed**: requests go there. ``burst.breaker_failures`` consecutive failures (a 5xx, a refused or reset
-  connection, a timeout, a 401/403/404: the target cannot serve; or a first token later than the SLO of the class
-  it was sent out for: it does not serve in time) open it; a success resets the count.
+  connection, a timeout, a 401/403/404: the target cannot serve) open it; a success resets the count. A slow answer
+  is an answer: a cloud slower than the SLO may still be faster than the saturated fleet it relieves.
 - **open** for a hold-off: nothing goes there. A failure opens it for ``burst.unhealthy_s``; a 429 for its
   ``Retry-After`` (``burst.retry_after_s`` without one).
 - **half-open** once the hold-off is over: ONE request goes there (the probe), the others wait as if open. The
@@ -44,18 +44,15 @@ class Verdict(StrEnum):
     """What one finished cloud attempt says of its target (``cognitora_cloud_attempts_total{result}``)."""
 
     OK = "ok"
-    SLOW = "slow"
-    """Answered, but its first token came later than the TTFT SLO of the class it was sent out for: the cloud
-    does not do what a burst is for, and is held off like a failing one."""
     RATE_LIMITED = "rate_limited"
     FAILED = "failed"
     NEUTRAL = "neutral"
     """Says nothing of the target: the client went away, the request itself was bad, the gateway gave up on it."""
 
 
-def verdict_of(outcome: Outcome, *, slow: bool = False) -> Verdict:
+def verdict_of(outcome: Outcome) -> Verdict:
     if outcome.ok:
-        return Verdict.SLOW if slow else Verdict.OK
+        return Verdict.OK
     if outcome.status == 429:
         return Verdict.RATE_LIMITED
     kind = outcome.kind
@@ -155,12 +152,11 @@ class CloudState:
         if s.probe == request_id:
             s.probe = None
 
-    def finished(self, target: str, request_id: str, outcome: Outcome, now: float, *, slow: bool = False) -> Verdict:
-        """A request sent to ``target`` ended with ``outcome`` (``slow``: its first token missed its class's SLO):
-        its slot is given back and the breaker learns."""
+    def finished(self, target: str, request_id: str, outcome: Outcome, now: float) -> Verdict:
+        """A request sent to ``target`` ended with ``outcome``: its slot is given back and the breaker learns."""
         s = self._of(target)
         s.slots.discard(request_id)
-        verdict = verdict_of(outcome, slow=slow)
+        verdict = verdict_of(outcome)
         key = (target, verdict.value)
         self.results[key] = self.results.get(key, 0) + 1
         was_probe = s.probe == request_id
@@ -173,9 +169,8 @@ class CloudState:
         elif verdict is Verdict.RATE_LIMITED:
             wait = outcome.retry_after_s if outcome.retry_after_s is not None else self.settings.default_retry_after_s
             self._open(s, now, wait, "cloud_rate_limited", f"429 (retry after {wait:g} s)", extend=not was_probe)
-        elif verdict is Verdict.FAILED or verdict is Verdict.SLOW:
-            slow = verdict is Verdict.SLOW
-            s.last_problem = "first token later than the SLO" if slow else outcome.detail or outcome.kind.value
+        elif verdict is Verdict.FAILED:
+            s.last_problem = outcome.detail or outcome.kind.value
             s.failures += 1
             if was_probe:
                 hold = min(self.settings.unhealthy_max_s, max(s.hold_s, self.settings.unhealthy_s) * 2)

@@ -83,8 +83,6 @@ class BurstPolicy:
         self.spend: SpendGate = spend if spend is not None else self.ledger
         self._last_burst: tuple[str, str, str, str] | None = None
         self._failed_groups: OrderedDict[str, None] = OrderedDict()
-        self._slo_s: dict[str, float] = {}
-        """Cloud decisions' class TTFT SLOs, by request id (a first token later than it is a slow cloud)."""
         self.decisions: dict[tuple[str, str, str, str], int] = {}
         """(model, priority, target, BurstReason) -> requests sent to the cloud."""
         self.denied: dict[tuple[str, str, str], int] = {}
@@ -148,9 +146,6 @@ class BurstPolicy:
         key4 = (self._model_name(decision), priority, target.name, why.value)
         self.decisions[key4] = self.decisions.get(key4, 0) + 1
         self._last_burst = key4
-        pclass = self.config.placement.priorities.get(priority)
-        if pclass is not None:
-            self._slo_s[decision.request_id] = pclass.ttft_slo_s
         pick = CloudPick(
             target=target.name,
             model=target.models[decision.model],
@@ -302,7 +297,6 @@ class BurstPolicy:
         if decision.cloud is not None:
             self.cloud.withdraw(decision.cloud.target, decision.request_id)
             self.spend.release(decision.request_id)
-            self._slo_s.pop(decision.request_id, None)
 
     def dispatched(self, decision: Decision) -> float:
         """A cloud decision is being sent; the seconds after which the Router ends it itself
@@ -335,9 +329,7 @@ class BurstPolicy:
         key and user of its budget reservation, for the spend records."""
         pick = decision.cloud
         assert pick is not None
-        slo_s = self._slo_s.pop(decision.request_id, None)
-        slow = first_token_s is not None and slo_s is not None and first_token_s > slo_s
-        self.cloud.finished(pick.target, decision.request_id, outcome, self._clock(), slow=slow)
+        self.cloud.finished(pick.target, decision.request_id, outcome, self._clock())
         self.spend.release(decision.request_id)
         target = self.settings.target(pick.target)
         if target is not None and outcome.completion_tokens is not None:
