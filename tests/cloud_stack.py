@@ -25,21 +25,25 @@ INSTANT = "instant"
 """The class no local engine can serve in time (its requests of an allowed team always burst)."""
 SLO_S = 2.0
 HOLD_OFF_S = 5.0
-"""burst.unhealthy_s: the breaker's first hold-off (longer than the local retries of a wave take here, so a wave
-sent after it still finds the breaker open); the next ones double, to ``HOLD_OFF_MAX_S``."""
-HOLD_OFF_MAX_S = 10.0
+"""burst.unhealthy_s: the breaker's first hold-off (longer than the local retries of a wave take here through
+Envoy, so a wave sent after it still finds the breaker open; twice that through the LiteLLM proxy, slower here);
+the next ones double, to twice that."""
 PROBE_INTERVAL_S = 1.0
 SCRAPE_INTERVAL_S = 1.0
 RELEASE_BOUND_S = SCRAPE_INTERVAL_S + PROBE_INTERVAL_S + 0.4 * SLO_S + 1.0
 """docs/burst.md, "Letting go": once the engine is idle, traffic is local within the scrape interval (for the
 engine's idleness to be seen) + the probe interval + the probe's own answer (at most the exit threshold, 0.4 x the
 SLO), plus a second of margin for this shared machine."""
-CLOUD_ARGS = ["--models", CLOUD_MODEL, "--ttft-ms", "100", "--rtt-ms", "20", "--retry-after-s", "1"]
+CLOUD_ARGS = ["--models", CLOUD_MODEL, "--ttft-ms", "100", "--rtt-ms", "20", "--retry-after-s", "10"]
+"""A 429 asks for 10 s: through LiteLLM the breaker honours it (through Envoy the service sees a retried request,
+not its status: the failure hold-off applies)."""
 
 PRIORITIES = {"default": {"ttft_slo_s": SLO_S}, INSTANT: {"ttft_slo_s": 0.001}}
 
 
-def burst_settings(*, named_teams: list[str] | None = None, **target: Any) -> dict[str, Any]:
+def burst_settings(
+    *, hold_off_s: float = HOLD_OFF_S, named_teams: list[str] | None = None, **target: Any
+) -> dict[str, Any]:
     """The ``burst:`` section both gateways run with: research may burst; short hold-offs and probes."""
     return {
         "targets": [
@@ -58,8 +62,8 @@ def burst_settings(*, named_teams: list[str] | None = None, **target: Any) -> di
         "enter_ratio": 0.7,
         "exit_ratio": 0.4,
         "min_dwell_s": 2,
-        "unhealthy_s": HOLD_OFF_S,
-        "unhealthy_max_s": HOLD_OFF_MAX_S,
+        "unhealthy_s": hold_off_s,
+        "unhealthy_max_s": 2 * hold_off_s,
         "probe_interval_s": PROBE_INTERVAL_S,
     }
 

@@ -34,7 +34,7 @@ from envoy_extproc.burst_example import add_burst
 from envoy_extproc.launch import EXAMPLE_CONFIG, start_gateway
 from tests.cloud_stack import (
     CLOUD_ARGS,
-    HOLD_OFF_MAX_S,
+    HOLD_OFF_S,
     INSTANT,
     PRIORITIES,
     RELEASE_BOUND_S,
@@ -214,7 +214,7 @@ def counter(stack: Stack, name: str) -> float:
 
 def close_breaker(stack: Stack) -> None:
     """Wait out a hold-off left by an earlier test, and let one request close the breaker (the cloud is healthy)."""
-    wait_until(lambda: breaker_state(stack) != "open", HOLD_OFF_MAX_S + 5, "the cloud's hold-off to end")
+    wait_until(lambda: breaker_state(stack) != "open", 2 * HOLD_OFF_S + 5, "the cloud's hold-off to end")
     if breaker_state(stack) == "half_open":
         test = wave(stack.cloud, stack.url, stack.auth("research", INSTANT), 1, "close", stack.fleet.model)
         assert test.errors == [] and test.cloud_calls == 1
@@ -235,7 +235,7 @@ def test_a_failing_cloud_costs_the_clients_nothing_and_is_held_off(stack: Stack,
         assert counter(stack, "cognitora_cloud_breaker_opened_total") == opened + 1
         held = wave(stack.cloud, stack.url, research, 6, f"{fault}-2", stack.fleet.model)
         assert held.errors == [] and held.cloud_calls == 0  # the hold-off: no call to the failing cloud
-        wait_until(lambda: breaker_state(stack) == "half_open", HOLD_OFF_MAX_S + 5, "the hold-off to end")
+        wait_until(lambda: breaker_state(stack) == "half_open", 2 * HOLD_OFF_S + 5, "the hold-off to end")
         tested = wave(stack.cloud, stack.url, research, 6, f"{fault}-3", stack.fleet.model)
         assert tested.errors == [] and tested.cloud_calls == 1  # one request tests it; it fails again
         assert breaker_state(stack) == "open"
