@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from cognitora.budgets.config import BudgetsConfig, LimitConfig, ModelPrice, SubjectBudget
 from cognitora.burst.config import BurstConfig, CloudTargetConfig
 from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
+from cognitora.metrics.cors import MetricsPageConfig
 from cognitora.redaction import redact, redact_url, register_secret
 
 __all__ = [
@@ -566,6 +567,8 @@ class CognitoraConfig(_Strict):
     """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
     kv_tiers: KvTiersConfig = Field(default_factory=KvTiersConfig)
     """Reload bandwidths of KV blocks held in CPU memory or on disk, to price their reuse in seconds."""
+    metrics: MetricsPageConfig = Field(default_factory=MetricsPageConfig)
+    """Who may read the metrics pages from a browser (CORS; docs/metrics.md)."""
 
     @field_validator("redis_url")
     @classmethod
@@ -964,6 +967,7 @@ def reference_markdown() -> str:
         ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
         ("budgets.prices.<model>", ModelPrice),
         ("kv_tiers", KvTiersConfig),
+        ("metrics", MetricsPageConfig),
     ]
     out: list[str] = []
     for title, model in sections:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from cognitora.metrics.serve import cors_headers
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.process import free_port
 from cognitora.sim.launch import start_fleet
 from envoy_extproc.launch import start_gateway
@@ -384,10 +384,10 @@ def test_a_slow_scrape_that_lands_late_is_not_drawn_after_a_newer_one() -> None:
         if served % 2:
             await asyncio.sleep(0.9)  # answered after the next poll's read (interval 0.3 s)
         body = f"# TYPE cognitora_decisions_total counter\ncognitora_decisions_total {value}\n"
-        return web.Response(text=body, headers=cors_headers())
+        return web.Response(text=body, headers=CorsPolicy().headers(dict(request.headers)))
 
     async def preflight(request: web.Request) -> web.Response:
-        return web.Response(status=204, headers=cors_headers(dict(request.headers)))
+        return web.Response(status=204, headers=CorsPolicy().headers(dict(request.headers), preflight=True))
 
     async def run() -> dict[str, Any]:
         app = web.Application()
