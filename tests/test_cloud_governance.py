@@ -24,6 +24,7 @@ from cognitora.burst.cloud_state import Breaker
 from cognitora.burst.policy import BurstPolicy
 from cognitora.config import CognitoraConfig, config_from_dict
 from cognitora.metrics.exporter import Exporter
+from cognitora.request import RouteRequest
 from cognitora.router import Router
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
@@ -327,3 +328,41 @@ async def test_a_probe_never_takes_a_prompt_whose_own_prefill_misses_the_exit_th
     assert first.cloud is not None
     idle, _ = await router.admit(request())  # the engine is idle, and truly slow for this prompt: no probe
     assert idle.cloud is not None and "probe" not in idle.reason
+
+
+# -- an intent rewrite is one more way to a model, not to the cloud --------------------------------------------------
+
+
+def intent_config() -> CognitoraConfig:
+    return config_from_dict(
+        {
+            "placement": {"store_timeout_s": 5.0, "priorities": {"default": {"ttft_slo_s": 2.0}}},
+            "models": [
+                {"name": "code", "endpoints": [{"url": "http://127.0.0.1:9101", "prefill_tokens_per_s": 2}]},
+                {"name": "small", "endpoints": [{"url": "http://127.0.0.1:9201", "prefill_tokens_per_s": 1e6}]},
+            ],
+            "intent": {
+                "rewrite": ["auto"],
+                "default": "small",
+                "intents": [{"name": "code", "target": "code", "rules": [{"last_user_regex": r"\bdef "}]}],
+            },
+            "burst": {
+                "targets": [target(models={"code": "big-code"})],
+                "teams": ["research"],
+                "priorities": ["default"],
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize(("team", "out"), [("research", True), ("ops", False), (None, False)])
+async def test_a_rewritten_request_bursts_by_the_same_rules_as_any_other(team: str | None, out: bool) -> None:
+    # "auto" rewritten to "code", whose engine is saturated: the burst rules apply to the model that serves it (before,
+    # they looked up "auto", found no model, and a rewritten request never burst for anyone).
+    router, _ = router_for(intent_config())
+    ask = RouteRequest(model="auto", messages=[{"role": "user", "content": "def f(): pass " * 4}], team=team)
+    decision, attempt = await router.admit(ask)
+    assert decision.model == "code" and attempt is not None
+    assert (decision.cloud is not None) is out, decision.reason
+    if not out:
+        assert "stays local: team not allowed" in decision.reason

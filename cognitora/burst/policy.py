@@ -111,7 +111,7 @@ class BurstPolicy:
                 return named
             decision = named  # placed like any request of its model, from here on
         pclass = self.config.placement.priorities.get(priority)
-        model = self.config.model(req.model)
+        model = self.config.model(decision.model)  # the model that serves it: after an intent rewrite too
         if pclass is None or model is None or priority not in self.settings.priorities:
             return decision
         best = best_local_load(decision, pclass)
