@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
+from bench.cloud_stacks import example_jwt
 from cognitora.process import free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from envoy_extproc.launch import start_gateway
-from tests.example_jwt import example_jwt
 from tests.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
 
 pytestmark = pytest.mark.e2e

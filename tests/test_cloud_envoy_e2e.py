@@ -1,13 +1,14 @@
 """Who reaches the cloud through Envoy, what a failing cloud does to clients, and how a burst lets go: a real Envoy on
 examples/envoy.yaml + examples/envoy_burst.yaml, ``cognitora extproc``, one slow simulated engine (``mac``), and the
-simulated cloud over TLS (it checks the key the service injects, and fails on command). Issue 39.
+simulated cloud over TLS (it checks the key the service injects, and fails on command): bench/cloud_stacks.py.
+Issue 39; the LiteLLM twin is tests/test_cloud_litellm_e2e.py.
 
 - No client header reaches the cloud: every header the example's routes or the service read (enumerated from
   examples/envoy*.yaml and envoy_extproc/headers.py), alone and all together, from an anonymous client and from a
   team without burst rights, in the class whose requests of an allowed team always go out: the cloud counts none.
 - The cloud failing each way (500, 503, 429, reset, hang) costs the clients nothing: every answer is a 200 from the
   engine; after the first failure the breaker holds the cloud off (no call during the hold-off) and one request
-  tests it once the hold-off is over; when the cloud recovers, it is used again.
+  tests it once the hold-off is over; a slow cloud is still used.
 - After a load step that bursts (the engine loaded beside it by a team that may not burst), the idle engine keeps
   a stale prediction; within ``RELEASE_BOUND_S`` of the engine going idle, every request is local again.
 """
@@ -15,108 +16,41 @@ simulated cloud over TLS (it checks the key the service injects, and fails on co
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from bench.burst_load import CLOUD_MODEL
-from cognitora.process import free_port, wait_until
-from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
-from cognitora.sim.launch import SimFleet, start_fleet
-from envoy_extproc import headers as wire
-from envoy_extproc.burst_example import EXAMPLE as BURST_EXAMPLE
-from envoy_extproc.burst_example import add_burst
-from envoy_extproc.launch import EXAMPLE_CONFIG, start_gateway
-from tests.cloud_stack import (
-    CLOUD_ARGS,
-    HOLD_OFF_S,
+from bench.cloud_stacks import (
     INSTANT,
-    PRIORITIES,
     RELEASE_BOUND_S,
-    SCRAPE_INTERVAL_S,
-    burst_settings,
-    local_after,
+    CloudStack,
+    cloud_after,
+    envoy_stack,
     mixed_load_step,
     trickle,
     wait_idle,
     wave,
 )
-from tests.example_jwt import example_jwt
+from cognitora.process import wait_until
+from envoy_extproc import headers as wire
+from envoy_extproc.burst_example import EXAMPLE as BURST_EXAMPLE
+from envoy_extproc.launch import EXAMPLE_CONFIG
 
 pytestmark = pytest.mark.e2e
 
-JWT_SECRET = secrets.token_bytes(32)
-CLOUD_KEY = "sk-cloud-" + secrets.token_hex(8)
-
-
-class Stack:
-    def __init__(self, fleet: SimFleet, cloud: SimCloudProcess, url: str, metrics_url: str) -> None:
-        self.fleet, self.cloud, self.url, self.metrics_url = fleet, cloud, url, metrics_url
-        self.cloud_marks = frozenset({f"127.0.0.1:{cloud.port}"})  # the address Envoy reached
-
-    def auth(self, team: str, priority: str | None = None) -> dict[str, str]:
-        claims: dict[str, Any] = {"team": team} if priority is None else {"team": team, "priority": priority}
-        return {"Authorization": f"Bearer {example_jwt(JWT_SECRET, claims)}"}
-
-    def post(self, headers: dict[str, str]) -> httpx.Response:
-        body = {"model": self.fleet.model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-        return httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-
-    def metrics(self) -> str:
-        return httpx.get(self.metrics_url, timeout=10).text
-
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[Stack]:
-    work = tmp_path_factory.mktemp("cloud-envoy")
-    env = {"CLOUD_API_KEY": CLOUD_KEY}
-    # --accept-any-model: a cloud request Envoy retried on the engine carries the cloud's model name.
-    with (
-        start_fleet(
-            1, profile="mac", tokenizer=smollm2_dir / "tokenizer.json", log_dir=work, extra_args=["--accept-any-model"]
-        ) as fleet,
-        start_cloud(log_dir=work, tls=True, args=[*CLOUD_ARGS, "--api-key-env", "CLOUD_API_KEY"], env=env) as cloud,
-    ):
-        assert cloud.ca_file is not None
-        burst = burst_settings(
-            base_url=f"https://cloud.sim.test:{cloud.port}/v1",
-            credential_env="CLOUD_API_KEY",
-            models={fleet.model: CLOUD_MODEL},
-        )
-        config = {
-            "models": [
-                {
-                    "name": fleet.model,
-                    "tokenizer": str(smollm2_dir / "tokenizer.json"),
-                    "endpoints": [{"url": fleet.urls[0], "prefill_tokens_per_s": 1200}],
-                }
-            ],
-            "scrape": {"interval_s": SCRAPE_INTERVAL_S, "timeout_s": 1.0},
-            "placement": {"priorities": PRIORITIES},
-            "burst": burst,
-        }
-        config_path = work / "cognitora.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        metrics = free_port()
-        with start_gateway(
-            config_path,
-            fleet.endpoint_ids,
-            work,
-            extproc_args=["--metrics-listen", f"127.0.0.1:{metrics}"],
-            env=env,
-            jwt_secret=JWT_SECRET,
-            edit=add_burst(cloud.port, cloud.ca_file),
-            expose_upstream_host=True,  # the test reads who answered
-        ) as gateway:
-            stack = Stack(fleet, cloud, gateway.url, f"http://127.0.0.1:{metrics}/metrics")
-            warm = stack.post(stack.auth("ops"))
-            assert warm.status_code == 200, warm.text
-            yield stack
+def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[CloudStack]:
+    with envoy_stack(tmp_path_factory.mktemp("cloud-envoy"), smollm2_dir) as s:
+        yield s
+
+
+def post(stack: CloudStack, headers: dict[str, str]) -> httpx.Response:
+    body = {"model": stack.model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+    return httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 # -- no client header reaches the cloud --------------------------------------------------------------------------
@@ -130,8 +64,8 @@ def client_headers() -> list[str]:
         text = example.read_text()
         names |= set(re.findall(r"(?:remove|name|key|header_name): (x-[a-z-]+)", text))
         names |= set(re.findall(r"\b(x-(?:cognitora|envoy|gateway)-[a-z-]+)", text))
-    names -= {"content-type", "content-length", "retry-after", "text/event-stream"}
-    return sorted(n for n in names if "/" not in n)
+    names -= {"content-type", "content-length", "retry-after"}
+    return sorted(names)
 
 
 FORGED_VALUES = {
@@ -145,7 +79,7 @@ FORGED_VALUES = {
 }
 
 
-def forged(stack: Stack, name: str) -> str:
+def forged(stack: CloudStack, name: str) -> str:
     """The value a client would send to be taken for research, or to reach the cloud's address."""
     if name in FORGED_VALUES:
         return FORGED_VALUES[name]
@@ -173,10 +107,11 @@ def test_the_enumeration_covers_the_headers_that_matter() -> None:
 
 
 @pytest.mark.parametrize("who", ["anonymous", "ops"])
-def test_no_client_header_sends_a_request_to_the_cloud(stack: Stack, who: str) -> None:
+def test_no_client_header_sends_a_request_to_the_cloud(stack: CloudStack, who: str) -> None:
     # The control: research's own (signed) request of the class goes out. The same class, claimed by headers.
+    stack.close_breaker()
     before = stack.cloud.received()
-    control = stack.post(stack.auth("research", INSTANT))
+    control = post(stack, stack.auth("research", INSTANT))
     assert control.status_code == 200 and control.json()["model"] == CLOUD_MODEL, control.text
     assert stack.cloud.received() == before + 1
     base = {} if who == "anonymous" else stack.auth("ops")
@@ -188,7 +123,7 @@ def test_no_client_header_sends_a_request_to_the_cloud(stack: Stack, who: str) -
     before = stack.cloud.received()
     seen: dict[str, str] = {}
     for name, headers in tries:
-        r = stack.post(headers)
+        r = post(stack, headers)
         seen[name] = f"{r.status_code} {r.headers.get('x-cognitora-upstream-host')}"
         if name == wire.AUTHORIZATION:
             assert r.status_code == 401, r.text  # a token the auth filter does not accept: refused there
@@ -202,80 +137,60 @@ def test_no_client_header_sends_a_request_to_the_cloud(stack: Stack, who: str) -
 # -- the cloud failing each way ------------------------------------------------------------------------------------
 
 
-def breaker_state(stack: Stack) -> str:
-    found = re.findall(r'cognitora_cloud_breaker\{state="(\w+)",target="sim-cloud"\} 1\.0', stack.metrics())
-    return found[0] if found else "?"
-
-
-def counter(stack: Stack, name: str) -> float:
-    found = re.findall(rf'{name}\{{target="sim-cloud"\}} ([0-9.e+]+)', stack.metrics())
-    return float(found[0]) if found else 0.0
-
-
-def close_breaker(stack: Stack) -> None:
-    """Wait out a hold-off left by an earlier test, and let one request close the breaker (the cloud is healthy)."""
-    wait_until(lambda: breaker_state(stack) != "open", 2 * HOLD_OFF_S + 5, "the cloud's hold-off to end")
-    if breaker_state(stack) == "half_open":
-        test = wave(stack.cloud, stack.url, stack.auth("research", INSTANT), 1, "close", stack.fleet.model)
-        assert test.errors == [] and test.cloud_calls == 1
-    assert breaker_state(stack) == "closed"
-
-
 @pytest.mark.parametrize("fault", ["500", "503", "429", "reset", "hang"])
-def test_a_failing_cloud_costs_the_clients_nothing_and_is_held_off(stack: Stack, fault: str) -> None:
+def test_a_failing_cloud_costs_the_clients_nothing_and_is_held_off(stack: CloudStack, fault: str) -> None:
     research = stack.auth("research", INSTANT)
-    close_breaker(stack)
-    opened = counter(stack, "cognitora_cloud_breaker_opened_total")
+    stack.close_breaker()
+    opened = stack.counter("cognitora_cloud_breaker_opened_total")
     stack.cloud.fault(fault)
     try:
-        first = wave(stack.cloud, stack.url, research, 6, f"{fault}-1", stack.fleet.model)
+        first = wave(stack, research, 6, f"{fault}-1")
         assert first.errors == [], first.errors
         assert first.from_cloud(stack.cloud_marks) == 0  # every answer is the engine's
         assert first.cloud_calls >= 1  # it was tried: this test proves something
-        assert counter(stack, "cognitora_cloud_breaker_opened_total") == opened + 1
-        held = wave(stack.cloud, stack.url, research, 6, f"{fault}-2", stack.fleet.model)
+        assert stack.counter("cognitora_cloud_breaker_opened_total") == opened + 1
+        held = wave(stack, research, 6, f"{fault}-2")
         assert held.errors == [] and held.cloud_calls == 0  # the hold-off: no call to the failing cloud
-        wait_until(lambda: breaker_state(stack) == "half_open", 2 * HOLD_OFF_S + 5, "the hold-off to end")
-        tested = wave(stack.cloud, stack.url, research, 6, f"{fault}-3", stack.fleet.model)
+        wait_until(lambda: stack.breaker() == "half_open", 2 * stack.hold_off_s + 5, "the hold-off to end")
+        tested = wave(stack, research, 6, f"{fault}-3")
         assert tested.errors == [] and tested.cloud_calls == 1  # one request tests it; it fails again
-        assert breaker_state(stack) == "open"
+        assert stack.breaker() == "open"
     finally:
         stack.cloud.fault("none")
-    page = stack.metrics()
-    assert re.search(r'cognitora_cloud_attempts_total\{result="(failed|rate_limited)",target="sim-cloud"\}', page)
+    assert stack.counter("cognitora_cloud_inflight") == 0  # every slot given back
+    assert re.search(r'cognitora_cloud_attempts_total\{result="failed",target="sim-cloud"\}', stack.metrics())
 
 
-def test_a_slow_cloud_is_still_used_and_nobody_sees_an_error(stack: Stack) -> None:
-    research = stack.auth("research", INSTANT)
-    close_breaker(stack)
+def test_a_slow_cloud_is_still_used_and_nobody_sees_an_error(stack: CloudStack) -> None:
+    stack.close_breaker()
     stack.cloud.fault("slow", slow_ms=1500)
     try:
-        slow = wave(stack.cloud, stack.url, research, 4, "slow", stack.fleet.model)
+        slow = wave(stack, stack.auth("research", INSTANT), 4, "slow")
     finally:
         stack.cloud.fault("none")
     assert slow.errors == [] and slow.from_cloud(stack.cloud_marks) == 4
     assert all(a.ttft_s is not None and a.ttft_s >= 1.5 for a in slow.answers)
-    assert breaker_state(stack) == "closed"
+    assert stack.breaker() == "closed"
 
 
 # -- burst lets go -------------------------------------------------------------------------------------------------
 
 
-def test_a_burst_lets_go_once_the_load_step_is_over(stack: Stack) -> None:
-    close_breaker(stack)
+def test_a_burst_lets_go_once_the_load_step_is_over(stack: CloudStack) -> None:
+    stack.close_breaker()
     wait_idle(stack.fleet)
-    step = mixed_load_step(stack.url, stack.auth("research"), stack.auth("ops"), stack.fleet.model)
+    step = mixed_load_step(stack)
     assert all(a.status == 200 for a in step), [a.error for a in step if a.status != 200]
     assert sum(a.cloud(stack.cloud_marks) for a in step) >= 5, "the load step did not burst: this proves nothing"
     idle_at = wait_idle(stack.fleet)
-    sent = trickle(stack.url, stack.auth("research"), RELEASE_BOUND_S + 4, 3.0, stack.fleet.model)
+    sent = trickle(stack, stack.auth("research"), RELEASE_BOUND_S + 4, 3.0)
     assert all(a.status == 200 for _, a in sent), [a.error for _, a in sent if a.status != 200]
-    late = local_after(sent, idle_at + RELEASE_BOUND_S, lambda a: a.cloud(stack.cloud_marks))
+    late = cloud_after(sent, idle_at + RELEASE_BOUND_S, lambda a: a.cloud(stack.cloud_marks))
     assert late == [], f"still sent to the cloud {RELEASE_BOUND_S:.1f} s after the engine went idle: {late}"
     assert 'result="released"' in stack.metrics()
 
 
-def test_the_cloud_metrics_count_every_cloud_request(stack: Stack) -> None:
+def test_the_cloud_metrics_count_every_cloud_request(stack: CloudStack) -> None:
     page = stack.metrics()
     assert 'cognitora_cloud_attempts_total{result="ok",target="sim-cloud"}' in page
     assert "cognitora_cloud_breaker_opened_total" in page

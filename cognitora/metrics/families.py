@@ -152,6 +152,7 @@ def _burst_families(router: Router) -> Iterator[Metric]:
     inflight = family("cognitora_cloud_inflight")
     breaker = family("cognitora_cloud_breaker")
     opened = family("cognitora_cloud_breaker_opened")
+    probes = family("cognitora_cloud_breaker_probes")
     states = burst.cloud.summary(burst.now())
     for cloud_target in burst.settings.targets:
         name = cloud_target.name
@@ -161,9 +162,11 @@ def _burst_families(router: Router) -> Iterator[Metric]:
             breaker.add_metric([name, state.value], 1.0 if state is current else 0.0)
         known = states.get(name)
         opened.add_metric([name], 0 if known is None else known.opened)
+        probes.add_metric([name], 0 if known is None else known.probes)
     yield inflight
     yield breaker
     yield opened
+    yield probes
     yield _counters("cognitora_cloud_attempts", burst.cloud.results)
     requests, tokens, cost = (
         family(n) for n in ("cognitora_cloud_requests", "cognitora_cloud_tokens", "cognitora_cloud_cost_usd")

@@ -269,6 +269,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Times the target's breaker opened (failures, a 429, or a failed half-open request).",
     ),
     _m(
+        "cognitora_cloud_breaker_probes",
+        C,
+        ("target",),
+        R,
+        "Half-open requests sent to the target: the only cloud calls its breaker lets through during a hold-off.",
+    ),
+    _m(
         "cognitora_cloud_attempts",
         C,
         ("target", "result"),

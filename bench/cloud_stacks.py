@@ -1,0 +1,364 @@
+"""A gateway with Cognitora bursting to the simulated cloud, started as its docs say, for the cloud fault benchmark
+(bench/cloud_faults.py) and the cloud end-to-end tests (tests/test_cloud_envoy_e2e.py, tests/test_cloud_litellm_e2e.py):
+
+- ``envoy_stack``: a real Envoy on examples/envoy.yaml + examples/envoy_burst.yaml, ``cognitora extproc``, the
+  cloud over TLS (it checks the key the service injects); identity from the example's JWT filter;
+- ``litellm_stack``: the real LiteLLM proxy on examples/litellm_burst.yaml, the cloud as the group's
+  ``cognitora_cloud`` deployment ``cloud-0``; identity from a static key -> team map (LiteLLM's custom auth);
+
+each on one slow simulated engine (``mac``). Two priority classes: ``default`` (a 2 s TTFT SLO), and ``instant``,
+whose SLO (1 ms) no local engine meets, so that every request of a team allowed to burst is sent out while the
+cloud's breaker lets it. Team ``research`` may burst, ``ops`` may not, ``direct`` may name the cloud target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.burst_load import CLOUD_MODEL, Answer, chat, closed_loop
+from cognitora.process import ManagedProcess, free_port, wait_until
+from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
+from cognitora.sim.launch import SimFleet, start_fleet
+from envoy_extproc.burst_example import add_burst
+from envoy_extproc.launch import start_gateway
+
+ROOT = Path(__file__).resolve().parent.parent
+LITELLM_EXAMPLE = ROOT / "examples" / "litellm_burst.yaml"
+LITELLM = Path(sys.executable).parent / "litellm"
+INSTANT = "instant"
+"""The class no local engine can serve in time (its requests of an allowed team always burst)."""
+SLO_S = 2.0
+PRIORITIES = {"default": {"ttft_slo_s": SLO_S}, INSTANT: {"ttft_slo_s": 0.001}}
+HOLD_OFF_S = 5.0
+"""burst.unhealthy_s: the breaker's first hold-off (longer than the local retries of a wave take through Envoy on
+a shared 2-core machine, so a wave sent after it still finds the breaker open); the next ones double."""
+LITELLM_HOLD_OFF_S = 10.0
+"""The same through the LiteLLM proxy: it takes seconds to retry a wave of failed requests on this machine."""
+PROBE_INTERVAL_S = 1.0
+SCRAPE_INTERVAL_S = 1.0
+RELEASE_BOUND_S = SCRAPE_INTERVAL_S + PROBE_INTERVAL_S + 0.4 * SLO_S + 1.0
+"""docs/burst.md, "Letting go": once the engine is idle, traffic is local within the scrape interval (for the
+engine's idleness to be seen) + the probe interval + the probe's own answer (at most the exit threshold, 0.4 x the
+SLO), plus a second of margin for this shared machine."""
+CLOUD_ARGS = ["--models", CLOUD_MODEL, "--ttft-ms", "100", "--rtt-ms", "20", "--retry-after-s", "10"]
+"""A 429 asks for 10 s: through LiteLLM the breaker honours it (through Envoy the service sees a retried request,
+not its status: the failure hold-off applies)."""
+LITELLM_KEYS = {
+    "sk-research": ("research", None),
+    "sk-research-instant": ("research", INSTANT),
+    "sk-ops": ("ops", None),
+    "sk-ops-instant": ("ops", INSTANT),
+    "sk-direct": ("direct", None),
+}
+"""API key -> (team, priority class the admin set on the key)."""
+_AUTH_MODULE = f"""
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+KEYS = {LITELLM_KEYS!r}
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key not in KEYS:
+        raise HTTPException(status_code=401, detail="unknown key")
+    team, priority = KEYS[key]
+    metadata = {{}} if priority is None else {{"cognitora_priority": priority}}
+    return UserAPIKeyAuth(api_key=key, team_id=team, metadata=metadata)
+"""
+
+
+def burst_settings(
+    *, hold_off_s: float = HOLD_OFF_S, named_teams: list[str] | None = None, **target: Any
+) -> dict[str, Any]:
+    """The ``burst:`` section both gateways run with: research may burst; short hold-offs and probes."""
+    return {
+        "targets": [
+            {
+                "name": "sim-cloud",
+                "input_usd_per_mtok": 0.15,
+                "output_usd_per_mtok": 0.6,
+                "max_concurrency": 16,
+                "timeout_s": 30,
+                "named_teams": named_teams or [],
+                **target,
+            }
+        ],
+        "teams": ["research"],
+        "priorities": ["default", INSTANT],
+        "enter_ratio": 0.7,
+        "exit_ratio": 0.4,
+        "min_dwell_s": 2,
+        "unhealthy_s": hold_off_s,
+        "unhealthy_max_s": 2 * hold_off_s,
+        "probe_interval_s": PROBE_INTERVAL_S,
+    }
+
+
+def example_jwt(secret: bytes, claims: dict[str, Any], ttl_s: int = 3600) -> str:
+    """An HS256 token for the stand-in auth filter of examples/envoy.yaml (issuer ``cognitora-example``, key id
+    ``demo``) carrying ``claims`` (``team``, ``sub``, ``priority``...): what an identity provider would issue."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
+    body = b64(json.dumps({"iss": "cognitora-example", "exp": int(time.time()) + ttl_s, **claims}).encode())
+    signature = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(signature)}"
+
+
+@dataclass
+class CloudStack:
+    """A running gateway in front of the engine and the cloud."""
+
+    gateway: str
+    """``envoy`` or ``litellm``."""
+    fleet: SimFleet
+    cloud: SimCloudProcess
+    url: str
+    metrics_url: str
+    hold_off_s: float
+    model: str
+    """The model name clients send."""
+    jwt_secret: bytes = b""
+
+    @property
+    def cloud_marks(self) -> frozenset[str]:
+        """What an answer from the cloud is recognised by (``bench.burst_load.Answer.served_by``)."""
+        if self.gateway == "envoy":
+            return frozenset({f"127.0.0.1:{self.cloud.port}"})  # the address Envoy reached
+        return frozenset({self.cloud.base_url, CLOUD_MODEL})
+
+    def auth(self, team: str, priority: str | None = None) -> dict[str, str]:
+        """The credentials of a client of ``team`` (and the admin-set class ``priority``)."""
+        if self.gateway == "envoy":
+            claims: dict[str, Any] = {"team": team} if priority is None else {"team": team, "priority": priority}
+            return {"Authorization": f"Bearer {example_jwt(self.jwt_secret, claims)}"}
+        key = next(k for k, (t, p) in LITELLM_KEYS.items() if (t, p) == (team, priority))
+        return {"Authorization": f"Bearer {key}"}
+
+    def metrics(self) -> str:
+        return httpx.get(self.metrics_url, timeout=10).text
+
+    def breaker(self) -> str:
+        """The cloud target's breaker state on the gateway's page (``?``: no cloud request yet)."""
+        found = re.findall(r'cognitora_cloud_breaker\{state="(\w+)",target="sim-cloud"\} 1\.0', self.metrics())
+        return found[0] if found else "?"
+
+    def counter(self, name: str) -> float:
+        found = re.findall(rf'{name}\{{target="sim-cloud"\}} ([0-9.e+]+)', self.metrics())
+        return float(found[0]) if found else 0.0
+
+    def close_breaker(self) -> None:
+        """Wait out a hold-off left by earlier traffic, and let one request close the breaker (the cloud is
+        healthy)."""
+        wait_until(lambda: self.breaker() != "open", 2 * self.hold_off_s + 5, "the cloud's hold-off to end")
+        if self.breaker() == "half_open":
+            test = wave(self, self.auth("research", INSTANT), 1, "close")
+            if test.errors or test.cloud_calls != 1:
+                raise RuntimeError(f"the breaker's test request failed: {test}")
+        state = self.breaker()
+        if state not in ("closed", "?"):
+            raise RuntimeError(f"the breaker is {state} after a successful test request")
+
+
+def _engine_config(fleet: SimFleet, tokenizer: Path) -> dict[str, Any]:
+    return {
+        "name": fleet.model,
+        "tokenizer": str(tokenizer),
+        "endpoints": [{"url": fleet.urls[0], "prefill_tokens_per_s": 1200}],
+    }
+
+
+@contextmanager
+def envoy_stack(work: Path, tokenizer_dir: Path) -> Iterator[CloudStack]:
+    """Envoy + ``cognitora extproc`` + the engine + the TLS cloud (which checks the key the service injects)."""
+    cloud_key = "sk-cloud-" + secrets.token_hex(8)
+    env = {"CLOUD_API_KEY": cloud_key}
+    jwt_secret = secrets.token_bytes(32)
+    tokenizer = tokenizer_dir / "tokenizer.json"
+    # --accept-any-model: a cloud request Envoy retried on the engine carries the cloud's model name.
+    with (
+        start_fleet(1, profile="mac", tokenizer=tokenizer, log_dir=work, extra_args=["--accept-any-model"]) as fleet,
+        start_cloud(log_dir=work, tls=True, args=[*CLOUD_ARGS, "--api-key-env", "CLOUD_API_KEY"], env=env) as cloud,
+    ):
+        assert cloud.ca_file is not None
+        burst = burst_settings(
+            base_url=f"https://cloud.sim.test:{cloud.port}/v1",
+            credential_env="CLOUD_API_KEY",
+            models={fleet.model: CLOUD_MODEL},
+        )
+        config = {
+            "models": [_engine_config(fleet, tokenizer)],
+            "scrape": {"interval_s": SCRAPE_INTERVAL_S, "timeout_s": 1.0},
+            "placement": {"priorities": PRIORITIES},
+            "burst": burst,
+        }
+        config_path = work / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        metrics = free_port()
+        with start_gateway(
+            config_path,
+            fleet.endpoint_ids,
+            work,
+            extproc_args=["--metrics-listen", f"127.0.0.1:{metrics}"],
+            env=env,
+            jwt_secret=jwt_secret,
+            edit=add_burst(cloud.port, cloud.ca_file),
+            expose_upstream_host=True,  # who answered: the engine or the cloud
+        ) as gateway:
+            stack = CloudStack(
+                "envoy", fleet, cloud, gateway.url, f"http://127.0.0.1:{metrics}/metrics", HOLD_OFF_S, fleet.model
+            )
+            stack.jwt_secret = jwt_secret
+            _warm(stack)
+            yield stack
+
+
+@contextmanager
+def litellm_stack(work: Path, tokenizer_dir: Path) -> Iterator[CloudStack]:
+    """The LiteLLM proxy on examples/litellm_burst.yaml (its ports and paths filled in) + the engine + the cloud."""
+    cloud_key = "sk-cloud-" + secrets.token_hex(8)
+    env = {"CLOUD_API_KEY": cloud_key}
+    with (
+        start_fleet(1, profile="mac", tokenizer=tokenizer_dir / "tokenizer.json", log_dir=work) as fleet,
+        start_cloud(log_dir=work, args=[*CLOUD_ARGS, "--api-key-env", "CLOUD_API_KEY"], env=env) as cloud,
+    ):
+        config: dict[str, Any] = yaml.safe_load(LITELLM_EXAMPLE.read_text())
+        engine, cloud_dep = config["model_list"]
+        engine["litellm_params"]["api_base"] = f"{fleet.urls[0]}/v1"
+        cloud_dep["litellm_params"]["api_base"] = cloud.base_url
+        args = config["router_settings"]["routing_strategy_args"]
+        args["models"][0]["tokenizer"] = str(tokenizer_dir / "tokenizer.json")
+        args["scrape"] = {"interval_s": SCRAPE_INTERVAL_S, "timeout_s": 1.0}
+        args["placement"]["priorities"] = PRIORITIES
+        timeout_s = cloud_dep["litellm_params"]["timeout"]
+        args["burst"] = burst_settings(hold_off_s=LITELLM_HOLD_OFF_S, named_teams=["direct"], timeout_s=timeout_s)
+        # LiteLLM's own cooldown of a failing deployment would hide the cloud from the strategy for its own 5 s: the
+        # breaker measured here is the core's, the same as through Envoy.
+        config["router_settings"]["disable_cooldowns"] = True
+        (work / "cloud_auth.py").write_text(_AUTH_MODULE)
+        config["general_settings"]["custom_auth"] = "cloud_auth.user_api_key_auth"
+        path = work / "litellm_burst.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        proxy_env = {
+            "LITELLM_MASTER_KEY": "sk-master-" + secrets.token_hex(8),
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        argv = [str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+        proxy = ManagedProcess(argv, work / "litellm.log", env=proxy_env, cwd=work)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            proxy.wait_http(f"{url}/health/liveliness", timeout_s=90)
+            stack = CloudStack("litellm", fleet, cloud, url, f"{url}/cognitora/metrics", LITELLM_HOLD_OFF_S, "chat")
+            _warm(stack)
+            yield stack
+        finally:
+            proxy.stop()
+
+
+def _warm(stack: CloudStack) -> None:
+    """The gateway's first calls pay for its clients' set-up: not what is measured."""
+    warm = wave(stack, stack.auth("ops"), 2, "warm")
+    if warm.errors:
+        raise RuntimeError(f"the {stack.gateway} stack does not answer: {warm.errors}")
+
+
+# -- traffic ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Wave:
+    """Concurrent requests sent while the cloud did something, and what came of them."""
+
+    answers: list[Answer]
+    cloud_calls: int
+    """Requests that reached the cloud during the wave (its own count)."""
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"{a.status} {a.error}" for a in self.answers if a.status != 200]
+
+    def from_cloud(self, marks: frozenset[str]) -> int:
+        return sum(1 for a in self.answers if a.cloud(marks))
+
+
+def wave(stack: CloudStack, headers: dict[str, str], n: int, tag: str) -> Wave:
+    """``n`` concurrent streamed requests (short prompts), counting what reached the cloud meanwhile."""
+    before = stack.cloud.received()
+
+    async def send() -> list[Answer]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            sent = (chat(client, stack.url, headers, f"{tag}-{i}", 4, stack.model, words=20) for i in range(n))
+            return list(await asyncio.gather(*sent))
+
+    answers = asyncio.run(send())
+    return Wave(answers, stack.cloud.received() - before)
+
+
+def wait_idle(fleet: SimFleet) -> float:
+    """Wait until the engine runs and queues nothing; when that was seen (monotonic)."""
+
+    def quiet() -> bool:
+        state = fleet.state(0)
+        return state.get("running") == 0 and state.get("waiting") == 0
+
+    wait_until(quiet, 90, "the engine to drain")
+    return time.monotonic()
+
+
+def mixed_load_step(stack: CloudStack) -> list[Answer]:
+    """A load step that saturates the engine: research, which may burst (most of it goes out), and beside it ops,
+    which may not (its requests all run locally, under load: what the engine's learned figures are made of)."""
+
+    async def both() -> list[Answer]:
+        out, _ = await asyncio.gather(
+            closed_loop(stack.url, stack.auth("research"), 8, 48, "step", model=stack.model),
+            closed_loop(stack.url, stack.auth("ops"), 8, 24, "ops-step", model=stack.model),
+        )
+        return out
+
+    return asyncio.run(both())
+
+
+def trickle(stack: CloudStack, headers: dict[str, str], seconds: float, rate: float) -> list[tuple[float, Answer]]:
+    """Short prompts at ``rate`` a second for ``seconds``, open loop: (when each was sent, monotonic; its answer)."""
+
+    async def run() -> list[tuple[float, Answer]]:
+        sent: list[tuple[float, asyncio.Task[Answer]]] = []
+        async with httpx.AsyncClient(timeout=60) as client:
+            for i in range(int(seconds * rate)):
+                task = asyncio.create_task(chat(client, stack.url, headers, f"trickle-{i}", 3, stack.model, words=2))
+                sent.append((time.monotonic(), task))
+                await asyncio.sleep(1 / rate)
+            return [(at, await task) for at, task in sent]
+
+    return asyncio.run(run())
+
+
+def cloud_after(sent: list[tuple[float, Answer]], since: float, is_cloud: Callable[[Answer], bool]) -> list[str]:
+    """The requests sent after ``since`` that went to the cloud, as readable lines."""
+    return [f"+{at - since:.1f} s: {a.served_by}" for at, a in sent if at >= since and is_cloud(a)]
