@@ -260,24 +260,35 @@ def litellm_stack(work: Path, tokenizer_dir: Path) -> Iterator[CloudStack]:
         config["general_settings"]["custom_auth"] = "cloud_auth.user_api_key_auth"
         path = work / "litellm_burst.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = free_port()
-        proxy_env = {
-            "LITELLM_MASTER_KEY": "sk-master-" + secrets.token_hex(8),
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_TELEMETRY": "False",
-            "PYTHONPATH": str(ROOT),
-            **env,
-        }
-        argv = [str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-        proxy = ManagedProcess(argv, work / "litellm.log", env=proxy_env, cwd=work)
+        proxy, url = start_litellm_proxy(path, work, env)
         try:
-            url = f"http://127.0.0.1:{port}"
-            proxy.wait_http(f"{url}/health/liveliness", timeout_s=90)
             stack = CloudStack("litellm", fleet, cloud, url, f"{url}/cognitora/metrics", LITELLM_HOLD_OFF_S, "chat")
             _warm(stack)
             yield stack
         finally:
             proxy.stop()
+
+
+def start_litellm_proxy(config: Path, work: Path, env: dict[str, str]) -> tuple[ManagedProcess, str]:
+    """The real LiteLLM proxy on ``config`` (run from ``work``, where a custom auth module may lie), once it answers;
+    ``env``: more of its environment (the cloud's key). The caller stops it."""
+    port = free_port()
+    proxy_env = {
+        "LITELLM_MASTER_KEY": "sk-master-" + secrets.token_hex(8),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "PYTHONPATH": str(ROOT),
+        **env,
+    }
+    argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    proc = ManagedProcess(argv, work / f"{config.stem}.log", env=proxy_env, cwd=work)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(f"{url}/health/liveliness", timeout_s=120)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
 
 
 def _warm(stack: CloudStack) -> None:

@@ -25,19 +25,13 @@ import pytest
 from bench.burst_load import CLOUD_MODEL
 from bench.cloud_stacks import (
     INSTANT,
-    RELEASE_BOUND_S,
     CloudStack,
-    cloud_after,
     envoy_stack,
-    mixed_load_step,
-    trickle,
-    wait_idle,
-    wave,
 )
-from cognitora.process import wait_until
 from envoy_extproc import headers as wire
 from envoy_extproc.burst_example import EXAMPLE as BURST_EXAMPLE
 from envoy_extproc.launch import EXAMPLE_CONFIG
+from tests import cloud_checks
 
 pytestmark = pytest.mark.e2e
 
@@ -139,55 +133,18 @@ def test_no_client_header_sends_a_request_to_the_cloud(stack: CloudStack, who: s
 
 @pytest.mark.parametrize("fault", ["500", "503", "429", "reset", "hang"])
 def test_a_failing_cloud_costs_the_clients_nothing_and_is_held_off(stack: CloudStack, fault: str) -> None:
-    research = stack.auth("research", INSTANT)
-    stack.close_breaker()
-    opened = stack.counter("cognitora_cloud_breaker_opened_total")
-    stack.cloud.fault(fault)
-    try:
-        first = wave(stack, research, 6, f"{fault}-1")
-        assert first.errors == [], first.errors
-        assert first.from_cloud(stack.cloud_marks) == 0  # every answer is the engine's
-        assert first.cloud_calls >= 1  # it was tried: this test proves something
-        assert stack.counter("cognitora_cloud_breaker_opened_total") == opened + 1
-        held = wave(stack, research, 6, f"{fault}-2")
-        assert held.errors == [] and held.cloud_calls == 0  # the hold-off: no call to the failing cloud
-        wait_until(lambda: stack.breaker() == "half_open", 2 * stack.hold_off_s + 5, "the hold-off to end")
-        tested = wave(stack, research, 6, f"{fault}-3")
-        assert tested.errors == [] and tested.cloud_calls == 1  # one request tests it; it fails again
-        assert stack.breaker() == "open"
-    finally:
-        stack.cloud.fault("none")
-    assert stack.counter("cognitora_cloud_inflight") == 0  # every slot given back
-    assert re.search(r'cognitora_cloud_attempts_total\{result="failed",target="sim-cloud"\}', stack.metrics())
+    cloud_checks.failing_cloud_costs_nothing_and_is_held_off(stack, fault)
 
 
 def test_a_slow_cloud_is_still_used_and_nobody_sees_an_error(stack: CloudStack) -> None:
-    stack.close_breaker()
-    stack.cloud.fault("slow", slow_ms=1500)
-    try:
-        slow = wave(stack, stack.auth("research", INSTANT), 4, "slow")
-    finally:
-        stack.cloud.fault("none")
-    assert slow.errors == [] and slow.from_cloud(stack.cloud_marks) == 4
-    assert all(a.ttft_s is not None and a.ttft_s >= 1.5 for a in slow.answers)
-    assert stack.breaker() == "closed"
+    cloud_checks.slow_cloud_is_still_used(stack)
 
 
 # -- burst lets go -------------------------------------------------------------------------------------------------
 
 
 def test_a_burst_lets_go_once_the_load_step_is_over(stack: CloudStack) -> None:
-    stack.close_breaker()
-    wait_idle(stack.fleet)
-    step = mixed_load_step(stack)
-    assert all(a.status == 200 for a in step), [a.error for a in step if a.status != 200]
-    assert sum(a.cloud(stack.cloud_marks) for a in step) >= 5, "the load step did not burst: this proves nothing"
-    idle_at = wait_idle(stack.fleet)
-    sent = trickle(stack, stack.auth("research"), RELEASE_BOUND_S + 4, 3.0)
-    assert all(a.status == 200 for _, a in sent), [a.error for _, a in sent if a.status != 200]
-    late = cloud_after(sent, idle_at + RELEASE_BOUND_S, lambda a: a.cloud(stack.cloud_marks))
-    assert late == [], f"still sent to the cloud {RELEASE_BOUND_S:.1f} s after the engine went idle: {late}"
-    assert 'result="released"' in stack.metrics()
+    cloud_checks.burst_lets_go_after_a_load_step(stack)
 
 
 def test_the_cloud_metrics_count_every_cloud_request(stack: CloudStack) -> None:

@@ -28,7 +28,7 @@ from cognitora.budgets.config import LimitConfig, Metric, SubjectKind, WindowKin
 from cognitora.budgets.gate import BudgetGate
 from cognitora.budgets.plan import MICRO, CounterPlan, escape
 from cognitora.budgets.windows import current_window
-from cognitora.burst.spend import CloudSpend, Holds, fits
+from cognitora.burst.spend import CloudSpend, HoldingSpend
 
 if TYPE_CHECKING:
     from cognitora.config import CognitoraConfig
@@ -68,34 +68,21 @@ def spend_counter(gate: BudgetGate, team: str, limit_usd: float, now: float) -> 
     )
 
 
-class LedgerSpend:
+class LedgerSpend(HoldingSpend):
     def __init__(
         self, gate: BudgetGate, limit_of: Callable[[str], float | None], clock: Callable[[], float] = time.time
     ) -> None:
+        super().__init__(limit_of)
         self._gate = gate
-        self._limit_of = limit_of
         self._clock = clock
         self._known: dict[str, _Known] = {}
         self._reading: dict[str, asyncio.Future[None]] = {}
-        self.holds = Holds()
         self.reads = 0
         """Ledger reads made (tests: one per ``SPEND_FRESH_S`` and team, none for local decisions)."""
 
     def spent_usd(self, team: str) -> float:
         known = self._known.get(team)
         return 0.0 if known is None else (known.spent_micro + known.since_read_micro) / MICRO
-
-    def hold(self, request_id: str, team: str, estimate_usd: float) -> bool:
-        if not fits(self.spent_usd(team), self.holds.of(team), estimate_usd, self._limit_of(team)):
-            return False
-        self.holds.add(request_id, team, estimate_usd)
-        return True
-
-    def release(self, request_id: str) -> None:
-        self.holds.remove(request_id)
-
-    def within_limit(self, team: str) -> bool:
-        return fits(self.spent_usd(team), self.holds.of(team), 0.0, self._limit_of(team))
 
     async def refresh(self, team: str) -> None:
         """Read the team's spend from the ledger unless it was read within ``SPEND_FRESH_S`` (or it has no limit)."""

@@ -11,6 +11,7 @@ this process, since it started (the exporter's figures, and the gate when ``budg
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -97,16 +98,16 @@ class SpendRow:
     cost_usd: float = 0.0
 
 
-class InProcessSpend:
-    """Sums per (team, target) in this process; a team's limit comes from ``limit_of`` (None: no limit)."""
+class HoldingSpend(ABC):
+    """The holds half of a ``SpendGate``, over what a subclass says a team spent; its limit from ``limit_of``."""
 
     def __init__(self, limit_of: Callable[[str], float | None]) -> None:
         self._limit_of = limit_of
-        self.rows: dict[tuple[str, str], SpendRow] = {}
         self.holds = Holds()
 
+    @abstractmethod
     def spent_usd(self, team: str) -> float:
-        return sum(row.cost_usd for (t, _), row in self.rows.items() if t == team)
+        """What ``team`` spent on the cloud, as this gate knows it."""
 
     def hold(self, request_id: str, team: str, estimate_usd: float) -> bool:
         if not fits(self.spent_usd(team), self.holds.of(team), estimate_usd, self._limit_of(team)):
@@ -119,6 +120,17 @@ class InProcessSpend:
 
     def within_limit(self, team: str) -> bool:
         return fits(self.spent_usd(team), self.holds.of(team), 0.0, self._limit_of(team))
+
+
+class InProcessSpend(HoldingSpend):
+    """Sums per (team, target) in this process; a team's limit comes from ``limit_of`` (None: no limit)."""
+
+    def __init__(self, limit_of: Callable[[str], float | None]) -> None:
+        super().__init__(limit_of)
+        self.rows: dict[tuple[str, str], SpendRow] = {}
+
+    def spent_usd(self, team: str) -> float:
+        return sum(row.cost_usd for (t, _), row in self.rows.items() if t == team)
 
     def record(self, spend: CloudSpend) -> None:
         row = self.rows.get((spend.team, spend.target))
