@@ -217,7 +217,27 @@ def markdown(rows: list[dict[str, Any]], command: str, args: argparse.Namespace)
             f"{cell(r['from_cloud'], 1)} | {cell(r['cloud_calls'], 1)} | {cell(r['calls_after_open'], 1)} | "
             f"{cell(r['half_open_probes'], 1)} | {cell(r['ttft_p50_s'], 2)} | {cell(r['ttft_p99_s'], 2)} |"
         )
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, "", *READING]) + "\n"
+
+
+READING = [
+    "Reading it:",
+    "",
+    "- **500, 503, 429, reset**: the first request fails (the engine answers it: Envoy's retry on the aggregate "
+    "cluster, LiteLLM's `num_retries`), the breaker opens, and the cloud gets one more call per run: the half-open "
+    "request once the hold-off is over, which fails and doubles the hold-off. A second call before the first "
+    "failure came back happens when two requests arrive within its round trip (LiteLLM 500, one seed).",
+    "- **hang**: no failure is known before the first hung request gives up (10 s: Envoy's `per_try_idle_timeout`, "
+    "LiteLLM's `stream_timeout`); until then requests go out until the target's `max_concurrency` (16) is taken, "
+    "and those 16 wait 10 s before the engine answers them; the others stay local at once (`cloud_at_capacity`). "
+    "Every slot is given back when they give up (before: LiteLLM's 600 s default kept them).",
+    "- **slow**: a slow answer is an answer (a cloud slower than the SLO may still beat a saturated fleet): no "
+    'hold-off. The few local answers are the class\'s probes (`cognitora_burst_probes_total{result="too_slow"}`: '
+    "one a second while the engine is idle; the 1 ms SLO of this class is never met, so none releases it).",
+    "- Before this change (issue 39's measurements, Envoy): a cloud 500 reached 24 of 24 clients and the cloud was "
+    "called 24 times; a reset gave 6 of 24 clients a 503; a hung cloud held each burst request up to the route's "
+    "600 s; through LiteLLM a hung cloud kept 16 slots for over 5 minutes.",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
