@@ -447,7 +447,7 @@ READ_GOVERNANCE = """(() => {
     cloud: rows('cloud', (r) => r.dataset.target),
     spend: rows('cloud_spend', (r) => r.dataset.team + '|' + r.dataset.target),
     rewrites: rows('rewrites', (r) => [r.dataset.intent, r.dataset.requested, r.dataset.model].join('|')),
-    ready: document.body.dataset.ready === '1',
+    ready: !!document.body && document.body.dataset.ready === '1',
   };
 })()"""
 
