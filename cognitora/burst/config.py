@@ -26,7 +26,7 @@ class CloudTargetConfig(_Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """Name of the target: in decisions, metrics, ``model_info.cognitora_cloud`` (LiteLLM) and the Envoy route's
-    ``x-cognitora-cloud`` header. Letters, digits, ``_ . -``."""
+    ``x-cognitora-cloud`` metadata key the Envoy cloud route matches. Letters, digits, ``_ . -``."""
     base_url: str | None = None
     """The provider's OpenAI-compatible base URL including its version path, e.g. ``https://api.openai.com/v1``.
     Required for Envoy (the ext_proc names the route); through LiteLLM the deployment's ``api_base`` is used."""
