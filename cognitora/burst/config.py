@@ -25,8 +25,8 @@ class CloudTargetConfig(_Strict):
     """One OpenAI-compatible cloud deployment a saturated model may send requests to."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Name of the target: in decisions, metrics, ``model_info.cognitora_cloud`` (LiteLLM) and the Envoy route's
-    ``x-cognitora-cloud`` metadata key the Envoy cloud route matches. Letters, digits, ``_ . -``."""
+    """Name of the target: in decisions, metrics, ``model_info.cognitora_cloud`` (LiteLLM) and the value of the
+    ``envoy.lb`` metadata key ``x-cognitora-cloud`` that the Envoy cloud route matches. Letters, digits, ``_ . -``."""
     base_url: str | None = None
     """The provider's OpenAI-compatible base URL including its version path, e.g. ``https://api.openai.com/v1``.
     Required for Envoy (the ext_proc names the route); through LiteLLM the deployment's ``api_base`` is used."""
