@@ -420,10 +420,12 @@ async def serve(
 
 async def collector_metrics(config: CognitoraConfig, collector: Collector, listen: str) -> MetricsServer:
     """The collector's metrics page (docs/metrics.md) on ``listen``."""
+    from cognitora.metrics.cors import CorsPolicy
     from cognitora.metrics.exporter import Exporter
     from cognitora.metrics.serve import serve_page
 
-    return await serve_page(Exporter(config, "collector", collector=lambda: collector).page, listen, "collector")
+    page = Exporter(config, "collector", collector=lambda: collector).page
+    return await serve_page(page, listen, "collector", CorsPolicy.of(config.metrics))
 
 
 async def _run(config: CognitoraConfig, stats_interval_s: float, metrics_listen: str | None = None) -> None:

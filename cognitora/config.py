@@ -43,6 +43,7 @@ from cognitora.intent.policy import (
     IntentSpec,
     RuleSpec,
 )
+from cognitora.metrics.cors import MetricsPageConfig
 from cognitora.redaction import redact, redact_url, register_secret
 from cognitora.shipped_tokenizers import shipped_names, shipped_tokenizer
 
@@ -580,6 +581,8 @@ class CognitoraConfig(_Strict):
     """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
     kv_tiers: KvTiersConfig = Field(default_factory=KvTiersConfig)
     """Reload bandwidths of KV blocks held in CPU memory or on disk, to price their reuse in seconds."""
+    metrics: MetricsPageConfig = Field(default_factory=MetricsPageConfig)
+    """Who may read the metrics pages from a browser (CORS; docs/metrics.md)."""
 
     @field_validator("redis_url")
     @classmethod
@@ -990,6 +993,7 @@ def reference_markdown() -> str:
         ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
         ("budgets.prices.<model>", ModelPrice),
         ("kv_tiers", KvTiersConfig),
+        ("metrics", MetricsPageConfig),
     ]
     out: list[str] = []
     for title, model in sections:

@@ -104,6 +104,10 @@ class RouteRequest:
     burst_targets: Sequence[str] | None = None
     """Cloud targets (``burst.targets[].name``) the gateway can reach for this request (LiteLLM: those with a
     healthy ``cognitora_cloud`` deployment in the group); None means every configured target."""
+    named_cloud: str | None = None
+    """The cloud target the client named (LiteLLM: a ``cognitora_cloud`` deployment's id as ``model``). Honoured only
+    for a team in that target's ``burst.targets[].named_teams``; otherwise the request is placed like any other of
+    its model (``cognitora.burst.policy``): no client reaches a cloud outside the burst policy."""
     pinned_endpoint: str | None = None
     """The endpoint the client named (LiteLLM: a deployment id as ``model``). Honoured only with ``may_pin``;
     otherwise the request is placed like any other of its model (a client never skips placement or shedding)."""

@@ -123,20 +123,31 @@ class Exchange:
     async def on_request_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         wanted = self._settings.trusted.names
         method = ""
-        forged = False
+        forged: list[str] = []
         for h in message.headers.headers:
             key = h.key
-            if key == headers.PREFILL_ENDPOINT:
-                forged = True
+            if key in headers.CLIENT_FORBIDDEN:
+                forged.append(key)
             elif key == headers.PATH:
                 self._path = h.raw_value.decode("latin-1").split("?", 1)[0]
             elif key == headers.METHOD:
                 method = h.raw_value.decode("latin-1")
             elif key in wanted:
                 self._identity[key] = h.raw_value.decode("latin-1")
-        self._placeable = method == "POST" and self._settings.placed(self._path) and not message.end_of_stream
+        placed = method == "POST" and self._settings.placed(self._path)
+        if placed and message.end_of_stream:
+            # A POST without a body would reach an engine unplaced (nothing to place it on): refused here.
+            self.closed = True
+            return protocol.openai_error(
+                400,
+                "the request has no body: send the JSON body of the request (model, messages or prompt)",
+                error_type="invalid_request_error",
+                code="400",
+                details="cognitora_bad_body",
+            )
+        self._placeable = placed
         if forged:  # a client naming the prefill engine would make a decode sidecar fetch from anywhere
-            return protocol.remove_request_headers((headers.PREFILL_ENDPOINT,))
+            return protocol.remove_request_headers(forged)
         return protocol.CONTINUE_REQUEST_HEADERS
 
     # -- phase 2 ----------------------------------------------------------------------------------------------

@@ -203,6 +203,7 @@ def route_request(
     candidates: Sequence[str],
     pinned_endpoint: str | None = None,
     burst_targets: Sequence[str] = (),
+    named_cloud: str | None = None,
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids.
 
@@ -222,6 +223,7 @@ def route_request(
         stream=bool(request_kwargs.get("stream")),
         candidates=tuple(candidates),
         burst_targets=tuple(burst_targets),
+        named_cloud=named_cloud,
         pinned_endpoint=pinned_endpoint,
         may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
         intent_hint=_admin_str(meta, INTENT_KEY),
