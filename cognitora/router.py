@@ -554,6 +554,11 @@ class Router:
         except Exception as exc:
             decision = self._placement_failed(request, exc)
             failed = True
+        except BaseException:  # cancelled (the client went away): a reservation made meanwhile is given back
+            pending = self._reserving.pop(request.request_id, None)
+            if gate is not None and pending is not None:
+                gate.release_later(pending)
+            raise
         else:
             decision = await self._burst(request, decision, group)
         hold = None
@@ -577,8 +582,9 @@ class Router:
         return decision, attempt
 
     def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:
-        """A placed decision the budget refused: a rejection (placement's pick stays in the explanation)."""
-        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=())
+        """A placed decision the budget refused: a rejection whose reason is the budget's (which limit, window,
+        used and cap), not placement's (its pick stays in the explanation's candidates)."""
+        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=(), reason=rejection.message)
         if self._recent and self._recent[-1].request_id == placed.request_id:
             self._recent[-1] = replace(refused, keys=())
         self.stats.placed -= 1
