@@ -48,6 +48,10 @@ __all__ = ["RedisLedger", "budget_key_base"]
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
 DAY_MS = 86_400_000
+SOCKET_TIMEOUT_S = 1.0
+"""Connect and read timeout of the ledger's connections. A connect that times out means unreachable (a host that
+drops packets; under load the pool's few connections are already open, so a busy gateway never connects anew);
+a read that times out means slow (retried, and bounded by ``budgets.reserve_timeout_s``: never fail-open)."""
 MAX_CONCURRENT_CALLS = 48
 """Budget scripts in flight at once per ledger: redis-py's pools hold 100 connections and raise (not wait) past
 that, and the ledger usually shares the store's pool; the rest wait here for their turn."""
@@ -79,7 +83,7 @@ class RedisLedger:
 
     @classmethod
     def from_url(
-        cls, url: str, prefix: str, history_days: int, *, cluster: bool = False, timeout_s: float = 1.0
+        cls, url: str, prefix: str, history_days: int, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT_S
     ) -> RedisLedger:
         client: aioredis.Redis | RedisCluster
         options: dict[str, Any] = {
@@ -98,14 +102,15 @@ class RedisLedger:
     @classmethod
     def beside(cls, client: aioredis.Redis | RedisCluster, prefix: str, history_days: int) -> RedisLedger:
         """A ledger on the same server as ``client`` (a store's), with connections of its own (a plain Redis:
-        the same settings in a waiting pool) so budget calls and store calls never starve each other."""
+        the same settings but the ledger's timeouts, in a waiting pool) so budget calls and store calls never
+        starve each other."""
         if isinstance(client, RedisCluster):
             return cls(client, prefix, history_days)
         pool = client.connection_pool
+        settings = {**pool.connection_kwargs, "socket_timeout": SOCKET_TIMEOUT_S}
+        settings["socket_connect_timeout"] = SOCKET_TIMEOUT_S
         own = aioredis.BlockingConnectionPool(
-            connection_class=pool.connection_class,
-            max_connections=MAX_CONCURRENT_CALLS + 8,
-            **pool.connection_kwargs,
+            connection_class=pool.connection_class, max_connections=MAX_CONCURRENT_CALLS + 8, **settings
         )
         return cls(aioredis.Redis(connection_pool=own), prefix, history_days, owns_client=True)
 
