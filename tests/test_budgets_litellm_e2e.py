@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -79,6 +80,67 @@ def test_two_teams_one_runs_out_through_litellm(
         rows = {(r["kind"], r["subject"]) for r in report["usage"]}
         assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
         print("litellm budgets", figures)
+    except BaseException:
+        print(proxy.process.log_tail(80))
+        raise
+    finally:
+        proxy.stop()
+
+
+LOADED_AUTH_MODULE = """
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key.startswith("sk-team-"):
+        team = key.removeprefix("sk-team-")
+        return UserAPIKeyAuth(api_key=key, team_id=team, user_id=f"{team}-user", key_alias=f"{team}-key")
+    raise HTTPException(status_code=401, detail="unknown key")
+"""
+
+
+def test_two_teams_at_100_concurrent_never_overshoot_through_litellm(
+    fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    """Two teams with a 2,000-token cap send 100 requests each at the same moment (it once overshot to 3,730):
+    each ends at most at its cap, within one request of it, every refusal a 429, nothing admitted unchecked (the
+    plugin's fail-open counter stays 0). Then a completions batch that can never fit is refused (400), and one
+    that fits is counted for every prompt."""
+    path = write_config(tmp_path, fleet, smollm2_dir, redis_url=redis_server_url, key_prefix=key_prefix)
+    config = yaml.safe_load(path.read_text())
+    args = config["router_settings"]["routing_strategy_args"]
+    args["budgets"] = budgets_e2e.LOADED_BUDGETS
+    args["placement"]["store_timeout_s"] = 0.25  # the production default: a reservation must not depend on it
+    (tmp_path / "loaded_auth.py").write_text(LOADED_AUTH_MODULE)
+    config["general_settings"]["custom_auth"] = "loaded_auth.user_api_key_auth"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cognitora_yaml = tmp_path / "cognitora.yaml"
+    export = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
+        tmp_path / "export.log",
+        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
+        cwd=tmp_path,
+    )
+    proxy = Proxy(path, tmp_path, salt="loaded")
+    try:
+        assert export.proc.wait(timeout=60) == 0, export.log_tail()
+        teams = (*budgets_e2e.LOADED_TEAMS, budgets_e2e.BATCH_TEAM)
+        headers = {t: {"Authorization": f"Bearer sk-team-{t}"} for t in teams}
+        loaded = {t: headers[t] for t in budgets_e2e.LOADED_TEAMS}
+        traffic = asyncio.run(budgets_e2e.all_at_once(f"{proxy.url}/v1/chat/completions", loaded, model="chat"))
+        batch = headers[budgets_e2e.BATCH_TEAM]
+        too_big, fits = asyncio.run(budgets_e2e.batches(f"{proxy.url}/v1/completions", batch, "chat"))
+        report = budgets_e2e.budgets_cli("report", "--config", str(cognitora_yaml), cwd=tmp_path)
+        used = budgets_e2e.check_no_overshoot(traffic, report, budgets_e2e.LOADED_TEAMS)
+        budgets_e2e.check_batches(too_big, fits, report)
+        page = httpx.get(f"{proxy.url}/cognitora/metrics", timeout=10).text
+        assert budgets_e2e.metric_value(page, "cognitora_budget_fail_open_total") == 0
+        assert budgets_e2e.metric_value(page, "cognitora_budget_reserve_duration_seconds_count") >= 60
+        print("litellm 2 x 100 concurrent", used)
     except BaseException:
         print(proxy.process.log_tail(80))
         raise
