@@ -128,9 +128,10 @@ class BudgetsConfig(_Strict):
     """Redis unreachable (connection refused or reset, no connection within the connect timeout): ``fail_open``
     admits and counts in this process, then writes the counts to Redis when it is back (none lost);
     ``fail_closed`` refuses with 503. A Redis that is connected but slow is never a reason to admit."""
-    reserve_timeout_s: float = Field(default=2.0, gt=0, le=60)
-    """The longest a request waits for its reservation while Redis is connected but slow to answer (a loaded
-    gateway or server); past it the request is refused with 503 and Retry-After (never admitted unchecked)."""
+    reserve_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """The longest a request waits for its reservation while Redis is connected but slow to answer; past it the
+    request is refused with 503 and Retry-After (never admitted unchecked). The wait includes the gateway's own
+    event-loop lag: an overloaded gateway reads as a slow store (docs/budgets.md)."""
     reserve_batch: int = Field(default=256, ge=1, le=4096)
     """At most this many reservations (and, apart, settles) in one Redis script call: the ones that arrive while
     the previous call is out go together in the next (1: one call per request)."""

@@ -60,7 +60,7 @@ SETTLE_TIMEOUT_S = 30.0
 (written again later: settles are idempotent by request id)."""
 RESERVE_SECONDS_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0,
 )  # fmt: skip
 """Upper bounds (s) of the reserve latency histogram (``cognitora_budget_reserve_duration_seconds``)."""
 _UNREACHABLE = (StoreUnavailable, ConnectionError, OSError)
