@@ -549,18 +549,19 @@ class Router:
                 request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
-            decision = await self.place(request, reserve=gate is not None)
-            failed = False
-        except Exception as exc:
-            decision = self._placement_failed(request, exc)
-            failed = True
+            try:
+                decision = await self.place(request, reserve=gate is not None)
+                failed = False
+            except Exception as exc:
+                decision = self._placement_failed(request, exc)
+                failed = True
+            else:
+                decision = await self._burst(request, decision, group)
         except BaseException:  # cancelled (the client went away): a reservation made meanwhile is given back
             pending = self._reserving.pop(request.request_id, None)
             if gate is not None and pending is not None:
                 gate.release_later(pending)
             raise
-        else:
-            decision = await self._burst(request, decision, group)
         hold = None
         if gate is not None:
             pending = self._reserving.pop(request.request_id, None)

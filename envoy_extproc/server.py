@@ -72,6 +72,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 if message is grpc.aio.EOF:
                     return
                 await context.write(await self._answer(exchange, message))
+                exchange.delivered()
                 if exchange.closed:
                     return
         finally:

@@ -158,6 +158,22 @@ async def test_a_store_slower_than_the_store_timeout_never_admits_past_the_cap(r
     assert await counted(router) == 10 * each
 
 
+async def test_a_reservation_sent_again_after_a_read_timeout_counts_once(redis_router: Any) -> None:
+    """Redis holds writes for 2.5 s, past the ledger's 1 s read timeout (and redis-py's one retry): the batch is
+    sent again, within ``reserve_timeout_s``, and the request is admitted and counted once, not twice."""
+    router = redis_router(team_limit(10**6))
+    await warm_up(router)
+    each = await prompt_tokens(router, ask()) + MAX_TOKENS
+    over = pause_writes(router.config.redis_url or "", 2500)
+    decision, attempt = await router.admit(ask())
+    assert attempt is not None, decision.explain()
+    await until(over)
+    gate = router.budgets
+    assert gate is not None
+    assert await counted(router) == each and await gate.ledger.open_reservations() == 1
+    assert gate.stats.fail_open == 0
+
+
 @pytest.mark.parametrize("on_store_error", ["fail_open", "fail_closed"])
 async def test_slower_than_reserve_timeout_is_a_503_and_charges_nothing(redis_router: Any, on_store_error: str) -> None:
     """Past ``budgets.reserve_timeout_s`` the request is refused (503, Retry-After), whatever ``on_store_error``
