@@ -1,6 +1,6 @@
 """Budget admission under concurrency, through both real gateways, on Redis and on a Redis Cluster.
 
-    .venv/bin/python -m bench.budget_concurrency --rounds 3 --out bench/results
+    .venv/bin/python -m bench.budget_concurrency --rounds 3 --reserve-batch 256,1 --out bench/results
 
 For each store (a private ``redis-server``; a 3-master Redis Cluster, ``tests/redis_cluster.py``) and each gateway
 (the real Envoy on ``examples/envoy.yaml`` + ``cognitora extproc``; the real LiteLLM proxy with
@@ -26,7 +26,12 @@ fitting its cap. Per cell:
   being sent to its verdict, batching included;
 - **fail-open**: the delta of ``cognitora_budget_fail_open_total``: requests admitted without a check. Must be 0
   (Redis is up throughout);
-- what the clients got: 200 / 429 / anything else, and the cell's wall time.
+- what the clients got: 200 / 429 / anything else, how many 503s were the budget's (``store_slow``: the wait
+  passed ``budgets.reserve_timeout_s``; the others are the gateway's own), the tokens charged beyond what the
+  served requests used, and the cell's wall time.
+
+``--reserve-batch 256,1`` runs the design (group commit, up to 256 reservations per script call) beside one call
+per request, on the stores named by ``--ablation-stores`` (default: Redis only, to keep the run short).
 
 The budget store is deliberately NOT the shared Redis of the machine (other engineers' tests use it). The gateways
 read no collector (placement decides on their own in-flight counts: this measures admission, not placement).
@@ -109,6 +114,10 @@ class Cell:
     reserve_p99_ms: float = math.nan
     reservations: int = 0
     fail_open: int = 0
+    store_slow: int = 0
+    """Requests refused 503 because their reservation waited past ``budgets.reserve_timeout_s``."""
+    charged_unserved: int = 0
+    """Tokens counted in Redis beyond what the served requests used (requests charged though the client got none)."""
 
     @property
     def concurrent(self) -> int:
@@ -341,6 +350,7 @@ def run_cell(gw: Gateway, cell: Cell, teams: Sequence[str], model: str, ledger_o
     cell.largest_request = max((u for _, s, u in results if s == 200), default=0)
     used = asyncio.run(_read_used(ledger_of, budgets, teams))
     cell.used = used
+    cell.charged_unserved = sum(used) - sum(u for _, s, u in results if s == 200)
     over = [max(0, u - cell.cap) for u in used]
     cell.over_cap_max, cell.over_cap_sum = max(over), sum(over)
     delta = diff(buckets(after, hist), buckets(before, hist))
@@ -349,6 +359,16 @@ def run_cell(gw: Gateway, cell: Cell, teams: Sequence[str], model: str, ledger_o
     cell.reserve_p99_ms = round(quantile(0.99, delta) * 1000, 2)
     name = "cognitora_budget_fail_open_total"
     cell.fail_open = int(sample(after, name) - sample(before, name))
+    cell.store_slow = int(reason_total(after, "store_slow") - reason_total(before, "store_slow"))
+
+
+def reason_total(page: str, reason: str) -> float:
+    """``cognitora_budget_rejections_total`` summed over teams, for one reason."""
+    total = 0.0
+    for line in page.splitlines():
+        if line.startswith("cognitora_budget_rejections_total{") and f'reason="{reason}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 async def _read_used(ledger_of: Any, budgets: BudgetsConfig, teams: Sequence[str]) -> list[int]:
@@ -391,7 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gateways", default="envoy,litellm")
     parser.add_argument("--cells", default="0,1,2", help="indices into CELLS")
     parser.add_argument(
-        "--reserve-batch", default="256", help="budgets.reserve_batch values to compare, e.g. 256,1 (1: a call each)"
+        "--reserve-batch", default="256,1", help="budgets.reserve_batch values to compare (1: a call each request)"
+    )
+    parser.add_argument(
+        "--ablation-stores", default="redis", help="stores that run every --reserve-batch value (others: the first)"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args(argv)
@@ -411,7 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 settings = {"redis_url": stack.enter_context(redis_cluster()), "redis_cluster": True}
             for gateway in args.gateways.split(","):
-                for batch in [int(b) for b in args.reserve_batch.split(",")]:
+                batches = [int(b) for b in args.reserve_batch.split(",")]
+                for batch in batches if store in args.ablation_stores.split(",") else batches[:1]:
                     store_settings = {**settings, "key_prefix": f"bench-{run}-{store}-{gateway}-{batch}"}
                     section = {**budget_section, "reserve_batch": batch}
                     results += run_gateway(store, gateway, batch, store_settings, section, budgets, names, args, cells)
@@ -495,7 +519,8 @@ def write(out: Path, command: str, cells: Sequence[Cell], before: Mapping[str, A
             f"{max(c.over_cap_max for c in group)} | {sum(c.over_cap_sum for c in group)} | "
             f"{max(c.largest_request for c in group)} | {_spread([c.reserve_p50_ms for c in group])} | "
             f"{_spread([c.reserve_p99_ms for c in group])} | {sum(c.fail_open for c in group)} | "
-            f"{', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))} | {_spread([c.wall_s for c in group])} |"
+            f"{', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))} | {sum(c.store_slow for c in group)} | "
+            f"{sum(c.charged_unserved for c in group)} | {_spread([c.wall_s for c in group])} |"
         )
     md = [
         "# Budget admission under concurrency",
@@ -508,11 +533,14 @@ def write(out: Path, command: str, cells: Sequence[Cell], before: Mapping[str, A
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}. bench/budget_concurrency.py says how each figure "
         "is taken. Over cap: tokens counted in Redis beyond a team's cap (max over teams and rounds; sum). Reserve "
         "p50/p99: the gateway's own histogram, median over rounds (range). Fail-open: requests admitted without a "
-        "check (Redis is up: must be 0). Statuses: every request of every round.",
+        "check (Redis is up: must be 0). Statuses: every request of every round; 503s that are not store_slow are "
+        "the gateway's own (Envoy's ext_proc message_timeout, 2 s in examples/envoy.yaml). Charged, not served: "
+        "tokens counted beyond what the served requests used (sum over rounds).",
         "",
         "| store | gateway | reserve_batch | teams x requests = at once | cap | over cap, max | over cap, sum "
-        "| largest request | reserve p50 ms | reserve p99 ms | fail-open | statuses | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| largest request | reserve p50 ms | reserve p99 ms | fail-open | statuses | of which 503 store_slow "
+        "| charged, not served | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         "## The machine during the run (shared: other engineers' tests ran beside it)",
