@@ -71,6 +71,7 @@ from cognitora.redaction import redact
 from cognitora.sim.launch import SimFleet, start_fleet
 from cognitora.sim.tokenizer import SMOLLM2_DIR
 from envoy_extproc.launch import start_gateway
+from tests.budgets_e2e import TEAM_KEY_AUTH
 from tests.redis_cluster import redis_cluster
 from tests.redis_server import free_port, private_redis
 
@@ -79,20 +80,6 @@ MODEL = "smollm2"
 MAX_TOKENS = 20
 CELLS: tuple[tuple[int, int, int], ...] = ((2, 100, 2_000), (10, 50, 1_000), (50, 20, 400))
 """(teams, requests per team, cap per team)."""
-AUTH_MODULE = """
-import os
-from fastapi import HTTPException
-from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
-
-async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
-    key = api_key.removeprefix("Bearer ").strip()
-    if key == os.environ["LITELLM_MASTER_KEY"]:
-        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
-    if key.startswith("sk-team-"):
-        team = key.removeprefix("sk-team-")
-        return UserAPIKeyAuth(api_key=key, team_id=team, key_alias=team + "-key")
-    raise HTTPException(status_code=401, detail="unknown key")
-"""
 
 
 @dataclass
@@ -215,10 +202,10 @@ def litellm(fleet: SimFleet, store: Mapping[str, Any], budgets: Mapping[str, Any
         },
         "general_settings": {
             "master_key": "os.environ/LITELLM_MASTER_KEY",
-            "custom_auth": "bench_budget_auth.user_api_key_auth",
+            "custom_auth": "team_key_auth.user_api_key_auth",
         },
     }
-    (workdir / "bench_budget_auth.py").write_text(AUTH_MODULE)
+    (workdir / "team_key_auth.py").write_text(TEAM_KEY_AUTH)
     path = workdir / "litellm_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()

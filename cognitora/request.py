@@ -51,6 +51,14 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
+def _whole_number(name: str, value: object, what: str) -> int:
+    """``value``, refused unless it is a JSON integer (``1e20`` and ``64.0`` are floats; ``true`` is no number)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        raise InvalidRequest(f"'{name}' must be {what} (an integer), got {type(value).__name__} {shown}", name)
+    return value
+
+
 def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
     """The request's ``max_tokens`` from its body (or LiteLLM's kwargs): ``max_completion_tokens``, else
     ``max_tokens``; None when neither is set (null counts as unset).
@@ -62,14 +70,10 @@ def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
     """
     found: int | None = None
     for name in MAX_TOKENS_FIELDS:
-        value = fields.get(name)
-        if value is None:
+        raw = fields.get(name)
+        if raw is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
-            raise InvalidRequest(
-                f"'{name}' must be a whole number of tokens (an integer), got {type(value).__name__} {shown}", name
-            )
+        value = _whole_number(name, raw, "a whole number of tokens")
         if value < 0:
             raise InvalidRequest(f"'{name}' must be a non-negative integer, got {value}", name)
         if value > MAX_TOKENS_LIMIT:
@@ -90,14 +94,10 @@ def read_choices(fields: Mapping[str, Any]) -> tuple[int, int | None]:
     generated, so these are read by the core's rule in both gateways."""
     found: dict[str, int] = {}
     for name in ("n", "best_of"):
-        value = fields.get(name)
-        if value is None:
+        raw = fields.get(name)
+        if raw is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
-            raise InvalidRequest(
-                f"'{name}' must be a whole number (an integer), got {type(value).__name__} {shown}", name
-            )
+        value = _whole_number(name, raw, "a whole number")
         if not 1 <= value <= MAX_CHOICES:
             raise InvalidRequest(f"'{name}' must be between 1 and {MAX_CHOICES}, got {value}", name)
         found[name] = value

@@ -224,6 +224,41 @@ def check_no_overshoot(traffic: Traffic, report: Mapping[str, Any], teams: Seque
     return used
 
 
+TEAM_KEY_AUTH = """
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key.startswith("sk-team-"):
+        team = key.removeprefix("sk-team-")
+        return UserAPIKeyAuth(api_key=key, team_id=team, user_id=f"{team}-user", key_alias=f"{team}-key")
+    raise HTTPException(status_code=401, detail="unknown key")
+"""
+"""A LiteLLM ``custom_auth`` module for tests and benchmarks: the key ``sk-team-<name>`` is team ``<name>``."""
+
+
+def loaded_run(
+    base_url: str, headers: Mapping[str, Mapping[str, str]], model: str, config_path: Path, metrics_url: str
+) -> dict[str, int]:
+    """The loaded scenario, the same through either gateway: the loaded teams' requests all at once, then the two
+    batches; checked against the report (``cognitora budgets report`` on ``config_path``) and the gateway's
+    metrics page (nothing admitted unchecked; every reservation timed)."""
+    loaded = {t: headers[t] for t in LOADED_TEAMS}
+    traffic = asyncio.run(all_at_once(f"{base_url}/v1/chat/completions", loaded, model=model))
+    too_big, fits = asyncio.run(batches(f"{base_url}/v1/completions", headers[BATCH_TEAM], model))
+    report = budgets_cli("report", "--config", str(config_path), cwd=config_path.parent)
+    used = check_no_overshoot(traffic, report, LOADED_TEAMS)
+    check_batches(too_big, fits, report)
+    page = httpx.get(metrics_url, timeout=10).text
+    assert metric_value(page, "cognitora_budget_fail_open_total") == 0
+    assert metric_value(page, "cognitora_budget_reserve_duration_seconds_count") >= 60
+    return used
+
+
 def metric_value(page: str, name: str) -> float:
     """One unlabelled sample of a Prometheus text page (the sum if several workers' pages were merged)."""
     values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.split(" ")[0] == name]

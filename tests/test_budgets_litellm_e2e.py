@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -47,6 +46,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         yield f
 
 
+def export_config(proxy_config: Path) -> tuple[ManagedProcess, Path]:
+    """``python -m litellm_plugin.export`` started on the proxy's config: the cognitora.yaml an operator runs
+    ``cognitora budgets`` with (wait for the process before reading it)."""
+    out = proxy_config.parent / "cognitora.yaml"
+    export = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(proxy_config), "-o", str(out)],
+        proxy_config.parent / "export.log",
+        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
+        cwd=proxy_config.parent,
+    )
+    return export, out
+
+
 def test_two_teams_one_runs_out_through_litellm(
     fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
 ) -> None:
@@ -56,13 +68,7 @@ def test_two_teams_one_runs_out_through_litellm(
     (tmp_path / "budget_auth.py").write_text(AUTH_MODULE)
     config["general_settings"]["custom_auth"] = "budget_auth.user_api_key_auth"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cognitora_yaml = tmp_path / "cognitora.yaml"  # what an operator runs the report with: exported from the proxy's
-    export = ManagedProcess(
-        [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
-        tmp_path / "export.log",
-        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
-        cwd=tmp_path,
-    )
+    export, cognitora_yaml = export_config(path)  # what an operator runs the report with, from the proxy's config
     proxy = Proxy(path, tmp_path, salt="budgets")  # (the export runs meanwhile)
     try:
         assert export.proc.wait(timeout=60) == 0, export.log_tail()
@@ -87,22 +93,6 @@ def test_two_teams_one_runs_out_through_litellm(
         proxy.stop()
 
 
-LOADED_AUTH_MODULE = """
-import os
-from fastapi import HTTPException
-from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
-
-async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
-    key = api_key.removeprefix("Bearer ").strip()
-    if key == os.environ["LITELLM_MASTER_KEY"]:
-        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
-    if key.startswith("sk-team-"):
-        team = key.removeprefix("sk-team-")
-        return UserAPIKeyAuth(api_key=key, team_id=team, user_id=f"{team}-user", key_alias=f"{team}-key")
-    raise HTTPException(status_code=401, detail="unknown key")
-"""
-
-
 def test_two_teams_at_100_concurrent_never_overshoot_through_litellm(
     fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
 ) -> None:
@@ -115,31 +105,17 @@ def test_two_teams_at_100_concurrent_never_overshoot_through_litellm(
     args = config["router_settings"]["routing_strategy_args"]
     args["budgets"] = budgets_e2e.LOADED_BUDGETS
     args["placement"]["store_timeout_s"] = 0.25  # the production default: a reservation must not depend on it
-    (tmp_path / "loaded_auth.py").write_text(LOADED_AUTH_MODULE)
-    config["general_settings"]["custom_auth"] = "loaded_auth.user_api_key_auth"
+    (tmp_path / "team_key_auth.py").write_text(budgets_e2e.TEAM_KEY_AUTH)
+    config["general_settings"]["custom_auth"] = "team_key_auth.user_api_key_auth"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cognitora_yaml = tmp_path / "cognitora.yaml"
-    export = ManagedProcess(
-        [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
-        tmp_path / "export.log",
-        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
-        cwd=tmp_path,
-    )
+    export, cognitora_yaml = export_config(path)
     proxy = Proxy(path, tmp_path, salt="loaded")
     try:
         assert export.proc.wait(timeout=60) == 0, export.log_tail()
         teams = (*budgets_e2e.LOADED_TEAMS, budgets_e2e.BATCH_TEAM)
         headers = {t: {"Authorization": f"Bearer sk-team-{t}"} for t in teams}
-        loaded = {t: headers[t] for t in budgets_e2e.LOADED_TEAMS}
-        traffic = asyncio.run(budgets_e2e.all_at_once(f"{proxy.url}/v1/chat/completions", loaded, model="chat"))
-        batch = headers[budgets_e2e.BATCH_TEAM]
-        too_big, fits = asyncio.run(budgets_e2e.batches(f"{proxy.url}/v1/completions", batch, "chat"))
-        report = budgets_e2e.budgets_cli("report", "--config", str(cognitora_yaml), cwd=tmp_path)
-        used = budgets_e2e.check_no_overshoot(traffic, report, budgets_e2e.LOADED_TEAMS)
-        budgets_e2e.check_batches(too_big, fits, report)
-        page = httpx.get(f"{proxy.url}/cognitora/metrics", timeout=10).text
-        assert budgets_e2e.metric_value(page, "cognitora_budget_fail_open_total") == 0
-        assert budgets_e2e.metric_value(page, "cognitora_budget_reserve_duration_seconds_count") >= 60
+        metrics_url = f"{proxy.url}/cognitora/metrics"
+        used = budgets_e2e.loaded_run(proxy.url, headers, "chat", cognitora_yaml, metrics_url)
         print("litellm 2 x 100 concurrent", used)
     except BaseException:
         print(proxy.process.log_tail(80))

@@ -118,6 +118,14 @@ class RedisLedger:
     def counter_key(self, name: str) -> str:
         return f"{self.base}c:{name}"
 
+    def _keys_of(self, r: Reservation) -> list[str]:
+        """A reservation's keys in the scripts' order: its settled mark, its report day, its counters."""
+        return [
+            f"{self.base}done:{r.request_id}",
+            self._day_key(r.day),
+            *(self.counter_key(c.name) for c in r.counters),
+        ]
+
     def _day_key(self, day: str) -> str:
         return f"{self.base}day:{day}"
 
@@ -166,8 +174,7 @@ class RedisLedger:
         keys = [f"{self.base}leases"]
         args: list[Any] = [now_ms, DONE_TTL_S, self.base, REAP_BATCH]
         for r in reservations:
-            keys += [f"{self.base}done:{r.request_id}", self._day_key(r.day)]
-            keys += [self.counter_key(c.name) for c in r.counters]
+            keys += self._keys_of(r)
             args += [
                 r.request_id,
                 f"{r.lease_expires_ms} {self._day_expire_ms(r.day)} {len(r.counters)}",
@@ -198,8 +205,7 @@ class RedisLedger:
         keys = [f"{self.base}leases"]
         args: list[Any] = [DONE_TTL_S]
         for r, actual, requests in settles:
-            keys += [f"{self.base}done:{r.request_id}", self._day_key(r.day)]
-            keys += [self.counter_key(c.name) for c in r.counters]
+            keys += self._keys_of(r)
             args += [
                 r.request_id,
                 f"{self._day_expire_ms(r.day)} {requests} {len(r.counters)}",

@@ -37,6 +37,15 @@ local function rows(s)
   return out
 end
 local names = {'input_tokens', 'output_tokens', 'cached_tokens', 'cost_micro_usd'}
+-- add amount to a counter: a fixed window's STRING, or a rolling window's bucket (bucket ~= '-') in its HASH
+local function add(key, bucket, amount, expire_ms)
+  if bucket == '-' then
+    redis.call('INCRBY', key, amount)
+  else
+    redis.call('HINCRBY', key, bucket, amount)
+  end
+  redis.call('PEXPIREAT', key, expire_ms)
+end
 """
 
 RESERVE = (
@@ -90,15 +99,7 @@ local function reserve(a, k)
       return {1, i, value, resets}
     end
   end
-  for i, c in ipairs(counters) do
-    local key = KEYS[k + 1 + i]
-    if c[1] == '-' then
-      redis.call('INCRBY', key, c[3])
-    else
-      redis.call('HINCRBY', key, c[1], c[3])
-    end
-    redis.call('PEXPIREAT', key, c[4])
-  end
+  for i, c in ipairs(counters) do add(KEYS[k + 1 + i], c[1], c[3], c[4]) end
   local est = words(ARGV[a + 3])
   for _, p in ipairs(prefixes) do
     redis.call('HINCRBY', day_key, p .. 'requests', 1)
@@ -139,17 +140,9 @@ local function settle(a, k)
   local held = redis.call('ZREM', KEYS[1], rid) == 1
   for i = 1, n do
     local c = words(ARGV[a + 4 + i])
-    local key, bucket = KEYS[k + 1 + i], c[1]
     local delta = tonumber(c[3])
     if held then delta = delta - tonumber(c[2]) end
-    if delta ~= 0 then
-      if bucket == '-' then
-        redis.call('INCRBY', key, delta)
-      else
-        redis.call('HINCRBY', key, bucket, delta)
-      end
-      redis.call('PEXPIREAT', key, c[4])
-    end
+    if delta ~= 0 then add(KEYS[k + 1 + i], c[1], delta, c[4]) end
   end
   local reserved, actual = words(ARGV[a + 3]), words(ARGV[a + 4])
   if held then requests = requests - 1 end
