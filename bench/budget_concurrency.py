@@ -17,8 +17,9 @@ Every request of a cell is sent at the same moment (one connection each; a chat 
 ``max_tokens`` 20, a third streamed), each team fresh (its own counters), about a third of each team's requests
 fitting its cap. Per cell:
 
-- **over cap**: per team, the tokens counted in Redis (``used``, as ``cognitora budgets show`` reads it) minus its
-  cap, when positive; the worst team and the sum over teams. It must be 0: the simulated engines generate exactly
+- **over cap**: per team and day window, the tokens counted in Redis (``used``, as ``cognitora budgets show``
+  reads it) minus its cap, when positive; the worst team and the sum over teams (a cell that runs over midnight
+  UTC counts into two windows, each read). It must be 0: the simulated engines generate exactly
   ``max_tokens`` and count prompts as the router does, so no request's usage exceeds its estimate (the only
   overshoot a correct ledger allows). ``largest request`` gives the scale of one request;
 - **reserve p50 / p99**: from the gateway's own histogram ``cognitora_budget_reserve_duration_seconds`` (the delta
@@ -316,17 +317,28 @@ def diff(after: Sequence[tuple[float, float]], before: Sequence[tuple[float, flo
     return [(le, count - was.get(le, 0.0)) for le, count in after]
 
 
-async def team_used(ledger: RedisLedger, budgets: BudgetsConfig, teams: Sequence[str]) -> list[int]:
-    """Each team's counter, as ``cognitora budgets show`` reads it (settled usage plus open reservations)."""
+async def team_used(
+    ledger: RedisLedger, budgets: BudgetsConfig, teams: Sequence[str], moments: Sequence[float]
+) -> list[list[int]]:
+    """Each team's counter in the day window of each of ``moments`` (the cell's start and end: a cell that runs
+    over midnight UTC counts into two windows), as ``cognitora budgets show`` reads it (settled usage plus open
+    reservations); one list per distinct window."""
     planner = Planner(budgets)
-    counters = [planner.plan("-", Identity(team=t), MODEL, planner.usage(MODEL, 0, 0)).counters[0] for t in teams]
-    return await ledger.counter_values(counters, int(time.time() * 1000))
+    out: list[list[int]] = []
+    seen: set[str] = set()
+    for moment in moments:
+        plans = [planner.plan("-", Identity(team=t), MODEL, planner.usage(MODEL, 0, 0), moment) for t in teams]
+        if plans[0].counters[0].name in seen:
+            continue
+        seen.add(plans[0].counters[0].name)
+        out.append(await ledger.counter_values([p.counters[0] for p in plans], int(moment * 1000)))
+    return out
 
 
 def run_cell(gw: Gateway, cell: Cell, teams: Sequence[str], model: str, ledger_of: Any, budgets: BudgetsConfig) -> None:
     hist = "cognitora_budget_reserve_duration_seconds"
     before = scrape(gw.metrics_url)
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     results = asyncio.run(fire(gw, teams, cell.per_team, model))
     cell.wall_s = round(time.monotonic() - started, 2)
     # Let the last settles land (they are written in the background after each response).
@@ -335,10 +347,11 @@ def run_cell(gw: Gateway, cell: Cell, teams: Sequence[str], model: str, ledger_o
     for _, status, _ in results:
         cell.statuses[str(status)] = cell.statuses.get(str(status), 0) + 1
     cell.largest_request = max((u for _, s, u in results if s == 200), default=0)
-    used = asyncio.run(_read_used(ledger_of, budgets, teams))
+    windows = asyncio.run(_read_used(ledger_of, budgets, teams, (began, time.time())))
+    used = [sum(values) for values in zip(*windows, strict=True)]
     cell.used = used
     cell.charged_unserved = sum(used) - sum(u for _, s, u in results if s == 200)
-    over = [max(0, u - cell.cap) for u in used]
+    over = [max(0, u - cell.cap) for values in windows for u in values]  # the cap holds per window
     cell.over_cap_max, cell.over_cap_sum = max(over), sum(over)
     delta = diff(buckets(after, hist), buckets(before, hist))
     cell.reservations = int(delta[-1][1]) if delta else 0
@@ -358,10 +371,12 @@ def reason_total(page: str, reason: str) -> float:
     return total
 
 
-async def _read_used(ledger_of: Any, budgets: BudgetsConfig, teams: Sequence[str]) -> list[int]:
+async def _read_used(
+    ledger_of: Any, budgets: BudgetsConfig, teams: Sequence[str], moments: Sequence[float]
+) -> list[list[int]]:
     ledger = ledger_of()
     try:
-        return await team_used(ledger, budgets, teams)
+        return await team_used(ledger, budgets, teams, moments)
     finally:
         await ledger.close()
 
