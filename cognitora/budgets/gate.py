@@ -241,7 +241,7 @@ class BudgetGate:
         return Rejection(
             503,
             f"the budget store (Redis) did not answer within budgets.reserve_timeout_s "
-            f"({self.config.reserve_timeout_s:g} s): the gateway is overloaded; retry shortly",
+            f"({self.config.reserve_timeout_s:g} s): the gateway or Redis is overloaded; retry shortly",
             retry_after_s=1,
         )
 
