@@ -19,7 +19,6 @@ phases 2 to 5 with the same messages. It merges several sources first (a ``confi
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import re
@@ -44,7 +43,7 @@ from cognitora.intent.policy import (
     RuleSpec,
 )
 from cognitora.metrics.cors import MetricsPageConfig
-from cognitora.redaction import redact, redact_url, register_secret
+from cognitora.redaction import redact, redact_url, register_secret, register_url_password
 from cognitora.shipped_tokenizers import shipped_names, shipped_tokenizer
 
 __all__ = [
@@ -589,9 +588,8 @@ class CognitoraConfig(_Strict):
     def _redis(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        register_url_password(value)  # masked in every log line and error from now on, a malformed URL's too
         parts = urlsplit(value)
-        with contextlib.suppress(ValueError):
-            register_secret(parts.password)  # masked in every log line and error from now on
         if parts.scheme not in {"redis", "rediss", "unix"}:
             raise ValueError(f"expected a Redis URL like redis://127.0.0.1:6379/0, got {redact_url(value)!r}")
         return value

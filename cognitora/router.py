@@ -555,13 +555,19 @@ class Router:
                 request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
-            decision = await self.place(request, reserve=gate is not None)
-            failed = False
-        except Exception as exc:
-            decision = self._placement_failed(request, exc)
-            failed = True
-        else:
-            decision = await self._burst(request, decision, group)
+            try:
+                decision = await self.place(request, reserve=gate is not None)
+                failed = False
+            except Exception as exc:
+                decision = self._placement_failed(request, exc)
+                failed = True
+            else:
+                decision = await self._burst(request, decision, group)
+        except BaseException:  # cancelled (the client went away): a reservation made meanwhile is given back
+            pending = self._reserving.pop(request.request_id, None)
+            if gate is not None and pending is not None:
+                gate.release_later(pending)
+            raise
         hold = None
         if gate is not None:
             pending = self._reserving.pop(request.request_id, None)
@@ -584,8 +590,9 @@ class Router:
         return decision, attempt
 
     def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:
-        """A placed decision the budget refused: a rejection (placement's pick stays in the explanation)."""
-        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=())
+        """A placed decision the budget refused: a rejection whose reason is the budget's (which limit, window,
+        used and cap), not placement's (its pick stays in the explanation's candidates)."""
+        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=(), reason=rejection.message)
         if self._recent and self._recent[-1].request_id == placed.request_id:
             self._recent[-1] = replace(refused, keys=())
         self.stats.placed -= 1

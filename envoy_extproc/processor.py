@@ -114,6 +114,9 @@ class Exchange:
         """On a burst of a rewritten request: the local model, which serves it if the cloud fails."""
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
+        self._forwardable = False
+        """Envoy has received our answer to the request body (where to send it): before that it cannot have sent
+        the request anywhere (its ext_proc ``message_timeout`` answers the client 503 itself)."""
 
     # -- phase 1 ----------------------------------------------------------------------------------------------
     def note_metadata(self, metadata_context: object) -> None:
@@ -317,11 +320,22 @@ class Exchange:
         if self.attempt is not None and self.response is not None:
             self.attempt.finish(self.response.outcome())
 
+    def delivered(self) -> None:
+        """The answer to the latest message reached the stream (``server.py`` calls this after each write)."""
+        if self.attempt is not None:
+            self._forwardable = True
+
     async def close(self) -> None:
         """The stream ended: finish an unfinished attempt (a client that went away, or an unread body), and let
-        its store writes land."""
+        its store writes land. A decision that never reached Envoy (it gave up first: its message timeout under
+        load, or the client left) sent nothing to an engine: finished as not served, so its budget reservation
+        is given back, not charged at its estimate."""
         attempt, response = self.attempt, self.response
         if attempt is None or response is None:
+            return
+        if response.status is None and not self._forwardable:
+            attempt.finish(Outcome(OutcomeKind.FAILED, detail="Envoy never received the decision: never forwarded"))
+            await attempt.settled()
             return
         if response.status is not None and not response.awaiting_body:
             response.complete = True  # the body was deliberately not read (--usage); the stream ended normally

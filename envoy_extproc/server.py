@@ -72,7 +72,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 message = await context.read()
                 if message is grpc.aio.EOF:
                     return
-                await context.write(await self._answer(exchange, message))
+                answer = await self._answer(exchange, message)
+                if context.cancelled():  # Envoy gave up meanwhile (its message timeout): it will read nothing more
+                    return
+                await context.write(answer)
+                exchange.delivered()
                 if exchange.closed:
                     return
         finally:

@@ -204,6 +204,8 @@ def budget_families(gate: BudgetGate) -> Iterator[Metric]:
     yield limit
     yield _counters("cognitora_budget_rejections", gate.stats.refused)
     yield _one("cognitora_budget_backlog", gate.backlog)
+    yield _one("cognitora_budget_fail_open", gate.stats.fail_open)
+    yield _histograms("cognitora_budget_reserve_duration_seconds", {(): gate.stats.reserve_seconds})
 
 
 _SKIPPED = ("unknown_parent", "block_size_mismatch", "inconsistent", "unknown_blocks", "map_overflow")

@@ -351,8 +351,26 @@ SPECS: tuple[MetricSpec, ...] = (
         ("team", "reason"),
         R,
         "Requests refused by a budget. `team`: a configured team, `default` (any other) or `none`; `reason`: the "
-        "metric of the limit (input_tokens, output_tokens, total_tokens, cost_usd) or store_unavailable "
-        "(fail_closed with the store down).",
+        "metric of the limit (input_tokens, output_tokens, total_tokens, cost_usd), store_unavailable "
+        "(fail_closed with the store unreachable) or store_slow (the store connected but slower than "
+        "budgets.reserve_timeout_s).",
+    ),
+    _m(
+        "cognitora_budget_fail_open",
+        C,
+        (),
+        R,
+        "Requests admitted without a budget check because the budget store was unreachable (refused, reset, no "
+        "connection) and budgets.on_store_error is fail_open; their usage is written to the store when it is back. "
+        "Never counts a slow store: 0 while Redis is up.",
+    ),
+    _m(
+        "cognitora_budget_reserve_duration_seconds",
+        H,
+        (),
+        R,
+        "Time from a request's budget reservation being sent to its verdict (admitted, refused, or given up after "
+        "budgets.reserve_timeout_s), in this process: batched calls included.",
     ),
     _m(
         "cognitora_budget_backlog",
