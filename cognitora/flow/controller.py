@@ -1,0 +1,339 @@
+"""``FlowController``: requests wait here, on the gateway's event loop, while the fleet is saturated for them, and
+are placed when they leave, on the fleet as it is then (no regret: nothing is committed to an engine's queue
+while it waits). docs/flow_control.md has the whole design; ``cognitora.flow.fair_queue`` the order.
+
+**Waiting costs memory, not CPU.** A waiter is its request's own task suspended on one future, with one timer
+(its deadline) in the loop's heap: nothing polls it. One dispatcher task per controller does the work, and only
+when woken:
+
+- by the core, when this process frees capacity: an attempt finished (a seat, its KV), a first token (the
+  engine's prefill queue), an engine back to health (``wake``);
+- by a request that queued behind others while the fleet may have room (``WakeReason.ARRIVAL``);
+- every ``recheck_interval_s`` while anyone waits: what other replicas, scrapes and expiring leases freed.
+
+Woken, it takes the queue's next entry and asks the core's ``Placer`` to place it now. Placed: the waiter's
+future gets the result and the next entry is tried, and so on while the fleet takes them. Held: it stops, and
+tries again on the next wake-up, not sooner than ``retry_spacing_s`` later. Wake-ups that arrive meanwhile are
+merged into one. So a storm of finishes costs at most one placement per dispatch plus one per spacing, whatever
+the number of waiters; and the queue's own work per dispatch is O(log flows).
+
+**Leaving.** A waiter leaves without being placed when its class's ``max_wait_s`` runs out (a ``QueueRefusal``
+with 429 and Retry-After: how long the requests ahead take to drain at the recent rate), when its client goes
+away (its task is cancelled: the entry is removed at once, O(1)), or when the queue was full on arrival. Each
+time the budget hold it brought is given back (``give_back``, called once). A waiter that leaves while the
+dispatcher is placing it: the placement finishes, and a placed result goes to ``Placer.unclaimed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Generic, TypeVar, cast
+
+from cognitora.decision import Rejection
+from cognitora.flow.bands import Band
+from cognitora.flow.config import FlowControlConfig
+from cognitora.flow.drain_rate import DrainRate, retry_after_s
+from cognitora.flow.fair_queue import Choice, Entry, FairQueue
+from cognitora.flow.outcome import Departure, Held, Left, Placer, QueueRefusal, WakeReason
+from cognitora.flow.saturation import Saturation
+from cognitora.flow.shared_served import SharedServed
+from cognitora.flow.snapshot import BandView, FlowCounters, FlowView, QueueSnapshot, wait_explanation
+
+__all__ = ["FlowController", "Ticket"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+YIELD_EVERY = 32
+"""Dispatches in a row before the dispatcher yields to the loop, when the placer answered without suspending:
+a burst that drains at once never holds the loop for more than this many placements."""
+
+
+class _State(Enum):
+    QUEUED = 1
+    PLACING = 2
+    DONE = 3
+    """Dispatched, or left and given back."""
+
+
+@dataclass(eq=False, slots=True)
+class Ticket(Generic[T]):
+    """One waiting request, as the ``Placer`` sees it."""
+
+    item: T
+    """The core's request (a ``RouteRequest``)."""
+    request_id: str
+    band: str
+    flow: str
+    cost: float
+    saturation: Saturation | None
+    give_back: Callable[[], None] | None
+    future: asyncio.Future[Any]
+    entry: Entry[Ticket[T]] | None = None
+    state: _State = _State.QUEUED
+    leaving: bool = False
+    """Its waiter left while the dispatcher was placing it."""
+
+
+class FlowController(Generic[T, R]):
+    """One per gateway process, on its event loop (see the module doc)."""
+
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        bands: Sequence[Band],
+        placer: Placer[Ticket[T], R],
+        *,
+        observer: Callable[[Departure], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._queue: FairQueue[Ticket[T]] = FairQueue(bands, aged_share=config.aged_share, weight=config.weight)
+        self._placer = placer
+        self._observer = observer
+        self._kick = asyncio.Event()
+        self._wake: WakeReason | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._rate = DrainRate()
+        self._per_flow = config.max_queued_per_flow or config.max_queued
+        self._shared = SharedServed()
+        self.counters = FlowCounters()
+
+    # -- the core's calls ----------------------------------------------------------------------------------------
+    def must_queue(self, band: str) -> bool:
+        """Requests of ``band`` or a higher one are waiting: a new request of ``band`` joins the queue even if the
+        fleet has room for it (it would overtake them). Raises ``KeyError`` for a class that is not a band."""
+        return self._queue.waiting_at_or_above(self._queue.band_index(band)) > 0
+
+    async def wait(
+        self,
+        item: T,
+        *,
+        request_id: str,
+        band: str,
+        flow: str,
+        cost: float,
+        saturation: Saturation | None,
+        give_back: Callable[[], None] | None = None,
+    ) -> R | QueueRefusal:
+        """Queue ``item`` and wait until the ``Placer`` places it (its result), or it leaves unplaced (a
+        ``QueueRefusal``). ``saturation``: why it waits (None: only because others wait ahead, ``must_queue``).
+        ``give_back``: called once if it leaves unplaced (its budget hold). Cancelling the caller's task removes it
+        at once (and re-raises). Raises what the placer raised for it."""
+        loop = asyncio.get_running_loop()
+        index = self._queue.band_index(band)
+        limits = self._queue.bands[index]
+        now = loop.time()
+        refused = self._refused_at_door(index, flow, limits, now)
+        if refused is not None:
+            if give_back is not None:
+                give_back()
+            self._observe(Departure(band, flow, refused.how, 0.0))
+            return refused
+        ticket: Ticket[T] = Ticket(item, request_id, band, flow, cost, saturation, give_back, loop.create_future())
+        ticket.entry = self._queue.push(ticket, index, flow, cost, now)
+        self.counters.queued[band] += 1
+        self._start()
+        if saturation is None:
+            self.wake(WakeReason.ARRIVAL)
+        future = ticket.future
+        try:
+            async with asyncio.timeout_at(now + limits.max_wait_s):
+                return cast("R | QueueRefusal", await future)
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                return cast("R | QueueRefusal", future.result())  # placed just as its time ran out
+            self._leave(ticket, Left.TIMEOUT, loop.time())
+            ahead = self._queue.waiting_at_or_above(index)
+            message = (
+                f"waited {limits.max_wait_s:g} s (flow_control max_wait_s of class {band!r}) and the fleet is still "
+                "saturated; retry later"
+            )
+            retry = retry_after_s(ahead, self._rate.per_s(loop.time()), limits.max_wait_s)
+            return QueueRefusal(Left.TIMEOUT, Rejection(429, message, retry), limits.max_wait_s)
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                result = future.result()
+                if not isinstance(result, QueueRefusal):
+                    self._placer.unclaimed(result)  # placed, but its client is gone
+            else:
+                self._leave(ticket, Left.CANCELLED, loop.time())
+            raise
+
+    def wake(self, why: WakeReason) -> None:
+        """Capacity may have freed: try the queue (merged with other wake-ups; nothing happens if nobody waits)."""
+        if self._wake is None:
+            self._wake = why
+        self._kick.set()
+
+    def absorb_served(self, band: str, served: Mapping[str, float], charged: str | None, cost: float) -> None:
+        """The shared fairness counters of ``band`` just read (``LeaseGrant.served``, ``Leases.charge``), after
+        this replica charged ``cost`` to ``charged``: what other replicas served counts here too."""
+        elsewhere = self._shared.elsewhere(band, served, charged, cost)
+        if elsewhere:
+            self._queue.add_served(self._queue.band_index(band), elsewhere)
+
+    def waiting_flows(self, band: str, limit: int = 64) -> tuple[str, ...]:
+        """Up to ``limit`` flows of ``band`` with waiters here: whose shared counters to read back."""
+        return tuple(self._queue.waiting_flows(self._queue.band_index(band))[:limit])
+
+    def explain_wait(self, band: str, flow: str, saturation: Saturation | None) -> str:
+        """``cognitora explain``'s line for a request of ``flow`` that would wait now in ``band``."""
+        index = self._queue.band_index(band)
+        above = self._queue.waiting_at_or_above(index) - self._queue.depth(index)
+        ahead = self._queue.ahead_in_band(index, flow)
+        return wait_explanation(band, ahead, above, saturation, self._queue.bands[index].max_wait_s)
+
+    def snapshot(self) -> QueueSnapshot:
+        now = asyncio.get_running_loop().time()
+        views = []
+        for i, band in enumerate(self._queue.bands):
+            oldest = self._queue.oldest_at(i)
+            flows = tuple(FlowView(f.flow, f.waiting, now - f.oldest_at) for f in self._queue.flows(i))
+            c = self.counters
+            views.append(
+                BandView(
+                    band=band.name,
+                    waiting=self._queue.depth(i),
+                    oldest_wait_s=0.0 if oldest is None else now - oldest,
+                    max_wait_s=band.max_wait_s,
+                    flows=flows,
+                    queued=c.queued[band.name],
+                    left={how: n for (b, how), n in c.left.items() if b == band.name},
+                    dispatched={why: n for (b, why), n in c.dispatched.items() if b == band.name},
+                    aged=c.aged[band.name],
+                    waited_s_sum=c.waited_s[band.name],
+                )
+            )
+        return QueueSnapshot(tuple(views), self._rate.per_s(now), self.counters.held_tries, self.counters.placer_errors)
+
+    async def close(self) -> None:
+        """Stop dispatching; every waiter leaves with 503 (its hold given back)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        message = "the gateway is shutting down; retry on another replica"
+        while (choice := self._queue.next(float("inf"))) is not None:
+            ticket = choice.entry.payload
+            self._give_back(ticket)
+            if not ticket.future.done():
+                ticket.future.set_result(QueueRefusal(Left.CLOSED, Rejection(503, message, 1), 0.0))
+
+    # -- inside ---------------------------------------------------------------------------------------------------
+    def _refused_at_door(self, band: int, flow: str, limits: Band, now: float) -> QueueRefusal | None:
+        if self._closed:
+            message = "the gateway is shutting down; retry on another replica"
+            return QueueRefusal(Left.CLOSED, Rejection(503, message, 1), 0.0)
+        if len(self._queue) >= self.config.max_queued:
+            what = f"the gateway queue is full ({self.config.max_queued} waiting, flow_control max_queued)"
+        elif self._queue.waiting_from(band, flow) >= self._per_flow:
+            what = f"{flow} already has {self._per_flow} requests waiting (flow_control max_queued_per_flow)"
+        else:
+            return None
+        retry = retry_after_s(self._queue.waiting_at_or_above(band), self._rate.per_s(now), limits.max_wait_s)
+        return QueueRefusal(Left.FULL, Rejection(429, f"{what}; retry later", retry), 0.0)
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="cognitora-flow-dispatcher")
+
+    async def _run(self) -> None:
+        interval = self.config.recheck_interval_s
+        while True:
+            if len(self._queue):
+                try:
+                    async with asyncio.timeout(interval):
+                        await self._kick.wait()
+                except TimeoutError:
+                    pass
+            else:
+                await self._kick.wait()
+            why = self._wake or WakeReason.RECHECK
+            self._wake = None
+            self._kick.clear()
+            try:
+                held = await self._drain(why)
+            except Exception:  # a bug must not stop the queue: the waiters would all time out
+                log.exception("flow control: the dispatcher failed; trying again at the next wake-up")
+                held = True
+            if held and self.config.retry_spacing_s:
+                await asyncio.sleep(self.config.retry_spacing_s)
+
+    async def _drain(self, why: WakeReason) -> bool:
+        """Dispatch while the fleet takes them; True when it stopped on a ``Held``."""
+        loop = asyncio.get_running_loop()
+        placed = 0
+        while (choice := self._queue.next(loop.time())) is not None:
+            ticket = choice.entry.payload
+            if ticket.future.done():  # its deadline or its client's cancel fired; its own code has not run yet
+                self._give_back(ticket)
+                continue
+            ticket.state = _State.PLACING
+            try:
+                result = await self._placer.place(ticket)
+            except Exception as exc:
+                self.counters.placer_errors += 1
+                self._give_back(ticket)
+                if not ticket.future.done():
+                    ticket.future.set_exception(exc)
+                continue
+            if isinstance(result, Held):
+                if ticket.leaving or ticket.future.done():
+                    self._give_back(ticket)
+                    continue
+                ticket.state = _State.QUEUED
+                self.counters.held_tries += 1
+                return True
+            self._dispatched(ticket, choice, result, why, loop.time())
+            placed += 1
+            if placed % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        return False
+
+    def _dispatched(self, ticket: Ticket[T], choice: Choice[Ticket[T]], result: R, why: WakeReason, now: float) -> None:
+        entry = choice.entry
+        if ticket.leaving or ticket.future.done():
+            self._queue.remove(entry)
+            ticket.state = _State.DONE
+            self._placer.unclaimed(result)
+            return
+        self._queue.commit(choice)
+        ticket.state = _State.DONE
+        ticket.future.set_result(result)
+        self._rate.tick(now)
+        self._observe(Departure(ticket.band, ticket.flow, Left.DISPATCHED, now - entry.at, choice.aged, why))
+
+    def _leave(self, ticket: Ticket[T], how: Left, now: float) -> None:
+        """Its waiter leaves unplaced (timeout, cancelled)."""
+        assert ticket.entry is not None
+        self._observe(Departure(ticket.band, ticket.flow, how, now - ticket.entry.at))
+        if ticket.state is _State.PLACING:
+            ticket.leaving = True  # the dispatcher gives it back or hands the placed result to ``unclaimed``
+        else:
+            self._give_back(ticket)
+
+    def _give_back(self, ticket: Ticket[T]) -> None:
+        """Out of the queue, its hold given back: once."""
+        if ticket.state is _State.DONE:
+            return
+        ticket.state = _State.DONE
+        if ticket.entry is not None:
+            self._queue.remove(ticket.entry)
+        if ticket.give_back is not None:
+            try:
+                ticket.give_back()
+            except Exception:
+                log.exception("flow control: giving back a queued request's hold failed")
+
+    def _observe(self, departure: Departure) -> None:
+        self.counters.record(departure)
+        if self._observer is not None:
+            self._observer(departure)

@@ -1,0 +1,94 @@
+"""Whether a placement says "wait": every eligible engine is at capacity for this request, and what the request
+costs its team's fair share. Pure functions of a ``Decision``: the core calls them on the decision it just made.
+
+**Hold rule.** Among the decision's eligible candidates (``CandidateScore.excluded`` is None), in this order, for
+the reasons ``flow_control.hold_on`` lists:
+
+- ``seats``: every one would make the request wait for a seat (``slot_wait_s`` > 0);
+- ``kv``: every one would make it wait for KV room (``kv_pressure_s`` > 0);
+- ``slo``: none meets the class's objective (``Decision.saturated``), and one would without its load: its
+  predicted TTFT less the load terms (queued prefill, seat wait, KV wait, steps slowed by resident context,
+  decode load) meets ``ttft_slo_s``. Load is what frees up; a 30k-token prompt over a 2 s objective on an idle
+  engine is placed as before (waiting cannot help it).
+
+A decision refused for anything but saturation (unknown model, no eligible endpoint, a budget), or one with no
+candidates, never waits.
+
+**Cost.** What the request adds to the fleet's prefill work: its prompt tokens less the most any eligible engine
+holds (Cognitora knows what is cached where), at least ``min_cost_tokens``; measured once, at enqueue, like
+Dynamo's router. ``prompt_tokens`` and ``requests`` are there to compare (bench/flow_fairness.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from cognitora.decision import CandidateScore, Decision
+from cognitora.flow.config import FairnessCost, HoldReason
+
+__all__ = ["Saturation", "load_s", "request_cost", "saturation_of"]
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """Why a request waits, in words for ``cognitora explain`` and a label for metrics."""
+
+    reason: HoldReason
+    detail: str
+
+
+def load_s(c: CandidateScore) -> float:
+    """The seconds of ``c``'s predicted TTFT that the engine's current load adds (they shrink as work finishes)."""
+    queue = c.queued_prefill_tokens / c.prefill_tokens_per_s if c.prefill_tokens_per_s > 0 else 0.0
+    return queue + c.slot_wait_s + c.kv_pressure_s + c.interference_s + c.decode_penalty_s
+
+
+def _eligible(decision: Decision) -> list[CandidateScore]:
+    return [c for c in decision.candidates if c.excluded is None]
+
+
+def saturation_of(
+    decision: Decision, ttft_slo_s: float, hold_on: Collection[HoldReason] = tuple(HoldReason)
+) -> Saturation | None:
+    """Why ``decision``'s request should wait at the gateway, or None when it should not (see the module doc)."""
+    if decision.rejection is not None and not decision.saturated:
+        return None
+    eligible = _eligible(decision)
+    if not eligible:
+        return None
+    if HoldReason.SEATS in hold_on and all(c.slot_wait_s > 0 for c in eligible):
+        soonest = min(eligible, key=lambda c: c.slot_wait_s)
+        return Saturation(
+            HoldReason.SEATS,
+            f"every engine's seats are taken (the soonest frees on {soonest.endpoint} in "
+            f"{soonest.slot_wait_s * 1000:.0f} ms)",
+        )
+    if HoldReason.KV in hold_on and all(c.kv_pressure_s > 0 for c in eligible):
+        soonest = min(eligible, key=lambda c: c.kv_pressure_s)
+        return Saturation(
+            HoldReason.KV,
+            f"no engine has KV room for this request (the soonest, {soonest.endpoint}, in "
+            f"{soonest.kv_pressure_s * 1000:.0f} ms)",
+        )
+    if HoldReason.SLO in hold_on and decision.saturated:
+        helped = [c for c in eligible if c.predicted_ttft_s - load_s(c) <= ttft_slo_s]
+        if helped:
+            best = min(eligible, key=lambda c: c.predicted_ttft_s)
+            return Saturation(
+                HoldReason.SLO,
+                f"best predicted TTFT {best.predicted_ttft_s:.2f} s (on {best.endpoint}) is over the class's "
+                f"{ttft_slo_s:g} s objective because of load",
+            )
+    return None
+
+
+def request_cost(decision: Decision, fairness: FairnessCost, min_cost_tokens: int) -> float:
+    """What ``decision``'s request costs its flow under ``fairness`` (see the module doc)."""
+    if fairness is FairnessCost.REQUESTS or fairness is FairnessCost.FIFO:
+        return 1.0
+    prompt = float(decision.prompt_tokens)
+    if fairness is FairnessCost.UNCACHED_TOKENS:
+        cached = max((c.cached_tokens for c in _eligible(decision)), default=0.0)
+        prompt = max(0.0, prompt - cached)
+    return max(float(min_cost_tokens), prompt)
