@@ -256,6 +256,24 @@ async def test_a_placement_error_reaches_its_waiter_and_the_queue_goes_on() -> N
     await c.close()
 
 
+async def test_service_through_other_replicas_counts_here() -> None:
+    """The shared counters say team A was served 3,000 tokens through other replicas since the last read: here,
+    B's waiting requests go before A's."""
+    seats = Seats(0)
+    c = controller(seats)
+    tasks = [waiter(c, f"{team}{i}", f"team:{team}", cost=1000) for i in range(3) for team in "ab"]
+    await asyncio.sleep(0)
+    assert c.waiting_flows("interactive") == ("team:a", "team:b")
+    c.absorb_served("interactive", {"team:a": 500.0, "team:b": 0.0}, charged=None, cost=0.0)  # a baseline
+    c.absorb_served("interactive", {"team:a": 3500.0, "team:b": 0.0}, charged=None, cost=0.0)
+    seats.free = 6
+    c.wake(WakeReason.CAPACITY)
+    await asyncio.gather(*tasks)
+    assert seats.placed == ["b0", "b1", "b2", "a0", "a1", "a2"]
+    assert c.waiting_by_band() == {"interactive": 0, "batch": 0}
+    await c.close()
+
+
 async def test_explain_and_snapshot_tell_who_waits_where() -> None:
     seats = Seats(0)
     c = controller(seats)

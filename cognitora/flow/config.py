@@ -123,9 +123,11 @@ class FlowControlConfig(_Strict):
     """While requests wait, the fleet is re-checked at least this often: capacity freed by another replica, a
     scrape that shows a drained engine, an expired lease. Finishes and first tokens in this process wake the
     queue at once."""
-    retry_spacing_s: float = Field(default=0.005, ge=0, le=1)
+    retry_spacing_s: float = Field(default=0.02, ge=0, le=1)
     """After a try that finds the fleet still saturated, the queue waits this long before the next: wake-ups that
-    come faster (a storm of finishes) are merged, so a try costs at most one placement per this interval."""
+    come faster (a storm of finishes) are merged. A try is one placement (about 1.3 ms of CPU on Redis,
+    bench/results/budget_overhead.md), so tries that fail cost at most that over this: 7% of a core at 0.02 s,
+    while a freed seat waits at most this long for its next request."""
     leases: LeaseConfig = Field(default_factory=LeaseConfig)
 
     @model_validator(mode="after")

@@ -183,6 +183,10 @@ class FlowController(Generic[T, R]):
         """Up to ``limit`` flows of ``band`` with waiters here: whose shared counters to read back."""
         return tuple(self._queue.waiting_flows(self._queue.band_index(band))[:limit])
 
+    def waiting_by_band(self) -> dict[str, int]:
+        """Requests waiting here per band: what ``Leases.publish_depth`` shares with the other replicas."""
+        return {b.name: self._queue.depth(i) for i, b in enumerate(self._queue.bands)}
+
     def explain_wait(self, band: str, flow: str, saturation: Saturation | None) -> str:
         """``cognitora explain``'s line for a request of ``flow`` that would wait now in ``band``."""
         index = self._queue.band_index(band)
@@ -221,11 +225,13 @@ class FlowController(Generic[T, R]):
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         message = "the gateway is shutting down; retry on another replica"
-        while (choice := self._queue.next(float("inf"))) is not None:
-            ticket = choice.entry.payload
+        now = asyncio.get_running_loop().time()
+        while (choice := self._queue.next(now)) is not None:
+            ticket, waited = choice.entry.payload, now - choice.entry.at
             self._give_back(ticket)
             if not ticket.future.done():
-                ticket.future.set_result(QueueRefusal(Left.CLOSED, Rejection(503, message, 1), 0.0))
+                ticket.future.set_result(QueueRefusal(Left.CLOSED, Rejection(503, message, 1), waited))
+                self._observe(Departure(ticket.band, ticket.flow, Left.CLOSED, waited))
 
     # -- inside ---------------------------------------------------------------------------------------------------
     def _refused_at_door(self, band: int, flow: str, limits: Band, now: float) -> QueueRefusal | None:
