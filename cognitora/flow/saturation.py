@@ -57,20 +57,14 @@ def saturation_of(
     eligible = _eligible(decision)
     if not eligible:
         return None
-    if HoldReason.SEATS in hold_on and all(c.slot_wait_s > 0 for c in eligible):
-        soonest = min(eligible, key=lambda c: c.slot_wait_s)
-        return Saturation(
-            HoldReason.SEATS,
-            f"every engine's seats are taken (the soonest frees on {soonest.endpoint} in "
-            f"{soonest.slot_wait_s * 1000:.0f} ms)",
-        )
-    if HoldReason.KV in hold_on and all(c.kv_pressure_s > 0 for c in eligible):
-        soonest = min(eligible, key=lambda c: c.kv_pressure_s)
-        return Saturation(
-            HoldReason.KV,
-            f"no engine has KV room for this request (the soonest, {soonest.endpoint}, in "
-            f"{soonest.kv_pressure_s * 1000:.0f} ms)",
-        )
+    waits = (
+        (HoldReason.SEATS, "slot_wait_s", "every engine's seats are taken (the soonest frees on {e} in {ms:.0f} ms)"),
+        (HoldReason.KV, "kv_pressure_s", "no engine has KV room for this request (the soonest, {e}, in {ms:.0f} ms)"),
+    )
+    for reason, term, sentence in waits:
+        if reason in hold_on and all(getattr(c, term) > 0 for c in eligible):
+            soonest = min(eligible, key=lambda c: float(getattr(c, term)))
+            return Saturation(reason, sentence.format(e=soonest.endpoint, ms=getattr(soonest, term) * 1000))
     if HoldReason.SLO in hold_on and decision.saturated:
         helped = [c for c in eligible if c.predicted_ttft_s - load_s(c) <= ttft_slo_s]
         if helped:
