@@ -75,7 +75,9 @@ class Ticket(Generic[T]):
     saturation: Saturation | None
     give_back: Callable[[], None] | None
     future: asyncio.Future[Any]
+    queued_at: float
     entry: Entry[Ticket[T]] | None = None
+    """Its place in the queue; None once it left (no cycle outlives the wait)."""
     state: _State = _State.QUEUED
     leaving: bool = False
     """Its waiter left while the dispatcher was placing it."""
@@ -136,17 +138,22 @@ class FlowController(Generic[T, R]):
                 give_back()
             self._observe(Departure(band, flow, refused.how, 0.0))
             return refused
-        ticket: Ticket[T] = Ticket(item, request_id, band, flow, cost, saturation, give_back, loop.create_future())
+        ticket: Ticket[T] = Ticket(
+            item, request_id, band, flow, cost, saturation, give_back, loop.create_future(), queued_at=now
+        )
         ticket.entry = self._queue.push(ticket, index, flow, cost, now)
         self.counters.queued[band] += 1
         self._start()
         if saturation is None:
             self.wake(WakeReason.ARRIVAL)
         future = ticket.future
+        deadline = asyncio.timeout_at(now + limits.max_wait_s)
         try:
-            async with asyncio.timeout_at(now + limits.max_wait_s):
+            async with deadline:
                 return cast("R | QueueRefusal", await future)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the placer's own TimeoutError (a slow store), not the wait's
             if future.done() and not future.cancelled():
                 return cast("R | QueueRefusal", future.result())  # placed just as its time ran out
             self._leave(ticket, Left.TIMEOUT, loop.time())
@@ -308,19 +315,18 @@ class FlowController(Generic[T, R]):
         entry = choice.entry
         if ticket.leaving or ticket.future.done():
             self._queue.remove(entry)
-            ticket.state = _State.DONE
+            ticket.state, ticket.entry = _State.DONE, None
             self._placer.unclaimed(result)
             return
         self._queue.commit(choice)
-        ticket.state = _State.DONE
+        ticket.state, ticket.entry = _State.DONE, None
         ticket.future.set_result(result)
         self._rate.tick(now)
         self._observe(Departure(ticket.band, ticket.flow, Left.DISPATCHED, now - entry.at, choice.aged, why))
 
     def _leave(self, ticket: Ticket[T], how: Left, now: float) -> None:
         """Its waiter leaves unplaced (timeout, cancelled)."""
-        assert ticket.entry is not None
-        self._observe(Departure(ticket.band, ticket.flow, how, now - ticket.entry.at))
+        self._observe(Departure(ticket.band, ticket.flow, how, now - ticket.queued_at))
         if ticket.state is _State.PLACING:
             ticket.leaving = True  # the dispatcher gives it back or hands the placed result to ``unclaimed``
         else:
@@ -333,6 +339,7 @@ class FlowController(Generic[T, R]):
         ticket.state = _State.DONE
         if ticket.entry is not None:
             self._queue.remove(ticket.entry)
+            ticket.entry = None
         if ticket.give_back is not None:
             try:
                 ticket.give_back()

@@ -2,9 +2,9 @@
 
 - ``Placer``: the core's side. ``place(ticket)`` places the ticket's request on the fleet as it is now and, when it
   fits, commits it (counts it, takes its lease), in one step on the loop; or answers ``Held`` (still saturated:
-  it stays at the head). ``unclaimed(result)`` undoes a commit whose waiter left meanwhile (its client went away,
-  or its wait ran out while it was being placed): the core finishes that attempt as cancelled, which settles its
-  budget hold.
+  it stays at the head). Cancelled while it awaits (the gateway shutting down), it must have committed nothing.
+  ``unclaimed(result)`` undoes a commit whose waiter left meanwhile (its client went away, or its wait ran out
+  while it was being placed): the core finishes that attempt as cancelled, which settles its budget hold.
 - ``QueueRefusal``: the request leaves without being placed: it waited ``max_wait_s`` (``TIMEOUT``), the queue was
   full (``FULL``), or the gateway is shutting down (``CLOSED``). It carries the ``Rejection`` (429 or 503 with
   Retry-After) the core returns unless the burst policy takes the request to a cloud target.
