@@ -101,7 +101,8 @@ class FeatureSet(StrEnum):
 
 
 class ClassifierSpec(_Strict):
-    """The learned classifier, consulted when no rule matched (needs ``pip install 'cognitora[intent]'``)."""
+    """The learned classifier, consulted when no rule matched (needs the ``intent`` extra:
+    ``pip install 'cognitora-router[intent]'``)."""
 
     kind: Literal["tfidf"] = "tfidf"
     """``tfidf``: TF-IDF features with a logistic regression, fitted at start-up on the examples
