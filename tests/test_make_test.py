@@ -114,7 +114,7 @@ def litellm_bounds() -> tuple[str, str]:
 def test_make_test_checks_the_machine_first_then_tests_both_litellm_bounds() -> None:
     """What ``make test`` runs (``make -n -B``: every step printed, nothing run), in order."""
     oldest, newest = litellm_bounds()
-    assert SUPPORTED_LITELLM == f">={oldest},<={newest}", "litellm_plugin.register.SUPPORTED_LITELLM vs pyproject"
+    assert f">={oldest},<={newest}" == SUPPORTED_LITELLM, "litellm_plugin.register.SUPPORTED_LITELLM vs pyproject"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
     done = subprocess.run(
         ["make", "-n", "-B", "test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
