@@ -1,7 +1,7 @@
 """A real headless Chromium driven over the DevTools protocol (a websocket, aiohttp's client): open a page, evaluate
 JavaScript in it, take a screenshot. No browser-automation dependency: the protocol's few calls a test needs.
 
-The binary is Debian's ``chromium`` (``make test`` installs it when missing: .ci/system-deps), else ``chromium-browser``,
+The binary is Debian's ``chromium`` (``make test`` installs it when missing), else ``chromium-browser``,
 ``google-chrome`` or ``$CHROMIUM``.
 """
 
