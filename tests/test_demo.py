@@ -69,9 +69,7 @@ def fake_run_target(ttfts: dict[str, list[float]], queued: int = 0) -> Callable[
 FAST, SLOW = [0.2, 0.3, 0.4, 0.5, 0.6], [2.0, 2.5, 3.0, 4.0, 4.5]
 
 
-def run_demo(
-    monkeypatch: pytest.MonkeyPatch, ttfts: dict[str, list[float]], argv: list[str], queued: int = 0
-) -> int:
+def run_demo(monkeypatch: pytest.MonkeyPatch, ttfts: dict[str, list[float]], argv: list[str], queued: int = 0) -> int:
     monkeypatch.setattr(run_all, "run_target", fake_run_target(ttfts, queued))
     return demo.main([*argv, "--no-progress"])
 
