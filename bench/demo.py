@@ -185,7 +185,10 @@ def write_results(
     for row in raw:
         fields = {k: v for k, v in row.items() if k != "target"}
         by_target.setdefault(row["target"], []).append(RequestResult(**fields))
-    title = f"make demo: {report.description}; {measured}, simulated engine seconds; each router on its own fresh fleet"
+    title = (
+        f"make demo: time to first token of every request at {measured} ({report.workload}, "
+        f"{report.fleet.get('engines')} simulated engines, engine seconds), each router on its own fresh fleet"
+    )
     plot_ttft(by_target, labels, measured, report.slo.ttft_s, title, png)
     with gzip.open(requests, "wt") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in raw)

@@ -58,7 +58,8 @@ def fake_run_target(ttfts: dict[str, list[float]], queued: int = 0) -> Callable[
         rs = results(ttfts[name.split("-")[0]], queued)
         assert raw is not None, "the demo keeps every request (for its plot)"
         raw.extend({"target": name, **asdict(r)} for r in rs)
-        run = TargetRun(target=name, settings="made up", total_requests=len(rs), total_ok=0)
+        served = sum(1 for r in rs if r.tokens_received > 0)
+        run = TargetRun(target=name, settings="made up", total_requests=len(rs), total_ok=0, total_served=served)
         run.stages = [summarize_stage(STAGE, demo.STAGE_RATE, demo.STAGE_S, rs, 0.7, slo)]
         engine_hit_and_bound(run, rs)
         return run
@@ -107,6 +108,8 @@ def test_cognitora_ahead_exits_0_and_writes_every_file_where_it_says(
     assert (out / "demo.png").stat().st_size > 20_000
     with gzip.open(out / "demo.requests.jsonl.gz", "rt") as fh:
         assert len(fh.readlines()) == 3 * (len(FAST) + 1)
+    # The full report says served too, not "0 / 6" (none finished: every answer outlasts the demo).
+    assert "| cognitora-litellm | made up | 5 / 6 (0 finished) |" in (out / "demo.md").read_text()
     report = json.loads((out / "demo.json").read_text())
     assert [r["target"] for r in report["runs"]] == ["envoy-rr", "sglang-cache-aware", "cognitora-litellm"]
     # Served with their TTFT: the 5 streams the deadline cut; the one without a first token is queued; none failed.
