@@ -329,6 +329,9 @@ class LiteLLMTarget(Target):
                 str(port),
                 "--num_workers",
                 str(self.workers),
+                # uvicorn kills a worker silent for 5 s as hung; importing the proxy on busy cores takes longer.
+                "--timeout_worker_healthcheck",
+                "60",
             ],
             env=self.env(),
         )
