@@ -5,7 +5,8 @@
 One Envoy (``examples/envoy.yaml``, ``--concurrency 1``) with three listeners in front of the same trivial aiohttp
 backend (so the router, not an engine, is what is measured):
 
-- ``envoy``: the example's filter chain without ext_proc (identity strip, JWT stand-in, router);
+- ``envoy``: the example's filter chain without ext_proc (identity strip, router; its API-key filter is left out,
+  as ``render_config`` does without a JWKS: these requests carry no key);
 - ``extproc-memory``: + ext_proc, ``cognitora extproc`` over an in-process store (one gateway);
 - ``extproc-redis``: + ext_proc, ``cognitora extproc`` over Redis (gateway replicas share state);
 - ``extproc-redis-x2``: the same with ``--workers 2`` (two processes on one port), and the ext_proc cluster capped

@@ -3,9 +3,11 @@
     .venv/bin/python bench/intent_bench.py --runs 3
 
 Candidates (all offline, CPU): the example policy's rules alone (examples/intent.yaml without its classifier), and
-TF-IDF + logistic regression on word unigrams, on character 2-5-grams, and on both, each alone and behind the
-example's rules. For each: accuracy on bench/intent_eval/eval.jsonl (500 prompts, 5 intents, PROVENANCE.md there),
-the classifier's own top-1 accuracy (ignoring ``min_score``), its fit time, and the latency of the rewrite decision
+TF-IDF + calibrated logistic regression on word unigrams, on character 1-4-grams (the default), and on both, alone
+and behind the example's rules, and the default with the difficulty signal (the shipped difficulty examples, hard
+requests to the code model). For each: accuracy on bench/intent_eval/eval.jsonl (500 prompts, 5 intents,
+PROVENANCE.md there), the classifier's own top-1 accuracy (ignoring ``min_score``) and its calibration (expected
+calibration error of the top score), its fit time, and the latency of the rewrite decision
 for a 1,000-token prompt (the smollm2 tokenizer's count; the last user turn is classified, clipped to
 ``max_chars``). Then the whole decision (``Router.place`` on an in-process store) with and without the intent
 section, so the overhead is measured where it is paid. Each latency figure is a run of ``--calls`` decisions,
@@ -33,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from cognitora.config import config_from_dict  # noqa: E402
 from cognitora.intent import Rewriter  # noqa: E402
+from cognitora.intent.calibration import expected_calibration_error  # noqa: E402
 from cognitora.intent.policy import IntentPolicy  # noqa: E402
 from cognitora.request import RouteRequest  # noqa: E402
 from cognitora.router import Router  # noqa: E402
@@ -42,11 +45,12 @@ EVAL = ROOT / "bench" / "intent_eval" / "eval.jsonl"
 EXAMPLE = ROOT / "examples" / "intent.yaml"
 TOKENIZER = ROOT / "cognitora" / "sim" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
 OUT = ROOT / "bench" / "results" / "intent_eval"
-CHOSEN = "rules + tfidf words"
+DIFFICULTY = ROOT / "cognitora" / "intent" / "data" / "difficulty.jsonl"
+CHOSEN = "rules + tfidf chars"
 """The configuration examples/intent.yaml ships (rules, then the default classifier)."""
 
 
-def example_policy(features: list[str] | None, rules: bool) -> IntentPolicy:
+def example_policy(features: list[str] | None, rules: bool, difficulty: bool = False) -> IntentPolicy:
     data = yaml.safe_load(EXAMPLE.read_text())
     data["classifier"]["examples_file"] = str((EXAMPLE.parent / data["classifier"]["examples_file"]).resolve())
     if features is None:
@@ -56,16 +60,20 @@ def example_policy(features: list[str] | None, rules: bool) -> IntentPolicy:
     if not rules:
         for intent in data["intents"]:
             intent["rules"] = []
+    if difficulty:
+        data["difficulty"] = {"hard_target": "code", "examples_file": str(DIFFICULTY)}
     return IntentPolicy.model_validate(data)
 
 
-CANDIDATES: dict[str, tuple[list[str] | None, bool]] = {
-    "rules only": (None, True),
-    "tfidf words": (["words"], False),
-    "tfidf chars": (["chars"], False),
-    "tfidf words+chars": (["words", "chars"], False),
-    "rules + tfidf words": (["words"], True),
-    "rules + tfidf chars": (["chars"], True),
+CANDIDATES: dict[str, tuple[list[str] | None, bool, bool]] = {
+    "rules only": (None, True, False),
+    "tfidf words": (["words"], False, False),
+    "tfidf chars": (["chars"], False, False),
+    "tfidf words+chars": (["words", "chars"], False, False),
+    "rules + tfidf words (previous default)": (["words"], True, False),
+    CHOSEN: (["chars"], True, False),
+    "rules + tfidf words+chars": (["words", "chars"], True, False),
+    "rules + difficulty + tfidf chars": (["chars"], True, True),
 }
 
 
@@ -88,13 +96,25 @@ def thousand_token_prompt(rows: list[dict[str, str]]) -> RouteRequest:
     return RouteRequest(model="auto", messages=messages)
 
 
+def variants(prompt: RouteRequest, n: int) -> list[RouteRequest]:
+    """``n`` copies of ``prompt`` whose last user turn differs in its last line: every timed call reads a new text,
+    as in traffic (nothing a previous call computed for the same text is reused)."""
+    assert prompt.messages is not None
+    *head, last = prompt.messages
+    return [
+        RouteRequest(model=prompt.model, messages=[*head, {"role": "user", "content": f"{last['content']}(#{i})"}])
+        for i in range(n)
+    ]
+
+
 def timed(fn: Any, calls: int) -> dict[str, float]:
     """Wall time per call, and the thread's CPU time per call: on a shared machine the wall p99 is mostly time the
-    process was preempted (it is as high without the rewrite), the CPU p99 is what the decision itself costs."""
+    process was preempted (it is as high without the rewrite), the CPU p99 is what the decision itself costs.
+    ``fn(i)`` is the i-th call."""
     wall, cpu = [], []
-    for _ in range(calls):
+    for i in range(calls):
         t, c = time.perf_counter(), time.thread_time()
-        fn()
+        fn(i)
         wall.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
     return _quantiles(wall, cpu)
@@ -120,9 +140,9 @@ def spread(runs: list[dict[str, float]], key: str) -> dict[str, float]:
 
 
 def evaluate(name: str, rows: list[dict[str, str]], prompt: RouteRequest, args: argparse.Namespace) -> dict[str, Any]:
-    features, rules = CANDIDATES[name]
+    features, rules, difficulty = CANDIDATES[name]
     started = time.perf_counter()
-    rewriter = Rewriter.build(example_policy(features, rules))
+    rewriter = Rewriter.build(example_policy(features, rules, difficulty))
     fit_s = time.perf_counter() - started
     decided = [
         rewriter.decide(RouteRequest(model="auto", messages=[{"role": "user", "content": r["text"]}])) for r in rows
@@ -133,10 +153,13 @@ def evaluate(name: str, rows: list[dict[str, str]], prompt: RouteRequest, args: 
     result["how"] = dict(Counter(d.how for d in decided))
     classifier = rewriter._classifier
     if classifier is not None:
-        top1 = sum(classifier.predict(r["text"]).intent == r["intent"] for r in rows)
-        result["classifier_top1_accuracy"] = top1 / len(rows)
+        predicted = [classifier.predict(r["text"]) for r in rows]
+        right = [p.intent == r["intent"] for p, r in zip(predicted, rows, strict=True)]
+        result["classifier_top1_accuracy"] = sum(right) / len(rows)
+        result["ece"] = expected_calibration_error([p.score for p in predicted], right)
     assert name == "rules only" or rewriter.decide(prompt).how != "rule", "the latency prompt must reach the classifier"
-    runs = [timed(lambda: rewriter.decide(prompt), args.calls) for _ in range(args.runs)]
+    prompts = variants(prompt, args.calls)
+    runs = [timed(lambda i: rewriter.decide(prompts[i]), args.calls) for _ in range(args.runs)]
     result["rewrite_1000_tokens"] = {k: spread(runs, k) for k in KEYS}
     result["confusion"] = {
         label: dict(Counter(str(d.intent) for d, lab in zip(decided, labels, strict=True) if lab == label))
@@ -152,17 +175,17 @@ async def place_overhead(prompt: RouteRequest, args: argparse.Namespace) -> dict
         {"name": m, "tokenizer": tokenizer, "endpoints": [{"url": f"http://127.0.0.1:{9000 + i}"}]}
         for i, m in enumerate(("code", "small"))
     ]
-    policy = example_policy(["words"], True).model_dump(mode="json", exclude_defaults=True)
+    policy = example_policy(["chars"], True).model_dump(mode="json", exclude_defaults=True)
     out: dict[str, Any] = {}
     for label, intent in (("without intent", None), ("with intent", policy)):
         config = config_from_dict({"models": models, **({"intent": intent} if intent else {})})
         router = Router(config, MemoryStore())
-        req = prompt if intent else RouteRequest(model="code", messages=prompt.messages)
-        await router.place(req)  # warm: the tokenizer's piece cache holds the prompt, as in steady traffic
+        reqs = variants(prompt if intent else RouteRequest(model="code", messages=prompt.messages), args.calls)
+        await router.place(reqs[0])  # warm: the tokenizer's piece cache holds the prompt, as in steady traffic
         runs = []
         for _ in range(args.runs):
             wall, cpu = [], []
-            for _ in range(args.calls):
+            for req in reqs:
                 t, c = time.perf_counter(), time.thread_time()
                 await router.place(req)
                 wall.append(time.perf_counter() - t)
@@ -185,21 +208,26 @@ def markdown(results: dict[str, Any], command: str) -> str:
         "during these runs): the wall-clock p99 is mostly time the process was preempted, as high without the "
         "rewrite as with it; the CPU columns (the thread's CPU time per call) are what the decision itself costs.",
         "",
-        "| candidate | accuracy | classifier top-1 | fit s | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| candidate | accuracy | classifier top-1 | ECE | fit s | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["candidates"].items():
         top1 = r.get("classifier_top1_accuracy")
+        ece = r.get("ece")
         lines.append(
             f"| {name}{' (default)' if name == CHOSEN else ''} | {r['accuracy']:.1%} | "
-            f"{'-' if top1 is None else f'{top1:.1%}'} | {r['fit_s']:.2f} | {_cells(r['rewrite_1000_tokens'])} |"
+            f"{'-' if top1 is None else f'{top1:.1%}'} | {'-' if ece is None else f'{ece:.3f}'} | "
+            f"{r['fit_s']:.2f} | {_cells(r['rewrite_1000_tokens'])} |"
         )
     lines += [
         "",
         "Accuracy counts a prompt right when the intent found is its label; one the classifier is unsure of "
-        "(below `min_score`, 0.5) gets no intent (the default model serves it) and counts as wrong.",
+        "(below `min_score`, 0.5) gets no intent (the default model serves it) and counts as wrong; with the "
+        "difficulty signal, a request judged hard goes to the large model with the intent the classifier found. "
+        "ECE: expected calibration error of the classifier's top score (10 bins).",
         "",
-        "## The whole decision, `Router.place` (in-process store, the same 1,000-token prompt)",
+        "## The whole decision, `Router.place` (in-process store; 1,000-token prompts differing in their last line, "
+        "as in the table above)",
         "",
         "| | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |",
         "|---|---|---|---|---|",

@@ -129,8 +129,7 @@ class BenchFleet:
             "--stream-chunk-tokens", str(spec.stream_chunk_tokens),
             "--engine-kind", spec.engine_kind,
         ]  # fmt: skip
-        if spec.tokenizer != "builtin":
-            argv += ["--tokenizer", spec.tokenizer]
+        argv += ["--tokenizer", spec.tokenizer]  # "builtin" included: the sim's default is SmolLM2's
         logdir = workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
         self._proc = ManagedProcess(argv, logdir / "fleet.log")
         self.urls: list[str] = [f"http://127.0.0.1:{base + i}" for i in range(spec.engines)]

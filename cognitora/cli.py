@@ -15,8 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("cognitora.explain", "show where a prompt would be placed, and why"),
     "extproc": ("envoy_extproc.server", "Envoy ext_proc service"),
     "pd-sidecar": ("cognitora.disagg.sidecar", "beside a decode engine: run a request as a prefill/decode pair"),
+    "keys": ("cognitora.api_keys", "API keys for Envoy: a signing key, and a key per team (signed JWTs)"),
     "budgets": ("cognitora.budgets.cli", "token budget reports, limits and resets, from Redis alone"),
     "node-agent": ("cognitora.node_agent.cli", "serve this node's GPU/Mac power under DCGM's metric names"),
+    "doctor": ("cognitora.doctor.cli", "check this host: config, Redis, clocks, engines, KV events"),
 }
 
 

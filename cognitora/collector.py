@@ -27,7 +27,7 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from cognitora import jsonlog
+from cognitora import jsonlog, sd_notify
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
 from cognitora.kv_event_sources import pulls_trtllm_events
@@ -350,6 +350,7 @@ async def serve(
         await collector.start()
         if metrics_listen is not None:
             metrics = await collector_metrics(config, collector, metrics_listen)
+        sd_notify.ready("collecting")  # systemd Type=notify: started (deploy/systemd/)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=stats_interval_s)

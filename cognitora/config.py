@@ -35,8 +35,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cognitora.budgets.config import BudgetsConfig, LimitConfig, ModelPrice, SubjectBudget
 from cognitora.burst.config import BurstConfig, CloudTargetConfig
-from cognitora.intent.policy import ClassifierSpec, IntentConfig, IntentSpec, RuleSpec
+from cognitora.intent.policy import (
+    ClassifierSpec,
+    DifficultySpec,
+    EmbeddingsSpec,
+    IntentConfig,
+    IntentSpec,
+    RuleSpec,
+)
 from cognitora.redaction import redact, redact_url, register_secret
+from cognitora.shipped_tokenizers import shipped_names, shipped_tokenizer
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -243,7 +251,8 @@ class ModelConfig(_Strict):
     block_size: int = Field(default=16, gt=0)
     """Tokens per KV block; must equal the engines' block size (vLLM 16, TRT-LLM 32, SGLang page size)."""
     tokenizer: Path | None = None
-    """The model's ``tokenizer.json`` (relative to the config file): makes block keys token-exact."""
+    """The model's ``tokenizer.json`` (relative to the config file), or the Hugging Face id of a model whose
+    tokenizer ships with Cognitora (``cognitora.shipped_tokenizers``): makes block keys token-exact."""
     chat_template: Path | None = None
     """The chat template (Jinja); default: ``chat_template.jinja`` or ``tokenizer_config.json`` beside the tokenizer."""
     loras: list[str] = Field(default_factory=list)
@@ -746,7 +755,9 @@ def _absolute_in(annotation: Any, value: Any, base_dir: Path) -> Any:
         out = dict(value)
         for key, item in value.items():
             field = annotation.model_fields.get(key) if isinstance(key, str) else None
-            if field is not None:
+            if key == "tokenizer" and isinstance(item, str) and (shipped := shipped_tokenizer(item)) is not None:
+                out[key] = str(shipped)  # a model id whose tokenizer ships with Cognitora (never a download)
+            elif field is not None:
                 out[key] = _absolute_in(field.annotation, item, base_dir)
         return out
     if _is_path_type(annotation):
@@ -777,6 +788,13 @@ def _is_path_type(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType) and Path in get_args(annotation)
 
 
+_TOKENIZER_HINT = (
+    " (give the path of the model's own tokenizer.json, relative to this config file, the one the engines load; "
+    f"or the Hugging Face id of a model whose tokenizer ships with Cognitora: {shipped_names()}. "
+    "Cognitora never downloads a tokenizer)"
+)
+
+
 def _reference_problems(config: CognitoraConfig) -> list[str]:
     problems: list[str] = []
     seen_models: dict[str, int] = {}
@@ -793,7 +811,8 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
         for key in ("tokenizer", "chat_template"):
             value: Path | None = getattr(m, key)
             if value is not None and not value.is_file():
-                problems.append(f"models[{i}].{key}: file not found: {value}")
+                hint = _TOKENIZER_HINT if key == "tokenizer" else ""
+                problems.append(f"models[{i}].{key}: file not found: {value}{hint}")
         ids_here: set[str] = set()
         for j, e in enumerate(m.endpoints):
             where = f"models[{i}].endpoints[{j}]"
@@ -956,6 +975,8 @@ def reference_markdown() -> str:
         ("intent.intents[]", IntentSpec),
         ("intent.intents[].rules[]", RuleSpec),
         ("intent.classifier", ClassifierSpec),
+        ("intent.classifier.embeddings", EmbeddingsSpec),
+        ("intent.difficulty", DifficultySpec),
         ("disaggregation", DisaggregationConfig),
         ("burst", BurstConfig),
         ("burst.targets[]", CloudTargetConfig),

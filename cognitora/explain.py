@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cognitora.config import DEFAULT_PRIORITY, ConfigError, load_config
+from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ConfigError, load_config
 from cognitora.decision import Decision
 from cognitora.redaction import redact_url
 from cognitora.request import RouteRequest
 from cognitora.router import Router
+from cognitora.token_agreement import TOKENIZE_ENGINES, engine_token_counts, mismatch_message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,7 +117,31 @@ async def _run(args: argparse.Namespace) -> int:
         kind = "token-exact" if decision.exact_keys else "text-approximate"
         print(f"prompt: {decision.prompt_tokens} tokens, {len(decision.keys)} full blocks, {kind} keys")
     print(decision.explain())
+    if decision.exact_keys and decision.rejection is None:
+        await _print_tokenizer_check(config, decision, request)
     return 1 if decision.rejection is not None else 0
+
+
+async def _print_tokenizer_check(config: CognitoraConfig, decision: Decision, request: RouteRequest) -> None:
+    """The engines' own counts of this prompt beside the router's: a tokenizer or chat template that is not the
+    engines' shows here before any traffic (the gateways report it per answer: cognitora.token_agreement)."""
+    model = next((m for m in config.models if m.name == decision.model or decision.model in m.loras), None)
+    if model is None:
+        return
+    servers = {e.id: e.url for e in model.endpoints if e.engine in TOKENIZE_ENGINES}
+    if not servers:
+        return
+    text = request.prompt if isinstance(request.prompt, str) else None
+    if request.messages is None and text is None:
+        return
+    counts = await engine_token_counts(servers, decision.model, messages=request.messages, prompt=text)
+    for endpoint, count in counts.items():
+        if isinstance(count, str):
+            print(f"tokenizer check: {endpoint}: {count}")
+        elif count == decision.prompt_tokens:
+            print(f"tokenizer check: {endpoint} counts {count} prompt tokens, as the router does")
+        else:
+            print(f"tokenizer check: {mismatch_message(decision.model, endpoint, decision.prompt_tokens, count)}")
 
 
 def main(argv: list[str]) -> int:

@@ -45,6 +45,7 @@ from cognitora.request import RouteRequest
 from cognitora.routed_prefixes import RoutedPrefixes, merge_matches
 from cognitora.seat_tenure import SeatTenure
 from cognitora.telemetry import Telemetry
+from cognitora.token_agreement import TokenAgreement
 from cognitora.ttft_feedback import TtftFeedback, raw_ttft_s
 from kvstate.engines import ENGINES
 from kvstate.memory_store import MemoryStore
@@ -261,6 +262,8 @@ class Router:
         self._stale = False
         self._seen_heartbeat = False
         self.telemetry = Telemetry.for_names(config.model_names(), config.placement.priorities)
+        self.token_agreement = TokenAgreement()
+        """The router's prompt-token counts against the engines' own (``usage.prompt_tokens``)."""
         if self.intent is not None:
             self.telemetry.names = self.intent.label_names()
         """Decisions, attempts and store reads, by label, for ``cognitora.metrics`` and the decision log."""
@@ -286,16 +289,17 @@ class Router:
         """Where ``req`` should go, and why. Reads the store; writes nothing (``reserve``: ``admit``'s budget
         reservation is sent alongside the fleet read, once the prompt's token count is known). The model rewrite
         (``intent``) comes first, once: placement then runs among the chosen model's endpoints."""
-        rewrite = req.rewrite if req.rewrite is not None else self.rewrite(req)
+        rewrite = req.rewrite if req.rewrite is not None else await self.rewrite(req)
         if rewrite is not None and rewrite.model != req.model:
             req = replace(req, model=rewrite.model)
         decision = await self._place(req, reserve=reserve)
         return self._record(decision if rewrite is None else replace(decision, rewrite=rewrite))
 
-    def rewrite(self, req: RouteRequest) -> Rewrite | None:
+    async def rewrite(self, req: RouteRequest) -> Rewrite | None:
         """Which model serves ``req`` (``cognitora.intent``); None when the config has no ``intent`` section.
-        Pure: nothing is counted (``admit`` counts the decision that carries it)."""
-        return None if self.intent is None else self.intent.current().decide(req)
+        Pure: nothing is counted (``admit`` counts the decision that carries it). Awaited: an ``embeddings``
+        classifier calls its endpoint (within its budget)."""
+        return None if self.intent is None else await self.intent.current().decide_async(req)
 
     async def _place(self, req: RouteRequest, *, reserve: bool) -> Decision:
         if req.pinned_endpoint is not None and req.may_pin:
@@ -792,6 +796,10 @@ class Router:
             self._feed_back(attempt, achieved_ttft)
         if outcome.ok and attempt.endpoint in self._outcome_rates:
             self._learn_rates(attempt, outcome, achieved_ttft)
+        engine_tokens, cloud = outcome.prompt_tokens, decision.cloud
+        at_engine = cloud is None or cloud.target != attempt.endpoint  # a cloud's model counts its own way
+        if engine_tokens is not None and decision.exact_keys and at_engine:
+            self.token_agreement.observe(decision.model, attempt.endpoint, decision.prompt_tokens, engine_tokens)
         runner_up = decision.runner_up
         self._outcomes.append(
             AttemptRecord(

@@ -1,9 +1,8 @@
-"""``examples/envoy_burst.yaml`` merged into a rendered ``examples/envoy.yaml`` (``launch.render_config``'s
-``edit``): what an operator pastes, done by code for the tests, the demo and the benchmark."""
+"""``examples/envoy_burst.yaml`` added to an ``examples/envoy.yaml`` config, as its three steps say: what an operator
+pastes, done by code for the tests, the demo and the benchmark."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,21 +10,36 @@ from typing import Any
 import yaml
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "envoy_burst.yaml"
-_PLACEHOLDER = re.compile(r"\$\{([A-Z0-9_]+)\}")
+CLOUD_CLUSTER = "cloud_sim_cloud"
+
+
+def add_pieces(config: dict[str, Any], pieces: dict[str, Any]) -> None:
+    """Steps 1-3 of envoy_burst.yaml on ``config`` (a parsed examples/envoy.yaml): the header strip, the cloud
+    routes before the engine routes, the clusters."""
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+    strip.extend(pieces["strip_request_headers"])
+    host = hcm["route_config"]["virtual_hosts"][0]
+    host["routes"] = [*pieces["routes"], *host["routes"]]
+    config["static_resources"]["clusters"].extend(pieces["clusters"])
+
+
+def example_pieces() -> dict[str, Any]:
+    pieces: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    return pieces
 
 
 def add_burst(cloud_port: int, ca_file: Path) -> Callable[[dict[str, Any]], None]:
-    """An ``edit`` for ``render_config`` that adds the burst pieces, with the simulated cloud's port and CA."""
-    values = {"CLOUD_PORT": str(cloud_port), "CLOUD_CA_FILE": str(ca_file)}
-    text = _PLACEHOLDER.sub(lambda m: values[m.group(1)], EXAMPLE.read_text())
-    pieces = yaml.safe_load(text)
+    """An ``edit`` for ``render_config`` that adds the burst pieces, moved to a simulated cloud on ``cloud_port``
+    whose CA is ``ca_file`` (tests run beside each other; the example's own addresses: tests/test_examples_burst.py)."""
+    pieces = example_pieces()
+    (cloud,) = [c for c in pieces["clusters"] if c["name"] == CLOUD_CLUSTER]
+    address = cloud["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    address["port_value"] = cloud_port
+    tls = cloud["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+    tls["trusted_ca"] = {"filename": str(ca_file)}
 
     def edit(config: dict[str, Any]) -> None:
-        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
-        strip.extend(pieces["strip_request_headers"])
-        host = hcm["route_config"]["virtual_hosts"][0]
-        host["routes"] = [*pieces["routes"], *host["routes"]]
-        config["static_resources"]["clusters"].extend(pieces["clusters"])
+        add_pieces(config, pieces)
 
     return edit

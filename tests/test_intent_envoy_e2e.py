@@ -30,6 +30,7 @@ from tests.intent_fleet import (
     TwoModelFleet,
     cached_tokens,
     chat_body,
+    exercise_an_operators_policy,
     long_system_prompt,
     two_model_fleet,
 )
@@ -149,3 +150,9 @@ def versions(gateway: Gateway, conversations: Any) -> set[str]:
         assert r.status_code == 200, r.text
         out.add(r.headers["x-cognitora-model"])
     return out
+
+
+def test_an_operators_own_intents_difficulty_and_the_embeddings_kind_reload_in_place(gateway: Gateway) -> None:
+    # The default classifier on an operator's own multilingual intents, difficulty routing, then the embeddings
+    # kind with its per-prompt cache (tests/intent_fleet.py says what is checked; the same through both gateways).
+    exercise_an_operators_policy(gateway.fleet, gateway.ask)

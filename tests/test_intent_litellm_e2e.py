@@ -31,6 +31,7 @@ from tests.intent_fleet import (
     TwoModelFleet,
     cached_tokens,
     chat_body,
+    exercise_an_operators_policy,
     long_system_prompt,
     two_model_fleet,
 )
@@ -164,3 +165,9 @@ def versions(proxy: Proxy, conversations: Any) -> set[str]:
         assert proxy.fleet.model_of(engine) == r.headers["x-cognitora-model"]
         out.add(r.headers["x-cognitora-model"])
     return out
+
+
+def test_an_operators_own_intents_difficulty_and_the_embeddings_kind_reload_in_place(proxy: Proxy) -> None:
+    # The default classifier on an operator's own multilingual intents, difficulty routing, then the embeddings
+    # kind with its per-prompt cache (tests/intent_fleet.py says what is checked; the same through both gateways).
+    exercise_an_operators_policy(proxy.fleet, proxy.ask)

@@ -151,6 +151,7 @@ class Proxy:
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LITELLM_TELEMETRY": "False",
             "PYTHONPATH": str(ROOT),
+            "RESEARCH_API_KEY": "sk-e2e-research-" + secrets.token_hex(8),  # the example's key list names it
         }
         argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["--num_workers", str(workers)]
@@ -483,6 +484,7 @@ def test_proxy_with_several_workers_refuses_embedded_mode(tmp_path: Path) -> Non
     path = tmp_path / "litellm_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {"LITELLM_MASTER_KEY": "sk-e2e-" + secrets.token_hex(12), "LITELLM_TELEMETRY": "False"}
+    env["RESEARCH_API_KEY"] = "sk-e2e-research-" + secrets.token_hex(8)  # the example's key list names it
     env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)}
     argv = [
         str(LITELLM),

@@ -358,6 +358,7 @@ def litellm_url(world: World) -> Iterator[tuple[str, str]]:
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_TELEMETRY": "False",
         "PYTHONPATH": str(ROOT),
+        "RESEARCH_API_KEY": "sk-pd-research-" + secrets.token_hex(8),  # the example's key list names it
     }
     argv = [str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
     proxy = ManagedProcess(argv, world.work / "litellm.log", env=env, cwd=path.parent)

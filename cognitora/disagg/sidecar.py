@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from cognitora import jsonlog, sd_notify
 from cognitora.disagg import protocols, wire
 
 __all__ = ["PROTOCOLS", "Sidecar", "SidecarSettings", "main"]
@@ -308,6 +309,7 @@ async def _serve(pairs: list[tuple[str, int, SidecarSettings]]) -> None:
         await web.TCPSite(runner, host, port).start()
         runners.append(runner)
         print(json.dumps({"pd_sidecar": f"http://{host}:{port}", "engine": settings.engine_url}), flush=True)
+    sd_notify.ready(f"serving {len(runners)} decode engine(s)")  # systemd Type=notify (deploy/systemd/)
     try:
         await asyncio.Event().wait()
     finally:
@@ -317,7 +319,7 @@ async def _serve(pairs: list[tuple[str, int, SidecarSettings]]) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    jsonlog.configure(args.log_level)  # JSON lines like every other command: what journalctl shows
     if len(args.listen) != len(args.engine):
         print(
             f"cognitora pd-sidecar: {len(args.listen)} --listen but {len(args.engine)} --engine: give one --listen "

@@ -1,19 +1,21 @@
 """The rewrite decision: which model serves a request, and why (``Rewrite``), made once, in the core, before
 placement (``Router.place`` and, in LiteLLM, the proxy's pre-call hook through ``Router.rewrite``).
 
-Order: is the requested name one the policy rewrites? Then the rules (first match), else the classifier (when its
-score reaches ``min_score``), else the ``default``; then the team's allow list; then a weighted split of the chosen
-name. A name the policy does not rewrite is kept, though a weighted split of it still applies (a canary of an
-explicit model).
+Order: is the requested name one the policy rewrites? Then the rules (first match), else the difficulty (a hard
+request goes to ``difficulty.hard_target``), else the classifier (when its score reaches ``min_score``), else the
+``default``; then the team's allow list; then a weighted split of the chosen name. A name the policy does not
+rewrite is kept, though a weighted split of it still applies (a canary of an explicit model).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cognitora.intent.classifier import TfidfClassifier, build_classifier
+from cognitora.intent.build import Classifier, build_classifier, build_difficulty_model
+from cognitora.intent.classifier import Prediction
+from cognitora.intent.difficulty import DifficultyModel
 from cognitora.intent.policy import ANY_MODEL, IntentPolicy
-from cognitora.intent.rules import PromptFeatures, RuleSet, features
+from cognitora.intent.rules import PromptFeatures, RuleMatch, RuleSet, features
 from cognitora.intent.split import pick_version
 from cognitora.request import RouteRequest
 
@@ -22,6 +24,7 @@ class How:
     """How the model was chosen: the ``how`` label of ``cognitora_rewrites_total``."""
 
     RULE = "rule"
+    DIFFICULTY = "difficulty"
     CLASSIFIER = "classifier"
     DEFAULT = "default"
     KEPT = "kept"
@@ -36,10 +39,11 @@ class Rewrite:
     model: str
     """The model that serves it (equal to ``requested`` when nothing was rewritten)."""
     how: str
-    """``rule``, ``classifier``, ``default`` or ``kept`` (a ``How``)."""
+    """``rule``, ``difficulty``, ``classifier``, ``default`` or ``kept`` (a ``How``)."""
     intent: str | None = None
     detail: str = ""
-    """The rule that matched, or the classifier's score, or why the default or the allow list applied."""
+    """The rule that matched, or the difficulty, or the classifier's score, or why the default or the allow list
+    applied."""
     score: float | None = None
     """The classifier's probability for ``intent``, when it was consulted."""
     version_of: str | None = None
@@ -66,10 +70,13 @@ class Rewrite:
 class Rewriter:
     """A policy compiled: rules, the fitted classifier. Immutable; a reload builds a new one."""
 
-    def __init__(self, policy: IntentPolicy, classifier: TfidfClassifier | None = None) -> None:
+    def __init__(
+        self, policy: IntentPolicy, classifier: Classifier | None = None, difficulty: DifficultyModel | None = None
+    ) -> None:
         self.policy = policy
         self._rules = RuleSet(policy)
         self._classifier = classifier
+        self._difficulty = difficulty
         self._targets = {i.name: i.target for i in policy.intents}
         self._names = frozenset(policy.rewrite)
         self._any = ANY_MODEL in self._names
@@ -78,18 +85,39 @@ class Rewriter:
     @classmethod
     def build(cls, policy: IntentPolicy) -> Rewriter:
         """Compile and fit (raises ``ClassifierUnavailable``/``ExamplesError`` for the operator)."""
-        return cls(policy, build_classifier(policy))
+        return cls(policy, build_classifier(policy), build_difficulty_model(policy))
 
     def rewrites(self, model: str) -> bool:
         return self._any or model in self._names
 
     def decide(self, req: RouteRequest) -> Rewrite:
-        requested = req.model
-        if not self.rewrites(requested) and requested not in self.policy.weighted:
-            return Rewrite(requested, requested, How.KEPT)
+        """The decision, synchronously: an ``embeddings`` classifier answers from its cache, else its local
+        fallback (no call is made); ``decide_async`` is what the gateways use."""
+        if self._untouched(req.model):
+            return Rewrite(req.model, req.model, How.KEPT)
         f = features(req, self.policy.max_chars)
+        hit = self._rules.match(f) if self.rewrites(req.model) else None
+        return self._decide(req, f, hit, None)
+
+    async def decide_async(self, req: RouteRequest) -> Rewrite:
+        """The decision, the ``embeddings`` classifier's call awaited (within its budget) when one is needed."""
+        if self._untouched(req.model):
+            return Rewrite(req.model, req.model, How.KEPT)
+        f = features(req, self.policy.max_chars)
+        hit = self._rules.match(f) if self.rewrites(req.model) else None
+        predicted = None
+        if hit is None and self._classifier is not None and self.rewrites(req.model) and f.last_user:
+            predicted = await self._classifier.predict_async(f.last_user)
+        return self._decide(req, f, hit, predicted)
+
+    def _untouched(self, model: str) -> bool:
+        """Neither rewritten nor split: nothing to read of the request."""
+        return not self.rewrites(model) and model not in self.policy.weighted
+
+    def _decide(self, req: RouteRequest, f: PromptFeatures, hit: RuleMatch | None, p: Prediction | None) -> Rewrite:
+        requested = req.model
         if self.rewrites(requested):
-            chosen = self._by_intent(requested, f)
+            chosen = self._by_intent(requested, f, hit, p)
             chosen = self._allowed(chosen, req.team)
         else:
             chosen = Rewrite(requested, requested, How.KEPT, detail="an explicit model")
@@ -101,18 +129,26 @@ class Rewriter:
             requested, version, chosen.how, chosen.intent, chosen.detail, chosen.score, version_of=chosen.model
         )
 
-    def _by_intent(self, requested: str, f: PromptFeatures) -> Rewrite:
-        hit = self._rules.match(f)
+    def _by_intent(self, requested: str, f: PromptFeatures, hit: RuleMatch | None, p: Prediction | None) -> Rewrite:
         if hit is not None:
             return Rewrite(requested, self._targets[hit.intent], How.RULE, hit.intent, hit.rule)
         fallback = self.policy.default or requested
-        if self._classifier is not None and f.last_user:
+        if p is None and self._classifier is not None and f.last_user:
             p = self._classifier.predict(f.last_user)
-            if p.score >= self._classifier.spec.min_score:
-                return Rewrite(
-                    requested, self._targets[p.intent], How.CLASSIFIER, p.intent, f"score {p.score:.2f}", p.score
-                )
-            detail = f"classifier unsure: {p.intent!r} at {p.score:.2f} < min_score {self._classifier.spec.min_score:g}"
+        spec = self._classifier.spec if self._classifier is not None else None
+        sure = p is not None and spec is not None and p.score >= spec.min_score
+        if self._difficulty is not None:
+            d = self._difficulty.judge(f.last_user, f.prompt_chars, f.has_tools, None if p is None else p.score)
+            if d.hard:
+                target = self._difficulty.spec.hard_target
+                intent = p.intent if sure and p is not None else None
+                return Rewrite(requested, target, How.DIFFICULTY, intent, d.why, None if p is None else p.score)
+        if p is not None and spec is not None:
+            source = f"; {p.source}" if p.source else ""
+            if sure:
+                detail = f"score {p.score:.2f}{source}"
+                return Rewrite(requested, self._targets[p.intent], How.CLASSIFIER, p.intent, detail, p.score)
+            detail = f"classifier unsure: {p.intent!r} at {p.score:.2f} < min_score {spec.min_score:g}{source}"
             return Rewrite(requested, fallback, How.DEFAULT, None, detail, p.score)
         return Rewrite(requested, fallback, How.DEFAULT, None, "no rule matched")
 

@@ -133,6 +133,10 @@ class RouterFamilies(PrometheusCollector):
             errors.add_metric(["extproc"], self.extproc_errors())
         yield errors
         yield _one("cognitora_endpoints_marked_unhealthy", stats.marked_unhealthy)
+        tallies = self.router.token_agreement.tallies
+        yield _counters("cognitora_prompt_token_checks", {k: t.checks for k, t in tallies.items()})
+        yield _counters("cognitora_prompt_token_mismatches", {k: t.mismatches for k, t in tallies.items()})
+        yield _counters("cognitora_prompt_token_mismatch_last", {k: t.last_difference for k, t in tallies.items()})
         gate = self.router.budgets
         if gate is not None:
             yield from budget_families(gate)

@@ -216,6 +216,34 @@ SPECS: tuple[MetricSpec, ...] = (
         Envoy exchange raised).""",
     ),
     _m(
+        "cognitora_prompt_token_checks",
+        C,
+        ("model", "endpoint"),
+        R,
+        """Answers whose engine-reported `usage.prompt_tokens` was compared with the router's own token-exact count of
+        the same prompt (cognitora.token_agreement).""",
+    ),
+    _m(
+        "cognitora_prompt_token_mismatches",
+        C,
+        ("model", "endpoint"),
+        R,
+        """Of those, the answers where the engine counted a different number of prompt tokens than the router: the
+        router's tokenizer or chat template is not the engine's (`models[].tokenizer`), so its block keys never match
+        the engine's KV events. Logged with both counts, at most once a minute.""",
+    ),
+    replace(
+        _m(
+            "cognitora_prompt_token_mismatch_last",
+            G,
+            ("model", "endpoint"),
+            R,
+            """Engine minus router prompt tokens at the last comparison: 0 when they agree (the dashboard shows a
+            warning while any is not). With --workers N, one worker's.""",
+        ),
+        merge=Merge.FIRST,
+    ),
+    _m(
         "cognitora_endpoints_marked_unhealthy",
         C,
         (),

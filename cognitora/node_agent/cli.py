@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 
-from cognitora import jsonlog
+from cognitora import jsonlog, sd_notify
 from cognitora.metrics.serve import parse_listen
 from cognitora.node_agent.exposition import dcgm_page
 from cognitora.node_agent.nvml import NvmlSource, NvmlUnavailable
@@ -120,6 +120,7 @@ async def _serve(agent: NodeAgent, listen: str, source_died: asyncio.Event | Non
     except OSError as exc:
         log.error(f"--listen {listen}: cannot listen: {exc}")
         return 2
+    sd_notify.ready(f"serving power on {listen}")  # systemd Type=notify (deploy/systemd/)
     waits = [asyncio.create_task(stop.wait())]
     if source_died is not None:
         waits.append(asyncio.create_task(source_died.wait()))

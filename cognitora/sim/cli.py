@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 
 import prometheus_client
 
@@ -15,7 +14,7 @@ from cognitora.sim.engine import EngineConfig
 from cognitora.sim.engine_kinds import KINDS, UnknownEngineKindError, kinds_for_fleet
 from cognitora.sim.fleet import Fleet, PdSettings, serve
 from cognitora.sim.profiles import PROFILES, UnknownProfileError, profiles_for_fleet
-from cognitora.sim.tokenizer import load_tokenizer
+from cognitora.sim.tokenizer import BUILTIN, DEFAULT_TOKENIZER, load_tokenizer
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -52,9 +51,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-offload-gb-per-s", type=float, default=25.0, help="reload bandwidth of that tier (GB/s)")
     p.add_argument(
         "--tokenizer",
-        type=Path,
-        default=None,
-        help="HuggingFace tokenizer.json (chat template read from beside it); default: built-in",
+        default=DEFAULT_TOKENIZER,
+        help="a HuggingFace tokenizer.json (chat template read from beside it), the id of a model whose tokenizer "
+        f"ships with Cognitora, or '{BUILTIN}' (no files; a router cannot match it token for token); "
+        f"default: {DEFAULT_TOKENIZER}, the model the examples name",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated text")
     p.add_argument(

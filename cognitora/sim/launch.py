@@ -125,8 +125,8 @@ def start_fleet(
         ]  # fmt: skip
         if kv_capacity_tokens is not None:
             argv += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
-        if tokenizer is not None:
-            argv += ["--tokenizer", str(tokenizer)]
+        # None: the file-free built-in tokenizer (what these fleets were calibrated with), not the CLI's default
+        argv += ["--tokenizer", "builtin" if tokenizer is None else str(tokenizer)]
         argv += list(extra_args)
         log_path = Path(log_dir) / f"sim-fleet-{http_base}.log"
         proc = ManagedProcess(argv, log_path, cwd=Path(__file__).resolve().parents[2])

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``, usage with
 ``prompt_tokens_details.cached_tokens``, a usage chunk when ``stream_options.include_usage``, usage in every chunk
-too with vLLM's ``continuous_usage_stats``), ``GET /v1/models``,
+too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a deterministic embedding of the tokens:
+``cognitora.sim.embeddings``), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
 ``POST /reset_prefix_cache``, and the simulator's admin API ``POST /sim/fault`` and ``GET /sim/state``.
@@ -38,6 +39,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.disagg import PdEngine, PdSide, TransferFailed, classify
+from cognitora.sim.embeddings import embedding_inputs, embeddings_response
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.engine_kinds import PAGES, IterationStats, llamacpp_slots, surface
 from cognitora.sim.scheduler import SimRequest
@@ -144,6 +146,7 @@ class EngineServer:
             r.add_post("/kv_cache_events", self.kv_cache_events)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/embeddings", self.embeddings)
         if kind.vllm_routes:
             r.add_get("/load", self.load)
             r.add_post("/tokenize", self.tokenize)
@@ -516,6 +519,14 @@ class EngineServer:
                 return resp
 
     # ---- simulator admin ------------------------------------------------------------------------------------
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        try:
+            texts = embedding_inputs(body)
+        except ValueError as exc:
+            return error_response(400, str(exc), param="input")
+        return web.json_response(embeddings_response(self.model, texts, self.engine.tokenizer.encode))
+
     async def sim_fault(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         kind = body.get("kind")

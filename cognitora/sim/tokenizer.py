@@ -31,10 +31,11 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from cognitora.shipped_tokenizers import SHIPPED, SMOLLM2_ID, shipped_names, shipped_tokenizer
 from kvstate.chat_template import conversation, tool_schemas
 from kvstate.prompt import ChatPrompt, ChatTokenizer, PromptTokenizer
 
-SMOLLM2_DIR = Path(__file__).resolve().parent / "models" / "smollm2-135m-instruct"
+SMOLLM2_DIR = SHIPPED[SMOLLM2_ID]
 """SmolLM2-135M-Instruct's ``tokenizer.json`` and chat template, shipped with Cognitora (PROVENANCE.md there): the
 real tokenizer the demo, the benchmarks and the tests give the engines and the router alike."""
 
@@ -117,9 +118,25 @@ class HFSimTokenizer(ChatTokenizer):
         return self._vocab
 
 
-def load_tokenizer(path: Path | None) -> SimTokenizer:
-    if path is None:
+BUILTIN = "builtin"
+"""``--tokenizer builtin``: the file-free ``BuiltinTokenizer`` (a router cannot load it: its keys are then
+text-approximate)."""
+
+DEFAULT_TOKENIZER = SMOLLM2_ID
+"""What the simulated engines tokenize with unless ``--tokenizer`` says otherwise: the real model the examples name
+(``models[].tokenizer: HuggingFaceTB/SmolLM2-135M-Instruct``), so a router configured as they are agrees with the
+engines token for token."""
+
+
+def load_tokenizer(name: str | Path | None = DEFAULT_TOKENIZER) -> SimTokenizer:
+    """``builtin``, the Hugging Face id of a shipped model, or a ``tokenizer.json`` path (None: the default)."""
+    name = DEFAULT_TOKENIZER if name is None else name
+    if str(name) == BUILTIN:
         return BuiltinTokenizer()
+    path = shipped_tokenizer(str(name)) or Path(name)
     if not path.exists():
-        raise FileNotFoundError(f"--tokenizer {path}: no such file (give a HuggingFace tokenizer.json)")
+        raise FileNotFoundError(
+            f"--tokenizer {name}: no such file (give a HuggingFace tokenizer.json, {BUILTIN}, or a shipped model id: "
+            f"{shipped_names()})"
+        )
     return HFSimTokenizer(path)
