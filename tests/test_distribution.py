@@ -30,8 +30,8 @@ FOREIGN = "cognitora"
 """The name on PyPI that is not ours."""
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "build", "dist", "node_modules"}
-TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".txt", ".html", ".cfg", ".ini", ".sh", ".jinja", ".j2"}
-TEXT_NAMES = {"Makefile", "run", "system-deps", "Dockerfile"}
+DATA_SUFFIXES = {".json", ".jsonl", ".gz", ".png", ".whl", ".csv"}
+"""Measurements and data sets (bench results, labeled examples, a tokenizer): not text anyone is told to run."""
 
 # A requirement naming the foreign distribution: the bare name, with extras, a version, or quoted.
 _FOREIGN_REQUIREMENT = re.compile(rf"^{FOREIGN}(\[[^\]]*\])?([<>=!~;@ ].*)?$")
@@ -42,14 +42,20 @@ _FOREIGN_WITH_EXTRAS = re.compile(rf"(?<![\w./-]){FOREIGN}\[")
 
 
 def project_text_files() -> list[Path]:
-    """Every text file of the checkout a user or a message could read: docs, examples, code, build files."""
+    """Every text file of the checkout a user or a message could read: docs, examples, code, build and deployment
+    files (systemd units, Dockerfile, scripts), whatever their suffix."""
     found: list[Path] = []
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
         if any(p in SKIP_DIRS or p.startswith(".venv") or p.endswith(".egg-info") for p in rel.parts[:-1]):
             continue
-        if path.is_file() and (path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES):
-            found.append(path)
+        if not path.is_file() or path.is_symlink() or path.suffix in DATA_SUFFIXES:
+            continue
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary
+        found.append(path)
     return found
 
 
@@ -95,13 +101,16 @@ def test_no_doc_example_or_message_names_another_distribution() -> None:
     files = project_text_files()
     names = {p.relative_to(ROOT).as_posix() for p in files}
     # The scan must see what a user reads and what prints the hints, or it proves nothing.
-    for must in ("README.md", "docs/litellm.md", "examples/litellm_config.yaml", "cognitora/intent/classifier.py"):
+    for must in (
+        "README.md",
+        "docs/litellm.md",
+        "examples/litellm_config.yaml",
+        "cognitora/intent/classifier.py",
+        "Makefile",
+        ".ci/system-deps",
+    ):
         assert must in names
-    offenders = {
-        p.relative_to(ROOT).as_posix(): bad
-        for p in files
-        if (bad := foreign_install_lines(p.read_text(errors="replace")))
-    }
+    offenders = {p.relative_to(ROOT).as_posix(): bad for p in files if (bad := foreign_install_lines(p.read_text()))}
     assert offenders == {}, (
         f"install lines naming {FOREIGN!r}, another project's package on PyPI; ours is {DISTRIBUTION!r} "
         f"(cognitora.distribution.install_hint, or pip install -e '.[extra]' from a clone): {offenders}"
