@@ -160,6 +160,13 @@ class Proxy:
         self.process = ManagedProcess(argv, log_dir / "litellm.log", env=env, cwd=config.parent)
         self.url = f"http://127.0.0.1:{self.port}"
         self.process.wait_http(f"{self.url}/health/liveliness", timeout_s=90)
+        # One worker answering is not all of them: on busy cores another may still be importing the proxy, and
+        # until it serves, the first takes every request (a test that needs both would see only one place).
+        wait_until(
+            lambda: self.process.log_path.read_text(errors="replace").count("Application startup complete.") >= workers,
+            WORKER_HEALTHCHECK_S,
+            f"all {workers} proxy workers started",
+        )
 
     def stop(self) -> None:
         self.process.stop()
