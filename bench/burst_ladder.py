@@ -33,7 +33,8 @@ import httpx
 import yaml
 
 from bench.burst_load import CLOUD_MODEL, Answer, chat
-from cognitora.process import ManagedProcess, free_port, wait_until
+from bench.cloud_stacks import start_litellm_proxy
+from cognitora.process import wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 
@@ -102,22 +103,6 @@ def proxy_config(arm: str, fleet: SimFleet, cloud: SimCloudProcess, slo_s: float
     path = work / f"litellm-{arm}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def start_proxy(config: Path, work: Path, env: dict[str, str]) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    proxy_env = {
-        "LITELLM_MASTER_KEY": "sk-master-" + secrets.token_hex(8),
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "LITELLM_TELEMETRY": "False",
-        "PYTHONPATH": str(ROOT),
-        **env,
-    }
-    argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    proc = ManagedProcess(argv, work / f"{config.stem}.log", env=proxy_env, cwd=work)
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http(f"{url}/health/liveliness", timeout_s=120)
-    return proc, url
 
 
 async def open_loop(url: str, rps: float, duration_s: float, seed: str, tag: str) -> list[Answer]:
@@ -212,7 +197,7 @@ def run(args: argparse.Namespace) -> list[Rung]:
             start_cloud(log_dir=work, args=cloud_args, env=env) as cloud,
         ):
             for arm in args.arms.split(","):
-                proc, url = start_proxy(proxy_config(arm, fleet, cloud, args.slo_s, work), work, env)
+                proc, url = start_litellm_proxy(proxy_config(arm, fleet, cloud, args.slo_s, work), work, env)
                 try:
                     asyncio.run(open_loop(url, 0.5, 4, "warm", f"{arm}-warm"))  # the proxy's clients set up
                     for x in rates:

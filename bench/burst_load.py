@@ -38,11 +38,17 @@ def prompt(seed: str, words: int = 120) -> str:
 
 
 async def chat(
-    client: httpx.AsyncClient, url: str, headers: dict[str, str], seed: str, max_tokens: int = 24, model: str = "chat"
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    seed: str,
+    max_tokens: int = 24,
+    model: str = "chat",
+    words: int = 120,
 ) -> Answer:
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt(seed)}],
+        "messages": [{"role": "user", "content": prompt(seed, words)}],
         "max_tokens": max_tokens,
         "stream": True,
     }

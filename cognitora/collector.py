@@ -5,6 +5,8 @@ One collector per fleet (or one in-process ``Collector`` in embedded mode: a sin
 
 - for each endpoint with ``kv_events``: a ``KVEventSubscriber`` (ZMQ SUB + replay) applying, through the model's
   ``EventIngestor``, what the engine caches and evicts (our block keys, see ``kvstate.events``);
+- for each vLLM endpoint without: a ``KvEventSourceWatcher`` reading the engine's ``GET /kv_event_sources`` and
+  keeping one such subscriber per data-parallel rank it names (``cognitora.kv_event_sources``);
 - one ``Scraper`` for all endpoints: health, load, power, learned prefill/decode rates (``kvstate.scrape``);
 - a heartbeat (``Store.put_heartbeat``) every quarter of ``placement.state_max_age_s`` (at least once a second):
   the Router calls the state it places on stale when the newest beat is older than that bound.
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from cognitora import jsonlog, sd_notify
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
-from cognitora.kv_event_sources import pulls_trtllm_events
+from cognitora.kv_event_sources import KvEventSource, KvEventSourceWatcher, discovers_kv_events, pulls_trtllm_events
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
@@ -107,12 +109,21 @@ class Collector:
         """Per endpoint id."""
         self.trtllm_pollers: dict[str, TrtllmEventPoller] = {}
         """Per endpoint id: TRT-LLM engines whose events are pulled over HTTP (``engine_pulls.trtllm_kv_events``)."""
+        self.source_watchers: dict[str, KvEventSourceWatcher] = {}
+        """Per endpoint id: vLLM engines whose streams are read from their ``/kv_event_sources``."""
+        self.discovered: dict[str, list[KVEventSubscriber]] = {}
+        """Per endpoint id: the subscribers of the streams its watcher found, one per data-parallel rank."""
         for model in config.models:
             ingestor = EventIngestor(store, model.name, model.block_size)
             self.ingestors[model.name] = ingestor
             for endpoint in model.endpoints:
                 if endpoint.kv_events is not None:
                     self._add_subscriber(model.name, endpoint, ingestor)
+                elif (
+                    discovers_kv_events(endpoint, config.engine_pulls.vllm_kv_event_sources)
+                    and endpoint.id not in self.source_watchers
+                ):
+                    self._add_source_watcher(endpoint, ingestor)
                 elif (
                     pulls_trtllm_events(endpoint, config.engine_pulls.trtllm_kv_events)
                     and endpoint.id not in self.trtllm_pollers
@@ -161,12 +172,46 @@ class Collector:
             replay_address=endpoint.kv_events_replay,
         )
 
+    def _add_source_watcher(self, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
+        """Like a configured stream, one engine's discovered streams go to the first model listing it."""
+
+        async def subscribe(sources: list[KvEventSource]) -> None:
+            old = self.discovered.pop(endpoint.id, [])
+            await asyncio.gather(*(s.stop() for s in old))
+            subscribers = [
+                KVEventSubscriber(
+                    endpoint=endpoint.id,
+                    pub_address=source.publisher,
+                    ingestor=ingestor,
+                    decode=event_decoder(endpoint.engine),
+                    replay_address=source.replay,
+                )
+                for source in sources
+            ]
+            self.discovered[endpoint.id] = subscribers
+            if self._started:
+                for subscriber in subscribers:
+                    subscriber.start()
+
+        self.source_watchers[endpoint.id] = KvEventSourceWatcher(
+            endpoint.id,
+            endpoint.url,
+            subscribe,
+            interval_s=self.config.engine_pulls.vllm_kv_event_sources_interval_s,
+            timeout_s=min(self.config.scrape.timeout_s, self.config.engine_pulls.vllm_kv_event_sources_interval_s),
+        )
+
+    def _all_subscribers(self) -> list[KVEventSubscriber]:
+        return [*self.subscribers.values(), *(s for found in self.discovered.values() for s in found)]
+
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
         for subscriber in self.subscribers.values():
             subscriber.start()
+        for watcher in self.source_watchers.values():
+            watcher.start()
         for poller in self.trtllm_pollers.values():
             poller.start()
         await self.scraper.start()
@@ -177,6 +222,7 @@ class Collector:
             extra={
                 "endpoints": self.scraper.endpoint_ids(),
                 "kv_event_streams": sorted(self.subscribers),
+                "kv_event_sources_read": sorted(self.source_watchers),
                 "kv_event_polls": sorted(self.trtllm_pollers),
                 "scrape_interval_s": self.scraper.interval_s,
             },
@@ -189,9 +235,10 @@ class Collector:
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
             self._heartbeat = None
+        await asyncio.gather(*(w.stop() for w in self.source_watchers.values()))
         await asyncio.gather(
             self.scraper.stop(),
-            *(s.stop() for s in self.subscribers.values()),
+            *(s.stop() for s in self._all_subscribers()),
             *(p.stop() for p in self.trtllm_pollers.values()),
         )
         log.info("collector stopped", extra=self.stats())
@@ -224,7 +271,7 @@ class Collector:
     def stats(self) -> dict[str, Any]:
         """Counters summed over endpoints and models: what the periodic stats line reports."""
         events: dict[str, int] = {}
-        for subscriber in self.subscribers.values():
+        for subscriber in self._all_subscribers():
             for name, value in asdict(subscriber.stats).items():
                 events[name] = events.get(name, 0) + value
         for poller in self.trtllm_pollers.values():  # pulled batches count as events like pushed ones
@@ -373,10 +420,12 @@ async def serve(
 
 async def collector_metrics(config: CognitoraConfig, collector: Collector, listen: str) -> MetricsServer:
     """The collector's metrics page (docs/metrics.md) on ``listen``."""
+    from cognitora.metrics.cors import CorsPolicy
     from cognitora.metrics.exporter import Exporter
     from cognitora.metrics.serve import serve_page
 
-    return await serve_page(Exporter(config, "collector", collector=lambda: collector).page, listen, "collector")
+    page = Exporter(config, "collector", collector=lambda: collector).page
+    return await serve_page(page, listen, "collector", CorsPolicy.of(config.metrics))
 
 
 async def _run(config: CognitoraConfig, stats_interval_s: float, metrics_listen: str | None = None) -> None:

@@ -19,7 +19,6 @@ phases 2 to 5 with the same messages. It merges several sources first (a ``confi
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import re
@@ -43,7 +42,8 @@ from cognitora.intent.policy import (
     IntentSpec,
     RuleSpec,
 )
-from cognitora.redaction import redact, redact_url, register_secret
+from cognitora.metrics.cors import MetricsPageConfig
+from cognitora.redaction import redact, redact_url, register_secret, register_url_password
 from cognitora.shipped_tokenizers import shipped_names, shipped_tokenizer
 
 __all__ = [
@@ -521,6 +521,11 @@ class EnginePullsConfig(_Strict):
     DRAINS the engine's buffer: turn it off when something else (Dynamo) reads those events."""
     trtllm_kv_events_interval_s: float = Field(default=0.25, gt=0)
     """Seconds between two drains of one TRT-LLM engine's events."""
+    vllm_kv_event_sources: bool = True
+    """Read ``GET /kv_event_sources`` of ``engine: vllm`` endpoints without ``kv_events`` and subscribe to every
+    data-parallel rank's stream it names (``cognitora.kv_event_sources``)."""
+    vllm_kv_event_sources_interval_s: float = Field(default=5.0, gt=0)
+    """Seconds between two reads of one engine's ``/kv_event_sources`` (a restarted engine's new ports are followed)."""
 
 
 class DisaggregationConfig(_Strict):
@@ -575,15 +580,16 @@ class CognitoraConfig(_Strict):
     """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
     kv_tiers: KvTiersConfig = Field(default_factory=KvTiersConfig)
     """Reload bandwidths of KV blocks held in CPU memory or on disk, to price their reuse in seconds."""
+    metrics: MetricsPageConfig = Field(default_factory=MetricsPageConfig)
+    """Who may read the metrics pages from a browser (CORS; docs/metrics.md)."""
 
     @field_validator("redis_url")
     @classmethod
     def _redis(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        register_url_password(value)  # masked in every log line and error from now on, a malformed URL's too
         parts = urlsplit(value)
-        with contextlib.suppress(ValueError):
-            register_secret(parts.password)  # masked in every log line and error from now on
         if parts.scheme not in {"redis", "rediss", "unix"}:
             raise ValueError(f"expected a Redis URL like redis://127.0.0.1:6379/0, got {redact_url(value)!r}")
         return value
@@ -985,6 +991,7 @@ def reference_markdown() -> str:
         ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
         ("budgets.prices.<model>", ModelPrice),
         ("kv_tiers", KvTiersConfig),
+        ("metrics", MetricsPageConfig),
     ]
     out: list[str] = []
     for title, model in sections:

@@ -3,7 +3,8 @@ through ``redact`` before a person (or a log shipper) sees them.
 
 Two kinds of secret are masked:
 
-- a URL's password (``redis://:secret@host``, ``rediss://user:secret@host``), wherever it appears in a text;
+- a URL's password (``redis://:secret@host``, ``rediss://user:secret@host``), wherever it appears in a text, in a
+  malformed URL too (``rediss//:secret@host``, ``redis:secret@host``): whatever reads ``user:password@host``;
 - every value registered with ``register_secret``: what the config loader read from ``os.environ/NAME`` or from a
   key that names a password or API key. A registered value is masked even where no URL surrounds it (a traceback
   that echoes a header, a config error that quotes a value).
@@ -17,7 +18,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 MASK = "****"
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<password>[^@/\s]+)@")
+_URL_PASSWORD = re.compile(
+    r"""(?:(?<=[\s/'"=(,\[<])|^)(?P<user>[^\s:@/'"]{0,128}):(?P<password>[^\s/'"]{1,256})@(?=[^\s@/'"])"""
+)
+"""``user:password@host`` after the start, a space, a quote, ``/`` (``scheme://``, and the malformed ``scheme//``),
+``=``, a bracket or a comma; the password runs to the last ``@`` before the host (a password may hold ``@``).
+Bounded lengths keep a long log line without any ``@`` linear to scan."""
 _MIN_SECRET_CHARS = 4
 """Shorter values are not registered: masking every "a" or "123" in every log line would hide what matters."""
 
@@ -39,9 +45,23 @@ def register_secret(value: str | None) -> None:
         _pattern = re.compile("|".join(re.escape(s) for s in ordered))
 
 
+def register_url_password(url: str | None) -> None:
+    """Register the password of ``url`` (well-formed or not) as a secret: masked wherever it appears later, with
+    or without the URL around it."""
+    if not url:
+        return
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    register_secret(password)
+    for found in _URL_PASSWORD.finditer(url):
+        register_secret(found["password"])
+
+
 def redact(text: str) -> str:
     """``text`` with every URL password and every registered secret replaced by ``****``."""
-    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['user']}:{MASK}@", text)
     pattern = _pattern
     return text if pattern is None else pattern.sub(MASK, text)
 

@@ -1,5 +1,6 @@
 """What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.attempt.Outcome``), and
-the core's rules for the request fields an adapter must read before it can build one (``read_max_tokens``).
+the core's rules for the request fields an adapter must read before it can build one (``read_max_tokens``,
+``read_choices``).
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +23,25 @@ MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 """OpenAI's two names for the budget, the newer first: when a request has both, it is the one that counts."""
 
 
+MAX_CHOICES = 128
+"""The most sequences (``n``, ``best_of``) one request may ask for per prompt: OpenAI's own bound for ``n``."""
+
+
+class Surface(StrEnum):
+    """The API a request came through: what it may generate (``cognitora.budgets.estimate`` reserves by it)."""
+
+    CHAT = "chat"
+    """``/v1/chat/completions``: ``messages``; ``n`` choices of up to ``max_tokens`` each."""
+    COMPLETIONS = "completions"
+    """``/v1/completions``: ``prompt`` (one or a batch); ``max(n, best_of)`` sequences per prompt."""
+    RESPONSES = "responses"
+    """OpenAI's ``/v1/responses``: one answer of up to ``max_output_tokens``."""
+    MESSAGES = "messages"
+    """Anthropic's ``/v1/messages``: one answer of up to ``max_tokens`` (required by that API)."""
+    EMBEDDINGS = "embeddings"
+    """``/v1/embeddings``: input tokens only, nothing generated."""
+
+
 class InvalidRequest(ValueError):
     """A request field the core cannot accept: the adapter answers 400 with ``message``, naming ``param``."""
 
@@ -28,6 +49,14 @@ class InvalidRequest(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+def _whole_number(name: str, value: object, what: str) -> int:
+    """``value``, refused unless it is a JSON integer (``1e20`` and ``64.0`` are floats; ``true`` is no number)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        raise InvalidRequest(f"'{name}' must be {what} (an integer), got {type(value).__name__} {shown}", name)
+    return value
 
 
 def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
@@ -41,14 +70,10 @@ def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
     """
     found: int | None = None
     for name in MAX_TOKENS_FIELDS:
-        value = fields.get(name)
-        if value is None:
+        raw = fields.get(name)
+        if raw is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
-            raise InvalidRequest(
-                f"'{name}' must be a whole number of tokens (an integer), got {type(value).__name__} {shown}", name
-            )
+        value = _whole_number(name, raw, "a whole number of tokens")
         if value < 0:
             raise InvalidRequest(f"'{name}' must be a non-negative integer, got {value}", name)
         if value > MAX_TOKENS_LIMIT:
@@ -60,6 +85,27 @@ def read_max_tokens(fields: Mapping[str, Any]) -> int | None:
         if found is None:
             found = value
     return found
+
+
+def read_choices(fields: Mapping[str, Any]) -> tuple[int, int | None]:
+    """``(n, best_of)`` from a body (or LiteLLM's kwargs): ``n`` defaults to 1, ``best_of`` to None (null counts as
+    unset). Refused (``InvalidRequest`` naming the field), as the engines refuse them: a value that is not a whole
+    JSON number, below 1, or above ``MAX_CHOICES``; a ``best_of`` below ``n``. Budgets reserve for every sequence
+    generated, so these are read by the core's rule in both gateways."""
+    found: dict[str, int] = {}
+    for name in ("n", "best_of"):
+        raw = fields.get(name)
+        if raw is None:
+            continue
+        value = _whole_number(name, raw, "a whole number")
+        if not 1 <= value <= MAX_CHOICES:
+            raise InvalidRequest(f"'{name}' must be between 1 and {MAX_CHOICES}, got {value}", name)
+        found[name] = value
+    n = found.get("n", 1)
+    best_of = found.get("best_of")
+    if best_of is not None and best_of < n:
+        raise InvalidRequest(f"'best_of' ({best_of}) must be at least 'n' ({n})", "best_of")
+    return n, best_of
 
 
 def new_request_id() -> str:
@@ -99,11 +145,21 @@ class RouteRequest:
     user: str | None = None
     priority: str = "default"
     max_tokens: int | None = None
+    n: int = 1
+    """Choices asked for (``read_choices``): each may generate up to ``max_tokens``."""
+    best_of: int | None = None
+    """Completions: sequences generated per prompt, of which ``n`` are returned (all are generated, all are paid)."""
+    surface: Surface | None = None
+    """The API the request came through; None: chat when it has ``messages``, else completions."""
     stream: bool = False
     candidates: Sequence[str] | None = None
     burst_targets: Sequence[str] | None = None
     """Cloud targets (``burst.targets[].name``) the gateway can reach for this request (LiteLLM: those with a
     healthy ``cognitora_cloud`` deployment in the group); None means every configured target."""
+    named_cloud: str | None = None
+    """The cloud target the client named (LiteLLM: a ``cognitora_cloud`` deployment's id as ``model``). Honoured only
+    for a team in that target's ``burst.targets[].named_teams``; otherwise the request is placed like any other of
+    its model (``cognitora.burst.policy``): no client reaches a cloud outside the burst policy."""
     pinned_endpoint: str | None = None
     """The endpoint the client named (LiteLLM: a deployment id as ``model``). Honoured only with ``may_pin``;
     otherwise the request is placed like any other of its model (a client never skips placement or shedding)."""

@@ -275,6 +275,8 @@ class Router:
         self.burst = BurstPolicy(config, spend=ledger_spend_for(config, self.budgets))
         """Burst to a cloud target when the fleet is saturated (``cognitora.burst``); inert without ``burst:``. Its
         cloud spend is in the budgets ledger when ``budgets:`` is configured (shared by replicas), else in process."""
+        self._cloud_deadlines: dict[str, asyncio.TimerHandle] = {}
+        """Open cloud attempts' ends by their target's ``timeout_s`` (``_count``), by request id."""
         self._reserving: dict[str, asyncio.Future[Hold | Rejection]] = {}
         """Budget reservations ``place`` started for ``admit`` (by request id), picked up there."""
 
@@ -553,13 +555,19 @@ class Router:
                 request = replace(request, priority=team_class)
         started = time.perf_counter()
         try:
-            decision = await self.place(request, reserve=gate is not None)
-            failed = False
-        except Exception as exc:
-            decision = self._placement_failed(request, exc)
-            failed = True
-        else:
-            decision = await self._burst(request, decision, group)
+            try:
+                decision = await self.place(request, reserve=gate is not None)
+                failed = False
+            except Exception as exc:
+                decision = self._placement_failed(request, exc)
+                failed = True
+            else:
+                decision = await self._burst(request, decision, group)
+        except BaseException:  # cancelled (the client went away): a reservation made meanwhile is given back
+            pending = self._reserving.pop(request.request_id, None)
+            if gate is not None and pending is not None:
+                gate.release_later(pending)
+            raise
         hold = None
         if gate is not None:
             pending = self._reserving.pop(request.request_id, None)
@@ -568,6 +576,7 @@ class Router:
                 # future does not suspend, so nothing is placed between this pick and its count.
                 verdict = await (pending or gate.reserve(request, decision.model, decision.prompt_tokens))
                 if isinstance(verdict, Rejection):
+                    self.burst.withdraw(decision)  # a cloud slot, spend hold or probe turn it took: given back
                     decision = self._refused_by_budget(decision, verdict)
                 else:
                     hold = verdict
@@ -581,8 +590,9 @@ class Router:
         return decision, attempt
 
     def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:
-        """A placed decision the budget refused: a rejection (placement's pick stays in the explanation)."""
-        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=())
+        """A placed decision the budget refused: a rejection whose reason is the budget's (which limit, window,
+        used and cap), not placement's (its pick stays in the explanation's candidates)."""
+        refused = replace(placed, endpoint=None, url=None, rejection=rejection, fallbacks=(), reason=rejection.message)
         if self._recent and self._recent[-1].request_id == placed.request_id:
             self._recent[-1] = replace(refused, keys=())
         self.stats.placed -= 1
@@ -642,7 +652,12 @@ class Router:
             self._groups.setdefault(attempt.group, set()).add(decision.request_id)
         if decision.cloud is not None:  # not the fleet's work: no in-flight count, no cache, no store write
             self.stats.dispatched += 1
-            self.burst.dispatched(decision)
+            lease_s = self.burst.dispatched(decision)
+            # Whatever the gateway reports (or never does), the cloud attempt ends by its target's timeout_s: its
+            # slot is never held longer (a hung cloud otherwise kept every slot, refusing each later burst).
+            self._cloud_deadlines[decision.request_id] = asyncio.get_running_loop().call_later(
+                lease_s, attempt.finish, Outcome(OutcomeKind.TIMEOUT, detail=f"no end within {lease_s:g} s (timeout_s)")
+            )
             return
         prefill = _queued_prefill(decision)
         leg = decision.prefill
@@ -737,11 +752,16 @@ class Router:
         self._forget(attempt)
         self._release_prefill_leg(attempt)
         if attempt.decision.cloud is not None:
-            first = attempt.first_token_at is not None
+            deadline = self._cloud_deadlines.pop(rid, None)
+            if deadline is not None:
+                deadline.cancel()
+            first = None if attempt.first_token_at is None else attempt.first_token_at - attempt.dispatched_at
             who = None if hold is None else hold.reservation.identity
-            self.burst.finished(attempt.decision, outcome, first_token_seen=first, group=attempt.group, identity=who)
+            self.burst.finished(attempt.decision, outcome, first_token_s=first, group=attempt.group, identity=who)
             self._learn(attempt, outcome)
             return
+        if self.burst.probes.active:  # a local probe of a class in burst (cognitora.burst.probes)
+            self.burst.local_finished(rid, _achieved_s(attempt, outcome))
         seated = self._local.seat_since(rid)
         if outcome.ok and seated is not None:
             self._seat_tenure.observe(endpoint, self._clock() - seated)
@@ -1032,6 +1052,14 @@ def _newest_marks(shared: Mapping[str, HealthMark], local: Mapping[str, HealthMa
 def _prefill_leg_id(request_id: str) -> str:
     """The in-flight entry of a pair's prefill half, on its prefill endpoint."""
     return f"{request_id}.prefill"
+
+
+def _achieved_s(attempt: Attempt, outcome: Outcome) -> float | None:
+    """What a finished local attempt measured of its endpoint for a burst probe: its first token after dispatch, or
+    its whole answer where the gateway saw no first token; None when it failed."""
+    if attempt.first_token_at is not None:
+        return attempt.first_token_at - attempt.dispatched_at
+    return time.monotonic() - attempt.dispatched_at if outcome.ok else None
 
 
 def _queued_prefill(decision: Decision) -> int:

@@ -1,4 +1,4 @@
-"""``examples/envoy_burst.yaml`` added to an ``examples/envoy.yaml`` config, as its three steps say: what an operator
+"""``examples/envoy_burst.yaml`` added to an ``examples/envoy.yaml`` config, as its two steps say: what an operator
 pastes, done by code for the tests, the demo and the benchmark."""
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ CLOUD_CLUSTER = "cloud_sim_cloud"
 
 
 def add_pieces(config: dict[str, Any], pieces: dict[str, Any]) -> None:
-    """Steps 1-3 of envoy_burst.yaml on ``config`` (a parsed examples/envoy.yaml): the header strip, the cloud
-    routes before the engine routes, the clusters."""
+    """Steps 1-2 of envoy_burst.yaml on ``config`` (a parsed examples/envoy.yaml): the cloud routes before the
+    engine routes, the clusters. (No header strip: the cloud routes match the service's metadata, and
+    examples/envoy.yaml already drops a client's x-cognitora-cloud.)"""
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    strip = hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
-    strip.extend(pieces["strip_request_headers"])
     host = hcm["route_config"]["virtual_hosts"][0]
     host["routes"] = [*pieces["routes"], *host["routes"]]
     config["static_resources"]["clusters"].extend(pieces["clusters"])

@@ -23,8 +23,9 @@ DESTINATION_ENDPOINTS = "x-cognitora-destination-endpoints"
 
 # -- identity, set by the operator's auth filter (never trusted from the client: Envoy strips client copies) ----------
 CLOUD_TARGET = "x-cognitora-cloud"
-"""Set by the service on a burst: the cloud target's name, which the Envoy route matches (examples/envoy_burst.yaml).
-The Envoy config strips any copy the client sent, so only the service's pick reaches a cloud route."""
+"""A metadata key in ``envoy.lb``, set by the service on a cloud decision: the target's name, which the cloud route
+matches (examples/envoy_burst.yaml ``dynamic_metadata``). Never a request header the route reads: a client's copy
+of the header is dropped by Envoy (examples/envoy.yaml) and by the service, and selects nothing."""
 AUTHORIZATION = "authorization"
 
 DEFAULT_TEAM_HEADER = "x-cognitora-team"
@@ -45,6 +46,10 @@ cloud's model; a cloud failure Envoy retried on an engine, the local one."""
 PREFILL_ENDPOINT = PREFILL_ENDPOINT_HEADER
 """The prefill endpoint of a split request, its base URL from cognitora.yaml: set (OVERWRITE) with the pick. A copy
 the client sent is removed in the request-headers phase of every request: only placement names a prefill endpoint."""
+
+CLIENT_FORBIDDEN = frozenset({PREFILL_ENDPOINT, CLOUD_TARGET})
+"""Request headers only placement may name, removed from every request in its headers phase (a client's copy
+would otherwise reach an upstream that reads it: a decode sidecar, a cloud provider)."""
 
 # -- what Envoy adds to the response for us (route ``response_headers_to_add`` / ``include_attempt_count_in_response``)
 UPSTREAM_HOST = "x-cognitora-upstream-host"

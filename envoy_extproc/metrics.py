@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cognitora.config import CognitoraConfig
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import Exporter
 from cognitora.metrics.serve import MetricsServer, serve_page
 from cognitora.metrics.workers import WorkerPages, worker_socket
@@ -62,19 +63,20 @@ async def start_worker_metrics(
         extproc_errors=extproc_errors,
     )
     if settings.metrics_socket is not None:
-        server = MetricsServer(exporter.page)
+        server = MetricsServer(exporter.page)  # (a unix socket the supervisor reads: no browser asks it)
         await server.start_unix(settings.metrics_socket)
         return server
     assert settings.metrics_listen is not None
-    return await serve_page(exporter.page, settings.metrics_listen, PROCESS)
+    return await serve_page(exporter.page, settings.metrics_listen, PROCESS, CorsPolicy.of(config.metrics))
 
 
 class SupervisorMetrics:
     """The ``--workers N`` supervisor's page: a thread with its own loop serving the merged workers' pages."""
 
-    def __init__(self, listen: str, workers: int) -> None:
+    def __init__(self, listen: str, workers: int, cors: CorsPolicy | None = None) -> None:
         self.listen = listen
         self.workers = workers
+        self.cors = cors
         self.folder = Path(tempfile.mkdtemp(prefix="cognitora-extproc-metrics-"))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cognitora-metrics", daemon=True)
@@ -88,7 +90,7 @@ class SupervisorMetrics:
         """Bind ``--metrics-listen`` (``OSError`` when it cannot be bound: before any worker starts)."""
         self._thread.start()
         pages = WorkerPages(self.folder, self.workers)
-        future = asyncio.run_coroutine_threadsafe(serve_page(pages.page, self.listen, PROCESS), self._loop)
+        future = asyncio.run_coroutine_threadsafe(serve_page(pages.page, self.listen, PROCESS, self.cors), self._loop)
         try:
             self._server = future.result(timeout=30)
         except BaseException:

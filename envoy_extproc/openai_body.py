@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cognitora.config import DEFAULT_PRIORITY
-from cognitora.request import InvalidRequest, RouteRequest, read_max_tokens
+from cognitora.request import InvalidRequest, RouteRequest, Surface, read_choices, read_max_tokens
 from envoy_extproc import headers
 from kvstate.prompt import PromptError, completion_prompts
 
@@ -42,6 +42,9 @@ class ParsedBody:
     chat_template_kwargs: Mapping[str, Any] | None
     stream: bool
     max_tokens: int | None
+    n: int
+    best_of: int | None
+    surface: Surface
     client_wants_usage: bool
     """The client asked for ``stream_options.include_usage`` itself (so its usage chunk must reach it)."""
 
@@ -69,6 +72,9 @@ class ParsedBody:
             user=user,
             priority=priority,
             max_tokens=self.max_tokens,
+            n=self.n,
+            best_of=self.best_of,
+            surface=self.surface,
             stream=self.stream,
             intent_hint=intent_hint,
         )
@@ -117,6 +123,7 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         raise BadRequest("'stream' must be true or false", param="stream")
     try:
         max_tokens = read_max_tokens(data)  # the core's rule (absurd or non-integer values are refused)
+        n, best_of = read_choices(data)  # budgets reserve for every sequence generated
     except InvalidRequest as exc:
         raise BadRequest(exc.message, param=exc.param) from None
     options = data.get("stream_options")
@@ -133,6 +140,9 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         chat_template_kwargs=template_kwargs,
         stream=stream,
         max_tokens=max_tokens,
+        n=n,
+        best_of=best_of,
+        surface=Surface.CHAT if messages is not None else Surface.COMPLETIONS,
         client_wants_usage=client_wants_usage,
     )
 

@@ -114,6 +114,9 @@ class Exchange:
         """On a burst of a rewritten request: the local model, which serves it if the cloud fails."""
         self.closed = False
         """An immediate response was sent: Envoy expects nothing more on this stream."""
+        self._forwardable = False
+        """Envoy has received our answer to the request body (where to send it): before that it cannot have sent
+        the request anywhere (its ext_proc ``message_timeout`` answers the client 503 itself)."""
 
     # -- phase 1 ----------------------------------------------------------------------------------------------
     def note_metadata(self, metadata_context: object) -> None:
@@ -123,20 +126,31 @@ class Exchange:
     async def on_request_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
         wanted = self._settings.trusted.names
         method = ""
-        forged = False
+        forged: list[str] = []
         for h in message.headers.headers:
             key = h.key
-            if key == headers.PREFILL_ENDPOINT:
-                forged = True
+            if key in headers.CLIENT_FORBIDDEN:
+                forged.append(key)
             elif key == headers.PATH:
                 self._path = h.raw_value.decode("latin-1").split("?", 1)[0]
             elif key == headers.METHOD:
                 method = h.raw_value.decode("latin-1")
             elif key in wanted:
                 self._identity[key] = h.raw_value.decode("latin-1")
-        self._placeable = method == "POST" and self._settings.placed(self._path) and not message.end_of_stream
+        placed = method == "POST" and self._settings.placed(self._path)
+        if placed and message.end_of_stream:
+            # A POST without a body would reach an engine unplaced (nothing to place it on): refused here.
+            self.closed = True
+            return protocol.openai_error(
+                400,
+                "the request has no body: send the JSON body of the request (model, messages or prompt)",
+                error_type="invalid_request_error",
+                code="400",
+                details="cognitora_bad_body",
+            )
+        self._placeable = placed
         if forged:  # a client naming the prefill engine would make a decode sidecar fetch from anywhere
-            return protocol.remove_request_headers((headers.PREFILL_ENDPOINT,))
+            return protocol.remove_request_headers(forged)
         return protocol.CONTINUE_REQUEST_HEADERS
 
     # -- phase 2 ----------------------------------------------------------------------------------------------
@@ -306,11 +320,22 @@ class Exchange:
         if self.attempt is not None and self.response is not None:
             self.attempt.finish(self.response.outcome())
 
+    def delivered(self) -> None:
+        """The answer to the latest message reached the stream (``server.py`` calls this after each write)."""
+        if self.attempt is not None:
+            self._forwardable = True
+
     async def close(self) -> None:
         """The stream ended: finish an unfinished attempt (a client that went away, or an unread body), and let
-        its store writes land."""
+        its store writes land. A decision that never reached Envoy (it gave up first: its message timeout under
+        load, or the client left) sent nothing to an engine: finished as not served, so its budget reservation
+        is given back, not charged at its estimate."""
         attempt, response = self.attempt, self.response
         if attempt is None or response is None:
+            return
+        if response.status is None and not self._forwardable:
+            attempt.finish(Outcome(OutcomeKind.FAILED, detail="Envoy never received the decision: never forwarded"))
+            await attempt.settled()
             return
         if response.status is not None and not response.awaiting_body:
             response.complete = True  # the body was deliberately not read (--usage); the stream ended normally

@@ -101,20 +101,21 @@ def route_to(
 def route_to_cloud(
     target: str, api_key: str | None, local_fallbacks: Sequence[str], new_body: bytes
 ) -> ProcessingResponse:
-    """The request-body answer of a burst: the ``x-cognitora-cloud`` header the cloud route matches (the route is
-    chosen again: ``clear_route_cache``), the target's credential when the service holds it, the body with the
-    cloud's model name and its content-length, and the local engines (best first) for Envoy's retry of a cloud
-    failure before the response (the cloud route's aggregate cluster falls back to them)."""
+    """The request-body answer of a cloud decision: the ``x-cognitora-cloud`` key in ``envoy.lb`` metadata, which
+    the cloud route matches (the route is chosen again: ``clear_route_cache``; a client can write no metadata), the
+    target's credential when the service holds it, the body with the cloud's model name and its content-length, and
+    the local engines (best first) for Envoy's retry of a cloud failure before the response (the cloud route's
+    aggregate cluster falls back to them)."""
     common = ep.CommonResponse(clear_route_cache=True)
     set_headers = common.header_mutation.set_headers
-    set_headers.append(set_header(headers.CLOUD_TARGET, target))
     if api_key is not None:
         set_headers.append(set_header(headers.AUTHORIZATION, f"Bearer {api_key}"))
     common.body_mutation.body = new_body
     set_headers.append(set_header(headers.CONTENT_LENGTH, str(len(new_body))))
     response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+    lb = response.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value.fields
+    lb[headers.CLOUD_TARGET].string_value = target
     if local_fallbacks:
-        lb = response.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value.fields
         lb[headers.DESTINATION_ENDPOINT].string_value = local_fallbacks[0]
         lb[headers.DESTINATION_ENDPOINTS].string_value = ",".join(local_fallbacks)
     return response

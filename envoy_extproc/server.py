@@ -22,6 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from cognitora import jsonlog, sd_notify
 from cognitora.config import ConfigError
 from cognitora.failsafe import RateLimitedLog
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
 from envoy_extproc import protocol
 from envoy_extproc.metrics import SupervisorMetrics, start_worker_metrics
@@ -71,7 +72,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 message = await context.read()
                 if message is grpc.aio.EOF:
                     return
-                await context.write(await self._answer(exchange, message))
+                answer = await self._answer(exchange, message)
+                if context.cancelled():  # Envoy gave up meanwhile (its message timeout): it will read nothing more
+                    return
+                await context.write(answer)
+                exchange.delivered()
                 if exchange.closed:
                     return
         finally:
@@ -309,7 +314,9 @@ def _supervise(settings: ExtprocSettings) -> int:
         )
         return 2
     worker_settings = replace(settings, workers=1, reuse_port=True)
-    metrics = None if settings.metrics_listen is None else SupervisorMetrics(settings.metrics_listen, settings.workers)
+    metrics = None
+    if settings.metrics_listen is not None:
+        metrics = SupervisorMetrics(settings.metrics_listen, settings.workers, CorsPolicy.of(config.metrics))
     if metrics is not None:
         jsonlog.configure(settings.log_level)
         try:

@@ -6,10 +6,12 @@ Two ``routing_strategy_args`` keys, read here and never passed on to the fleet's
   proxy's own app, on its own port. LiteLLM 1.108.7 does the same for its Prometheus callback
   (``PrometheusLogger._mount_metrics_endpoint`` mounts an app on ``litellm.proxy.proxy_server.app``); the route is
   added with Starlette's public ``add_route`` on that app: nothing of LiteLLM's is patched. Like every route of
-  the proxy it passes the proxy's middleware: its CORS policy (``LITELLM_CORS_ORIGINS``, every origin by default)
-  applies, and no key is asked for (the page holds counts and endpoint addresses, no request content, no secret).
-- ``metrics_listen`` (``HOST:PORT``, default none): the page on a port of its own (aiohttp, CORS open to every
-  origin, as ``cognitora extproc --metrics-listen``), for SDK scripts, or to keep it off the proxy's port.
+  the proxy it passes the proxy's middleware: its CORS policy (``LITELLM_CORS_ORIGINS``, every origin by default:
+  set it) applies to the page's GETs, and no key is asked for (the page holds counts and endpoint addresses, no
+  request content, no secret).
+- ``metrics_listen`` (``HOST:PORT``, default none): the page on a port of its own (aiohttp, CORS only to
+  ``metrics.cors_origins``, as ``cognitora extproc --metrics-listen``), for SDK scripts, or to keep it off the proxy's
+  port (and off LiteLLM's CORS policy).
 
 The page is the core's: it is rendered on the core's loop (``CoreHost.call``), so asking for it starts the core
 (and, in embedded mode, its collector) when no request has yet.
@@ -30,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cognitora.config import ConfigError
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import CONTENT_TYPE, Exporter
-from cognitora.metrics.serve import MetricsServer, cors_headers, parse_listen, serve_page
+from cognitora.metrics.serve import MetricsServer, parse_listen, serve_page
 from cognitora.router import Router
 from litellm_plugin.runtime import CoreHost
 
@@ -101,7 +104,7 @@ def attach(host: CoreHost, settings: MetricsSettings) -> None:
     page = _Page(host)
     _pages[id(host)] = page
     if settings.path is not None and _PROXY_MODULE in sys.modules:
-        _add_proxy_route(settings.path)
+        _add_proxy_route(settings.path, CorsPolicy.of(host.config.metrics))
     if settings.listen is not None:
         _start_server(host, page, settings.listen)
 
@@ -124,7 +127,7 @@ def detach(host: CoreHost) -> None:
 
 def _start_server(host: CoreHost, page: _Page, listen: str) -> None:
     async def start(_: Router) -> None:
-        _servers[id(host)] = await serve_page(page.render, listen, PROCESS)
+        _servers[id(host)] = await serve_page(page.render, listen, PROCESS, CorsPolicy.of(host.config.metrics))
 
     try:
         running = asyncio.get_running_loop()
@@ -142,7 +145,7 @@ def _report_start(task: asyncio.Task[None]) -> None:
         log.error("cognitora metrics page could not start: %s", task.exception())
 
 
-def _add_proxy_route(path: str) -> None:
+def _add_proxy_route(path: str, cors: CorsPolicy) -> None:
     if path in _route_paths:
         return
     from starlette.requests import Request
@@ -156,7 +159,7 @@ def _add_proxy_route(path: str) -> None:
 
     async def metrics_route(request: Request) -> Response:
         if request.method == "OPTIONS":  # a preflight the proxy's CORS middleware did not answer itself
-            return Response(status_code=204, headers=cors_headers(dict(request.headers)))
+            return Response(status_code=204, headers=cors.headers(dict(request.headers), preflight=True))
         page = next(reversed(_pages.values()), None)
         if page is None:
             return Response("no Cognitora routing strategy is installed\n", status_code=503)

@@ -128,11 +128,20 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
     ) -> dict[str, Any]:
         """The client named a deployment id (``"model": "engine-2"``). For an engine of the fleet, that must not
         skip placement, counting and shedding: the request is placed in the deployment's model group, on the named
-        engine only if the core allows this key to pin (``RouteRequest.pinned_endpoint``)."""
+        engine only if the core allows this key to pin (``RouteRequest.pinned_endpoint``). For a cloud target
+        (``cognitora_cloud``), it must not skip the burst policy: it goes there only if the core allows the key's
+        team to name it (``burst.targets[].named_teams``), else it is placed like any request of its group."""
         group = str(named.get("model_name", ""))
+        cloud = self.fleet.cloud_by_deployment.get(deployment_id(named))
+        if cloud is not None:
+            healthy = await self.router.async_get_healthy_deployments(
+                model=group, request_kwargs=request_kwargs, messages=messages, input=input
+            )
+            group_list = [named] if isinstance(healthy, dict) or not healthy else list(healthy)
+            return await self._choose(group, group_list, messages, input, request_kwargs, named_cloud=cloud)
         pinned = self._endpoint_of(named)
         if pinned is None or group not in self._managed_models:
-            return named  # not one of the fleet's engines: LiteLLM's own behaviour
+            return named  # not one of the fleet's engines nor a cloud target: LiteLLM's own behaviour
         healthy = await self.router.async_get_healthy_deployments(
             model=group, request_kwargs=request_kwargs, messages=messages, input=input
         )
@@ -168,6 +177,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         input: str | list[Any] | None,
         request_kwargs: dict[str, Any],
         pinned: str | None = None,
+        named_cloud: str | None = None,
     ) -> dict[str, Any]:
         trace = trace_id(request_kwargs)
 
@@ -181,9 +191,15 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             target = self.fleet.cloud_by_deployment.get(deployment_id(deployment))
             if target is not None:
                 clouds.setdefault(target, deployment)
-        if group not in self._managed_models or not by_endpoint:
-            return self._litellm_default(model, healthy, request_kwargs)
-
+        if group not in self._managed_models or (not by_endpoint and named_cloud is None):
+            # Not Cognitora's to place (no engine of the fleet here, or none healthy). A cloud target is never
+            # picked here: only a cloud decision of the core sends a request to one (docs/burst.md, "Who reaches
+            # the cloud"); a managed group left with only its cloud target is placed by the core below.
+            others = [d for d in healthy if deployment_id(d) not in self.fleet.cloud_by_deployment]
+            if others:
+                return self._litellm_default(model, others, request_kwargs)
+            if group not in self._managed_models:
+                raise rejection_error(_CLOUD_ONLY, model)
         try:
             req = route_request(
                 group,
@@ -193,6 +209,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
                 list(by_endpoint),
                 pinned_endpoint=pinned,
                 burst_targets=list(clouds),
+                named_cloud=named_cloud,
             )
         except InvalidRequest as exc:
             raise rejection_error(Rejection(400, exc.message), model) from None
@@ -259,4 +276,7 @@ def preflight(fleet: Fleet) -> dict[str, PromptKeyer]:
 
 
 _NO_PICK = Rejection(503, "no endpoint was picked", 5)
+_CLOUD_ONLY = Rejection(
+    503, "this model group has only cloud targets, which only Cognitora's burst policy sends requests to", 5
+)
 _NO_HOOK = "no rewrite before LiteLLM chose the model group (it runs in the proxy's pre-call hook)"

@@ -22,7 +22,7 @@ from cognitora.config import DEFAULT_PRIORITY
 from cognitora.decision import Decision, Rejection
 from cognitora.disagg.wire import PREFILL_ENDPOINT_HEADER
 from cognitora.intent import Rewrite
-from cognitora.request import RouteRequest, new_request_id, read_max_tokens
+from cognitora.request import RouteRequest, new_request_id, read_choices, read_max_tokens
 
 PLACEMENT_KEY = "cognitora_request_id"
 """Metadata key the strategy writes on each attempt, so the callbacks find that attempt's decision."""
@@ -203,11 +203,14 @@ def route_request(
     candidates: Sequence[str],
     pinned_endpoint: str | None = None,
     burst_targets: Sequence[str] = (),
+    named_cloud: str | None = None,
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids.
 
-    Raises ``cognitora.request.InvalidRequest`` for a ``max_tokens`` the core refuses (the strategy answers 400)."""
+    Raises ``cognitora.request.InvalidRequest`` for a ``max_tokens``, ``n`` or ``best_of`` the core refuses (the
+    strategy answers 400)."""
     meta = metadata_of(request_kwargs)
+    n, best_of = read_choices(request_kwargs)
     return RouteRequest(
         model=model,
         **_prompt_fields(messages, input, request_kwargs),
@@ -219,9 +222,12 @@ def route_request(
         user=_first_str(meta, "user_api_key_user_id"),
         priority=_priority(meta),
         max_tokens=read_max_tokens(request_kwargs),
+        n=n,
+        best_of=best_of,
         stream=bool(request_kwargs.get("stream")),
         candidates=tuple(candidates),
         burst_targets=tuple(burst_targets),
+        named_cloud=named_cloud,
         pinned_endpoint=pinned_endpoint,
         may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
         intent_hint=_admin_str(meta, INTENT_KEY),

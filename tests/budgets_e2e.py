@@ -164,3 +164,124 @@ def check_two_teams(traffic: Traffic, report: Mapping[str, Any], engines: tuple[
     [alpha_limit] = [li for li in report["limits"] if li["subject"] == "alpha"]
     assert alpha_limit["used"] == totals["alpha"]["input_tokens"] + totals["alpha"]["output_tokens"]
     return {"alpha_admitted": len(alpha_ok), "alpha_refused": len(alpha_refused), "alpha_used": alpha_limit["used"]}
+
+
+# -- admission under load (issue: budgets overshot at 100 concurrent requests per team) --------------------------
+
+LOADED_CAP = 2_000
+"""Total tokens a day for each of the loaded teams: about 30 of the 100 requests each sends at once."""
+LOADED_TEAMS = ("gamma", "delta")
+BATCH_TEAM = "epsilon"
+LOADED_BUDGETS: dict[str, Any] = {
+    "teams": {
+        team: {"limits": [{"window": "day", "total_tokens": LOADED_CAP}]} for team in (*LOADED_TEAMS, BATCH_TEAM)
+    },
+}
+
+
+async def all_at_once(url: str, headers: Mapping[str, Mapping[str, str]], model: str, per_team: int = 100) -> Traffic:
+    """``per_team`` requests of each team in ``headers``, every one sent at the same moment (one connection
+    each), a third streamed: the load that made reservations time out and admit unchecked."""
+    traffic = Traffic()
+    limits = httpx.Limits(max_connections=per_team * len(headers) + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        jobs = [
+            send(client, url, team, body(team, i, i % 3 == 0, model), headers[team])
+            for i in range(per_team)
+            for team in headers
+        ]
+        traffic.sent = list(await asyncio.gather(*jobs))
+    return traffic
+
+
+def check_batches(too_big: Sent, fits: Sent, report: Mapping[str, Any]) -> None:
+    """The batch that can never fit is refused with 400 naming the limit and saying what to lower; the one that
+    fits is served and counted in full (every prompt's tokens), no more."""
+    assert too_big.status == 400, too_big.body[:300]
+    assert f"budgets.teams.{BATCH_TEAM}.limits[0].total_tokens" in too_big.body and "lower max_tokens" in too_big.body
+    assert fits.status == 200 and fits.completion_tokens == 5 * 20, fits.body[:300]
+    totals = team_totals(report)[BATCH_TEAM]
+    assert (totals["input_tokens"], totals["output_tokens"]) == (fits.prompt_tokens, fits.completion_tokens)
+    assert totals["requests"] == 1
+
+
+def check_no_overshoot(traffic: Traffic, report: Mapping[str, Any], teams: Sequence[str]) -> dict[str, int]:
+    """Each team's usage (the report, from Redis) is at most its cap, and within one request of it (the engine
+    generates exactly max_tokens, and the router counts prompts as the engine does: no estimate error to allow);
+    every refusal is the budget's 429, none a 5xx; the report equals the clients' own usage."""
+    totals = team_totals(report)
+    used = {}
+    for team in teams:
+        ok = traffic.of(team, 200)
+        others = [s for s in traffic.of(team) if s.status not in (200, 429)]
+        assert not others, [(s.status, s.body[:200]) for s in others[:3]]
+        client_used = sum(s.prompt_tokens + s.completion_tokens for s in ok)
+        one = max(s.prompt_tokens + s.completion_tokens for s in ok)
+        assert totals[team]["input_tokens"] + totals[team]["output_tokens"] == client_used
+        assert LOADED_CAP - one < client_used <= LOADED_CAP, (team, client_used, len(ok))
+        assert totals[team]["rejections"] == len(traffic.of(team, 429))
+        used[team] = client_used
+    return used
+
+
+TEAM_KEY_AUTH = """
+import os
+from fastapi import HTTPException
+from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+
+async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
+    key = api_key.removeprefix("Bearer ").strip()
+    if key == os.environ["LITELLM_MASTER_KEY"]:
+        return UserAPIKeyAuth(api_key=key, user_role=LitellmUserRoles.PROXY_ADMIN)
+    if key.startswith("sk-team-"):
+        team = key.removeprefix("sk-team-")
+        return UserAPIKeyAuth(api_key=key, team_id=team, user_id=f"{team}-user", key_alias=f"{team}-key")
+    raise HTTPException(status_code=401, detail="unknown key")
+"""
+"""A LiteLLM ``custom_auth`` module for tests and benchmarks: the key ``sk-team-<name>`` is team ``<name>``."""
+
+
+def loaded_run(
+    base_url: str, headers: Mapping[str, Mapping[str, str]], model: str, config_path: Path, metrics_url: str
+) -> dict[str, int]:
+    """The loaded scenario, the same through either gateway: the loaded teams' requests all at once, then the two
+    batches; checked against the report (``cognitora budgets report`` on ``config_path``) and the gateway's
+    metrics page (nothing admitted unchecked; every reservation timed)."""
+    loaded = {t: headers[t] for t in LOADED_TEAMS}
+    traffic = asyncio.run(all_at_once(f"{base_url}/v1/chat/completions", loaded, model=model))
+    too_big, fits = asyncio.run(batches(f"{base_url}/v1/completions", headers[BATCH_TEAM], model))
+    report = budgets_cli("report", "--config", str(config_path), cwd=config_path.parent)
+    used = check_no_overshoot(traffic, report, LOADED_TEAMS)
+    check_batches(too_big, fits, report)
+    page = httpx.get(metrics_url, timeout=10).text
+    assert metric_value(page, "cognitora_budget_fail_open_total") == 0
+    assert metric_value(page, "cognitora_budget_reserve_duration_seconds_count") >= 60
+    return used
+
+
+def metric_value(page: str, name: str) -> float:
+    """One unlabelled sample of a Prometheus text page (the sum if several workers' pages were merged)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.split(" ")[0] == name]
+    assert values, f"{name} is not on the metrics page"
+    return sum(values)
+
+
+async def batches(url: str, headers: Mapping[str, str], model: str) -> tuple[Sent, Sent]:
+    """A completions batch that can never fit a team's cap (40 prompts x 100 tokens against 2,000), then one that
+    fits (5 prompts x 20): the first is refused before any engine runs, the second is counted in full."""
+    prompts = [f"Batch prompt {i}: name one use of a KV cache." for i in range(40)]
+    async with httpx.AsyncClient(timeout=120) as client:
+        too_big = await client.post(
+            url, json={"model": model, "prompt": prompts, "max_tokens": 100}, headers=dict(headers)
+        )
+        fits = await client.post(
+            url, json={"model": model, "prompt": prompts[:5], "max_tokens": 20}, headers=dict(headers)
+        )
+    out = []
+    for r in (too_big, fits):
+        sent = Sent("batch", r.status_code, r.headers.get("retry-after"), body=r.text)
+        if r.status_code == 200:
+            usage = r.json()["usage"]
+            sent.prompt_tokens, sent.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+        out.append(sent)
+    return out[0], out[1]

@@ -8,6 +8,8 @@ import csv
 import io
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from cognitora.budgets.plan import Identity
 from cognitora.config import load_config
 from cognitora.router import Router
 from kvstate.redis_store import RedisStore
+from tests.conftest import REDIS_PASSWORD, ROOT
+from tests.redis_server import free_port
 
 BUDGETS = {
     "prices": {"m": {"input_per_million_usd": 1.0, "output_per_million_usd": 2.0}},
@@ -112,3 +116,53 @@ def test_errors_say_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str
     path.write_text(yaml.safe_dump({"models": [{"name": "m", "endpoints": [{"url": "http://h:1"}]}]}))
     code, _, err = run(capsys, "show", "--config", str(path))
     assert code == 2 and "has no budgets section" in err
+
+
+def cli_config(tmp_path: Path, redis_url: str) -> Path:
+    path = tmp_path / "cognitora.yaml"
+    data = {"redis_url": redis_url, "budgets": BUDGETS, "models": [{"name": "m", "endpoints": [{"url": "http://h:1"}]}]}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cognitora(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command an operator types, in its own process: what it prints and how it exits."""
+    cmd = [sys.executable, "-m", "cognitora.cli", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd, env={"PYTHONPATH": str(ROOT)})
+
+
+def test_redis_down_or_refusing_is_one_line_that_says_what_to_do(tmp_path: Path, redis_with_password_url: str) -> None:
+    down = cli_config(tmp_path, f"redis://:{REDIS_PASSWORD}@127.0.0.1:{free_port()}/0")
+    done = cognitora("budgets", "report", "--config", str(down), cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "Traceback" not in line and REDIS_PASSWORD not in line
+    assert line.startswith("cognitora budgets: cannot read the budget store at redis://:****@127.0.0.1:")
+    assert "start Redis there, or point redis_url in" in line
+
+    wrong = redis_with_password_url.replace(REDIS_PASSWORD, "not-the-password")
+    refused = cli_config(tmp_path, wrong)
+    for command in ("report", "show"):
+        done = cognitora("budgets", command, "--config", str(refused), cwd=tmp_path)
+        assert done.returncode == 1 and done.stdout == ""
+        [line] = done.stderr.splitlines()
+        assert "Redis refused the credentials" in line and "fix redis_url" in line
+        assert "not-the-password" not in line and REDIS_PASSWORD not in line and "Traceback" not in line
+
+
+def test_a_malformed_redis_url_never_prints_its_password(tmp_path: Path) -> None:
+    """``rediss//:pw@host`` (a colon missing): every command that reads the config says the URL is wrong, with the
+    password masked."""
+    secret = "canary-malformed-7c1d"
+    path = cli_config(tmp_path, f"rediss//:{secret}@10.0.0.9:6379")
+    for argv in (
+        ("budgets", "report", "--config", str(path)),
+        ("explain", "--config", str(path), "--model", "m", "--prompt", "hi"),
+        ("extproc", "--config", str(path), "--listen", "127.0.0.1:0"),
+        ("collector", "--config", str(path)),
+    ):
+        done = cognitora(*argv, cwd=tmp_path)
+        out = done.stdout + done.stderr
+        assert done.returncode != 0, (argv, out)
+        assert "redis_url: expected a Redis URL" in out and "rediss//:****@10.0.0.9:6379" in out, (argv, out)
+        assert secret not in out, (argv, out)

@@ -132,6 +132,10 @@ async def test_redis_down_fail_open_counts_here_and_writes_when_back(
     assert gate is not None
     await gate.drain()
     assert gate.backlog == 3 and gate.stats.fail_open == 3
+    from cognitora.metrics.families import budget_families
+
+    [fail_open] = [m for m in budget_families(gate) if m.name == "cognitora_budget_fail_open"]
+    assert [s.value for s in fail_open.samples] == [3]  # counted where an operator sees it
     redis_process.start()
     settled += await serve(router, 1)  # the first answer from the store starts writing the backlog
     await gate.drain()

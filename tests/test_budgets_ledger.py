@@ -72,6 +72,32 @@ async def test_concurrent_requests_never_overshoot(ledger: BudgetLedger) -> None
     assert refusal.used == 100 * n // 4
 
 
+async def test_a_batch_counts_exactly_as_its_requests_one_by_one(ledger: BudgetLedger) -> None:
+    """200 reservations in ONE call (what the gate's batcher sends under load) against a limit for 50: the first
+    50 admitted, in order, the rest refused with the counter at the cap; two teams in the same batch each get their
+    own cap; one settle call for the admitted ones leaves exactly their usage."""
+    n = 200
+    planner = Planner(
+        budgets(
+            alpha={"limits": [{"window": "day", "total_tokens": 100 * n // 4}]},
+            beta={"limits": [{"window": "day", "total_tokens": 100 * 3}]},
+        )
+    )
+    plans = [reservation(planner, "alpha" if i % 2 == 0 else "beta", 60, 40) for i in range(n)]
+    verdicts = await ledger.reserve_many(plans, int(NOW * 1000))
+    alpha = [v for p, v in zip(plans, verdicts, strict=True) if p.identity.team == "alpha"]
+    beta = [v for p, v in zip(plans, verdicts, strict=True) if p.identity.team == "beta"]
+    assert [v is None for v in alpha] == [True] * (n // 4) + [False] * (n // 4)
+    assert [v is None for v in beta] == [True] * 3 + [False] * (n // 2 - 3)
+    admitted = [p for p, v in zip(plans, verdicts, strict=True) if v is None]
+    results = await ledger.settle_many([(p, Usage(50, 10), 1) for p in admitted])
+    assert results == [SettleResult.SETTLED] * len(admitted)
+    assert await ledger.settle_many([(admitted[0], Usage(50, 10), 1)]) == [SettleResult.ALREADY]
+    values = await ledger.counter_values([plans[0].counters[0], plans[1].counters[0]], int(NOW * 1000))
+    assert values == [60 * n // 4, 60 * 3]
+    assert await ledger.open_reservations() == 0
+
+
 async def test_settle_replaces_the_estimate_once(ledger: BudgetLedger) -> None:
     planner = Planner(budgets(alpha={"limits": [{"window": "month", "output_tokens": 1000, "input_tokens": 500}]}))
     r = reservation(planner, "alpha", 100, 400)

@@ -46,6 +46,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         yield f
 
 
+def export_config(proxy_config: Path) -> tuple[ManagedProcess, Path]:
+    """``python -m litellm_plugin.export`` started on the proxy's config: the cognitora.yaml an operator runs
+    ``cognitora budgets`` with (wait for the process before reading it)."""
+    out = proxy_config.parent / "cognitora.yaml"
+    export = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(proxy_config), "-o", str(out)],
+        proxy_config.parent / "export.log",
+        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
+        cwd=proxy_config.parent,
+    )
+    return export, out
+
+
 def test_two_teams_one_runs_out_through_litellm(
     fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
 ) -> None:
@@ -55,13 +68,7 @@ def test_two_teams_one_runs_out_through_litellm(
     (tmp_path / "budget_auth.py").write_text(AUTH_MODULE)
     config["general_settings"]["custom_auth"] = "budget_auth.user_api_key_auth"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    cognitora_yaml = tmp_path / "cognitora.yaml"  # what an operator runs the report with: exported from the proxy's
-    export = ManagedProcess(
-        [sys.executable, "-m", "litellm_plugin.export", str(path), "-o", str(cognitora_yaml)],
-        tmp_path / "export.log",
-        env={"PYTHONPATH": str(budgets_e2e.ROOT)},
-        cwd=tmp_path,
-    )
+    export, cognitora_yaml = export_config(path)  # what an operator runs the report with, from the proxy's config
     proxy = Proxy(path, tmp_path, salt="budgets")  # (the export runs meanwhile)
     try:
         assert export.proc.wait(timeout=60) == 0, export.log_tail()
@@ -79,6 +86,37 @@ def test_two_teams_one_runs_out_through_litellm(
         rows = {(r["kind"], r["subject"]) for r in report["usage"]}
         assert {("key", "alpha-key"), ("user", "alice"), ("key", "beta-key"), ("user", "bob")} <= rows
         print("litellm budgets", figures)
+    except BaseException:
+        print(proxy.process.log_tail(80))
+        raise
+    finally:
+        proxy.stop()
+
+
+def test_two_teams_at_100_concurrent_never_overshoot_through_litellm(
+    fleet: SimFleet, smollm2_dir: Path, tmp_path: Path, redis_server_url: str, key_prefix: str
+) -> None:
+    """Two teams with a 2,000-token cap send 100 requests each at the same moment (it once overshot to 3,730):
+    each ends at most at its cap, within one request of it, every refusal a 429, nothing admitted unchecked (the
+    plugin's fail-open counter stays 0). Then a completions batch that can never fit is refused (400), and one
+    that fits is counted for every prompt."""
+    path = write_config(tmp_path, fleet, smollm2_dir, redis_url=redis_server_url, key_prefix=key_prefix)
+    config = yaml.safe_load(path.read_text())
+    args = config["router_settings"]["routing_strategy_args"]
+    args["budgets"] = budgets_e2e.LOADED_BUDGETS
+    args["placement"]["store_timeout_s"] = 0.25  # the production default: a reservation must not depend on it
+    (tmp_path / "team_key_auth.py").write_text(budgets_e2e.TEAM_KEY_AUTH)
+    config["general_settings"]["custom_auth"] = "team_key_auth.user_api_key_auth"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    export, cognitora_yaml = export_config(path)
+    proxy = Proxy(path, tmp_path, salt="loaded")
+    try:
+        assert export.proc.wait(timeout=60) == 0, export.log_tail()
+        teams = (*budgets_e2e.LOADED_TEAMS, budgets_e2e.BATCH_TEAM)
+        headers = {t: {"Authorization": f"Bearer sk-team-{t}"} for t in teams}
+        metrics_url = f"{proxy.url}/cognitora/metrics"
+        used = budgets_e2e.loaded_run(proxy.url, headers, "chat", cognitora_yaml, metrics_url)
+        print("litellm 2 x 100 concurrent", used)
     except BaseException:
         print(proxy.process.log_tail(80))
         raise

@@ -222,6 +222,14 @@ async def test_concurrent_admits_never_overshoot_and_metrics_say_so(
     assert samples[("cognitora_budget_limit", labels)] == limit
     assert samples[("cognitora_budget_usage", labels)] == 15 * n // 4
     assert samples[("cognitora_budget_rejections", (("reason", "total_tokens"), ("team", "alpha")))] == n - n // 4
+    assert samples[("cognitora_budget_fail_open", ())] == 0  # Redis up: never admitted unchecked
+    counts = [
+        s.value
+        for m in RouterFamilies(router).collect()
+        for s in m.samples
+        if s.name == "cognitora_budget_reserve_duration_seconds_count"
+    ]
+    assert counts == [n]  # each reservation's latency observed
     await router.close()
 
 

@@ -222,13 +222,16 @@ async def test_at_max_concurrency_requests_stay_local_until_one_finishes() -> No
 
 
 async def test_spend_is_recorded_per_team_and_a_spent_team_stays_local() -> None:
-    router, _ = router_for(make_config(team_spend_limit_usd={"research": 5.0}))
-    _, attempt = await router.admit(request())
+    probe, _ = await router_for(make_config())[0].admit(request(max_tokens=2))
+    estimate = probe.prompt_tokens + 2 * 2  # $1 a prompt token, $2 a completion token, max_tokens 2
+    # The limit holds one request's estimate, and less than the spend below plus a second one's.
+    router, _ = router_for(make_config(team_spend_limit_usd={"research": estimate + 1.0}))
+    _, attempt = await router.admit(request(max_tokens=2))
     assert attempt is not None
     attempt.finish(Outcome(OutcomeKind.COMPLETED, status=200, prompt_tokens=2, completion_tokens=2))  # $2 + $4
     row = router.burst.ledger.rows[("research", "cloud")]
     assert (row.requests, row.input_tokens, row.output_tokens, row.cost_usd) == (1, 2, 2, 6.0)
-    decision, _ = await router.admit(request())
+    decision, _ = await router.admit(request(max_tokens=2))
     assert decision.cloud is None and "spend exhausted" in decision.reason
     page = Exporter(router.config, "extproc", router=router).render().decode()
     assert 'cognitora_cloud_cost_usd_total{target="cloud",team="research"} 6.0' in page

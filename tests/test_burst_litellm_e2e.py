@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,16 +21,14 @@ import pytest
 import yaml
 
 from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
-from cognitora.process import ManagedProcess, free_port, wait_until
+from bench.cloud_stacks import litellm_example_on, start_litellm_proxy
+from cognitora.process import ManagedProcess, wait_until
 from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora.sim.launch import SimFleet, start_fleet
 from tests.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "litellm_burst.yaml"
-LITELLM = Path(sys.executable).parent / "litellm"
 SLO_S = 2.5
 ENGINE_TTFT_BOUND_S = 2.5
 """A bucket bound of the engine's TTFT histogram (vLLM's buckets) under the SLO."""
@@ -104,13 +101,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         start_fleet(1, profile="mac", tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp) as fleet,
         start_cloud(log_dir=tmp, args=cloud_args, env=env) as cloud,
     ):
-        config: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-        *engines, cloud_dep = config["model_list"]
-        engine = engines[0]  # this test's fleet is one engine: the example's first
-        config["model_list"] = [engine, cloud_dep]
-        engine["litellm_params"]["api_base"] = f"{fleet.urls[0]}/v1"
-        engine["model_info"] = {"id": "engine-0", "cognitora_prefill_tokens_per_s": 1200}  # no KV events here
-        cloud_dep["litellm_params"]["api_base"] = cloud.base_url
+        config = litellm_example_on(fleet.urls[0], cloud.base_url)
         args = config["router_settings"]["routing_strategy_args"]
         args["scrape"] = {"interval_s": 1.0, "timeout_s": 1.0}
         args["burst"]["unhealthy_s"] = HOLD_OFF_S
@@ -119,19 +110,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         config["general_settings"]["custom_auth"] = "burst_auth.user_api_key_auth"
         path = tmp / "litellm_burst.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = free_port()
-        proxy_env = {
-            "LITELLM_MASTER_KEY": "sk-master-" + secrets.token_hex(8),
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_TELEMETRY": "False",
-            "PYTHONPATH": str(ROOT),
-            **env,
-        }
-        argv = [str(LITELLM), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
-        proxy = ManagedProcess(argv, tmp / "litellm.log", env=proxy_env, cwd=tmp)
+        proxy, url = start_litellm_proxy(path, tmp, env)
         try:
-            url = f"http://127.0.0.1:{port}"
-            proxy.wait_http(f"{url}/health/liveliness", timeout_s=90)
             stack = Stack(fleet, cloud, proxy, url)
             # The proxy's first calls pay for its clients' set-up (seconds on this machine): not the fleet's TTFT.
             warm = asyncio.run(closed_loop(url, stack.headers(LOCAL_KEY), workers=1, requests=3, tag="warm"))
@@ -179,8 +159,8 @@ def test_a_load_step_bursts_a_share_and_keeps_local_ttft_within_the_slo(stack: S
     assert (
         'cognitora_burst_decisions_total{model="chat",priority="default",reason="saturated",target="sim-cloud"}' in page
     )
-    served = stack.cloud.metrics()
-    assert served.get('sim_cloud_requests_total{status="200"}', 0) >= len(cloud)
+    counts = stack.cloud.metrics()
+    assert counts.get('sim_cloud_requests_total{status="200"}', 0) >= len(cloud)
 
 
 def test_a_team_without_permission_never_bursts(stack: Stack) -> None:

@@ -64,7 +64,9 @@ def write_config(tmp_path: Path, redis_url: str, key_prefix: str, *, cluster: bo
             ],
             "teams": ["research", "ops"],
             "priorities": ["default"],
-            "team_spend_limit_usd": {"research": 5.0},
+            # A request below is held at $52 while in flight (48 prompt tokens at $1, max_tokens 2 at $2): the limit
+            # lets one go, and not one more after the $6 it spent.
+            "team_spend_limit_usd": {"research": 55.0},
         },
     }
     path = tmp_path / "cognitora.yaml"
@@ -74,7 +76,13 @@ def write_config(tmp_path: Path, redis_url: str, key_prefix: str, *, cluster: bo
 
 def request(team: str | None = "research") -> RouteRequest:
     return RouteRequest(
-        model=MODEL, prompt="a prompt of a few words " * 8, team=team, api_key_id="k-1", user="ann", priority="default"
+        model=MODEL,
+        prompt="a prompt of a few words " * 8,
+        team=team,
+        api_key_id="k-1",
+        user="ann",
+        priority="default",
+        max_tokens=2,
     )
 
 
@@ -103,7 +111,7 @@ async def spend_on_one_router_is_seen_by_another(config_file: Path) -> None:
         await first.budgets.drain()
 
         # This router knows its own spend without a read; the other reads the shared counter.
-        assert not first.burst.spend.may_burst("research")
+        assert not first.burst.spend.hold("probe", "research", 52.0)
         refused, served_here = await second.admit(request())
         assert refused.cloud is None and "spend exhausted" in refused.reason and served_here is not None
         served_here.finish(Outcome(OutcomeKind.COMPLETED, status=200, prompt_tokens=48, completion_tokens=10))

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from cognitora.metrics.serve import cors_headers
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.process import free_port
 from cognitora.sim.launch import start_fleet
 from envoy_extproc.launch import start_gateway
@@ -384,10 +384,10 @@ def test_a_slow_scrape_that_lands_late_is_not_drawn_after_a_newer_one() -> None:
         if served % 2:
             await asyncio.sleep(0.9)  # answered after the next poll's read (interval 0.3 s)
         body = f"# TYPE cognitora_decisions_total counter\ncognitora_decisions_total {value}\n"
-        return web.Response(text=body, headers=cors_headers())
+        return web.Response(text=body, headers=CorsPolicy().headers(dict(request.headers)))
 
     async def preflight(request: web.Request) -> web.Response:
-        return web.Response(status=204, headers=cors_headers(dict(request.headers)))
+        return web.Response(status=204, headers=CorsPolicy().headers(dict(request.headers), preflight=True))
 
     async def run() -> dict[str, Any]:
         app = web.Application()
@@ -424,3 +424,149 @@ def test_a_slow_scrape_that_lands_late_is_not_drawn_after_a_newer_one() -> None:
     counters = [float(v) for _, v in history]
     assert counters == sorted(counters), f"a counter read earlier was drawn after a later one: {counters}"
     assert got["rates"] and min(got["rates"]) >= 0, got["rates"]
+
+
+# -- governance: budgets, burst and cloud, rewrites by intent ------------------------------------------------------
+
+READ_GOVERNANCE = """(() => {
+  const rows = (table, key) => {
+    const out = {};
+    for (const row of document.querySelectorAll('[data-table="' + table + '"] tbody tr')) {
+      const cells = {};
+      for (const el of row.querySelectorAll('[data-metric]')) {
+        cells[el.dataset.metric] = el.dataset.value !== undefined ? Number(el.dataset.value) : el.textContent;
+        if (el.dataset.state !== undefined) cells.state = el.dataset.state;
+      }
+      out[key(row)] = cells;
+    }
+    return out;
+  };
+  return {
+    budgets: rows('budgets', (r) => [r.dataset.team, r.dataset.window || '', r.dataset.budgetMetric || ''].join('|')),
+    burst: rows('burst', (r) => r.dataset.class),
+    cloud: rows('cloud', (r) => r.dataset.target),
+    spend: rows('cloud_spend', (r) => r.dataset.team + '|' + r.dataset.target),
+    rewrites: rows('rewrites', (r) => [r.dataset.intent, r.dataset.requested, r.dataset.model].join('|')),
+    ready: !!document.body && document.body.dataset.ready === '1',
+  };
+})()"""
+
+
+def governance_config() -> Any:
+    from cognitora.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "placement": {"store_timeout_s": 5.0, "priorities": {"default": {"ttft_slo_s": 2.0}}},
+            "models": [  # "code" is so slow (2 tokens/s) that every request of it misses the SLO
+                {"name": "code", "endpoints": [{"url": "http://127.0.0.1:9101", "prefill_tokens_per_s": 2}]},
+                {"name": "small", "endpoints": [{"url": "http://127.0.0.1:9201", "prefill_tokens_per_s": 1e6}]},
+            ],
+            "intent": {
+                "rewrite": ["auto"],
+                "default": "small",
+                "intents": [
+                    {"name": "code", "target": "code", "rules": [{"last_user_regex": r"```|\bdef "}]},
+                    {"name": "chat", "target": "small", "rules": [{"last_user_keywords": ["hello"]}]},
+                ],
+            },
+            "budgets": {
+                "prices": {"code": {"input_per_million_usd": 1.0, "output_per_million_usd": 2.0}},
+                "teams": {
+                    "research": {"limits": [{"window": "day", "total_tokens": 100_000}]},
+                    "ops": {"limits": [{"window": "day", "total_tokens": 5}]},  # every request is refused
+                },
+            },
+            "burst": {
+                "targets": [
+                    {
+                        "name": "sim-cloud",
+                        "base_url": "https://cloud.example/v1",
+                        "models": {"code": "big-code", "small": "big-small"},
+                        "input_usd_per_mtok": 150_000.0,
+                        "output_usd_per_mtok": 600_000.0,
+                    }
+                ],
+                "teams": ["research"],
+                "priorities": ["default"],
+            },
+        }
+    )
+
+
+async def governance_traffic() -> tuple[Any, Any]:
+    """A Router over the in-process store, with budgets, burst and intent: research's code questions go to the
+    cloud (its engine is too slow), its greetings to the small model; ops is refused by its budget."""
+    from cognitora.attempt import Outcome, OutcomeKind
+    from cognitora.request import RouteRequest
+    from cognitora.router import Router
+    from kvstate.memory_store import MemoryStore
+
+    router = Router(governance_config(), MemoryStore())
+
+    def ask(text: str, team: str) -> RouteRequest:
+        return RouteRequest(model="auto", messages=[{"role": "user", "content": text}], team=team, max_tokens=4)
+
+    done = Outcome(OutcomeKind.COMPLETED, status=200, prompt_tokens=20, completion_tokens=4)
+    for i in range(3):
+        decision, attempt = await router.admit(ask(f"```python\ndef f{i}(): pass\n```", "research"))
+        assert decision.cloud is not None and attempt is not None, decision.reason
+        attempt.finish(done)
+    for _ in range(2):
+        decision, attempt = await router.admit(ask("hello there", "research"))
+        assert decision.cloud is None and attempt is not None, decision.reason
+        attempt.finish(done)
+    for _ in range(2):
+        refused, _ = await router.admit(ask("hello again", "ops"))
+        assert refused.rejection is not None
+    await asyncio.sleep(0)
+    gate = router.budgets
+    assert gate is not None
+    await gate.drain()
+    gate.last_usage = await gate.usage_gauges()  # (the gate reads it every few seconds while requests come)
+    return router, gate
+
+
+def test_the_page_shows_budgets_burst_cloud_spend_and_rewrites() -> None:
+    from cognitora.metrics.exporter import Exporter
+    from cognitora.metrics.serve import MetricsServer
+    from tests.test_metrics import value
+
+    async def run() -> tuple[dict[str, Any], str]:
+        router, _ = await governance_traffic()
+        exporter = Exporter(router.config, "extproc", router=router)
+        server = MetricsServer(exporter.page)  # the default CORS policy: the dashboard from disk may read it
+        await server.start("127.0.0.1:0")
+        try:
+            page = (await exporter.page()).decode()
+            async with Chromium() as browser:
+                await browser.open(f"{DASHBOARD.as_uri()}?metrics=http://127.0.0.1:{server.port}/metrics&interval=500")
+                deadline = time.monotonic() + 30
+                while True:
+                    got: dict[str, Any] = await browser.evaluate(READ_GOVERNANCE)
+                    if got["ready"] and got["rewrites"] and got["cloud"]:
+                        return got, page
+                    assert time.monotonic() < deadline, f"the governance panel stayed empty: {got} {browser.console}"
+                    await asyncio.sleep(0.2)
+        finally:
+            await server.stop()
+            await router.close()
+
+    got, page = asyncio.run(run())
+    # Budgets: usage against the limit per team, and ops' refusals.
+    research = got["budgets"]["research|day|total_tokens"]
+    assert research["budget_limit"] == 100_000
+    assert research["budget_used"] == value(page, "cognitora_budget_usage", team="research") > 0
+    assert 0 < research["budget_use"] < 0.01
+    assert got["budgets"]["ops|day|total_tokens"]["budget_refused"] == 2
+    # Burst: the class, what went out, the cloud target's breaker and spend, per team.
+    code = got["burst"]["code · default"]
+    assert code["burst_out"] == 3 and code["burst_state"] == "in burst"
+    cloud = got["cloud"]["sim-cloud"]
+    assert cloud["state"] == "closed" and cloud["cloud_ok"] == 3 and cloud["cloud_inflight"] == 0
+    spend = value(page, "cognitora_cloud_cost_usd_total", team="research", target="sim-cloud")
+    assert spend == pytest.approx(3 * (20 * 0.15 + 4 * 0.6)) and cloud["cloud_spend"] == pytest.approx(spend)
+    assert got["spend"]["research|sim-cloud"]["cloud_team_requests"] == 3
+    # Rewrites by intent: the model asked for ("auto") and the one that served.
+    assert got["rewrites"]["code|auto|code"]["rewrites"] == 3
+    assert got["rewrites"]["chat|auto|small"]["rewrites"] == 4  # research's two greetings and ops' two

@@ -707,3 +707,39 @@ def test_a_path_under_a_route_prefix_is_placed_too(tmp_path: Path) -> None:
             bg.run(runner.cleanup())
         bg.close()
     assert served == ["b", "a", "b"]  # each went to the pick, not to the cluster's least-request fallback
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_another_method_on_an_inference_path_never_reaches_an_engine(stack: Stack, method: str, path: str) -> None:
+    # The routes matched the path alone: a GET or PUT went to an engine unplaced (its own 405, from the engine).
+    stack.core.reset(stack.engines["a"])
+    r = httpx.request(method, f"{stack.url}{path}", json=chat_body(), timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == "POST", (method, path, r.text)
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    assert "x-cognitora-upstream-host" not in r.headers  # answered by Envoy itself
+    assert stack.core.placed == []
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_post_without_a_body_is_refused_not_sent_unplaced(stack: Stack, path: str) -> None:
+    stack.core.reset(stack.engines["a"])
+    r = httpx.post(f"{stack.url}{path}", timeout=10)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("the request has no body")
+    assert "x-cognitora-upstream-host" not in r.headers
+    assert stack.core.placed == []
+
+
+def test_the_services_own_5xx_reaches_the_client_as_it_wrote_it(stack: Stack) -> None:
+    # The 5xx local-reply mapper wrapped it: {"error": {"message": "gateway error: {\"error\": ...}"}}.
+    stack.core.reset(stack.engines["a"])
+    stack.core.rejection = Rejection(503, "budget store unavailable and budgets.on_store_error is fail_closed", 2)
+    r = post(stack, chat_body())
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert r.json()["error"]["message"] == "budget store unavailable and budgets.on_store_error is fail_closed"
+    # Envoy's own 5xx (nothing placed: the service failed) is still JSON.
+    stack.core.reset(stack.engines["a"])
+    stack.core.fail = True
+    failed = post(stack, chat_body())
+    assert failed.status_code == 503 and failed.json()["error"]["message"].startswith("the gateway could not place")

@@ -77,7 +77,7 @@ def cloud_answers(cloud: SimCloudProcess) -> float:
 def test_envoy_burst_example_bursts_for_the_team_allowed_to(tmp_path: Path) -> None:
     """examples/envoy_burst.yaml's header, from the top of the checkout: the README's fleet on slow machines, the
     simulated cloud with its CA where the pieces expect it, ``cognitora extproc --config
-    examples/cognitora-burst.yaml --collector``, and Envoy on examples/envoy.yaml with the three pieces added as the
+    examples/cognitora-burst.yaml --collector``, and Envoy on examples/envoy.yaml with the two pieces added as the
     steps say (nothing else changed). Team research's load step gets answers from the cloud; team ops', as heavy,
     none."""
     doc = "examples/envoy_burst.yaml"

@@ -67,12 +67,20 @@ def test_an_sdk_router_serves_its_page_on_metrics_listen_until_uninstalled() -> 
             }
         ],
         routing_strategy="cognitora",
-        routing_strategy_args={"metrics_listen": f"127.0.0.1:{port}", "scrape": {"interval_s": 0.2}},
+        routing_strategy_args={
+            "metrics_listen": f"127.0.0.1:{port}",
+            "scrape": {"interval_s": 0.2},
+            "metrics": {"cors_origins": ["null", "https://dash.example"]},
+        },
     )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        page = httpx.get(url, headers={"Origin": "null"}, timeout=10)
-        assert page.status_code == 200 and page.headers["access-control-allow-origin"] == "*"
+        page = httpx.get(url, headers={"Origin": "null"}, timeout=10)  # the dashboard opened from disk
+        assert page.status_code == 200 and page.headers["access-control-allow-origin"] == "null"
+        listed = httpx.get(url, headers={"Origin": "https://dash.example"}, timeout=10)
+        assert listed.headers["access-control-allow-origin"] == "https://dash.example"
+        other = httpx.get(url, headers={"Origin": "https://elsewhere.example"}, timeout=10)
+        assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
         assert 'cognitora_info{process="litellm"' in page.text
         decisions = [s for f in text_string_to_metric_families(page.text) for s in f.samples if "decisions" in s.name]
         assert decisions == []  # the family is there, with no request placed yet

@@ -17,7 +17,8 @@ from prometheus_client.samples import Sample
 
 from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.collector import Collector
-from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import Exporter
 from cognitora.metrics.names import SPECS, Kind, Merge, reference_markdown
 from cognitora.metrics.serve import MetricsServer, parse_listen
@@ -217,37 +218,70 @@ def test_every_fleet_and_process_family_merges_first_and_the_rest_sum() -> None:
         assert s.kind is not Kind.COUNTER or s.sample_name.endswith("_total")
 
 
-async def test_the_http_page_answers_any_origin_and_its_preflight() -> None:
-    config = make_config()
+async def test_the_http_page_answers_only_the_origins_the_operator_lists() -> None:
+    # Before, every answer carried "Access-Control-Allow-Origin: *" and every preflight "Allow-Private-Network": any
+    # site an insider's browser opened could read engine addresses, team names and budget usage.
+    config = config_from_dict(
+        {
+            "models": [{"name": "m", "endpoints": [{"url": "http://127.0.0.1:9"}]}],
+            "metrics": {"cors_origins": ["null", "https://dashboard.example"]},
+        }
+    )
     exporter = Exporter(config, "extproc", router=Router(config, MemoryStore()))
-    server = MetricsServer(exporter.page)
+    server = MetricsServer(exporter.page, CorsPolicy.of(config.metrics))
     await server.start("127.0.0.1:0")
+
+    def preflight_headers(origin: str) -> dict[str, str]:
+        return {
+            "Origin": origin,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-requested-with",
+            "Access-Control-Request-Private-Network": "true",
+        }
+
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
-            got = await client.get("/metrics", headers={"Origin": "null"})  # a page opened from file://
+            got = await client.get("/metrics", headers={"Origin": "null"})  # the dashboard opened from file://
             assert got.status_code == 200
-            assert got.headers["access-control-allow-origin"] == "*"
+            assert got.headers["access-control-allow-origin"] == "null" and got.headers["vary"] == "Origin"
             assert got.headers["content-type"].startswith("text/plain; version=0.0.4")
             assert value(got.text, "cognitora_info", process="extproc") == 1
-            preflight = await client.request(
-                "OPTIONS",
-                "/metrics",
-                headers={
-                    "Origin": "https://dashboard.example",
-                    "Access-Control-Request-Method": "GET",
-                    "Access-Control-Request-Headers": "x-requested-with",
-                    "Access-Control-Request-Private-Network": "true",
-                },
-            )
-            assert preflight.status_code == 204
-            assert preflight.headers["access-control-allow-origin"] == "*"
-            assert "GET" in preflight.headers["access-control-allow-methods"]
-            assert preflight.headers["access-control-allow-headers"] == "x-requested-with"
-            assert preflight.headers["access-control-allow-private-network"] == "true"
-            missing = await client.get("/nope")
-            assert missing.status_code == 404 and missing.headers["access-control-allow-origin"] == "*"
+            listed = await client.request("OPTIONS", "/metrics", headers=preflight_headers("https://dashboard.example"))
+            assert listed.status_code == 204
+            assert listed.headers["access-control-allow-origin"] == "https://dashboard.example"
+            assert "GET" in listed.headers["access-control-allow-methods"]
+            assert listed.headers["access-control-allow-headers"] == "x-requested-with"
+            assert listed.headers["access-control-allow-private-network"] == "true"
+            # A sandboxed frame of any site is "null" too: no private-network grant for it.
+            null = await client.request("OPTIONS", "/metrics", headers=preflight_headers("null"))
+            assert "access-control-allow-private-network" not in null.headers
+            for origin in ("https://evil.example", "http://dashboard.example"):
+                other = await client.get("/metrics", headers={"Origin": origin})
+                assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+                refused = await client.request("OPTIONS", "/metrics", headers=preflight_headers(origin))
+                assert not {"access-control-allow-origin", "access-control-allow-private-network"} & set(
+                    refused.headers
+                )
+            missing = await client.get("/nope", headers={"Origin": "https://dashboard.example"})
+            assert missing.status_code == 404
+            assert missing.headers["access-control-allow-origin"] == "https://dashboard.example"
     finally:
         await server.stop()
+
+
+def test_the_default_lets_only_the_dashboard_from_disk_read_and_a_bad_origin_is_a_clear_error() -> None:
+    default = config_from_dict({"models": [{"name": "m", "endpoints": [{"url": "http://127.0.0.1:9"}]}]})
+    assert default.metrics.cors_origins == ["null"]
+    policy = CorsPolicy.of(default.metrics)
+    assert policy.headers({"Origin": "null"}).get("Access-Control-Allow-Origin") == "null"
+    assert "Access-Control-Allow-Origin" not in policy.headers({"Origin": "https://any.example"})
+    with pytest.raises(ConfigError, match=r"metrics.cors_origins.*not an origin: write scheme://host\[:port\]"):
+        config_from_dict(
+            {
+                "models": [{"name": "m", "endpoints": [{"url": "http://127.0.0.1:9"}]}],
+                "metrics": {"cors_origins": ["https://dash.example/path"]},
+            }
+        )
 
 
 async def test_a_page_that_cannot_be_made_is_a_503_not_a_dead_server() -> None:

@@ -96,13 +96,17 @@ async def send(
         return list(await asyncio.gather(*(one(client, i) for i in range(n))))
 
 
-def assert_preflight_answered(url: str) -> None:
+def assert_preflight_answered(url: str, *, only_listed: bool = True) -> None:
+    """The page answers the origin the config lists (metrics.cors_origins), and, ``only_listed``, no other."""
     headers = {"Origin": ORIGIN, "Access-Control-Request-Method": "GET"}
     preflight = httpx.request("OPTIONS", url, headers=headers, timeout=10)
     assert preflight.status_code in (200, 204), preflight.text
     assert preflight.headers.get("access-control-allow-origin") in ("*", ORIGIN)
     got = httpx.get(url, headers={"Origin": ORIGIN}, timeout=10)
     assert got.headers.get("access-control-allow-origin") in ("*", ORIGIN)
+    if only_listed:
+        other = httpx.get(url, headers={"Origin": "https://elsewhere.example"}, timeout=10)
+        assert "access-control-allow-origin" not in other.headers, other.headers
 
 
 def assert_feedback_learned(page: dict[tuple[str, frozenset[tuple[str, str]]], float], fleet: SimFleet) -> None:
@@ -144,6 +148,7 @@ def test_envoy_workers_and_collector_pages_after_traffic(
         "key_prefix": f"cogtest-metrics-{secrets.token_hex(4)}",
         "models": fleet_models(fleet, smollm2_dir),
         "scrape": {"interval_s": 0.5, "timeout_s": 0.4},
+        "metrics": {"cors_origins": [ORIGIN]},
         "placement": {"store_timeout_s": 2.0},
     }
     config_path = tmp_path / "cognitora.yaml"
@@ -280,6 +285,7 @@ def test_envoy_one_process_with_its_embedded_collector_serves_every_family(
     config = {
         "models": fleet_models(fleet, smollm2_dir),
         "scrape": {"interval_s": 0.5, "timeout_s": 0.4},
+        "metrics": {"cors_origins": [ORIGIN]},
         # A third of the requests stream (8): learn from the first, so both engines show a factor.
         "cost_model": {"feedback": {"min_samples": 1}},
     }
@@ -341,6 +347,7 @@ def test_litellm_proxy_serves_the_page_on_its_own_port_and_on_metrics_listen(
             "routing_strategy_args": {
                 "models": [{"name": "smollm2", "tokenizer": str(smollm2_dir / "tokenizer.json")}],
                 "scrape": {"interval_s": 0.5, "timeout_s": 0.5},
+                "metrics": {"cors_origins": [ORIGIN]},
                 "cost_model": {"feedback": {"min_samples": 1}},
                 "metrics_listen": f"127.0.0.1:{own_port}",
             },
@@ -392,7 +399,7 @@ def test_litellm_proxy_serves_the_page_on_its_own_port_and_on_metrics_listen(
         assert_feedback_learned(page, fleet)
         own = metrics(on_own)  # the same core behind both pages
         assert total(own, "cognitora_decisions_total") == REQUESTS
-        assert_preflight_answered(on_proxy)
+        assert_preflight_answered(on_proxy, only_listed=False)  # the proxy's own CORS policy (LITELLM_CORS_ORIGINS)
         assert_preflight_answered(on_own)
     finally:
         proxy.stop()

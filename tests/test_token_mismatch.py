@@ -21,7 +21,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from cognitora.metrics.serve import cors_headers
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.process import ManagedProcess, free_port, wait_until
 from cognitora.sim.launch import SimFleet, start_fleet
 from cognitora.token_agreement import TokenAgreement, mismatch_message
@@ -142,10 +142,10 @@ def test_dashboard_shows_the_disagreement_in_chromium() -> None:
     }
 
     async def page(request: web.Request) -> web.Response:
-        return web.Response(text=pages[request.match_info["which"]], headers=cors_headers())
+        return web.Response(text=pages[request.match_info["which"]], headers=CorsPolicy().headers(request.headers))
 
     async def preflight(request: web.Request) -> web.Response:
-        return web.Response(status=204, headers=cors_headers(dict(request.headers)))
+        return web.Response(status=204, headers=CorsPolicy().headers(request.headers, preflight=True))
 
     async def banner(port: int, which: str) -> dict[str, Any]:
         async with Chromium() as browser:  # one browser per page: no answer read from the page before

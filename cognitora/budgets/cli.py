@@ -13,11 +13,14 @@ import datetime as dt
 import sys
 from zoneinfo import ZoneInfo
 
+from cognitora.budgets.config import BudgetsConfig
 from cognitora.budgets.gate import open_ledger
 from cognitora.budgets.ledger import BudgetLedger
 from cognitora.budgets.plan import escape
 from cognitora.budgets.report import days_between, format_report, limit_rows, usage_rows
 from cognitora.config import ConfigError, load_config
+from cognitora.redaction import redact, redact_url
+from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = ["main"]
 
@@ -57,21 +60,34 @@ async def _run(args: argparse.Namespace) -> int:
         )
     ledger = open_ledger(config.redis_url, config.key_prefix, budgets.history_days, config.redis_cluster)
     try:
-        if args.command == "reset":
-            return await _reset(ledger, args)
-        zone = ZoneInfo(budgets.time_zone)
-        today = dt.datetime.now(zone).date()
-        usage = None
-        if args.command == "report":
-            since = args.since or (today if args.window == "day" else today.replace(day=1))
-            oldest = today - dt.timedelta(days=budgets.history_days)
-            usage = await usage_rows(ledger, days_between(max(since, oldest), today), by=args.window, team=args.team)
-        seen = sorted({(u.kind, u.subject) for u in usage or ()})
-        limits = await limit_rows(ledger, budgets, seen, team=args.team)
-        print(format_report(usage, limits, args.format))
-        return 0
+        return await _command(ledger, args, budgets)
+    except StoreRefused as exc:
+        _error(f"{exc} (redis_url {redact_url(config.redis_url)} in {args.config})")
+        return 1
+    except StoreUnavailable as exc:
+        _error(
+            f"cannot read the budget store at {redact_url(config.redis_url)} ({exc}); start Redis there, or point "
+            f"redis_url in {args.config} at the Redis the gateways use"
+        )
+        return 1
     finally:
         await ledger.close()
+
+
+async def _command(ledger: BudgetLedger, args: argparse.Namespace, budgets: BudgetsConfig) -> int:
+    if args.command == "reset":
+        return await _reset(ledger, args)
+    zone = ZoneInfo(budgets.time_zone)
+    today = dt.datetime.now(zone).date()
+    usage = None
+    if args.command == "report":
+        since = args.since or (today if args.window == "day" else today.replace(day=1))
+        oldest = today - dt.timedelta(days=budgets.history_days)
+        usage = await usage_rows(ledger, days_between(max(since, oldest), today), by=args.window, team=args.team)
+    seen = sorted({(u.kind, u.subject) for u in usage or ()})
+    limits = await limit_rows(ledger, budgets, seen, team=args.team)
+    print(format_report(usage, limits, args.format))
+    return 0
 
 
 async def _reset(ledger: BudgetLedger, args: argparse.Namespace) -> int:
@@ -88,10 +104,15 @@ async def _reset(ledger: BudgetLedger, args: argparse.Namespace) -> int:
     return 0
 
 
+def _error(message: str) -> None:
+    """One line on stderr, secrets masked: what went wrong and what to do."""
+    print(f"cognitora budgets: {redact(' '.join(message.split()))}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
     except ConfigError as exc:
-        print(f"cognitora budgets: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "ANONYMOUS_TEAM",
     "BudgetDefaults",
     "BudgetsConfig",
     "LimitConfig",
@@ -23,6 +24,11 @@ __all__ = [
     "SubjectKind",
     "WindowKind",
 ]
+
+
+ANONYMOUS_TEAM = "-"
+"""The team of a request that has none (no trusted source named one): one pool for all of them, in the counters
+and the report alike."""
 
 
 class _Strict(BaseModel):
@@ -119,8 +125,16 @@ class BudgetsConfig(_Strict):
     time_zone: str = "UTC"
     """IANA time zone of the calendar windows (day, month) and of the report's days, e.g. ``Europe/Paris``."""
     on_store_error: Literal["fail_open", "fail_closed"] = "fail_open"
-    """Redis unreachable: ``fail_open`` admits and counts in this process, then writes the counts to Redis when it
-    is back (none lost); ``fail_closed`` refuses with 503."""
+    """Redis unreachable (connection refused or reset, no connection within the connect timeout): ``fail_open``
+    admits and counts in this process, then writes the counts to Redis when it is back (none lost);
+    ``fail_closed`` refuses with 503. A Redis that is connected but slow is never a reason to admit."""
+    reserve_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """The longest a request waits for its reservation while Redis is connected but slow to answer; past it the
+    request is refused with 503 and Retry-After (never admitted unchecked). The wait includes the gateway's own
+    event-loop lag: an overloaded gateway reads as a slow store (docs/budgets.md)."""
+    reserve_batch: int = Field(default=256, ge=1, le=4096)
+    """At most this many reservations (and, apart, settles) in one Redis script call: the ones that arrive while
+    the previous call is out go together in the next (1: one call per request)."""
     default_max_tokens: int = Field(default=1024, ge=1)
     """Output tokens reserved for a request that sets no ``max_tokens`` (settled to what it really produced)."""
     reservation_ttl_s: float = Field(default=900.0, gt=0)
@@ -136,6 +150,9 @@ class BudgetsConfig(_Strict):
     users: dict[str, SubjectBudget] = Field(default_factory=dict)
     """Per user id."""
     defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
+    anonymous: list[LimitConfig] | None = None
+    """Limits of the requests that have no team (team ``-``), all of them together in one pool. Unset:
+    ``defaults.team`` applies to that pool; neither set: requests without a team meet no team limit."""
 
     @field_validator("time_zone")
     @classmethod
@@ -159,6 +176,8 @@ class BudgetsConfig(_Strict):
 
     def limits_for(self, kind: SubjectKind, name: str) -> tuple[str, list[LimitConfig]]:
         """The limits that apply to ``name`` and the config path they are at (for messages)."""
+        if kind is SubjectKind.TEAM and name == ANONYMOUS_TEAM and self.anonymous is not None:
+            return "budgets.anonymous", list(self.anonymous)
         entry = self.subjects(kind).get(name)
         if entry is not None:
             return f"budgets.{kind.value}s.{name}", entry.limits

@@ -1,6 +1,17 @@
 """``BudgetGate``: what the Router calls. ``reserve`` at placement (before dispatch), ``settle`` at the attempt's
 finish, and the fail-open backlog that writes what was counted locally once the store answers again.
 
+Reserving, by how the store answers (``docs/budgets.md``, "Admission under load"):
+
+- it answers: admitted or refused, exactly (reservations are batched per call: ``cognitora.budgets.batcher``);
+- it is connected but slow: the request waits, up to ``budgets.reserve_timeout_s``, then is refused with 503 and
+  Retry-After; it is never admitted unchecked because a call was slow;
+- it is unreachable (refused, reset, no connection): ``on_store_error`` decides (fail-open: admitted, counted in
+  ``stats.fail_open``, its usage written to the store when it is back).
+
+Every reservation that may have reached the store and is not used (refused for another reason, given up on,
+placement refused the request) is given back, so a refused request is never charged.
+
 Settling, by how the attempt ended (the actual usage replaces the estimate):
 
 - completed: the response's usage (none reported: the estimate);
@@ -23,12 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from cognitora.attempt import Outcome, OutcomeKind
-from cognitora.budgets.config import BudgetsConfig, Metric, SubjectKind
+from cognitora.budgets.batcher import LedgerBatcher
+from cognitora.budgets.config import ANONYMOUS_TEAM, BudgetsConfig, Metric, SubjectKind
 from cognitora.budgets.ledger import BudgetLedger, Refusal, SettleResult
 from cognitora.budgets.memory_ledger import MemoryLedger
 from cognitora.budgets.plan import MICRO, CounterPlan, Identity, Planner, Reservation, Usage
 from cognitora.decision import Rejection
 from cognitora.request import RouteRequest
+from cognitora.telemetry import Histogram
 from kvstate.store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -42,6 +55,16 @@ _T = TypeVar("_T")
 USAGE_REFRESH_S = 5.0
 BACKLOG_MAX = 1_000_000
 """Settles kept while the store is down (fail-open); past this the oldest are dropped, and logged."""
+SETTLE_TIMEOUT_S = 30.0
+"""A settle is written in the background: it may wait long for a slow store; past this it joins the backlog
+(written again later: settles are idempotent by request id)."""
+RESERVE_SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0,
+)  # fmt: skip
+"""Upper bounds (s) of the reserve latency histogram (``cognitora_budget_reserve_duration_seconds``)."""
+_UNREACHABLE = (StoreUnavailable, ConnectionError, OSError)
+"""Errors that mean the store cannot be reached (``TimeoutError`` is an ``OSError`` too: told apart first)."""
 _ERRORS = (StoreUnavailable, TimeoutError, ConnectionError, OSError)
 _CHARGED_NOTHING = frozenset(
     {
@@ -71,8 +94,13 @@ class GateStats:
     """(team label, reason) -> refusals; reason: the metric of the limit, or ``store_unavailable``."""
     settled: int = 0
     fail_open: int = 0
+    """Requests admitted without the store (it was unreachable, ``on_store_error: fail_open``)."""
+    released: int = 0
+    """Reservations given back because they were not used (refused for another reason, given up on)."""
     flushed: int = 0
     dropped: int = 0
+    reserve_seconds: Histogram = field(default_factory=lambda: Histogram(RESERVE_SECONDS_BUCKETS))
+    """How long each reservation took to be decided (admitted, refused, or given up), in this process."""
 
 
 def open_ledger(redis_url: str | None, prefix: str, history_days: int, cluster: bool = False) -> BudgetLedger:
@@ -103,7 +131,7 @@ def gate_for(config: CognitoraConfig, store: Store, clock: Callable[[], float] =
         ledger = RedisLedger.beside(store.client, config.key_prefix, budgets.history_days)
     else:
         ledger = MemoryLedger()
-    return BudgetGate(budgets, ledger, timeout_s=config.placement.store_timeout_s, clock=clock)
+    return BudgetGate(budgets, ledger, clock=clock)
 
 
 def _in_process(store: Store) -> bool:
@@ -118,18 +146,18 @@ class BudgetGate:
         config: BudgetsConfig,
         ledger: BudgetLedger,
         *,
-        timeout_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self.planner = Planner(config)
-        self._timeout_s = timeout_s
         self._clock = clock
         self._suspends = not isinstance(ledger, MemoryLedger)
+        self._batcher = LedgerBatcher(ledger, config.reserve_batch)
         self._backlog: deque[tuple[Reservation, Usage, int]] = deque()
         self._flushing: asyncio.Task[int] | None = None
         self._down = False
+        self._slow = False
         self._settling: set[asyncio.Task[None]] = set()
         self.stats = GateStats()
         self.last_usage: dict[tuple[str, str, str], float] = {}
@@ -152,7 +180,7 @@ class BudgetGate:
     async def reserve(self, request: RouteRequest, model: str, prompt_tokens: int) -> Hold | Rejection:
         identity = Identity(request.team, request.api_key_id, request.user)
         now = self._clock()
-        estimate = self.planner.estimate(model, prompt_tokens, request.max_tokens)
+        estimate = self.planner.estimate_request(request, model, prompt_tokens)
         reservation = self.planner.plan(request.request_id, identity, model, estimate, now)
         for c in reservation.counters:
             if c.amount > c.cap:
@@ -160,13 +188,18 @@ class BudgetGate:
                 return Rejection(
                     400,
                     f"this request alone needs {_amount(c.metric, c.amount)} against {c.limit_path}, a limit of "
-                    f"{_amount(c.metric, c.cap)} per {c.window}: it can never fit; lower max_tokens or shorten the "
-                    "prompt",
+                    f"{_amount(c.metric, c.cap)} per {c.window}: it can never fit; lower max_tokens (or n, or the "
+                    "prompts in the batch) or shorten the prompt",
                 )
+        started = time.perf_counter()
         try:
-            refusal = await self._call(self.ledger.reserve(reservation, int(now * 1000)))
-        except _ERRORS as exc:
+            refusal = await self._reserve(reservation, int(now * 1000))
+        except TimeoutError:  # (StoreSlow included) connected but slow: never admitted unchecked
+            return self._too_slow(reservation)
+        except _UNREACHABLE as exc:
             return self._store_down(reservation, exc)
+        finally:
+            self.stats.reserve_seconds.observe(time.perf_counter() - started)
         self._store_back()
         if refusal is not None:
             self._count_refusal(identity.team, refusal.counter.metric.value)
@@ -174,6 +207,43 @@ class BudgetGate:
         self.stats.reserved += 1
         self._refresh_usage_soon(now)
         return Hold(reservation, in_store=True)
+
+    async def _reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None:
+        """The store's verdict, within ``reserve_timeout_s`` (``TimeoutError`` past it). A waiter that gives up
+        (the deadline, or its request cancelled) gives the reservation back: it may have been made meanwhile."""
+        if not self._suspends:
+            return await self.ledger.reserve(reservation, now_ms)
+        verdict = self._batcher.reserve(reservation, now_ms)
+        try:
+            async with asyncio.timeout(self.config.reserve_timeout_s):
+                return await asyncio.shield(verdict)
+        except BaseException:
+            if not verdict.done() or (not verdict.cancelled() and verdict.exception() is None):
+                verdict.cancel()
+                self._release(reservation)
+            raise
+
+    def _release(self, reservation: Reservation) -> None:
+        """Give back a reservation that may have reached the store and will not be used: settled at nothing, the
+        request not counted (a no-op when the store never made it; once per id, like every settle)."""
+        self.stats.released += 1
+        self._track(self._settle(reservation, Usage(), requests=0))
+
+    def _too_slow(self, reservation: Reservation) -> Rejection:
+        self._count_refusal(reservation.identity.team, "store_slow")
+        if not self._slow:
+            self._slow = True
+            log.warning(
+                "budget store connected but slower than budgets.reserve_timeout_s (%g s): requests refused with "
+                "503 until it answers in time",
+                self.config.reserve_timeout_s,
+            )
+        return Rejection(
+            503,
+            f"the budget store (Redis) did not answer within budgets.reserve_timeout_s "
+            f"({self.config.reserve_timeout_s:g} s): the gateway or Redis is overloaded; retry shortly",
+            retry_after_s=1,
+        )
 
     def _refresh_usage_soon(self, now: float) -> None:
         if not self.config.teams or now - self._usage_read_at < USAGE_REFRESH_S:
@@ -196,6 +266,8 @@ class BudgetGate:
             self._down = True
         if self.config.on_store_error == "fail_closed":
             self._count_refusal(reservation.identity.team, "store_unavailable")
+            # The call may have reached the store before it went (the connection reset after the script ran).
+            self._release(reservation)
             return Rejection(
                 503,
                 "the budget store (Redis) is unreachable and budgets.on_store_error is fail_closed: requests are "
@@ -206,6 +278,7 @@ class BudgetGate:
         return Hold(reservation, in_store=False)
 
     def _store_back(self) -> None:
+        self._slow = False
         if self._down:
             log.warning("budget store reachable again; writing %d locally counted settles", len(self._backlog))
             self._down = False
@@ -217,6 +290,8 @@ class BudgetGate:
         retry_after = max(1, math.ceil(refusal.resets_at_ms / 1000 - now))
         resets = dt.datetime.fromtimestamp(refusal.resets_at_ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         who = f"{c.subject_kind.value} {c.subject}"
+        if c.subject_kind is SubjectKind.TEAM and c.subject == ANONYMOUS_TEAM:
+            who += " (requests without a team)"
         return Rejection(
             429,
             f"token budget exhausted: {c.limit_path} ({who}: {_amount(c.metric, refusal.used)} of "
@@ -242,11 +317,14 @@ class BudgetGate:
         return self.planner.usage(r.model, prompt, completion, outcome.cached_tokens or 0)
 
     def release_later(self, pending: Awaitable[Hold | Rejection]) -> None:
-        """A reservation made for a request that was then not dispatched (placement refused it): given back in
-        full, and the request not counted as served (its refusal is placement's, not a budget's)."""
+        """A reservation made for a request that was then not dispatched (placement refused it, or the request
+        was cancelled while it was placed): given back in full, and the request not counted as served."""
 
         async def release() -> None:
-            verdict = await pending
+            try:
+                verdict = await pending
+            except BaseException:  # (it gave its reservation back itself when it gave up)
+                return
             if isinstance(verdict, Hold) and not verdict.settled:
                 verdict.settled = True
                 await self._settle(verdict.reservation, Usage(), requests=0)
@@ -289,7 +367,12 @@ class BudgetGate:
 
     async def _settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> None:
         try:
-            result = await self._call(self.ledger.settle(reservation, actual, requests))
+            if self._suspends:
+                # Batched with the other settles of the moment; a deadline cancels it (to the backlog instead).
+                async with asyncio.timeout(SETTLE_TIMEOUT_S):
+                    result = await self._batcher.settle(reservation, actual, requests)
+            else:
+                result = await self.ledger.settle(reservation, actual, requests)
         except _ERRORS as exc:
             if not self._down:
                 log.warning("budget store unavailable at a settle (%s): kept to write when it is back", exc)
@@ -313,15 +396,17 @@ class BudgetGate:
         Each is idempotent by request id, so a flush that is cut short and repeated counts nothing twice."""
         written = 0
         while self._backlog:
-            reservation, actual, requests = self._backlog[0]
+            batch = [self._backlog[i] for i in range(min(len(self._backlog), self.config.reserve_batch))]
             try:
-                await self._call(self.ledger.settle(reservation, actual, requests))
+                async with asyncio.timeout(SETTLE_TIMEOUT_S):
+                    await self.ledger.settle_many(batch)
             except _ERRORS:
                 self._down = True
                 break
-            self._backlog.popleft()
-            written += 1
-            self.stats.flushed += 1
+            for _ in batch:
+                self._backlog.popleft()
+            written += len(batch)
+            self.stats.flushed += len(batch)
         return written
 
     async def flushed(self) -> None:
@@ -334,8 +419,9 @@ class BudgetGate:
         return len(self._backlog)
 
     async def _call(self, call: Awaitable[_T]) -> _T:
+        """A read (counters for metrics and reports), within ``reserve_timeout_s``."""
         if self._suspends:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self.config.reserve_timeout_s):
                 return await call
         return await call
 

@@ -94,6 +94,9 @@ class MemoryLedger:
         heapq.heappush(self._lease_heap, (reservation.lease_expires_ms, rid))
         return None
 
+    async def reserve_many(self, reservations: Sequence[Reservation], now_ms: int) -> list[Refusal | None]:
+        return [await self.reserve(r, now_ms) for r in reservations]
+
     def _resets_at(self, c: CounterPlan) -> int:
         if not c.rolling:
             return c.resets_at_ms
@@ -121,6 +124,9 @@ class MemoryLedger:
             self._row(reservation.day, reservation.row_fields(actual, requests))
         self._mark_done(rid, time.time() * 1000)
         return SettleResult.SETTLED if held else SettleResult.ADDED
+
+    async def settle_many(self, settles: Sequence[tuple[Reservation, Usage, int]]) -> list[SettleResult]:
+        return [await self.settle(r, actual, requests) for r, actual, requests in settles]
 
     async def counter_values(self, counters: Sequence[CounterPlan], now_ms: int) -> list[int]:
         return [self._used(c, now_ms) for c in counters]

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
-from cognitora.budgets.config import BudgetsConfig, LimitConfig, Metric, SubjectKind
+from cognitora.budgets.config import ANONYMOUS_TEAM, BudgetsConfig, LimitConfig, Metric, SubjectKind
+from cognitora.budgets.estimate import output_tokens
 from cognitora.budgets.windows import WindowCache, window_label
+from cognitora.request import RouteRequest
 
 __all__ = ["CounterPlan", "Identity", "Planner", "Reservation", "Usage", "counter_name", "escape", "row_field"]
 
@@ -77,7 +79,12 @@ class Identity:
     user: str | None = None
 
     def subjects(self) -> list[tuple[SubjectKind, str]]:
-        found = [(SubjectKind.TEAM, self.team), (SubjectKind.KEY, self.key), (SubjectKind.USER, self.user)]
+        """Whom the request is counted for: its team (``ANONYMOUS_TEAM`` when it has none), key and user."""
+        found = [
+            (SubjectKind.TEAM, self.team or ANONYMOUS_TEAM),
+            (SubjectKind.KEY, self.key),
+            (SubjectKind.USER, self.user),
+        ]
         return [(k, v) for k, v in found if v]
 
 
@@ -119,7 +126,7 @@ class Reservation:
     day: str
     """The report day the request counts on (the day it was admitted)."""
     rows: tuple[tuple[str, str, str], ...]
-    """(kind, subject, model) report rows: one per subject, ``team/-`` when the request has no team."""
+    """(kind, subject, model) report rows: one per subject, team ``-`` when the request has no team."""
     lease_expires_ms: int
     created_at: float = field(default_factory=time.time)
 
@@ -159,8 +166,14 @@ class Planner:
         return Usage(input_tokens, output_tokens, cached_tokens, self.cost_micro(model, input_tokens, output_tokens))
 
     def estimate(self, model: str, prompt_tokens: int, max_tokens: int | None) -> Usage:
+        """One sequence of up to ``max_tokens`` (else ``default_max_tokens``) after ``prompt_tokens``."""
         output = self.config.default_max_tokens if max_tokens is None else max_tokens
         return self.usage(model, prompt_tokens, output)
+
+    def estimate_request(self, request: RouteRequest, model: str, prompt_tokens: int) -> Usage:
+        """What ``request`` reserves: its prompt tokens (the sum over a batch) and every sequence it may generate,
+        by its surface (``cognitora.budgets.estimate``)."""
+        return self.usage(model, prompt_tokens, output_tokens(request, self.config.default_max_tokens))
 
     def plan(
         self, request_id: str, identity: Identity, model: str, estimate: Usage, now: float | None = None
@@ -175,8 +188,6 @@ class Planner:
                     if known is None or plan.cap < known.cap:  # two limits on one counter: the tighter rules
                         counters[plan.name] = plan
         rows = [(k.value, s, model) for k, s in identity.subjects()]
-        if identity.team is None:
-            rows.insert(0, (SubjectKind.TEAM.value, "-", model))
         return Reservation(
             request_id=request_id,
             identity=identity,

@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cognitora.budgets import redis_scripts
-from cognitora.budgets.ledger import DONE_TTL_S, REAP_BATCH, Refusal, SettleResult
+from cognitora.budgets.ledger import DONE_TTL_S, REAP_BATCH, Refusal, SettleResult, StoreSlow
 from cognitora.budgets.plan import CounterPlan, Reservation, Usage, row_field
 from kvstate.store import StoreRefused, StoreUnavailable
 
@@ -48,6 +48,10 @@ __all__ = ["RedisLedger", "budget_key_base"]
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
 DAY_MS = 86_400_000
+SOCKET_TIMEOUT_S = 1.0
+"""Connect and read timeout of the ledger's connections. A connect that times out means unreachable (a host that
+drops packets; under load the pool's few connections are already open, so a busy gateway never connects anew);
+a read that times out means slow (retried, and bounded by ``budgets.reserve_timeout_s``: never fail-open)."""
 MAX_CONCURRENT_CALLS = 48
 """Budget scripts in flight at once per ledger: redis-py's pools hold 100 connections and raise (not wait) past
 that, and the ledger usually shares the store's pool; the rest wait here for their turn."""
@@ -79,7 +83,7 @@ class RedisLedger:
 
     @classmethod
     def from_url(
-        cls, url: str, prefix: str, history_days: int, *, cluster: bool = False, timeout_s: float = 1.0
+        cls, url: str, prefix: str, history_days: int, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT_S
     ) -> RedisLedger:
         client: aioredis.Redis | RedisCluster
         options: dict[str, Any] = {
@@ -98,20 +102,29 @@ class RedisLedger:
     @classmethod
     def beside(cls, client: aioredis.Redis | RedisCluster, prefix: str, history_days: int) -> RedisLedger:
         """A ledger on the same server as ``client`` (a store's), with connections of its own (a plain Redis:
-        the same settings in a waiting pool) so budget calls and store calls never starve each other."""
+        the same settings but the ledger's timeouts, in a waiting pool) so budget calls and store calls never
+        starve each other."""
         if isinstance(client, RedisCluster):
             return cls(client, prefix, history_days)
         pool = client.connection_pool
+        settings = {**pool.connection_kwargs, "socket_timeout": SOCKET_TIMEOUT_S}
+        settings["socket_connect_timeout"] = SOCKET_TIMEOUT_S
         own = aioredis.BlockingConnectionPool(
-            connection_class=pool.connection_class,
-            max_connections=MAX_CONCURRENT_CALLS + 8,
-            **pool.connection_kwargs,
+            connection_class=pool.connection_class, max_connections=MAX_CONCURRENT_CALLS + 8, **settings
         )
         return cls(aioredis.Redis(connection_pool=own), prefix, history_days, owns_client=True)
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def counter_key(self, name: str) -> str:
         return f"{self.base}c:{name}"
+
+    def _keys_of(self, r: Reservation) -> list[str]:
+        """A reservation's keys in the scripts' order: its settled mark, its report day, its counters."""
+        return [
+            f"{self.base}done:{r.request_id}",
+            self._day_key(r.day),
+            *(self.counter_key(c.name) for c in r.counters),
+        ]
 
     def _day_key(self, day: str) -> str:
         return f"{self.base}day:{day}"
@@ -122,10 +135,17 @@ class RedisLedger:
     # -- calls --------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _unavailable(self, what: str) -> Iterator[None]:
+        """Redis errors as the gate tells them apart: unreachable (``StoreUnavailable``: refused, reset, no
+        connection within the connect timeout, a cluster without this slot) or connected but slow (``StoreSlow``:
+        no answer within the socket timeout). Only the first may admit without the store (fail-open)."""
         try:
             yield
         except AuthenticationError as exc:
             raise StoreRefused(f"Redis refused the credentials ({what}: {exc}); fix redis_url") from exc
+        except RedisTimeoutError as exc:
+            if _connecting(exc):
+                raise StoreUnavailable(f"the budget store did not answer ({what}: {exc})") from exc
+            raise StoreSlow(f"the budget store is slow to answer ({what}: {exc})") from exc
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the budget store did not answer ({what}: {type(exc).__name__}: {exc})") from exc
         except RedisClusterException as exc:
@@ -145,47 +165,57 @@ class RedisLedger:
                 return await self._client.evalsha(script.sha, len(keys), *keys, *args)
 
     async def reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None:
-        r = reservation
-        keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
-        keys += [self.counter_key(c.name) for c in r.counters]
-        args: list[Any] = [
-            r.request_id,
-            now_ms,
-            r.lease_expires_ms,
-            DONE_TTL_S,
-            self._day_expire_ms(r.day),
-            self.base,
-            REAP_BATCH,
-            _prefixes(r),
-            _usage(r.estimate),
-        ]
-        args += [
-            f"{_or_dash(c.bucket)} {c.cap} {c.amount} {c.expire_at_ms} {_or_dash(c.min_bucket)} "
-            f"{_or_dash(c.bucket_ms)} {c.resets_at_ms}"
-            for c in r.counters
-        ]
-        result = await self._run(self._reserve, keys, args, "reserve a budget")
-        if int(result[0]) == 1:
-            counter = r.counters[int(result[1]) - 1]
-            return Refusal(counter, int(result[2]), int(result[3]))
-        return None
+        [verdict] = await self.reserve_many([reservation], now_ms)
+        return verdict
+
+    async def reserve_many(self, reservations: Sequence[Reservation], now_ms: int) -> list[Refusal | None]:
+        if not reservations:
+            return []
+        keys = [f"{self.base}leases"]
+        args: list[Any] = [now_ms, DONE_TTL_S, self.base, REAP_BATCH]
+        for r in reservations:
+            keys += self._keys_of(r)
+            args += [
+                r.request_id,
+                f"{r.lease_expires_ms} {self._day_expire_ms(r.day)} {len(r.counters)}",
+                _prefixes(r),
+                _usage(r.estimate),
+            ]
+            args += [
+                f"{_or_dash(c.bucket)} {c.cap} {c.amount} {c.expire_at_ms} {_or_dash(c.min_bucket)} "
+                f"{_or_dash(c.bucket_ms)} {c.resets_at_ms}"
+                for c in r.counters
+            ]
+        results = await self._run(self._reserve, keys, args, "reserve a budget")
+        verdicts: list[Refusal | None] = []
+        for r, result in zip(reservations, results, strict=True):
+            if int(result[0]) == 1:
+                verdicts.append(Refusal(r.counters[int(result[1]) - 1], int(result[2]), int(result[3])))
+            else:
+                verdicts.append(None)
+        return verdicts
 
     async def settle(self, reservation: Reservation, actual: Usage, requests: int = 1) -> SettleResult:
-        r = reservation
-        keys = [f"{self.base}leases", f"{self.base}done:{r.request_id}", self._day_key(r.day)]
-        keys += [self.counter_key(c.name) for c in r.counters]
-        args: list[Any] = [
-            r.request_id,
-            DONE_TTL_S,
-            self._day_expire_ms(r.day),
-            _prefixes(r),
-            _usage(r.estimate),
-            _usage(actual),
-            requests,
-        ]
-        args += [f"{_or_dash(c.bucket)} {c.amount} {actual.of(c.metric)} {c.expire_at_ms}" for c in r.counters]
-        result = int(await self._run(self._settle, keys, args, "settle a budget"))
-        return {1: SettleResult.SETTLED, 2: SettleResult.ADDED}.get(result, SettleResult.ALREADY)
+        [result] = await self.settle_many([(reservation, actual, requests)])
+        return result
+
+    async def settle_many(self, settles: Sequence[tuple[Reservation, Usage, int]]) -> list[SettleResult]:
+        if not settles:
+            return []
+        keys = [f"{self.base}leases"]
+        args: list[Any] = [DONE_TTL_S]
+        for r, actual, requests in settles:
+            keys += self._keys_of(r)
+            args += [
+                r.request_id,
+                f"{self._day_expire_ms(r.day)} {requests} {len(r.counters)}",
+                _prefixes(r),
+                _usage(r.estimate),
+                _usage(actual),
+            ]
+            args += [f"{_or_dash(c.bucket)} {c.amount} {actual.of(c.metric)} {c.expire_at_ms}" for c in r.counters]
+        results = await self._run(self._settle, keys, args, "settle a budget")
+        return [{1: SettleResult.SETTLED, 2: SettleResult.ADDED}.get(int(x), SettleResult.ALREADY) for x in results]
 
     async def counter_values(self, counters: Sequence[CounterPlan], now_ms: int) -> list[int]:
         if not counters:
@@ -230,6 +260,12 @@ class RedisLedger:
     async def close(self) -> None:
         if self._owns:
             await self._client.aclose()
+
+
+def _connecting(exc: BaseException) -> bool:
+    """redis-py's "Timeout connecting to server": no connection at all (a host that drops packets), not a slow
+    answer on an open connection."""
+    return "connecting" in str(exc).lower()
 
 
 def _or_dash(value: int | None) -> str:

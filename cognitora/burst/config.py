@@ -25,8 +25,8 @@ class CloudTargetConfig(_Strict):
     """One OpenAI-compatible cloud deployment a saturated model may send requests to."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Name of the target: in decisions, metrics, ``model_info.cognitora_cloud`` (LiteLLM) and the Envoy route's
-    ``x-cognitora-cloud`` header. Letters, digits, ``_ . -``."""
+    """Name of the target: in decisions, metrics, ``model_info.cognitora_cloud`` (LiteLLM) and the value of the
+    ``envoy.lb`` metadata key ``x-cognitora-cloud`` that the Envoy cloud route matches. Letters, digits, ``_ . -``."""
     base_url: str | None = None
     """The provider's OpenAI-compatible base URL including its version path, e.g. ``https://api.openai.com/v1``.
     Required for Envoy (the ext_proc names the route); through LiteLLM the deployment's ``api_base`` is used."""
@@ -42,6 +42,21 @@ class CloudTargetConfig(_Strict):
     """Price of one million completion tokens (USD)."""
     max_concurrency: int = Field(default=32, ge=1)
     """Requests this gateway process keeps in flight at the target at most; beyond it, requests stay local."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """The longest one request to this target may take, whole. Past it the core ends the attempt itself (a
+    ``timeout``: its in-flight slot and spend hold are released, the breaker counts a failure), whatever the gateway
+    reports later. Give the gateways the same bound and a much shorter one for a cloud that does not start answering
+    (examples/envoy_burst.yaml: the route's ``timeout`` and ``per_try_idle_timeout``; examples/litellm_burst.yaml:
+    the deployment's ``timeout`` and ``stream_timeout``): docs/burst.md, "Cloud failures"."""
+    estimate_output_tokens: int = Field(default=512, ge=0)
+    """Completion tokens assumed for a request without ``max_tokens``, in its spend estimate (the hold taken against
+    ``burst.team_spend_limit_usd`` while it is in flight)."""
+    named_teams: list[str] = Field(default_factory=list)
+    """Teams (from the gateway's authentication) whose requests may name this target and be sent there without the
+    saturation rule (LiteLLM: the deployment's id as ``model``); ``"*"``: every authenticated team. Still subject to
+    the spend limit, the target's breaker and ``max_concurrency``, and counted and charged like a burst. Default:
+    none: a request naming the target is placed like any request of its model (docs/burst.md, "Who reaches the
+    cloud")."""
 
     @field_validator("base_url")
     @classmethod
@@ -56,6 +71,10 @@ class CloudTargetConfig(_Strict):
     def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
         """What ``input_tokens`` in and ``output_tokens`` out cost at this target's prices."""
         return (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1e6
+
+    def may_be_named_by(self, team: str | None) -> bool:
+        """Whether ``team`` (trusted, from the gateway) may send requests here by naming the target."""
+        return team is not None and (team in self.named_teams or ANY_TEAM in self.named_teams)
 
 
 class BurstConfig(_Strict):
@@ -86,7 +105,17 @@ class BurstConfig(_Strict):
     retry_after_s: float = Field(default=5.0, gt=0)
     """How long a target that answered 429 without a ``Retry-After`` header gets no requests."""
     unhealthy_s: float = Field(default=10.0, gt=0)
-    """How long a target that could not be reached (or answered 502/503) gets no requests."""
+    """The breaker's first hold-off: how long a target that failed (5xx, a refused or reset connection, a timeout)
+    gets no requests. Then ONE request goes there (half-open); its success closes the breaker, its failure doubles
+    the hold-off, up to ``unhealthy_max_s``."""
+    unhealthy_max_s: float = Field(default=120.0, gt=0)
+    """The longest hold-off of a target that keeps failing its half-open probe."""
+    breaker_failures: int = Field(default=1, ge=1)
+    """Consecutive failed requests that open a target's breaker (a success in between starts the count again)."""
+    probe_interval_s: float = Field(default=1.0, gt=0)
+    """In burst, at most one request per this many seconds (and one at a time) whose best local endpoint is idle
+    by measurement (nothing running, nothing queued) is placed there instead, as a probe: one that answers within the
+    exit threshold ends the burst (docs/burst.md, "Letting go")."""
 
     @model_validator(mode="after")
     def _check(self) -> BurstConfig:
@@ -94,6 +123,11 @@ class BurstConfig(_Strict):
             raise ValueError(
                 f"exit_ratio ({self.exit_ratio:g}) must not exceed enter_ratio ({self.enter_ratio:g}): "
                 "a class would leave burst before it entered"
+            )
+        if self.unhealthy_max_s < self.unhealthy_s:
+            raise ValueError(
+                f"unhealthy_max_s ({self.unhealthy_max_s:g}) must not be below unhealthy_s ({self.unhealthy_s:g}): "
+                "the hold-off only grows"
             )
         names = [t.name for t in self.targets]
         twice = sorted({n for n in names if names.count(n) > 1})

@@ -6,11 +6,12 @@ replica and shown by ``cognitora budgets report``.
   under ``<model>@<target>`` at the target's prices, for its team, key and user: it counts against their token
   and cost budgets like a local request, and adds to one more counter, the team's cloud spend this month
   (``burst_spend:<team>:cost_usd:m<YYYY-MM>``, in ``budgets.time_zone``).
-- ``may_burst``: that counter against the team's limit. It is read only for a request that would burst (the
-  router awaits ``refresh`` then), at most once per ``SPEND_FRESH_S`` per team and process; what this process
-  recorded since its last read is added, so one gateway never overshoots by its own spend. Other replicas' spend
-  is seen within ``SPEND_FRESH_S``. A read that fails keeps the last value (the limit is checked on what is known;
-  the cloud answers meanwhile).
+- ``hold``/``within_limit``: that counter, plus the estimated cost of this process's cloud requests in flight
+  (``spend.Holds``), against the team's limit. It is read only for a request that would burst (the router awaits
+  ``refresh`` then), at most once per ``SPEND_FRESH_S`` per team and process; what this process recorded since its
+  last read is added, so one gateway never overshoots by its own spend. Other replicas' spend is seen within
+  ``SPEND_FRESH_S`` (their requests in flight are not). A read that fails keeps the last value (the limit is
+  checked on what is known; the cloud answers meanwhile).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from cognitora.budgets.config import LimitConfig, Metric, SubjectKind, WindowKin
 from cognitora.budgets.gate import BudgetGate
 from cognitora.budgets.plan import MICRO, CounterPlan, escape
 from cognitora.budgets.windows import current_window
-from cognitora.burst.spend import CloudSpend
+from cognitora.burst.spend import CloudSpend, HoldingSpend
 
 if TYPE_CHECKING:
     from cognitora.config import CognitoraConfig
@@ -67,12 +68,12 @@ def spend_counter(gate: BudgetGate, team: str, limit_usd: float, now: float) -> 
     )
 
 
-class LedgerSpend:
+class LedgerSpend(HoldingSpend):
     def __init__(
         self, gate: BudgetGate, limit_of: Callable[[str], float | None], clock: Callable[[], float] = time.time
     ) -> None:
+        super().__init__(limit_of)
         self._gate = gate
-        self._limit_of = limit_of
         self._clock = clock
         self._known: dict[str, _Known] = {}
         self._reading: dict[str, asyncio.Future[None]] = {}
@@ -82,10 +83,6 @@ class LedgerSpend:
     def spent_usd(self, team: str) -> float:
         known = self._known.get(team)
         return 0.0 if known is None else (known.spent_micro + known.since_read_micro) / MICRO
-
-    def may_burst(self, team: str) -> bool:
-        limit = self._limit_of(team)
-        return limit is None or self.spent_usd(team) < limit
 
     async def refresh(self, team: str) -> None:
         """Read the team's spend from the ledger unless it was read within ``SPEND_FRESH_S`` (or it has no limit)."""

@@ -12,6 +12,10 @@ over the class's TTFT SLO, or its predicted inter-token latency over the class's
 - The class leaves burst only once every decision for ``min_dwell_s`` has had its ratio under the exit threshold:
   a single quiet moment in a load step does not end it, and a fleet hovering at the SLO does not switch back and
   forth request by request.
+- Or at once, when a local probe measured the fleet serving the class within the exit threshold
+  (``release``; ``cognitora.burst.probes``). For ``min_dwell_s`` after that, a decision whose best endpoint is
+  measured idle does not enter burst again on its prediction alone: the probe just measured what that prediction
+  claims, and the figures it rests on are still the stale ones the probe disproved. A busy fleet enters as ever.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ class _ClassState:
     bursting: bool = False
     calm_since: float | None = None
     """In burst: when the current run of decisions under the exit threshold began (None: the last was over)."""
+    released_at: float | None = None
+    """When a local probe last ended the burst."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,20 @@ class SaturationDetector:
         """(model, class) -> whether it is in burst, for every pair seen."""
         return {key: state.bursting for key, state in self._states.items()}
 
-    def observe(self, model: str, priority: str, load_ratio: float, now: float) -> Verdict:
-        """One decision's best local load ratio (``inf`` when no local endpoint is eligible)."""
+    def release(self, model: str, priority: str, now: float) -> None:
+        """A local probe measured the fleet serving the class within the exit threshold: out of burst now."""
+        state = self._states.setdefault((model, priority), _ClassState())
+        state.bursting, state.calm_since, state.released_at = False, None, now
+
+    def observe(self, model: str, priority: str, load_ratio: float, now: float, *, idle: bool = False) -> Verdict:
+        """One decision's best local load ratio (``inf`` when no local endpoint is eligible); ``idle``: that endpoint
+        is measured idle."""
         state = self._states.setdefault((model, priority), _ClassState())
         if not state.bursting:
             if load_ratio <= self.enter_ratio:
+                return Verdict(burst=False, bursting=False, threshold=self.enter_ratio)
+            released = state.released_at
+            if idle and released is not None and now - released < self.min_dwell_s:
                 return Verdict(burst=False, bursting=False, threshold=self.enter_ratio)
             state.bursting, state.calm_since = True, None
             return Verdict(burst=True, bursting=True, threshold=self.enter_ratio)

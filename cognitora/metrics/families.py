@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector as PrometheusCollector
 from prometheus_client.samples import Sample
 
+from cognitora.burst.cloud_state import Breaker
 from cognitora.config import CognitoraConfig
 from cognitora.metrics.names import Kind, spec
 from cognitora.metrics.window import CounterWindow, WindowDelta, fleet_energy
@@ -151,10 +152,26 @@ def _burst_families(router: Router) -> Iterator[Metric]:
     for (model, priority), bursting in burst.detector.states().items():
         active.add_metric([model, priority], 1.0 if bursting else 0.0)
     yield active
+    yield _counters("cognitora_burst_probes", burst.probes.results)
     inflight = family("cognitora_cloud_inflight")
+    breaker = family("cognitora_cloud_breaker")
+    opened = family("cognitora_cloud_breaker_opened")
+    probes = family("cognitora_cloud_breaker_probes")
+    states = burst.cloud.summary(burst.now())
     for cloud_target in burst.settings.targets:
-        inflight.add_metric([cloud_target.name], burst.cloud.inflight(cloud_target.name))
+        name = cloud_target.name
+        inflight.add_metric([name], burst.cloud.inflight(name))
+        current = burst.cloud.state(name, burst.now())
+        for state in Breaker:
+            breaker.add_metric([name, state.value], 1.0 if state is current else 0.0)
+        known = states.get(name)
+        opened.add_metric([name], 0 if known is None else known.opened)
+        probes.add_metric([name], 0 if known is None else known.probes)
     yield inflight
+    yield breaker
+    yield opened
+    yield probes
+    yield _counters("cognitora_cloud_attempts", burst.cloud.results)
     requests, tokens, cost = (
         family(n) for n in ("cognitora_cloud_requests", "cognitora_cloud_tokens", "cognitora_cloud_cost_usd")
     )
@@ -187,6 +204,8 @@ def budget_families(gate: BudgetGate) -> Iterator[Metric]:
     yield limit
     yield _counters("cognitora_budget_rejections", gate.stats.refused)
     yield _one("cognitora_budget_backlog", gate.backlog)
+    yield _one("cognitora_budget_fail_open", gate.stats.fail_open)
+    yield _histograms("cognitora_budget_reserve_duration_seconds", {(): gate.stats.reserve_seconds})
 
 
 _SKIPPED = ("unknown_parent", "block_size_mismatch", "inconsistent", "unknown_blocks", "map_overflow")

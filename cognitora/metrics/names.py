@@ -266,11 +266,52 @@ SPECS: tuple[MetricSpec, ...] = (
         ("model", "priority", "why"),
         R,
         """Requests that would have burst and stayed local (placed or shed as without burst), by `why`:
-        team_not_allowed, no_target_for_model, cloud_failed_this_request, spend_exhausted, cloud_unhealthy,
-        cloud_rate_limited (a 429's Retry-After running), cloud_at_capacity.""",
+        team_not_allowed, named_not_allowed (the request named a cloud target its team may not name),
+        no_target_for_model, cloud_failed_this_request, spend_exhausted (the team's spend plus its requests in flight
+        would pass its limit), cloud_unhealthy (the target's breaker is open), cloud_rate_limited (a 429's
+        Retry-After running), cloud_at_capacity.""",
     ),
     _m("cognitora_burst_active", G, ("model", "priority"), R, "1 while the (model, class) is in burst, else 0."),
+    _m(
+        "cognitora_burst_probes",
+        C,
+        ("model", "priority", "result"),
+        R,
+        """Local probes of a class in burst (a request placed on its idle best endpoint to measure it), by `result`:
+        released (answered within the exit threshold: the class left burst), too_slow, failed.""",
+    ),
     _m("cognitora_cloud_inflight", G, ("target",), R, "Requests this process has in flight at each cloud target."),
+    _m(
+        "cognitora_cloud_breaker",
+        G,
+        ("target", "state"),
+        R,
+        """1 for the target's breaker state now (`state` closed, open or half_open), 0 for the others: open holds
+        every request off the target, half_open lets one through to test it.""",
+    ),
+    _m(
+        "cognitora_cloud_breaker_opened",
+        C,
+        ("target",),
+        R,
+        "Times the target's breaker opened (failures, a 429, or a failed half-open request).",
+    ),
+    _m(
+        "cognitora_cloud_breaker_probes",
+        C,
+        ("target",),
+        R,
+        "Half-open requests sent to the target: the only cloud calls its breaker lets through during a hold-off.",
+    ),
+    _m(
+        "cognitora_cloud_attempts",
+        C,
+        ("target", "result"),
+        R,
+        """Every finished cloud request of this process, however it ended, by `result`: ok, rate_limited (429),
+        failed (5xx, refused or reset connection, timeout, 401/403/404) or neutral (the client went away, the request
+        itself was bad). A failed one was retried locally when the gateway could.""",
+    ),
     _m(
         "cognitora_cloud_requests",
         C,
@@ -310,8 +351,26 @@ SPECS: tuple[MetricSpec, ...] = (
         ("team", "reason"),
         R,
         "Requests refused by a budget. `team`: a configured team, `default` (any other) or `none`; `reason`: the "
-        "metric of the limit (input_tokens, output_tokens, total_tokens, cost_usd) or store_unavailable "
-        "(fail_closed with the store down).",
+        "metric of the limit (input_tokens, output_tokens, total_tokens, cost_usd), store_unavailable "
+        "(fail_closed with the store unreachable) or store_slow (the store connected but slower than "
+        "budgets.reserve_timeout_s).",
+    ),
+    _m(
+        "cognitora_budget_fail_open",
+        C,
+        (),
+        R,
+        "Requests admitted without a budget check because the budget store was unreachable (refused, reset, no "
+        "connection) and budgets.on_store_error is fail_open; their usage is written to the store when it is back. "
+        "Never counts a slow store: 0 while Redis is up.",
+    ),
+    _m(
+        "cognitora_budget_reserve_duration_seconds",
+        H,
+        (),
+        R,
+        "Time from a request's budget reservation being sent to its verdict (admitted, refused, or given up after "
+        "budgets.reserve_timeout_s), in this process: batched calls included.",
     ),
     _m(
         "cognitora_budget_backlog",

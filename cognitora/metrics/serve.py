@@ -1,13 +1,11 @@
-"""The metrics page over HTTP (aiohttp): ``GET /metrics``, readable by a page from any origin.
+"""The metrics page over HTTP (aiohttp): ``GET /metrics``, readable from a browser by the origins the operator lists.
 
-    server = MetricsServer(exporter.page)
+    server = MetricsServer(exporter.page, CorsPolicy.of(config.metrics))
     await server.start("127.0.0.1:9464")     # or start_unix(path); server.port is the port bound (0 picks one)
 
-CORS: every answer carries ``Access-Control-Allow-Origin: *``, and an ``OPTIONS`` preflight on any path is answered
-``204`` (methods GET, OPTIONS; the headers the browser asked for), with ``Access-Control-Allow-Private-Network:
-true`` when Chrome asks (a public page reading a private address). The page holds no credential and accepts none,
-so a wildcard origin exposes nothing a direct GET would not. A dashboard opened from ``file://`` (origin ``null``)
-reads it too.
+CORS (``cognitora.metrics.cors``): an answer to a listed origin carries ``Access-Control-Allow-Origin`` with it, an
+``OPTIONS`` preflight on any path is answered ``204`` (with the allowed methods and headers for a listed origin, no
+CORS header for another); by default only the dashboard opened from disk (origin ``null``) is listed.
 """
 
 from __future__ import annotations
@@ -18,9 +16,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from cognitora.failsafe import RateLimitedLog
+from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import CONTENT_TYPE
 
-__all__ = ["METRICS_PATH", "MetricsServer", "cors_headers", "parse_listen", "serve_page"]
+__all__ = ["METRICS_PATH", "MetricsServer", "parse_listen", "serve_page"]
 
 log = logging.getLogger("cognitora.metrics")
 
@@ -37,33 +36,19 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def cors_headers(request_headers: dict[str, str] | None = None) -> dict[str, str]:
-    """The CORS headers of an answer; with a preflight's request headers, those of its answer."""
-    headers = {"Access-Control-Allow-Origin": "*"}
-    if request_headers is None:
-        return headers
-    headers["Access-Control-Allow-Methods"] = "GET, OPTIONS"
-    asked = request_headers.get("Access-Control-Request-Headers")
-    if asked:
-        headers["Access-Control-Allow-Headers"] = asked
-    if request_headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
-        headers["Access-Control-Allow-Private-Network"] = "true"
-    headers["Access-Control-Max-Age"] = "600"
-    return headers
-
-
 class MetricsServer:
     """Serves ``page()`` at ``/metrics`` (and ``/``) until ``stop()``."""
 
-    def __init__(self, page: Page) -> None:
+    def __init__(self, page: Page, cors: CorsPolicy | None = None) -> None:
         self._page = page
+        self._cors = cors or CorsPolicy()
         self._runner: web.AppRunner | None = None
         self._errors = RateLimitedLog(log)
         self.port = 0
         """The TCP port bound (after ``start``)."""
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[_cors])
+        app = web.Application(middlewares=[self._cors_middleware])
         app.router.add_get(METRICS_PATH, self._metrics)
         app.router.add_get("/", self._metrics)
         return app
@@ -93,6 +78,21 @@ class MetricsServer:
             await self._runner.cleanup()
             self._runner = None
 
+    @web.middleware
+    async def _cors_middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        asked = dict(request.headers)
+        if request.method == "OPTIONS":
+            return web.Response(status=204, headers=self._cors.headers(asked, preflight=True))
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # 404, 405: still readable by a page that may read the metrics
+            exc.headers.update(self._cors.headers(asked))
+            raise
+        response.headers.update(self._cors.headers(asked))
+        return response
+
     async def _metrics(self, request: web.Request) -> web.Response:
         try:
             body = await self._page()
@@ -102,24 +102,9 @@ class MetricsServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-@web.middleware
-async def _cors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    if request.method == "OPTIONS":
-        return web.Response(status=204, headers=cors_headers(dict(request.headers)))
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:  # 404, 405: still readable by the page that asked
-        exc.headers.update(cors_headers())
-        raise
-    response.headers.update(cors_headers())
-    return response
-
-
-async def serve_page(page: Page, listen: str, process: str) -> MetricsServer:
+async def serve_page(page: Page, listen: str, process: str, cors: CorsPolicy | None = None) -> MetricsServer:
     """Start serving ``page`` on ``listen`` and log where (``OSError`` when the address cannot be bound)."""
-    server = MetricsServer(page)
+    server = MetricsServer(page, cors)
     await server.start(listen)
     host, _ = parse_listen(listen)
     shown = f"[{host}]" if ":" in host else host

@@ -11,6 +11,11 @@ What routing to a cloud depends on, and nothing more:
 - ``Authorization: Bearer`` checked against ``--api-key-env`` (401 when wrong), as a provider does;
 - an outage switch: ``POST /admin/outage {"down": true}`` answers 503 to every request until
   ``{"down": false}``; ``POST /admin/limit {"max_concurrency": n}`` changes the rate limit;
+- failures on command (``POST /admin/fault {"mode": ...}``, or ``--fault`` at start), for every inference request
+  until ``{"mode": "none"}``: ``500``, ``503``, ``429`` (with ``Retry-After``), ``reset`` (the connection is
+  dropped with a TCP reset before any answer), ``hang`` (accepted, never answered: the request waits until its
+  client gives up or the fault is cleared), ``slow`` (answers, ``slow_ms`` late: ``{"mode": "slow", "slow_ms":
+  3000}``); ``sim_cloud_received_total`` counts every inference request that arrived, whatever became of it;
 - its counters on ``GET /metrics`` (requests by status, tokens, cost at ``--input-usd-per-mtok`` /
   ``--output-usd-per-mtok``);
 - TLS (``--tls-dir``): a generated CA and certificate (``cognitora.sim.tls``), so a gateway's path to the cloud
@@ -21,13 +26,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import ssl
+import struct
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,23 @@ from cognitora.sim import tls
 
 CHARS_PER_TOKEN = 4
 WORD = "cloud "
+HANG_MAX_S = 3600.0
+"""A hung request waits at most this long (or until the fault changes, or its client leaves)."""
+
+
+class Fault(StrEnum):
+    """What the simulated provider does to every inference request (``/admin/fault``, ``--fault``)."""
+
+    NONE = "none"
+    HTTP_500 = "500"
+    HTTP_503 = "503"
+    HTTP_429 = "429"
+    RESET = "reset"
+    """The connection is dropped with a TCP reset before any byte of an answer."""
+    HANG = "hang"
+    """Accepted and never answered."""
+    SLOW = "slow"
+    """Answered, ``slow_ms`` late (before the first byte)."""
 
 
 @dataclass
@@ -56,6 +82,8 @@ class CloudSettings:
     api_key: str | None = None
     input_usd_per_mtok: float = 0.15
     output_usd_per_mtok: float = 0.6
+    fault: Fault = Fault.NONE
+    slow_s: float = 3.0
 
 
 @dataclass
@@ -65,6 +93,8 @@ class CloudCounters:
     def __post_init__(self) -> None:
         r = self.registry
         self.requests = Counter("sim_cloud_requests", "Requests answered, by HTTP status.", ["status"], registry=r)
+        self.received = Counter("sim_cloud_received", "Inference requests that arrived, answered or not.", registry=r)
+        self.faults = Counter("sim_cloud_faults", "Requests failed on command, by fault mode.", ["mode"], registry=r)
         self.tokens = Counter("sim_cloud_tokens", "Tokens served, kind prompt or completion.", ["kind"], registry=r)
         self.cost = Counter("sim_cloud_cost_usd", "What the served tokens cost at the configured prices.", registry=r)
         self.inflight = Gauge("sim_cloud_requests_running", "Requests in flight.", registry=r)
@@ -79,6 +109,7 @@ class SimCloud:
         self.counters = CloudCounters()
         self.down = False
         self.running = 0
+        self._fault_changed = asyncio.Event()
 
     def build_app(self) -> web.Application:
         app = web.Application()
@@ -90,6 +121,7 @@ class SimCloud:
         r.add_get("/health", self.health)
         r.add_post("/admin/outage", self.outage)
         r.add_post("/admin/limit", self.limit)
+        r.add_post("/admin/fault", self.set_fault)
         return app
 
     # -- admin -------------------------------------------------------------------------------------------------
@@ -106,6 +138,23 @@ class SimCloud:
             return _error(400, "max_concurrency must be a non-negative integer", "invalid_request_error")
         self.settings.max_concurrency = value
         return web.json_response({"max_concurrency": value})
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        try:
+            mode = Fault(str(body.get("mode", "none")))
+        except ValueError:
+            known = ", ".join(f.value for f in Fault)
+            return _error(400, f"mode must be one of {known}, got {body.get('mode')!r}", "invalid_request_error")
+        slow_ms = body.get("slow_ms")
+        if slow_ms is not None:
+            if not isinstance(slow_ms, int | float) or slow_ms < 0:
+                return _error(400, "slow_ms must be a non-negative number", "invalid_request_error")
+            self.settings.slow_s = float(slow_ms) / 1000
+        self.settings.fault = mode
+        self._fault_changed.set()  # wakes the hung requests: they answer by the new mode
+        self._fault_changed = asyncio.Event()
+        return web.json_response({"mode": mode.value, "slow_ms": self.settings.slow_s * 1000})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.counters.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -126,7 +175,11 @@ class SimCloud:
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         s = self.settings
+        self.counters.received.inc()
         await asyncio.sleep(s.rtt_s / 2)  # the request's way in
+        failed = await self._fault(request)
+        if failed is not None:
+            return failed
         refusal = self._refusal(request)
         if refusal is not None:
             await asyncio.sleep(s.rtt_s / 2)
@@ -146,6 +199,36 @@ class SimCloud:
         finally:
             self.running -= 1
             self.counters.inflight.set(self.running)
+
+    async def _fault(self, request: web.Request) -> web.StreamResponse | None:
+        """The commanded failure of this request, if one is on (``Fault``)."""
+        fault = self.settings.fault
+        if fault is Fault.HANG:
+            self.counters.faults.labels(fault.value).inc()
+            changed, deadline = self._fault_changed, time.monotonic() + HANG_MAX_S
+            # aiohttp does not cancel a handler whose client left: look, twice a second.
+            while not changed.is_set() and time.monotonic() < deadline and not _gone(request):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), 0.5)
+            if _gone(request):
+                return web.Response(status=499)  # nobody reads it: aiohttp drops it quietly
+            fault = self.settings.fault  # released: answer by what is commanded now
+        if fault is Fault.NONE or fault is Fault.HANG:
+            return None
+        if fault is Fault.SLOW:
+            self.counters.faults.labels(fault.value).inc()
+            await asyncio.sleep(self.settings.slow_s)
+            return None
+        self.counters.faults.labels(fault.value).inc()
+        if fault is Fault.RESET:
+            _reset(request)
+            return web.Response(status=499)  # never written: the connection is gone
+        status = int(fault.value)
+        kind = {500: "server_error", 503: "server_error", 429: "rate_limit_exceeded"}[status]
+        response = _error(status, f"simulated failure ({fault.value})", kind)
+        if status == 429:
+            response.headers["Retry-After"] = str(self.settings.retry_after_s)
+        return self._answer(response)
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         s = self.settings
@@ -224,6 +307,23 @@ class SimCloud:
         c.cost.inc((prompt * s.input_usd_per_mtok + completion * s.output_usd_per_mtok) / 1e6)
 
 
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _reset(request: web.Request) -> None:
+    """Drop the request's connection with a TCP RST (SO_LINGER 0), as a provider's load balancer resetting it."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def _error(status: int, message: str, type_: str) -> web.Response:
     body = {"error": {"message": message, "type": type_, "param": None, "code": str(status)}}
     return web.json_response(body, status=status)
@@ -250,6 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-env", default=None, help="environment variable holding the expected API key")
     p.add_argument("--input-usd-per-mtok", type=float, default=0.15)
     p.add_argument("--output-usd-per-mtok", type=float, default=0.6)
+    p.add_argument("--fault", choices=[f.value for f in Fault], default="none", help="fail every request so")
+    p.add_argument("--slow-ms", type=float, default=3000.0, help="the delay of --fault slow")
     p.add_argument("--tls-dir", type=Path, default=None, help="serve HTTPS with a CA + certificate generated here")
     p.add_argument("--tls-hostname", default="cloud.sim.test", help="the certificate's name (the SNI clients send)")
     p.add_argument("--log-level", default="WARNING")
@@ -280,6 +382,8 @@ def main(argv: list[str]) -> int:
         api_key=api_key,
         input_usd_per_mtok=args.input_usd_per_mtok,
         output_usd_per_mtok=args.output_usd_per_mtok,
+        fault=Fault(args.fault),
+        slow_s=args.slow_ms / 1000,
     )
     context = None
     if args.tls_dir is not None:

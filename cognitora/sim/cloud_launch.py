@@ -41,6 +41,19 @@ class SimCloudProcess:
         with self._client() as c:
             c.post(f"{self.url}/admin/limit", json={"max_concurrency": max_concurrency}).raise_for_status()
 
+    def fault(self, mode: str, slow_ms: float | None = None) -> None:
+        """Fail every request so (``cognitora.sim.cloud.Fault``: none, 500, 503, 429, reset, hang, slow) until
+        the next call; ``slow_ms``: the delay of ``slow``."""
+        body: dict[str, object] = {"mode": mode}
+        if slow_ms is not None:
+            body["slow_ms"] = slow_ms
+        with self._client() as c:
+            c.post(f"{self.url}/admin/fault", json=body).raise_for_status()
+
+    def received(self) -> int:
+        """Inference requests that reached the cloud so far, answered or not."""
+        return int(self.metrics().get("sim_cloud_received_total", 0))
+
     def metrics(self) -> dict[str, float]:
         """``/metrics`` as ``{sample with labels: value}``."""
         with self._client() as c:

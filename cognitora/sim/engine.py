@@ -455,7 +455,7 @@ class SimEngine:
         itl_counts: dict[float, int] = {}
         for req, prev in result.sampled:
             if prev is None:
-                lab(m.prompt_tokens).inc(req.prompt_len)
+                m.observe_prompt(req.prompt_len, req.cached_tokens or 0)
                 lab(m.ttft).observe(end - req.arrival)
             else:
                 itl = end - prev
@@ -489,6 +489,7 @@ class SimEngine:
             tpot = (req.finished_at - req.first_token_at) / (req.output_len - 1)
             lab(m.tpot).observe(tpot)
         lab(m.request_prompt_tokens).observe(req.prompt_len)
+        lab(m.request_prefill_kv_computed_tokens).observe(req.prompt_len - (req.cached_tokens or 0))
         lab(m.request_generation_tokens).observe(req.output_len)
         m.success.labels(self.config.model, "0", "length").inc()
 

@@ -4,6 +4,11 @@ vLLM declares counters without ``_total`` and prometheus_client appends it, so t
 ``vllm:prompt_tokens_total``. Labels are ``model_name`` and ``engine`` (the DP rank, "0"). Every duration is in
 engine time (time-scale independent). DCGM series carry one ``gpu`` label per accelerator; the energy counter keeps
 DCGM's name, without ``_total``.
+
+Checked against a real vLLM 0.32.0 (CPU) page (``tests/real_engines/test_vllm_metrics_e2e.py``): every name served
+here is served there with the same labels; ``request_success`` has a series per finish reason from the start, as
+there, and ``cache_config_info`` carries the ``engine`` label. What vLLM 0.32 serves besides (multimodal cache,
+admission rejections, FLOPs estimates, per-parameter histograms) no router reads.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ REQUEST_BUCKETS = (
     1920.0,
     7680.0,
 )
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM 0.32's ``request_success`` label values, each series present (at 0) from the start."""
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+"""vLLM 0.32's ``prompt_tokens_by_source`` label values."""
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -153,6 +162,15 @@ class EngineMetrics:
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of tokens.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local prefix cache hits)."
+        )
+        self.prompt_tokens_by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*names, "source"],
+            registry=r,
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
         self.success = Counter(
@@ -192,6 +210,11 @@ class EngineMetrics:
         self.request_generation_tokens = hist(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS
         )
+        self.request_prefill_kv_computed_tokens = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            TOKEN_BUCKETS,
+        )
         self.iteration_tokens = hist(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", TOKEN_BUCKETS
         )
@@ -203,6 +226,7 @@ class EngineMetrics:
             self.prefix_queries,
             self.prefix_hits,
             self.prompt_tokens,
+            self.prompt_tokens_cached,
             self.generation_tokens,
             self.preemptions,
             self.ttft,
@@ -215,9 +239,14 @@ class EngineMetrics:
             self.inference_time,
             self.request_prompt_tokens,
             self.request_generation_tokens,
+            self.request_prefill_kv_computed_tokens,
             self.iteration_tokens,
         ):
             metric.labels(*lab)
+        for reason in FINISHED_REASONS:
+            self.success.labels(*lab, reason)
+        for source in PROMPT_TOKEN_SOURCES:
+            self.prompt_tokens_by_source.labels(*lab, source)
 
     def child(self, metric: _M) -> _M:
         """The series of this engine (its model_name and engine labels), looked up once."""
@@ -229,8 +258,17 @@ class EngineMetrics:
 
     _children: dict[int, Any]
 
+    def observe_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's prompt at its first token: how much of it came from the prefix cache, as vLLM counts it."""
+        self.child(self.prompt_tokens).inc(prompt_tokens)
+        self.child(self.prompt_tokens_cached).inc(cached_tokens)
+        model, engine = self._labels
+        self.prompt_tokens_by_source.labels(model, engine, "local_cache_hit").inc(cached_tokens)
+        self.prompt_tokens_by_source.labels(model, engine, "local_compute").inc(prompt_tokens - cached_tokens)
+
     def set_cache_config(self, block_size: int, num_gpu_blocks: int, extra: dict[str, str]) -> None:
-        labels = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks), **extra}
+        labels = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks), "engine": self._labels[1]}
+        labels |= extra
         info = Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels), registry=self.registry
         )

@@ -6,7 +6,8 @@ too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a determin
 ``cognitora.sim.embeddings``), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
-``POST /reset_prefix_cache``, and the simulator's admin API ``POST /sim/fault`` and ``GET /sim/state``.
+``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), and the simulator's
+admin API ``POST /sim/fault`` and ``GET /sim/state``.
 
 Prompts are read by ``kvstate.prompt`` with vLLM's rules (its module docstring): chats with ``tools``,
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs`` and ``add_special_tokens`` (default
@@ -154,6 +155,7 @@ class EngineServer:
             r.add_post("/v1/chat/completions/render", self.render_chat)
             r.add_post("/v1/completions/render", self.render_completion)
             r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+            r.add_get("/kv_event_sources", self.kv_event_sources)
         r.add_post("/kv/pull", self.pd.serve_pull)
         r.add_post("/sim/fault", self.sim_fault)
         r.add_get("/sim/state", self.sim_state)
@@ -213,6 +215,23 @@ class EngineServer:
     async def load(self, request: web.Request) -> web.Response:
         s = self.engine.scheduler
         return web.json_response({"server_load": len(s.running) + len(s.waiting)})
+
+    async def kv_event_sources(self, request: web.Request) -> web.Response:
+        """vLLM 0.32's answer: each data-parallel rank's KV-events config (one rank here), ``{}`` without events."""
+        c = self.engine.config
+        if self.engine.publisher is None or c.events_port is None:
+            return web.json_response({})
+        rank = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://{c.host}:{c.events_port}",
+            "replay_endpoint": None if c.replay_port is None else f"tcp://{c.host}:{c.replay_port}",
+            "buffer_steps": 10_000,
+            "hwm": 100_000,
+            "max_queue_size": 100_000,
+            "topic": c.topic,
+        }
+        return web.json_response({"0": rank})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.engine.clear_cache()

@@ -1,0 +1,35 @@
+"""Fixtures of the real-engine tests: the provisioned install and ONE pair of real vLLM engines for the session.
+
+Starting a real engine costs ~1 minute of the 2 shared cores, so every real-engine test module shares the pair; a
+test that kills or resets an engine leaves it running again. Tests keep out of each other's way with prompts of
+their own (a salt per test), never by restarting engines.
+
+If the machine cannot provision the engines, every test here FAILS with the provisioner's reason: CI provisions
+first (``python -m tests.real_engines.provision``), so a failure here is a real problem, never a skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.real_engines.launch import RealEngineFleet, start_engines
+from tests.real_engines.provision import ProvisionError, RealEngineInstall, provision
+
+REAL_ENGINES = 2
+
+
+@pytest.fixture(scope="session")
+def real_install() -> RealEngineInstall:
+    try:
+        return provision(say=print)
+    except ProvisionError as exc:
+        pytest.fail(f"real vLLM engines could not be provisioned on this machine: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_fleet(real_install: RealEngineInstall, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngineFleet]:
+    with start_engines(REAL_ENGINES, tmp_path_factory.mktemp("real-vllm"), install=real_install) as fleet:
+        print("real vLLM engines ready in", [e.started_s for e in fleet.engines], "s")
+        yield fleet

@@ -1,0 +1,86 @@
+"""A mixed real fleet behind each gateway: one real vLLM (KV events) and one real llama.cpp (``llama_cpp.server`` of
+``llama-cpp-python``, same GGUF weights; no events, no metrics: ``engine: openai``, the approximate path).
+
+Both engines are placed; each prompt keeps going where it first went: to vLLM because its KV events say the blocks
+are there, to llama.cpp because the router's own routing history says so; ``cognitora explain`` says which basis
+each estimate has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.real_engines.launch import RealEngineFleet
+from tests.real_engines.llamacpp import LlamaCppServer, provision_llamacpp, start_llamacpp
+from tests.real_engines.provision import ProvisionError
+from tests.real_engines.stack import Gateway, Upstream, envoy_gateway, explain, litellm_gateway, vllm_upstreams
+from tests.real_engines.traffic import messages
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first test may build llama.cpp (~5 min)
+
+CPU_PREFILL_PRIOR = 100.0
+"""Both engines' prefill prior, tokens/s: about what one core of this machine does (llama.cpp: 55 measured while
+loaded, 721 tokens in 13.3 s; vLLM: 100-260). llama.cpp publishes no metrics, and a fresh vLLM has finished nothing
+to learn from yet: left at the placement default, a GPU's figure, an engine looks many times faster than it is."""
+
+
+@pytest.fixture(scope="module")
+def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    try:
+        install = provision_llamacpp(say=print)
+    except ProvisionError as exc:
+        pytest.fail(f"real llama.cpp could not be provisioned on this machine: {exc}", pytrace=False)
+    with start_llamacpp(tmp_path_factory.mktemp("llamacpp"), install) as server:
+        print("llama_cpp.server ready in", server.started_s, "s")
+        yield server
+
+
+@pytest.fixture(scope="module", params=["envoy", "litellm"])
+def mixed(
+    request: pytest.FixtureRequest,
+    real_fleet: RealEngineFleet,
+    llamacpp: LlamaCppServer,
+    redis_server_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Gateway, list[Upstream]]]:
+    upstreams = [
+        replace(vllm_upstreams(real_fleet)[0], prefill_tokens_per_s=CPU_PREFILL_PRIOR),
+        Upstream(llamacpp.url, llamacpp.endpoint_id, "openai", prefill_tokens_per_s=CPU_PREFILL_PRIOR),
+    ]
+    start = envoy_gateway if request.param == "envoy" else litellm_gateway
+    with start(upstreams, redis_server_url, tmp_path_factory.mktemp(f"mixed-{request.param}")) as gateway:
+        yield gateway, upstreams
+
+
+def test_both_engines_placed_and_each_prompt_stays_where_it_went(
+    mixed: tuple[Gateway, list[Upstream]], tmp_path: Path
+) -> None:
+    gateway, (vllm, llama) = mixed
+    salts = [f"{gateway.client.name}-mixed-{i}" for i in range(4)]
+    with ThreadPoolExecutor(len(salts)) as pool:  # four new prompts at once: the queue spreads them
+        first = list(
+            pool.map(
+                lambda s: gateway.client.send("/v1/chat/completions", {"messages": messages(s, 0), "max_tokens": 4}),
+                salts,
+            )
+        )
+    assert all(r.status == 200 for r in first), [r.error for r in first]
+    home = {s: r.engine for s, r in zip(salts, first, strict=True)}
+    assert set(home.values()) == {vllm.endpoint_id, llama.endpoint_id}, home
+
+    for n in (1, 2):
+        for s in salts:
+            reply = gateway.client.send("/v1/chat/completions", {"messages": messages(s, n), "max_tokens": 4})
+            assert reply.status == 200, reply.error
+            assert reply.engine == home[s], f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]}"
+
+    on_llama = next(s for s in salts if home[s] == llama.endpoint_id)
+    explained = explain(gateway.config_path, gateway.model, messages(on_llama, 3), tmp_path)
+    assert explained.endpoint == llama.endpoint_id and explained.cached_tokens > 0, explained.text
+    assert f"{llama.endpoint_id}: " in explained.text and "routing history" in explained.text, explained.text
+    assert f"{vllm.endpoint_id}: " in explained.text and "KV events" in explained.text, explained.text
