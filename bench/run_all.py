@@ -348,6 +348,7 @@ def run_target(
     run.not_sent = result.not_sent
     run.total_requests = len(result.results)
     run.total_ok = sum(1 for r in result.results if r.ok)
+    run.total_served = sum(1 for r in result.results if r.ok or r.tokens_received > 0)
     failures = Counter(r.error or f"HTTP {r.status}" for r in result.results if r.errored)
     run.errors = {error[:300]: count for error, count in failures.most_common(3)}
     by_stage: dict[str, list[RequestResult]] = {}

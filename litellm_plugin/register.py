@@ -1,8 +1,9 @@
 """Make ``routing_strategy: cognitora`` a name LiteLLM accepts, and install the strategy when a Router uses it.
 
-LiteLLM 1.108.7 has no registry for named routing strategies: the name is checked against a hard-coded tuple
-(``litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES``) and only its own ``lar1`` gets installed through
-the public ``Router.set_custom_routing_strategy``. ``register()`` does the two things LiteLLM does for ``lar1``:
+LiteLLM (the tested range, ``SUPPORTED_LITELLM``) has no registry for named routing strategies: the name is checked
+against a hard-coded tuple (``litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES``) and only its own
+``lar1`` gets installed through the public ``Router.set_custom_routing_strategy``. ``register()`` does the two
+things LiteLLM does for ``lar1``:
 
 1. adds ``"cognitora"`` to that tuple (a module global, read at call time);
 2. wraps ``Router.__init__`` and ``Router.update_settings`` so a Router whose ``routing_strategy`` ends up
@@ -36,6 +37,12 @@ from cognitora.config import CognitoraConfig, ConfigError
 
 STRATEGY_NAME = "cognitora"
 """The value of ``router_settings.routing_strategy`` that selects Cognitora."""
+SUPPORTED_LITELLM = ">=1.106.0,<=1.108.7"
+"""The LiteLLM versions ``make test`` runs the plugin against (both ends): the ``litellm`` extra's range."""
+_UPGRADE_HINT = (
+    f"install a LiteLLM the plugin is tested with: pip install 'litellm[proxy]{SUPPORTED_LITELLM}' (the "
+    "cognitora-router[litellm] extra), or see docs/litellm.md ('What breaks on upgrade')"
+)
 
 _PATCH_MARK = "_cognitora_patched"
 _PROXY_MODULE = "litellm.proxy.proxy_server"
@@ -65,8 +72,7 @@ def routing_groups_module() -> ModuleType:
             return module
     raise LiteLLMIncompatible(
         "cannot find VALID_ROUTING_STRATEGIES in " + " or ".join(_ROUTING_GROUPS_MODULES) + ": this LiteLLM "
-        "version validates strategy names elsewhere. Pin litellm[proxy]==1.108.7 or see docs/litellm.md "
-        "('What breaks on upgrade')."
+        f"version validates strategy names elsewhere: {_UPGRADE_HINT}."
     )
 
 
@@ -84,9 +90,13 @@ def register() -> None:
         return
     if not hasattr(router_cls, "set_custom_routing_strategy"):
         raise LiteLLMIncompatible(
-            "litellm.Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110 uses Router.register_plugin); "
-            "pin litellm[proxy]==1.108.7 or see docs/litellm.md ('What breaks on upgrade')."
+            "litellm.Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110 uses Router.register_plugin): "
+            f"{_UPGRADE_HINT}."
         )
+    if not hasattr(router_cls, "get_model_from_alias"):
+        # Before 1.106 it was private (_get_model_from_alias): the strategy's fallback to LiteLLM's own choice
+        # (simple_shuffle) needs it, and would fail at the first request of a model group Cognitora does not place.
+        raise LiteLLMIncompatible(f"litellm.Router.get_model_from_alias is missing (LiteLLM < 1.106): {_UPGRADE_HINT}.")
     setattr(router_cls, "__init__", _wrap_init(router_cls.__init__))  # noqa: B010
     setattr(router_cls, "update_settings", _wrap_update_settings(router_cls.update_settings))  # noqa: B010
 

@@ -1,7 +1,7 @@
 """A real headless Chromium driven over the DevTools protocol (a websocket, aiohttp's client): open a page, evaluate
 JavaScript in it, take a screenshot. No browser-automation dependency: the protocol's few calls a test needs.
 
-The binary is Debian's ``chromium`` (``.ci/run`` installs it when missing), else ``chromium-browser``,
+The binary is Debian's ``chromium`` (``make test`` installs it when missing), else ``chromium-browser``,
 ``google-chrome`` or ``$CHROMIUM``.
 """
 
@@ -28,7 +28,7 @@ def chromium_binary() -> str:
         if found:
             return found
     raise RuntimeError(
-        "no Chromium: install Debian's chromium (apt-get install chromium; .ci/run does) or set $CHROMIUM"
+        "no Chromium: install Debian's chromium (apt-get install chromium; make test does it as root) or set $CHROMIUM"
     )
 
 

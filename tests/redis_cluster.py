@@ -2,7 +2,7 @@
 temporary directory, joined by ``redis-cli --cluster create``, stopped and removed when the context exits.
 
 No fallback and no skip: a machine without ``redis-server`` and ``redis-cli`` fails the cluster tests with a
-message saying what to install (on Debian the ``redis-server`` package brings both; ``.ci/run`` installs it).
+message saying what to install (on Debian the ``redis-server`` package brings both; ``make test`` installs it).
 """
 
 from __future__ import annotations

@@ -90,14 +90,14 @@ def test_a_bad_policy_is_refused_naming_the_key(intent: dict[str, Any], message:
 
 
 def test_the_classifier_without_its_extra_is_a_clear_start_up_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "sklearn", None)  # as if `cognitora[intent]` were not installed
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # as if the `intent` extra were not installed
     cfg = config(classifier={"examples_file": str(EXAMPLES)}, intents=[{"name": n, "target": "small"} for n in INTENTS])
-    with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install 'cognitora\[intent\]'"):
+    with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install 'cognitora-router\[intent\]'"):
         Router(cfg, MemoryStore())
     from litellm_plugin.fleet import Fleet
     from litellm_plugin.strategy import preflight
 
-    with pytest.raises(ConfigError, match=r"pip install 'cognitora\[intent\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'cognitora-router\[intent\]'"):
         preflight(Fleet(config=cfg, endpoint_by_deployment={}))  # the proxy's start, not its first request
     rules_only = Router(config(), MemoryStore())  # rules need nothing extra
     assert asyncio.run(rules_only.rewrite(ask("def f(): pass"))) is not None

@@ -40,6 +40,10 @@ N_ENGINES = 4
 N_PROMPTS = 8
 SLOW_ROUNDS = 7
 """Rounds of 32 requests within which an engine slowed 50x must lose at least half its share of new requests."""
+WORKER_HEALTHCHECK_S = 60
+"""``--timeout_worker_healthcheck`` under ``--num_workers`` > 1. uvicorn's default, 5 s, is shorter than a worker takes
+to import the proxy on 2 busy cores: uvicorn then kills it as hung and starts another, forever (a worker refusing to
+start is never seen to refuse)."""
 TOPICS = ["rockets", "tax law", "gardening", "databases", "chess", "cooking", "astronomy", "sailing"]
 
 
@@ -151,9 +155,18 @@ class Proxy:
         }
         argv = [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["--num_workers", str(workers)]
+        if workers > 1:  # see WORKER_HEALTHCHECK_S
+            argv += ["--timeout_worker_healthcheck", str(WORKER_HEALTHCHECK_S)]
         self.process = ManagedProcess(argv, log_dir / "litellm.log", env=env, cwd=config.parent)
         self.url = f"http://127.0.0.1:{self.port}"
         self.process.wait_http(f"{self.url}/health/liveliness", timeout_s=90)
+        # One worker answering is not all of them: on busy cores another may still be importing the proxy, and
+        # until it serves, the first takes every request (a test that needs both would see only one place).
+        wait_until(
+            lambda: self.process.log_path.read_text(errors="replace").count("Application startup complete.") >= workers,
+            WORKER_HEALTHCHECK_S,
+            f"all {workers} proxy workers started",
+        )
 
     def stop(self) -> None:
         self.process.stop()
@@ -490,6 +503,8 @@ def test_proxy_with_several_workers_refuses_embedded_mode(tmp_path: Path) -> Non
         str(free_port()),
         "--num_workers",
         "2",
+        "--timeout_worker_healthcheck",
+        str(WORKER_HEALTHCHECK_S),
     ]
     proxy = ManagedProcess(argv, tmp_path / "litellm.log", env=env, cwd=ROOT)
     try:

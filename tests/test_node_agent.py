@@ -196,7 +196,7 @@ def test_nvml_without_the_bindings_or_the_driver_says_what_to_do(
     with pytest.raises(NvmlUnavailable, match="NVIDIA driver"):
         NvmlSource().open()
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
-    with pytest.raises(NvmlUnavailable, match=r"cognitora\[nvml\]"):
+    with pytest.raises(NvmlUnavailable, match=r"cognitora-router\[nvml\]"):
         NvmlSource()
 
 
@@ -225,7 +225,7 @@ def test_cli_without_pynvml_exits_2_with_the_install_hint(tmp_path: Path) -> Non
     (tmp_path / "pynvml.py").write_text("raise ImportError('not installed (test)')\n")
     done = _cli("--source", "nvml", "--once", pythonpath=tmp_path)
     assert done.returncode == 2
-    assert "pip install 'cognitora[nvml]'" in done.stderr
+    assert "pip install 'cognitora-router[nvml]'" in done.stderr
     assert _cli("--interval-s", "0").returncode == 2
 
 

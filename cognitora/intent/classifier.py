@@ -2,8 +2,9 @@
 at start-up on the policy's labeled examples, its probabilities calibrated. Offline, CPU only, well under a
 millisecond a request (docs/intent.md has the measurements that chose it).
 
-It needs scikit-learn, the optional extra ``cognitora[intent]``. Without it, a policy that asks for the classifier
-is refused at start-up with ``ClassifierUnavailable`` saying what to install; rules keep working without it.
+It needs scikit-learn, the optional extra ``intent`` (``cognitora.distribution.install_hint``). Without it, a policy
+that asks for the classifier is refused at start-up with ``ClassifierUnavailable`` saying what to install; rules keep
+working without it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cognitora.distribution import install_hint
 from cognitora.intent.policy import ClassifierSpec, FeatureSet
 
-EXTRA = "pip install 'cognitora[intent]'"
+EXTRA = install_hint("intent")
 
 
 class ClassifierUnavailable(RuntimeError):

@@ -127,7 +127,8 @@ class EmbeddingsSpec(_Strict):
 
 
 class ClassifierSpec(_Strict):
-    """The learned classifier, consulted when no rule matched (needs ``pip install 'cognitora[intent]'``)."""
+    """The learned classifier, consulted when no rule matched (needs the ``intent`` extra:
+    ``pip install 'cognitora-router[intent]'``)."""
 
     kind: Literal["tfidf", "embeddings"] = "tfidf"
     """``tfidf``: TF-IDF features with a logistic regression, fitted at start-up on the examples (scikit-learn,

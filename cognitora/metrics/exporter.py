@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from importlib import metadata
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,6 +22,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
 from cognitora.config import CognitoraConfig
+from cognitora.distribution import installed_version
 from cognitora.metrics.families import CollectorFamilies, FleetFamilies, RouterFamilies, family
 from kvstate.store import EndpointSnapshot
 
@@ -41,10 +41,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def version() -> str:
-    try:
-        return metadata.version("cognitora")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version()
 
 
 class _Info(PrometheusCollector):

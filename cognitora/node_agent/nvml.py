@@ -1,4 +1,4 @@
-"""NVIDIA GPUs through NVML (``pynvml``, from the ``nvidia-ml-py`` package: ``pip install 'cognitora[nvml]'``).
+"""NVIDIA GPUs through NVML (``pynvml``, from the ``nvidia-ml-py`` package: ``pip install 'cognitora-router[nvml]'``).
 
 Per GPU and sample: ``nvmlDeviceGetPowerUsage`` (mW; a 1 s average on Ampere and newer except GA100, engines.md
 7.1), ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded; Volta and newer),
@@ -16,13 +16,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from cognitora.distribution import install_hint
 from cognitora.node_agent.exposition import BYTES_PER_MIB, GpuReading
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-INSTALL_HINT = "install NVML's Python bindings: pip install 'cognitora[nvml]' (the nvidia-ml-py package)"
+INSTALL_HINT = f"install NVML's Python bindings (the nvidia-ml-py package): {install_hint('nvml')}"
 
 
 class NvmlUnavailable(RuntimeError):

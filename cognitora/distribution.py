@@ -1,0 +1,26 @@
+"""The name this project is installed under, and the install line an error message gives for a missing extra.
+
+The import packages and the command are ``cognitora``; the distribution is ``cognitora-router``, because the name
+``cognitora`` on PyPI belongs to another project: an install line naming it would put someone else's code on the
+operator's gateway. Every message that says what to install takes its line from here (tests/test_distribution.py
+holds the docs and messages to it).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+DISTRIBUTION = "cognitora-router"
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra`` (the published name, and the same from a clone until it is published)."""
+    return f"pip install '{DISTRIBUTION}[{extra}]' (from a clone of the repository: pip install -e '.[{extra}]')"
+
+
+def installed_version() -> str:
+    """The installed distribution's version, ``unknown`` when running from a tree that was never installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
