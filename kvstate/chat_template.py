@@ -11,8 +11,12 @@ here, because a prompt rendered one character differently gets different block k
    ``tool_calls`` keep their list, their ``arguments`` parsed from JSON text into an object (``{}`` when empty or
    not a JSON object); tool messages keep ``tool_call_id``; ``name`` is kept when it is a string.
 2. **Tools** are what vLLM's pydantic model dumps (``tool_schemas``): ``{"type": "function", "function": {"name",
-   "description", "parameters", ...}}``, ``description``/``parameters`` present as ``None`` when the client left
-   them out, unknown fields kept after the known ones.
+   "description", "parameters", "strict", "defer_loading"}}``, ``description``/``parameters`` present as ``None``
+   when the client left them out, ``strict`` and ``defer_loading`` only when set, any other field dropped (vLLM
+   0.32's ``FunctionDefinition`` and ``ChatCompletionToolsParam`` serialize their own fields only). Assistant
+   ``tool_calls`` reach the template in the order vLLM's request validation writes them (``chat_request_messages``,
+   applied by ``kvstate.prompt.read_prompt``): ``{"id", "function": {"arguments", "name"}, "type"}``, other keys
+   after; this matters to a template that prints a whole call as JSON.
 3. **The template's scope**: ``messages``, ``tools`` (None without tools), ``documents`` (None),
    ``add_generation_prompt``, every named special token of ``tokenizer_config.json`` (``bos_token``,
    ``eos_token``, ...), then the request's ``chat_template_kwargs`` over them.
@@ -43,6 +47,7 @@ __all__ = [
     "ChatTemplate",
     "ContentFormat",
     "PromptError",
+    "chat_request_messages",
     "conversation",
     "detect_content_format",
     "load_chat_template",
@@ -211,12 +216,55 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, An
         function = tool.get("function")
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise PromptError(f"tools[{i}].function must be an object with a string 'name'")
-        known = ("name", "description", "parameters")
-        fn = {k: copy.deepcopy(function.get(k)) for k in known}
-        fn.update({k: copy.deepcopy(v) for k, v in function.items() if k not in known})
-        rest = {k: copy.deepcopy(v) for k, v in tool.items() if k not in ("type", "function")}
-        out.append({"type": "function", "function": fn, **rest})
+        fn = {k: copy.deepcopy(function.get(k)) for k in ("name", "description", "parameters")}
+        outer_defer = tool.get("defer_loading")
+        for k in ("strict", "defer_loading"):
+            value = function.get(k)
+            if k == "defer_loading" and value is None:
+                value = outer_defer  # vLLM copies the tool's defer_loading onto its function
+            if value is not None:
+                fn[k] = copy.deepcopy(value)
+        dumped: dict[str, Any] = {"type": "function", "function": fn}
+        if outer_defer is not None:
+            dumped["defer_loading"] = copy.deepcopy(outer_defer)
+        out.append(dumped)
     return out
+
+
+_TOOL_CALL_ORDER = ("id", "function", "type")
+_FUNCTION_CALL_ORDER = ("arguments", "name")
+
+
+def chat_request_messages(messages: Sequence[Message]) -> Sequence[Message]:
+    """``messages`` as vLLM's chat request validation hands them on: each assistant tool call's keys in its typed
+    dicts' order (``{"id", "function": {"arguments", "name"}, "type"}``, any other key after). Only messages with
+    tool calls are copied; the input is not mutated."""
+    out: list[Message] | None = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list) or not calls:
+            continue
+        if out is None:
+            out = list(messages)
+        out[i] = {**message, "tool_calls": [_ordered_call(c) for c in calls]}
+    return messages if out is None else out
+
+
+def _ordered(value: Mapping[str, Any], first: tuple[str, ...]) -> dict[str, Any]:
+    ordered = {k: value[k] for k in first if k in value}
+    ordered.update((k, v) for k, v in value.items() if k not in ordered)
+    return ordered
+
+
+def _ordered_call(call: Any) -> Any:
+    if not isinstance(call, Mapping):
+        return call
+    ordered = _ordered(call, _TOOL_CALL_ORDER)
+    if isinstance(ordered.get("function"), Mapping):
+        ordered["function"] = _ordered(ordered["function"], _FUNCTION_CALL_ORDER)
+    return ordered
 
 
 # -- 3. the template's scope ----------------------------------------------------------------------------------
@@ -403,6 +451,11 @@ class ChatTemplate:
 
     def content_format(self, tools: object = None) -> ContentFormat:
         return self._template(tools)[2]
+
+    def source(self, tools: object = None) -> str | None:
+        """The template text a request with (``tools`` not None) or without tools renders with; None if none.
+        vLLM probes it for behaviour a surface depends on (``kvstate.surfaces.template_traits``)."""
+        return self._sources.get("tool_use" if tools is not None and "tool_use" in self._sources else "default")
 
     def render(
         self,
