@@ -372,6 +372,27 @@ SINGLE_SURFACE = [
         },
     ),
     SingleCase(
+        "responses-reasoning-after-text",
+        "responses",
+        {
+            "input": [
+                {"role": "user", "content": "q"},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "m1",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "first", "annotations": []}],
+                },
+                {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+                {"type": "reasoning", "id": "rs_3", "summary": [{"type": "summary_text", "text": "again"}]},
+                {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"},
+                {"role": "assistant", "content": "second"},
+                {"type": "function_call_output", "call_id": "c9", "output": [{"type": "input_text", "text": "o"}]},
+            ],
+        },
+    ),
+    SingleCase(
         "responses-tool-kinds-and-effort",
         "responses",
         {
