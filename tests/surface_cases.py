@@ -384,7 +384,12 @@ SINGLE_SURFACE = [
                     "status": "completed",
                     "content": [{"type": "output_text", "text": "first", "annotations": []}],
                 },
-                {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+                {
+                    "type": "reasoning",
+                    "id": "rs_2",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "r"}],
+                },
                 {"type": "reasoning", "id": "rs_3", "summary": [{"type": "summary_text", "text": "again"}]},
                 {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"},
                 {"role": "assistant", "content": "second"},
