@@ -23,6 +23,8 @@ here, because a prompt rendered one character differently gets different block k
 4. **The environment** is transformers': an immutable sandbox with ``trim_blocks``/``lstrip_blocks``, the
    ``{% generation %}`` tag and loop controls, a ``tojson`` that does not escape HTML, ``raise_exception`` and
    ``strftime_now``. ``continue_final_message`` cuts the render right after the last message's text.
+5. **A ``developer`` message** a template does not name (``'developer'`` nowhere in its text) becomes a ``system``
+   message, and the system messages are then merged into one, first (vLLM's ``safe_apply_chat_template``).
 
 Media parts (images, audio, video) contribute no text here: vLLM replaces them with model-specific placeholder
 tokens and hashes the media into its blocks, which a router cannot reproduce, so keys stay exact up to the first
@@ -470,6 +472,8 @@ class ChatTemplate:
         schemas = tool_schemas(tools)
         source, template, fmt = self._template(schemas)
         chat = conversation(messages, fmt)
+        if any(m["role"] == "developer" for m in chat) and not _names_developer(source):
+            chat = _system_first(chat)
         final = ""
         if continue_final_message:
             if add_generation_prompt:
@@ -488,6 +492,43 @@ class ChatTemplate:
             # A template indexing a field this request lacks: the engine answers 400 too.
             raise PromptError(f"chat template failed: {exc!r}") from exc
         return _cut_after_final_message(text, final) if continue_final_message else text
+
+
+def _names_developer(source: str) -> bool:
+    """vLLM's test of whether a template knows the ``developer`` role: it names it in quotes."""
+    return '"developer"' in source or "'developer'" in source
+
+
+def _system_first(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's answer to a ``developer`` message the template does not know (``renderers/hf.py``
+    ``safe_apply_chat_template``): it becomes a ``system`` message (its ``tools`` dropped), and then every system
+    message's text is merged, joined by a blank line, into one system message first, when one was not first or
+    there were several."""
+    converted: list[dict[str, Any]] = []
+    for message in chat:
+        if message["role"] == "developer":
+            message = {k: v for k, v in message.items() if k != "tools"} | {"role": "system"}
+        converted.append(message)
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(converted):
+        if message["role"] != "system":
+            others.append(message)
+            continue
+        merge = merge or i > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p["text"]) if isinstance(p, dict) else p
+                for p in content
+                if (isinstance(p, dict) and "text" in p) or isinstance(p, str)
+            )
+        if content:
+            texts.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
 
 
 def _mark_final_message(chat: list[dict[str, Any]], source: str) -> str:

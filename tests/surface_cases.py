@@ -319,7 +319,7 @@ SINGLE_SURFACE = [
         "messages-tool-changes-and-effort",
         "messages",
         {
-            "max_tokens": 4000,
+            "max_tokens": 8,
             "thinking": {"type": "disabled"},
             "output_config": {"effort": "high"},
             "tools": [*ANTHROPIC_TOOLS, {"name": "lookup", "input_schema": {"properties": {}}, "defer_loading": True}],

@@ -453,3 +453,15 @@ def test_surfaces_without_media_key_exactly_as_the_chat_keyer_does(smollm2: Chat
     assert (ours.keys, ours.prompt_tokens, ours.exact) == (chats.keys, chats.prompt_tokens, chats.exact)
     assert surface_token_ids(smollm2, request) == prompt_token_ids(smollm2, request.chat)
     assert json.dumps(request.chat.messages)  # plain data: the adapters can log and forward it
+
+
+def test_a_developer_message_the_template_does_not_know_joins_the_system_prompt_first(
+    smollm2: ChatTokenizer, smollm2_dir: Path, tmp_path: Path
+) -> None:
+    body = {"input": [{"role": "user", "content": "q"}, {"role": "developer", "content": "Be terse."}]}
+    text = smollm2.tokenizer.decode(_ids(smollm2, "responses", {**body, "instructions": "Lead."}), False)
+    assert text.startswith("<|im_start|>system\nLead.\n\nBe terse.<|im_end|>\n<|im_start|>user\nq<|im_end|>")
+    alone = smollm2.tokenizer.decode(_ids(smollm2, "responses", body), False)
+    assert alone.startswith("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nq")  # moved first
+    knows = _tokenizer(smollm2_dir, tmp_path, "{% for m in messages %}{{ m['role'] }}|{% endfor %}{# 'developer' #}")
+    assert knows.tokenizer.decode(_ids(knows, "responses", body)) == "user|developer|"

@@ -130,13 +130,15 @@ def _is_conversation(value: Any) -> bool:
 
 def read_embeddings(body: Mapping[str, Any]) -> SurfaceRequest:
     """A ``/v1/embeddings`` body, read (nothing is generated: no output cap, no stream)."""
-    conversation = body.get("messages")
-    if conversation is None and _is_conversation(body.get("input")):
-        conversation = body["input"]
+    conversation, where = body.get("messages"), "messages"
+    if conversation is None and isinstance(body.get("input"), list):
+        conversation, where = body["input"], "input"
+        if not _is_conversation(conversation) and not all(_is_conversation(c) for c in conversation):
+            conversation = None  # texts or token ids
     if conversation is not None:
         if isinstance(conversation, list) and conversation and all(_is_conversation(c) for c in conversation):
             raise SurfaceError(
-                "a batch of conversations is not read: send one conversation per embeddings request", "messages"
+                "a batch of conversations is not read: send one conversation per embeddings request", where
             )
         prompt = _chat_prompt(body, conversation, generation_prompt=False)
         return SurfaceRequest(
