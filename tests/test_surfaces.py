@@ -465,3 +465,32 @@ def test_a_developer_message_the_template_does_not_know_joins_the_system_prompt_
     assert alone.startswith("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nq")  # moved first
     knows = _tokenizer(smollm2_dir, tmp_path, "{% for m in messages %}{{ m['role'] }}|{% endfor %}{# 'developer' #}")
     assert knows.tokenizer.decode(_ids(knows, "responses", body)) == "user|developer|"
+
+
+@pytest.mark.parametrize(
+    ("surface", "body", "reserved"),
+    [
+        ("messages", {"model": "m", "max_tokens": 300, "messages": [{"role": "user", "content": "x"}]}, 300),
+        ("responses", {"input": "x", "max_output_tokens": 200}, 200),
+        ("responses", {"input": "x"}, 512),  # no cap: the budgets' default per sequence
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 50, "max_tokens": 9}, 50),
+        ("embeddings", {"input": ["a", "b"]}, 0),
+    ],
+)
+def test_budgets_reserve_by_the_request_model_s_surface_and_output_cap(
+    surface: str, body: dict[str, Any], reserved: int
+) -> None:
+    """What part 2 hands the core (cognitora.request.RouteRequest) from a SurfaceRequest, as the budget estimate
+    reads it (cognitora.budgets.estimate: one answer for Messages and Responses, none for embeddings)."""
+    from cognitora.budgets.estimate import output_tokens
+    from cognitora.request import RouteRequest, Surface
+
+    request = read_surface(surface, body)  # type: ignore[arg-type]
+    route = RouteRequest(
+        model="m",
+        messages=request.chat.messages if request.chat else None,
+        prompt=list(request.completion.prompts) if request.completion else None,  # type: ignore[arg-type]
+        surface=Surface(request.surface),
+        max_tokens=request.max_tokens,
+    )
+    assert output_tokens(route, default_max_tokens=512) == reserved

@@ -6,10 +6,12 @@ too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a determin
 ``cognitora.sim.embeddings``), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
-``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), and the simulator's
-admin API ``POST /sim/fault`` and ``GET /sim/state``.
+``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), Anthropic Messages and
+OpenAI Responses (``cognitora.sim.surface_server``), and the simulator's admin API ``POST /sim/fault`` and
+``GET /sim/state``.
 
-Prompts are read by ``kvstate.prompt`` with vLLM's rules (its module docstring): chats with ``tools``,
+Prompts are read by ``kvstate.surfaces`` (chat and completions by ``kvstate.prompt``'s rules, images keyed by
+content) with vLLM's rules (``kvstate.prompt``'s module docstring): chats with ``tools``,
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs`` and ``add_special_tokens`` (default
 false); completions ``prompt`` as a string, strings, token ids or token-id lists with ``add_special_tokens``
 (default true). A completions batch runs one engine request per prompt, one choice each (``index`` = the prompt's
