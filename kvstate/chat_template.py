@@ -46,6 +46,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 __all__ = [
+    "MEDIA_PARTS",
     "ChatTemplate",
     "ContentFormat",
     "PromptError",
@@ -75,8 +76,9 @@ _TEXT_PARTS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
-# Part type (or, untyped, the key present) -> the modality an ``openai``-format template sees.
-_MEDIA_PARTS = {
+MEDIA_PARTS: dict[str, Literal["image", "audio", "video"]] = {
+    # Part type (or, untyped, the key present) -> the modality an ``openai``-format template sees (vLLM's
+    # MM_PARSER_MAP, media entries).
     "image_url": "image",
     "input_image": "image",
     "image_embeds": "image",
@@ -89,7 +91,7 @@ _MEDIA_PARTS = {
 }
 # Fields of OpenAI's content-part shapes: what is left over is passed on to an ``openai``-format template.
 _KNOWN_PART_FIELDS = frozenset(
-    {"type", "text", "refusal", "thinking", "closed", "name", "uuid", "detail", "data", "file", *_MEDIA_PARTS}
+    {"type", "text", "refusal", "thinking", "closed", "name", "uuid", "detail", "data", "file", *MEDIA_PARTS}
 )
 
 
@@ -152,7 +154,7 @@ def _content(i: int, parts: Sequence[Any], content_format: ContentFormat) -> str
             raise PromptError(f"messages[{i}].content[{j}] must be a string or an object with a 'type'")
         kind = part.get("type")
         if kind is None:
-            kind = next((k for k in _MEDIA_PARTS if k in part), "tool_reference" if "tool_reference" in part else None)
+            kind = next((k for k in MEDIA_PARTS if k in part), "tool_reference" if "tool_reference" in part else None)
         if not isinstance(kind, str):
             raise PromptError(f"messages[{i}].content[{j}] has no 'type'")
         extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}
@@ -162,8 +164,8 @@ def _content(i: int, parts: Sequence[Any], content_format: ContentFormat) -> str
                 continue  # vLLM skips a text part without text
             texts.append(str(text))
             wrapped.append({"type": "text", "text": str(text), **extra})
-        elif kind in _MEDIA_PARTS:
-            wrapped.append({"type": _MEDIA_PARTS[kind], **extra})
+        elif kind in MEDIA_PARTS:
+            wrapped.append({"type": MEDIA_PARTS[kind], **extra})
         elif kind == "tool_reference":
             name = part.get("name")
             if name is not None:

@@ -39,6 +39,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvstate.chat_template import MEDIA_PARTS
+
 __all__ = [
     "MEDIA_PARTS",
     "MEDIA_TOKEN_FLAG",
@@ -52,19 +54,6 @@ __all__ = [
 ]
 
 Modality = Literal["image", "audio", "video"]
-
-MEDIA_PARTS: dict[str, Modality] = {
-    "image_url": "image",
-    "input_image": "image",
-    "image_embeds": "image",
-    "image_pil": "image",
-    "audio_url": "audio",
-    "input_audio": "audio",
-    "audio_embeds": "audio",
-    "video_url": "video",
-    "video_embeds": "video",
-}
-"""Content-part types (vLLM's ``MM_PARSER_MAP``) that carry media, and their modality."""
 
 MEDIA_TOKEN_FLAG = 1 << 31
 """Bit set in both pseudo-token ids of a media item: no vocabulary reaches 2**31 ids."""
