@@ -214,3 +214,14 @@ def test_render_endpoints_give_the_router_s_token_ids(engine: Engine) -> None:
         assert got == surface_token_ids(engine.tok, request)[0]
     bad = httpx.post(f"{engine.url}/v1/responses", json={"model": MODEL, "input": [{"type": "nope"}]}, timeout=30)
     assert bad.status_code == 400 and json.loads(bad.text)["error"]["param"] == "body.input[0].type"
+
+
+def test_embeddings_take_every_input_vllm_takes(engine: Engine) -> None:
+    client = openai.OpenAI(base_url=f"{engine.url}/v1", api_key="x")
+    texts = client.embeddings.create(model=MODEL, input=["the cat sat", "a dog ran far"])
+    ids = client.embeddings.create(model=MODEL, input=[[1, 2, 3, 4], [5, 6]])
+    assert [len(d.embedding) for d in texts.data] == [256, 256] and ids.usage.prompt_tokens == 6
+    request = read_surface("embeddings", {"input": ["the cat sat", "a dog ran far"]})
+    assert texts.usage.prompt_tokens == _prompt_tokens(engine, request)
+    with pytest.raises(openai.BadRequestError, match="input"):
+        client.embeddings.create(model=MODEL, input=[{"text": "x"}])  # type: ignore[list-item]

@@ -2,9 +2,9 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``, usage with
 ``prompt_tokens_details.cached_tokens``, a usage chunk when ``stream_options.include_usage``, usage in every chunk
-too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a deterministic embedding of the tokens:
-``cognitora.sim.embeddings``), ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
+too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a deterministic embedding of the tokens of
+each input, read as vLLM reads it: ``cognitora.sim.embeddings``), ``GET /v1/models``, ``GET /health``,
+``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
 ``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), Anthropic Messages and
 OpenAI Responses (``cognitora.sim.surface_server``), and the simulator's admin API ``POST /sim/fault`` and
@@ -42,14 +42,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.disagg import PdEngine, PdSide, TransferFailed, classify
-from cognitora.sim.embeddings import embedding_inputs, embeddings_response
+from cognitora.sim.embeddings import embeddings_response
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.engine_kinds import PAGES, IterationStats, llamacpp_slots, surface
 from cognitora.sim.http_json import cut_connection, error_response, read_json
 from cognitora.sim.scheduler import SimRequest
 from cognitora.sim.surface_server import SurfaceEndpoints
 from kvstate.prompt import ChatPrompt, ChatTokenizer, PromptError, PromptTokenizer
-from kvstate.surfaces.openai import read_chat, read_completions
+from kvstate.surfaces.openai import read_chat, read_completions, read_embeddings
 from kvstate.surfaces.request import SurfaceError, SurfaceRequest
 from kvstate.surfaces.tokens import surface_prompt_chars, surface_token_ids
 
@@ -508,10 +508,10 @@ class EngineServer:
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            texts = embedding_inputs(body)
+            ids = await self.token_ids(read_embeddings(body))
         except ValueError as exc:
-            return error_response(400, str(exc), param="input")
-        return web.json_response(embeddings_response(self.model, texts, self.engine.tokenizer.encode))
+            return error_response(400, str(exc), param=_param(exc, "input"))
+        return web.json_response(embeddings_response(self.model, ids))
 
     async def sim_fault(self, request: web.Request) -> web.Response:
         body = await read_json(request)
