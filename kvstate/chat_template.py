@@ -11,14 +11,20 @@ here, because a prompt rendered one character differently gets different block k
    ``tool_calls`` keep their list, their ``arguments`` parsed from JSON text into an object (``{}`` when empty or
    not a JSON object); tool messages keep ``tool_call_id``; ``name`` is kept when it is a string.
 2. **Tools** are what vLLM's pydantic model dumps (``tool_schemas``): ``{"type": "function", "function": {"name",
-   "description", "parameters", ...}}``, ``description``/``parameters`` present as ``None`` when the client left
-   them out, unknown fields kept after the known ones.
+   "description", "parameters", "strict", "defer_loading"}}``, ``description``/``parameters`` present as ``None``
+   when the client left them out, ``strict`` and ``defer_loading`` only when set, any other field dropped (vLLM
+   0.32's ``FunctionDefinition`` and ``ChatCompletionToolsParam`` serialize their own fields only). Assistant
+   ``tool_calls`` reach the template in the order vLLM's request validation writes them (``chat_request_messages``,
+   applied by ``kvstate.prompt.read_prompt``): ``{"id", "function": {"arguments", "name"}, "type"}``, other keys
+   after; this matters to a template that prints a whole call as JSON.
 3. **The template's scope**: ``messages``, ``tools`` (None without tools), ``documents`` (None),
    ``add_generation_prompt``, every named special token of ``tokenizer_config.json`` (``bos_token``,
    ``eos_token``, ...), then the request's ``chat_template_kwargs`` over them.
 4. **The environment** is transformers': an immutable sandbox with ``trim_blocks``/``lstrip_blocks``, the
    ``{% generation %}`` tag and loop controls, a ``tojson`` that does not escape HTML, ``raise_exception`` and
    ``strftime_now``. ``continue_final_message`` cuts the render right after the last message's text.
+5. **A ``developer`` message** a template does not name (``'developer'`` nowhere in its text) becomes a ``system``
+   message, and the system messages are then merged into one, first (vLLM's ``safe_apply_chat_template``).
 
 Media parts (images, audio, video) contribute no text here: vLLM replaces them with model-specific placeholder
 tokens and hashes the media into its blocks, which a router cannot reproduce, so keys stay exact up to the first
@@ -40,9 +46,11 @@ import jinja2.nodes
 import jinja2.sandbox
 
 __all__ = [
+    "MEDIA_PARTS",
     "ChatTemplate",
     "ContentFormat",
     "PromptError",
+    "chat_request_messages",
     "conversation",
     "detect_content_format",
     "load_chat_template",
@@ -68,8 +76,9 @@ _TEXT_PARTS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
-# Part type (or, untyped, the key present) -> the modality an ``openai``-format template sees.
-_MEDIA_PARTS = {
+MEDIA_PARTS: dict[str, Literal["image", "audio", "video"]] = {
+    # Part type (or, untyped, the key present) -> the modality an ``openai``-format template sees (vLLM's
+    # MM_PARSER_MAP, media entries).
     "image_url": "image",
     "input_image": "image",
     "image_embeds": "image",
@@ -82,7 +91,7 @@ _MEDIA_PARTS = {
 }
 # Fields of OpenAI's content-part shapes: what is left over is passed on to an ``openai``-format template.
 _KNOWN_PART_FIELDS = frozenset(
-    {"type", "text", "refusal", "thinking", "closed", "name", "uuid", "detail", "data", "file", *_MEDIA_PARTS}
+    {"type", "text", "refusal", "thinking", "closed", "name", "uuid", "detail", "data", "file", *MEDIA_PARTS}
 )
 
 
@@ -145,7 +154,7 @@ def _content(i: int, parts: Sequence[Any], content_format: ContentFormat) -> str
             raise PromptError(f"messages[{i}].content[{j}] must be a string or an object with a 'type'")
         kind = part.get("type")
         if kind is None:
-            kind = next((k for k in _MEDIA_PARTS if k in part), "tool_reference" if "tool_reference" in part else None)
+            kind = next((k for k in MEDIA_PARTS if k in part), "tool_reference" if "tool_reference" in part else None)
         if not isinstance(kind, str):
             raise PromptError(f"messages[{i}].content[{j}] has no 'type'")
         extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}
@@ -155,8 +164,8 @@ def _content(i: int, parts: Sequence[Any], content_format: ContentFormat) -> str
                 continue  # vLLM skips a text part without text
             texts.append(str(text))
             wrapped.append({"type": "text", "text": str(text), **extra})
-        elif kind in _MEDIA_PARTS:
-            wrapped.append({"type": _MEDIA_PARTS[kind], **extra})
+        elif kind in MEDIA_PARTS:
+            wrapped.append({"type": MEDIA_PARTS[kind], **extra})
         elif kind == "tool_reference":
             name = part.get("name")
             if name is not None:
@@ -211,12 +220,55 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, An
         function = tool.get("function")
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise PromptError(f"tools[{i}].function must be an object with a string 'name'")
-        known = ("name", "description", "parameters")
-        fn = {k: copy.deepcopy(function.get(k)) for k in known}
-        fn.update({k: copy.deepcopy(v) for k, v in function.items() if k not in known})
-        rest = {k: copy.deepcopy(v) for k, v in tool.items() if k not in ("type", "function")}
-        out.append({"type": "function", "function": fn, **rest})
+        fn = {k: copy.deepcopy(function.get(k)) for k in ("name", "description", "parameters")}
+        outer_defer = tool.get("defer_loading")
+        for k in ("strict", "defer_loading"):
+            value = function.get(k)
+            if k == "defer_loading" and value is None:
+                value = outer_defer  # vLLM copies the tool's defer_loading onto its function
+            if value is not None:
+                fn[k] = copy.deepcopy(value)
+        dumped: dict[str, Any] = {"type": "function", "function": fn}
+        if outer_defer is not None:
+            dumped["defer_loading"] = copy.deepcopy(outer_defer)
+        out.append(dumped)
     return out
+
+
+_TOOL_CALL_ORDER = ("id", "function", "type")
+_FUNCTION_CALL_ORDER = ("arguments", "name")
+
+
+def chat_request_messages(messages: Sequence[Message]) -> Sequence[Message]:
+    """``messages`` as vLLM's chat request validation hands them on: each assistant tool call's keys in its typed
+    dicts' order (``{"id", "function": {"arguments", "name"}, "type"}``, any other key after). Only messages with
+    tool calls are copied; the input is not mutated."""
+    out: list[Message] | None = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list) or not calls:
+            continue
+        if out is None:
+            out = list(messages)
+        out[i] = {**message, "tool_calls": [_ordered_call(c) for c in calls]}
+    return messages if out is None else out
+
+
+def _ordered(value: Mapping[str, Any], first: tuple[str, ...]) -> dict[str, Any]:
+    ordered = {k: value[k] for k in first if k in value}
+    ordered.update((k, v) for k, v in value.items() if k not in ordered)
+    return ordered
+
+
+def _ordered_call(call: Any) -> Any:
+    if not isinstance(call, Mapping):
+        return call
+    ordered = _ordered(call, _TOOL_CALL_ORDER)
+    if isinstance(ordered.get("function"), Mapping):
+        ordered["function"] = _ordered(ordered["function"], _FUNCTION_CALL_ORDER)
+    return ordered
 
 
 # -- 3. the template's scope ----------------------------------------------------------------------------------
@@ -404,6 +456,11 @@ class ChatTemplate:
     def content_format(self, tools: object = None) -> ContentFormat:
         return self._template(tools)[2]
 
+    def source(self, tools: object = None) -> str | None:
+        """The template text a request with (``tools`` not None) or without tools renders with; None if none.
+        vLLM probes it for behaviour a surface depends on (``kvstate.surfaces.template_traits``)."""
+        return self._sources.get("tool_use" if tools is not None and "tool_use" in self._sources else "default")
+
     def render(
         self,
         messages: Sequence[Message],
@@ -417,6 +474,8 @@ class ChatTemplate:
         schemas = tool_schemas(tools)
         source, template, fmt = self._template(schemas)
         chat = conversation(messages, fmt)
+        if any(m["role"] == "developer" for m in chat) and not _names_developer(source):
+            chat = _system_first(chat)
         final = ""
         if continue_final_message:
             if add_generation_prompt:
@@ -435,6 +494,43 @@ class ChatTemplate:
             # A template indexing a field this request lacks: the engine answers 400 too.
             raise PromptError(f"chat template failed: {exc!r}") from exc
         return _cut_after_final_message(text, final) if continue_final_message else text
+
+
+def _names_developer(source: str) -> bool:
+    """vLLM's test of whether a template knows the ``developer`` role: it names it in quotes."""
+    return '"developer"' in source or "'developer'" in source
+
+
+def _system_first(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's answer to a ``developer`` message the template does not know (``renderers/hf.py``
+    ``safe_apply_chat_template``): it becomes a ``system`` message (its ``tools`` dropped), and then every system
+    message's text is merged, joined by a blank line, into one system message first, when one was not first or
+    there were several."""
+    converted: list[dict[str, Any]] = []
+    for message in chat:
+        if message["role"] == "developer":
+            message = {k: v for k, v in message.items() if k != "tools"} | {"role": "system"}
+        converted.append(message)
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(converted):
+        if message["role"] != "system":
+            others.append(message)
+            continue
+        merge = merge or i > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                str(p["text"]) if isinstance(p, dict) else p
+                for p in content
+                if (isinstance(p, dict) and "text" in p) or isinstance(p, str)
+            )
+        if content:
+            texts.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
 
 
 def _mark_final_message(chat: list[dict[str, Any]], source: str) -> str:

@@ -49,7 +49,14 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
-from kvstate.chat_template import ChatTemplate, PromptError, conversation, load_chat_template, tool_schemas
+from kvstate.chat_template import (
+    ChatTemplate,
+    PromptError,
+    chat_request_messages,
+    conversation,
+    load_chat_template,
+    tool_schemas,
+)
 from kvstate.key_memo import BlockKeyMemo
 from kvstate.keys import APPROX_CHARS_PER_TOKEN, BlockKey, approx_root_key, root_key, text_block_keys
 
@@ -125,7 +132,8 @@ def read_prompt(
 ) -> Prompt:
     """A request's raw prompt fields, validated: ``messages`` make a chat, else ``prompt`` a completion.
 
-    ``add_special_tokens`` None means the endpoint's default (chat: False, completions: True). Raises
+    ``add_special_tokens`` None means the endpoint's default (chat: False, completions: True). A chat's tool calls
+    are put in the order vLLM's request validation writes them (``chat_request_messages``). Raises
     ``PromptError`` with a message meant for the client.
     """
     if messages is not None:
@@ -136,7 +144,7 @@ def read_prompt(
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise PromptError("'chat_template_kwargs' must be an object")
         return ChatPrompt(
-            messages=messages,
+            messages=chat_request_messages(messages),
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,

@@ -86,6 +86,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--accept-any-model", action="store_true", help="serve any requested model name")
     p.add_argument(
+        "--responses-store",
+        action="store_true",
+        help="keep Responses answers for previous_response_id (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)",
+    )
+    p.add_argument(
         "--admin-port",
         type=int,
         default=None,
@@ -183,6 +188,7 @@ def main(argv: list[str]) -> int:
             engine_kind=kinds[i],
             cpu_offload_tokens=args.cpu_offload_tokens if kinds[i] == "vllm" else 0,
             cpu_offload_gb_per_s=args.cpu_offload_gb_per_s,
+            responses_store=args.responses_store,
         )
         for i in range(n)
     ]

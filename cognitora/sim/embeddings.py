@@ -1,6 +1,7 @@
 """``POST /v1/embeddings`` for the simulated engine: OpenAI's request and response shapes, and a deterministic
 embedding computed from the prompt's tokens, so the intent ``embeddings`` classifier can be tested end to end
-without an embedding model.
+without an embedding model. The request's ``input`` is read as vLLM reads it (``kvstate.surfaces``: a string, strings,
+token ids, token-id lists, or one conversation).
 
 The vector is a signed bag of token ids (each id hashed to one of ``DIMENSIONS`` coordinates and a sign),
 L2-normalised: texts that share tokens are close, as with a real model's, but nothing more is claimed for it (the
@@ -10,7 +11,7 @@ real accuracy is measured with a real model, bench/results/intent_eval_operator.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 DIMENSIONS = 256
@@ -25,18 +26,9 @@ def token_embedding(ids: Sequence[int]) -> list[float]:
     return [v / norm for v in vector] if norm else vector
 
 
-def embedding_inputs(body: dict[str, Any]) -> list[str]:
-    """The texts of a request's ``input``: a string or a list of strings (token-id inputs are refused)."""
-    value = body.get("input")
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise ValueError("'input' must be a string or a non-empty list of strings")
-
-
-def embeddings_response(model: str, texts: Sequence[str], encode: Callable[[str], list[int]]) -> dict[str, Any]:
-    ids = [encode(t) for t in texts]
+def embeddings_response(model: str, ids: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """OpenAI's embeddings answer for inputs already tokenized (``kvstate.surfaces``: texts, token ids, or one
+    conversation, as vLLM reads them), one vector per input."""
     tokens = sum(map(len, ids))
     return {
         "object": "list",

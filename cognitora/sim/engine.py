@@ -85,6 +85,8 @@ class EngineConfig:
     """Host-to-GPU bandwidth of a reload from that tier (GB/s, engine time)."""
     engine_kind: str = "vllm"
     """What the engine shows the outside (``cognitora.sim.engine_kinds``): routes, metric names, events."""
+    responses_store: bool = False
+    """Keep every Responses answer for ``previous_response_id`` (vLLM: ``VLLM_ENABLE_RESPONSES_API_STORE=1``)."""
 
     @property
     def endpoint_id(self) -> str:

@@ -2,14 +2,16 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE when ``stream``, usage with
 ``prompt_tokens_details.cached_tokens``, a usage chunk when ``stream_options.include_usage``, usage in every chunk
-too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a deterministic embedding of the tokens:
-``cognitora.sim.embeddings``), ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
+too with vLLM's ``continuous_usage_stats``), ``POST /v1/embeddings`` (a deterministic embedding of the tokens of
+each input, read as vLLM reads it: ``cognitora.sim.embeddings``), ``GET /v1/models``, ``GET /health``,
+``GET /metrics``, ``GET /load``, ``POST /tokenize``, ``POST /detokenize`` (built-in tokenizer: 400),
 ``POST /v1/chat/completions/render`` and ``POST /v1/completions/render`` (vllm-router's cache_aware needs them),
-``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), and the simulator's
-admin API ``POST /sim/fault`` and ``GET /sim/state``.
+``POST /reset_prefix_cache``, ``GET /kv_event_sources`` (vLLM 0.32: where its KV events are), Anthropic Messages and
+OpenAI Responses (``cognitora.sim.surface_server``), and the simulator's admin API ``POST /sim/fault`` and
+``GET /sim/state``.
 
-Prompts are read by ``kvstate.prompt`` with vLLM's rules (its module docstring): chats with ``tools``,
+Prompts are read by ``kvstate.surfaces`` (chat and completions by ``kvstate.prompt``'s rules, images keyed by
+content) with vLLM's rules (``kvstate.prompt``'s module docstring): chats with ``tools``,
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs`` and ``add_special_tokens`` (default
 false); completions ``prompt`` as a string, strings, token ids or token-id lists with ``add_special_tokens``
 (default true). A completions batch runs one engine request per prompt, one choice each (``index`` = the prompt's
@@ -40,20 +42,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from cognitora.sim.disagg import PdEngine, PdSide, TransferFailed, classify
-from cognitora.sim.embeddings import embedding_inputs, embeddings_response
+from cognitora.sim.embeddings import embeddings_response
 from cognitora.sim.engine import EngineDown, RequestRejected, SimEngine
 from cognitora.sim.engine_kinds import PAGES, IterationStats, llamacpp_slots, surface
+from cognitora.sim.http_json import cut_connection, error_response, read_json
 from cognitora.sim.scheduler import SimRequest
-from kvstate.prompt import (
-    ChatPrompt,
-    ChatTokenizer,
-    Prompt,
-    PromptError,
-    PromptTokenizer,
-    prompt_chars,
-    prompt_token_ids,
-    read_prompt,
-)
+from cognitora.sim.surface_server import SurfaceEndpoints
+from kvstate.prompt import ChatPrompt, ChatTokenizer, PromptError, PromptTokenizer
+from kvstate.surfaces.openai import read_chat, read_completions, read_embeddings
+from kvstate.surfaces.request import SurfaceError, SurfaceRequest
+from kvstate.surfaces.tokens import surface_prompt_chars, surface_token_ids
 
 FaultHandler = Callable[[int, str, float | None], Coroutine[Any, Any, None]]
 FAULT_KINDS = (
@@ -73,45 +71,6 @@ INLINE_TOKENIZE_CHARS = 16_384
 ones on the engine's tokenizer thread."""
 COUNT_CHUNK_CHARS = 65_536
 """A text longer than this is first counted in chunks of this size, stopping once past the context length."""
-
-
-def error_response(status: int, message: str, type_: str = "BadRequestError", param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
-    return web.json_response(body, status=status)
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(
-            text=json.dumps(
-                {
-                    "error": {
-                        "message": f"request body is not valid JSON: {exc}",
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": 400,
-                    }
-                }
-            ),
-            content_type="application/json",
-        ) from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps(
-                {
-                    "error": {
-                        "message": "request body must be a JSON object",
-                        "type": "BadRequestError",
-                        "param": None,
-                        "code": 400,
-                    }
-                }
-            ),
-            content_type="application/json",
-        )
-    return body
 
 
 class EngineServer:
@@ -156,6 +115,12 @@ class EngineServer:
             r.add_post("/v1/completions/render", self.render_completion)
             r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
             r.add_get("/kv_event_sources", self.kv_event_sources)
+            SurfaceEndpoints(
+                self.engine,
+                self.token_ids,
+                accept_any_model=self.accept_any_model,
+                responses_store=self.engine.config.responses_store,
+            ).add_routes(r)
         r.add_post("/kv/pull", self.pd.serve_pull)
         r.add_post("/sim/fault", self.sim_fault)
         r.add_get("/sim/state", self.sim_state)
@@ -238,21 +203,23 @@ class EngineServer:
         return web.Response(status=200)
 
     # ---- tokenizer endpoints --------------------------------------------------------------------------------
-    def _token_ids(self, prompt: Prompt) -> list[list[int]]:
-        return prompt_token_ids(self.engine.tokenizer, prompt)
+    def _token_ids(self, request: SurfaceRequest) -> list[list[int]]:
+        return surface_token_ids(self.engine.tokenizer, request)
 
-    async def _token_ids_off_loop(self, prompt: Prompt, within_context: bool = False) -> list[list[int]]:
-        """``_token_ids``, on the tokenizer thread for a long prompt. ``within_context``: refuse (``RequestRejected``)
-        a prompt proven longer than the model's context before tokenizing all of it."""
-        if prompt_chars(prompt) <= INLINE_TOKENIZE_CHARS:
-            return self._token_ids(prompt)
+    async def token_ids(self, request: SurfaceRequest, within_context: bool = False) -> list[list[int]]:
+        """The token ids the engine runs for ``request`` (``kvstate.surfaces.tokens``), on the tokenizer thread for a
+        long prompt. ``within_context``: refuse (``RequestRejected``) a prompt proven longer than the model's
+        context before tokenizing all of it."""
+        if surface_prompt_chars(request) <= INLINE_TOKENIZE_CHARS:
+            return self._token_ids(request)
         if self._tokenizer_thread is None:
             self._tokenizer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sim-tokenizer")
         work = self._token_ids_within_context if within_context else self._token_ids
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work, prompt)
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work, request)
 
-    def _token_ids_within_context(self, prompt: Prompt) -> list[list[int]]:
+    def _token_ids_within_context(self, request: SurfaceRequest) -> list[list[int]]:
         tokenizer, limit = self.engine.tokenizer, self.engine.profile.max_model_len
+        prompt = request.prompt
         if isinstance(prompt, ChatPrompt):
             texts = [tokenizer.render_chat(prompt)]
         else:
@@ -265,20 +232,20 @@ class EngineServer:
                         f"This model's maximum context length is {limit} tokens. However, your prompt has at least "
                         f"{at_least} tokens. Please reduce the length of the messages or prompt."
                     )
-        return self._token_ids(prompt)
+        return self._token_ids(request)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
             if "messages" in body:
-                (ids,) = await self._token_ids_off_loop(_chat_prompt(body))
+                (ids,) = await self.token_ids(read_chat(body))
             else:
                 # vLLM's TokenizeCompletionRequest: one text prompt (token ids and batches go to /render).
                 if not isinstance(body.get("prompt"), str):
                     raise PromptError("'prompt' must be a string, or give 'messages' (a chat)")
-                (ids,) = await self._token_ids_off_loop(_completion_prompt(body))
+                (ids,) = await self.token_ids(_completion_prompt(body))
         except ValueError as exc:
-            return error_response(400, str(exc), param="messages" if "messages" in body else "prompt")
+            return error_response(400, str(exc), param=_param(exc, "messages" if "messages" in body else "prompt"))
         return web.json_response(
             {"count": len(ids), "max_model_len": self.engine.profile.max_model_len, "tokens": ids, "token_strs": None}
         )
@@ -296,9 +263,9 @@ class EngineServer:
     async def render_chat(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            (ids,) = await self._token_ids_off_loop(_chat_prompt(body))
+            (ids,) = await self.token_ids(read_chat(body))
         except ValueError as exc:
-            return error_response(400, str(exc), param="messages")
+            return error_response(400, str(exc), param=_param(exc, "messages"))
         return web.json_response(
             {"request_id": f"chatcmpl-{uuid.uuid4().hex}", "token_ids": ids, "prompt_token_ids": ids}
         )
@@ -306,9 +273,9 @@ class EngineServer:
     async def render_completion(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            batch = await self._token_ids_off_loop(_completion_prompt(body))
+            batch = await self.token_ids(_completion_prompt(body))
         except ValueError as exc:
-            return error_response(400, str(exc), param="prompt")
+            return error_response(400, str(exc), param=_param(exc, "prompt"))
         rid = f"cmpl-{uuid.uuid4().hex}"
         return web.json_response(
             [{"request_id": f"{rid}-{i}", "token_ids": ids, "prompt_token_ids": ids} for i, ids in enumerate(batch)]
@@ -318,17 +285,17 @@ class EngineServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            batch = await self._token_ids_off_loop(_chat_prompt(body), within_context=True)
+            batch = await self.token_ids(read_chat(body), within_context=True)
         except ValueError as exc:
-            return error_response(400, str(exc), param="messages")
+            return error_response(400, str(exc), param=_param(exc, "messages"))
         return await self._generate(request, body, batch, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         try:
-            batch = await self._token_ids_off_loop(_completion_prompt(body), within_context=True)
+            batch = await self.token_ids(_completion_prompt(body), within_context=True)
         except ValueError as exc:
-            return error_response(400, str(exc), param="prompt")
+            return error_response(400, str(exc), param=_param(exc, "prompt"))
         return await self._generate(request, body, batch, chat=False)
 
     async def _generate(
@@ -376,7 +343,7 @@ class EngineServer:
             except RequestRejected as exc:
                 return error_response(400, str(exc))
             except EngineDown:
-                return _cut_connection(request)
+                return cut_connection(request)
             if reported_cached is not None:
                 reqs[0].cached_tokens = reported_cached  # set before its first step: the scheduler keeps it
             if stream:
@@ -401,7 +368,7 @@ class EngineServer:
                 await req.wakeup.wait()
                 req.wakeup.clear()
                 if req.aborted:
-                    return _cut_connection(request)
+                    return cut_connection(request)
         top: dict[str, Any] = {}
         in_choice: dict[str, Any] = {}
         if prefill_side is not None:
@@ -468,7 +435,7 @@ class EngineServer:
                     continue
                 req.wakeup.clear()
                 if req.aborted:
-                    return _cut_connection(request, resp)
+                    return cut_connection(request, resp)
                 new = req.output_text[sent[index] :]
                 if not new and not req.finished:
                     continue
@@ -541,10 +508,10 @@ class EngineServer:
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            texts = embedding_inputs(body)
+            ids = await self.token_ids(read_embeddings(body))
         except ValueError as exc:
-            return error_response(400, str(exc), param="input")
-        return web.json_response(embeddings_response(self.model, texts, self.engine.tokenizer.encode))
+            return error_response(400, str(exc), param=_param(exc, "input"))
+        return web.json_response(embeddings_response(self.model, ids))
 
     async def sim_fault(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -574,13 +541,6 @@ class EngineServer:
         return web.json_response(self.engine.state())
 
 
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise PromptError(f"'{name}' must be true or false")
-    return value
-
-
 _COUNT_SLACK = 1
 """Tokens a chunk boundary may add to a count (chunks are cut before a space, where the pre-tokenizer cuts too)."""
 
@@ -600,26 +560,15 @@ def _count_tokens_past(tokenizer: PromptTokenizer, text: str, limit: int) -> int
     return at_least
 
 
-def _chat_prompt(body: dict[str, Any]) -> ChatPrompt:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise PromptError("'messages' must be a non-empty list of {role, content} objects")
-    prompt = read_prompt(
-        messages=messages,
-        tools=body.get("tools"),
-        add_special_tokens=_flag(body, "add_special_tokens", False),
-        add_generation_prompt=_flag(body, "add_generation_prompt", True),
-        continue_final_message=_flag(body, "continue_final_message", False),
-        chat_template_kwargs=body.get("chat_template_kwargs"),
-    )
-    assert isinstance(prompt, ChatPrompt)
-    return prompt
+def _param(exc: ValueError, default: str) -> str:
+    """The field an error names: a ``SurfaceError``'s own, else the endpoint's prompt field."""
+    return exc.param if isinstance(exc, SurfaceError) else default
 
 
-def _completion_prompt(body: dict[str, Any]) -> Prompt:
+def _completion_prompt(body: dict[str, Any]) -> SurfaceRequest:
     if body.get("prompt") is None:
         raise PromptError("'prompt' is required: a string, a list of strings, token ids, or a list of token-id lists")
-    return read_prompt(prompt=body["prompt"], add_special_tokens=_flag(body, "add_special_tokens", True))
+    return read_completions(body)
 
 
 async def _any_wakeup(reqs: list[SimRequest]) -> None:
@@ -651,10 +600,3 @@ def _usage(reqs: list[SimRequest]) -> dict[str, Any]:
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _cut_connection(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:
-    """The engine went away mid-request: drop the TCP connection, as a crashed process would."""
-    if request.transport is not None:
-        request.transport.abort()
-    return resp if resp is not None else web.Response(status=503)
