@@ -27,7 +27,7 @@ class CandidateScore:
     """Marginal energy per token (J) used by the power rule; None when unknown."""
     recompute_penalty_s: float = 0.0
     """``placement.recompute_weight`` x this request's prefill here (seconds): what recomputing the prompt costs the
-    fleet beyond the request's own wait. Ranking adds it to ``predicted_ttft_s``; 0 by default."""
+    fleet beyond the request's own wait. Ranking adds it to ``predicted_ttft_s``; 0 when that weight is 0."""
     slot_wait_s: float = 0.0
     """The slot-wait term included in ``predicted_ttft_s`` (seconds): on an engine at capacity, how long until
     enough running requests finish for this one to be admitted. 0 when the engine has room or nothing is known."""

@@ -662,7 +662,8 @@ class RedisStore:
     ) -> list[tuple[str, list[str], list[Any]]]:
         """The script calls of one ``fleet_view``, as (Lua source, KEYS, ARGV): ``redis_scripts.MATCH`` in the
         model's slot (absent when there are no keys), then ``redis_fleet_scripts.FLEET_STATE`` in the fleet slot.
-        The benchmark times the scripts on their own.
+        What a read sends, without sending it: to check that each call's keys share one hash slot (a Redis Cluster
+        runs a script only then), or to time a script on its own inside redis-server.
 
         ``snapshots_held``: this store holds the snapshots of every endpoint asked for, as of the version it last
         read, so the script sends them only if that version is no longer current.

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from cognitora.config import (
     CognitoraConfig,
@@ -18,6 +24,7 @@ from cognitora.config import (
     load_config,
     reference_markdown,
 )
+from cognitora.config.reference import REFERENCE_SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cognitora.yaml"
@@ -191,6 +198,68 @@ def test_docs_reference_matches_the_models() -> None:
     assert match.group(1).strip() == reference_markdown().strip(), (
         "docs/config.md is out of date: run `.venv/bin/python -m cognitora.config > /tmp/ref.md` and paste it"
     )
+
+
+def test_python_m_cognitora_config_prints_the_reference() -> None:
+    """The command docs/config.md names regenerates its reference section."""
+    run = subprocess.run([sys.executable, "-m", "cognitora.config"], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == reference_markdown().strip()
+
+
+def test_every_field_of_the_reference_has_a_meaning() -> None:
+    """A field without a docstring leaves its row of docs/config.md blank (``scrape`` did, its docstring having slid
+    under ``engine_pulls``); every row's last cell must say what the key does."""
+    rows = [line for line in reference_markdown().splitlines() if line.startswith("| `")]
+    assert len(rows) > 100
+    blank = [row.split(" | ")[0] for row in rows if not row.removesuffix("|").rsplit(" | ", 1)[1].strip()]
+    assert not blank, f"fields without a docstring (blank in docs/config.md): {blank}"
+    assert sum(len(model.model_fields) for _, model in REFERENCE_SECTIONS) == len(rows)
+
+
+def test_no_field_docstring_is_orphaned() -> None:
+    """Two string statements in a row in a config model: the second documents nothing (pydantic keeps the first as
+    the field's description), so the field it was written for shows another's text or none."""
+    orphans: list[str] = []
+    for module in {sys.modules[model.__module__] for _, model in REFERENCE_SECTIONS}:
+        tree = ast.parse(inspect.getsource(module))
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            for before, after in itertools.pairwise(cls.body):
+                if all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) for s in (before, after)):
+                    orphans.append(f"{module.__name__}.{cls.name}, line {after.lineno}")
+    assert not orphans, f"docstrings that document no field: {orphans}"
+
+
+_SECTIONS = {
+    name: model
+    for name, field in CognitoraConfig.model_fields.items()
+    if isinstance(model := field.annotation, type) and issubclass(model, BaseModel)
+}
+_MENTION = re.compile(rf"``({'|'.join(_SECTIONS)})\.(\w+)``")
+_DEFAULT_CLAIM = re.compile(r"\b(\d+(?:\.\d+)?) (?:\(\w+\) )?by default")
+
+
+def test_docstrings_that_state_a_config_default_state_the_configured_one() -> None:
+    """A docstring under cognitora/ that names ``section.key`` and then says "N by default" must give that key's
+    default (decision.py said ``placement.recompute_weight`` was 0 by default while the config set 1)."""
+    wrong: list[str] = []
+    for path in sorted((ROOT / "cognitora").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            text = " ".join(node.value.split())
+            for claim in _DEFAULT_CLAIM.finditer(text):
+                mentions = list(_MENTION.finditer(text, 0, claim.start()))
+                if not mentions:
+                    continue
+                section, key = mentions[-1].groups()
+                field = _SECTIONS[section].model_fields.get(key)
+                if field is None:
+                    wrong.append(f"{path.relative_to(ROOT)}: names {section}.{key}, which the config has not")
+                    continue
+                default = field.get_default(call_default_factory=True)
+                if float(claim.group(1)) != default:
+                    wrong.append(f"{path.relative_to(ROOT)}: {section}.{key} is {default}, says {claim.group(0)!r}")
+    assert not wrong, wrong
 
 
 # -- secrets from the environment, paths from the file's folder ------------------------------------------------

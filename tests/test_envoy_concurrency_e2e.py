@@ -4,7 +4,8 @@ Every request holds an ext_proc stream to ``cognitora extproc`` for its whole li
 headers and the first body chunk), and Envoy counts those streams against the ``cognitora_extproc`` cluster's
 ``max_requests``, 1,024 by default. With the default, the 1,025th concurrent request got a 503 "the placement
 service is unavailable", and so did every one after it until some finished: the B2B SaaS benchmark at 60 rps
-failed 270 of 510 requests that way (bench/results/protocol_b2b-saas_prefill_stall_seed20251130.md, Errors).
+failed 270 of 510 requests that way (Errors in
+``git show 34d9396:bench/results/protocol_b2b-saas_prefill_stall_seed20251130.md``).
 ``examples/envoy.yaml`` now sizes the breakers; this test holds 1,100 streams open at once through it.
 """
 

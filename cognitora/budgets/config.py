@@ -68,8 +68,12 @@ class LimitConfig(_Strict):
     rolling_s: float | None = Field(default=None, ge=60, le=366 * 86400)
     """The length of a ``rolling`` window (seconds); only with ``window: rolling``."""
     input_tokens: int | None = Field(default=None, ge=0)
+    """Cap on prompt tokens in the window (reserved at admission from the prompt's size, settled to the usage)."""
     output_tokens: int | None = Field(default=None, ge=0)
+    """Cap on completion tokens in the window (reserved from ``max_tokens``, else ``budgets.default_max_tokens``;
+    settled to the usage)."""
     total_tokens: int | None = Field(default=None, ge=0)
+    """Cap on prompt plus completion tokens in the window."""
     cost_usd: float | None = Field(default=None, ge=0)
     """Needs ``budgets.prices`` for the models it should count (a model without a price costs 0)."""
 
@@ -108,15 +112,21 @@ class BudgetDefaults(_Strict):
     """Limits for a team, key or user without its own entry (each gets its own counters of this size)."""
 
     team: list[LimitConfig] = Field(default_factory=list)
+    """Limits of each team without an entry in ``budgets.teams`` (and of the requests without a team, unless
+    ``budgets.anonymous`` is set)."""
     key: list[LimitConfig] = Field(default_factory=list)
+    """Limits of each API key without an entry in ``budgets.keys``."""
     user: list[LimitConfig] = Field(default_factory=list)
+    """Limits of each user without an entry in ``budgets.users``."""
 
 
 class ModelPrice(_Strict):
     """What a model's tokens cost, for ``cost_usd`` limits and the report's cost column."""
 
     input_per_million_usd: float = Field(default=0.0, ge=0)
+    """Dollars per million prompt tokens."""
     output_per_million_usd: float = Field(default=0.0, ge=0)
+    """Dollars per million completion tokens."""
 
 
 class BudgetsConfig(_Strict):
@@ -150,6 +160,8 @@ class BudgetsConfig(_Strict):
     users: dict[str, SubjectBudget] = Field(default_factory=dict)
     """Per user id."""
     defaults: BudgetDefaults = Field(default_factory=BudgetDefaults)
+    """Limits for a team, key or user without its own entry (``team``, ``key``, ``user``: lists of limits), each
+    counted on its own counters of that size."""
     anonymous: list[LimitConfig] | None = None
     """Limits of the requests that have no team (team ``-``), all of them together in one pool. Unset:
     ``defaults.team`` applies to that pool; neither set: requests without a team meet no team limit."""
