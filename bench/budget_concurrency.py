@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.budget_concurrency --rounds 3 --reserve-batch 256,1 --out bench/results
 
-For each store (a private ``redis-server``; a 3-master Redis Cluster, ``tests/redis_cluster.py``) and each gateway
-(the real Envoy on ``examples/envoy.yaml`` + ``cognitora extproc``; the real LiteLLM proxy with
+For each store (a private ``redis-server``; a 3-master Redis Cluster, ``bench/harness/redis_cluster.py``) and
+each gateway (the real Envoy on ``examples/envoy.yaml`` + ``cognitora extproc``; the real LiteLLM proxy with
 ``routing_strategy: cognitora`` and a ``custom_auth`` module that maps ``sk-team-<name>`` to team ``<name>``), one
 gateway is started on a fresh simulated fleet of 4 engines (``time_scale`` 10), and then, per round, three cells:
 
@@ -64,17 +64,18 @@ import httpx
 import jwt
 import yaml
 
+from bench.harness.redis_cluster import redis_cluster
+from bench.harness.redis_server import free_port, private_redis
+from bench.harness.team_key_auth import TEAM_KEY_AUTH
 from cognitora.budgets.config import BudgetsConfig
-from cognitora.budgets.plan import Identity, Planner
+from cognitora.budgets.plan import Planner
 from cognitora.budgets.redis_ledger import RedisLedger
-from cognitora.process import ManagedProcess
+from cognitora.identity import Identity
 from cognitora.redaction import redact
-from cognitora.sim.launch import SimFleet, start_fleet
-from cognitora.sim.tokenizer import SMOLLM2_DIR
-from envoy_extproc.launch import start_gateway
-from tests.budgets_e2e import TEAM_KEY_AUTH
-from tests.redis_cluster import redis_cluster
-from tests.redis_server import free_port, private_redis
+from cognitora_sim.harness.envoy_launch import start_gateway
+from cognitora_sim.harness.process import ManagedProcess
+from cognitora_sim.launch import SimFleet, start_fleet
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2"

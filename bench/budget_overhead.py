@@ -29,11 +29,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import config_from_dict
+from cognitora.core.outcome import Outcome, OutcomeKind
+from cognitora.core.router import Router
 from cognitora.request import RouteRequest
-from cognitora.router import Router
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 from kvstate.redis_store import RedisStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +124,9 @@ async def one_round(redis_url: str, n: int) -> dict[str, Any]:
             await drain(off, on)
     await drain(off, on)
     for r in (off, on):
-        await r.store.delete_everything()  # type: ignore[attr-defined]
+        store = r.store
+        assert isinstance(store, RedisStore), "router() opens a RedisStore"
+        await store.delete_everything()
         await r.close()
     row: dict[str, Any] = {
         name: {"p50_ms": pct(s, 50), "p99_ms": pct(s, 99), "mean_ms": statistics.fmean(s)}

@@ -34,14 +34,14 @@ import yaml
 
 from bench.burst_load import CLOUD_MODEL, Answer, chat
 from bench.cloud_stacks import start_litellm_proxy
-from cognitora.process import wait_until
-from cognitora.sim.cloud_launch import SimCloudProcess, start_cloud
-from cognitora.sim.launch import SimFleet, start_fleet
+from cognitora_sim.cloud_launch import SimCloudProcess, start_cloud
+from cognitora_sim.harness.process import wait_until
+from cognitora_sim.launch import SimFleet, start_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "litellm_burst.yaml"
 LITELLM = Path(sys.executable).parent / "litellm"
-TOKENIZER = ROOT / "cognitora" / "sim" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+TOKENIZER = ROOT / "cognitora" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
 ARMS = ("cognitora-burst", "cognitora-local", "litellm-fallbacks")
 TEAM_KEY = "sk-bench-research"
 AUTH_MODULE = """

@@ -38,7 +38,7 @@ import httpx
 
 from bench.burst_load import Answer, chat
 from bench.cloud_stacks import INSTANT, CloudStack, envoy_stack, litellm_stack
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ("none", "500", "503", "429", "reset", "hang", "slow")

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from cognitora.sim.launch import start_fleet
+from cognitora_sim.launch import start_fleet
 from kvstate.energy import EnergyEstimator
 from kvstate.memory_store import MemoryStore
 from kvstate.scrape import Scraper, ScrapeTarget

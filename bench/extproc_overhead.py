@@ -119,7 +119,7 @@ class FirstEndpointCore:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
-    async def admit(self, request: Any) -> tuple[Any, _NoAttempt]:
+    async def admit(self, request: Any, **_: Any) -> tuple[Any, _NoAttempt]:
         from cognitora.decision import Decision
 
         decision = Decision(request.request_id, request.model, self.endpoint, None, prompt_tokens=20)
@@ -314,7 +314,7 @@ def cognitora_config(path: Path, backend_ports: list[int], redis_url: str | None
         "name": "bench",
         "endpoints": [{"url": f"http://127.0.0.1:{p}", "engine": "openai"} for p in backend_ports],
     }
-    from cognitora.sim.tokenizer import SMOLLM2_DIR
+    from cognitora_sim.tokenizer import SMOLLM2_DIR
 
     model["tokenizer"] = str(SMOLLM2_DIR / "tokenizer.json")
     model["chat_template"] = str(SMOLLM2_DIR / "chat_template.jinja")
@@ -336,8 +336,8 @@ def main() -> int:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
 
-    from cognitora.process import ManagedProcess, free_port
-    from envoy_extproc.launch import render_config, start_envoy, wait_listening
+    from cognitora_sim.harness.envoy_launch import render_config, start_envoy, wait_listening
+    from cognitora_sim.harness.process import ManagedProcess, free_port
 
     work = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     backend_ports = [free_port() for _ in range(4)]

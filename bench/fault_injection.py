@@ -57,11 +57,11 @@ import aiohttp
 import redis
 import yaml
 
-from cognitora.process import ManagedProcess, free_port, wait_until
-from cognitora.sim.launch import SimFleet, start_fleet
-from cognitora.sim.tokenizer import SMOLLM2_DIR
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
-from tests.redis_server import redis_server_argv
+from bench.harness.redis_server import redis_server_argv
+from cognitora_sim.harness.envoy_launch import render_config, start_envoy, wait_listening
+from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
+from cognitora_sim.launch import SimFleet, start_fleet
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 MODEL = "smollm2"
 SAMPLE_INTERVAL_S = 0.25

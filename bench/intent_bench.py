@@ -34,16 +34,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cognitora.config import config_from_dict  # noqa: E402
+from cognitora.core.router import Router  # noqa: E402
 from cognitora.intent import Rewriter  # noqa: E402
 from cognitora.intent.calibration import expected_calibration_error  # noqa: E402
 from cognitora.intent.policy import IntentPolicy  # noqa: E402
 from cognitora.request import RouteRequest  # noqa: E402
-from cognitora.router import Router  # noqa: E402
 from kvstate.memory_store import MemoryStore  # noqa: E402
 
 EVAL = ROOT / "bench" / "intent_eval" / "eval.jsonl"
 EXAMPLE = ROOT / "examples" / "intent.yaml"
-TOKENIZER = ROOT / "cognitora" / "sim" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+TOKENIZER = ROOT / "cognitora" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
 OUT = ROOT / "bench" / "results" / "intent_eval"
 DIFFICULTY = ROOT / "cognitora" / "intent" / "data" / "difficulty.jsonl"
 CHOSEN = "rules + tfidf chars"

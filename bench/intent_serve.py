@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from cognitora.process import free_port
+from cognitora_sim.harness.process import free_port
 
 Encoder = Callable[[str], np.ndarray]
 

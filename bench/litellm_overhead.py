@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -69,11 +69,12 @@ async def measure_mode(
 ) -> dict[str, Any]:
     import litellm
 
-    import litellm_plugin  # noqa: F401
+    import litellm_plugin
     from cognitora.request import RouteRequest
-    from litellm_plugin.callbacks import cognitora as callbacks
     from litellm_plugin.export import to_yaml
     from litellm_plugin.translate import failure_outcome
+
+    callbacks = litellm_plugin.install().callbacks
 
     model_list = [
         {
@@ -89,7 +90,7 @@ async def measure_mode(
         args.update(redis_url=redis_url, key_prefix=f"bench-litellm-{os.getpid()}")
     baseline = litellm.Router(model_list=model_list, routing_strategy="simple-shuffle")
     router = litellm.Router(model_list=model_list, routing_strategy="cognitora", routing_strategy_args=args)
-    strategy = router._cognitora_strategy
+    strategy = litellm_plugin.strategy_for(router)
     host = strategy.host
     if redis_url is not None:
         cfg = tmp / f"cognitora-{mode}.yaml"
@@ -184,15 +185,15 @@ async def measure_mode(
 
 async def _place(core: Any, req: Any, variant: str) -> Any:
     keyer = core.prompt_keyer("chat")
-    entries, ttl = keyer.key_memo.max_bytes, core._checkpoints.ttl_s
+    entries, ttl = keyer.key_memo.max_bytes, core.fleet.checkpoints.ttl_s
     if variant == "core-no-memo":
         keyer.key_memo.max_bytes = 0
     if variant != "core-place":
-        core._checkpoints.ttl_s = 0.0
+        core.fleet.checkpoints.ttl_s = 0.0
     try:
         return await core.place(req)
     finally:
-        keyer.key_memo.max_bytes, core._checkpoints.ttl_s = entries, ttl
+        keyer.key_memo.max_bytes, core.fleet.checkpoints.ttl_s = entries, ttl
 
 
 async def _pick(router: Any, messages: list[dict[str, str]], callbacks: Any, host: Any, failure_outcome: Any) -> float:
@@ -273,8 +274,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     from tokenizers import Tokenizer
 
-    from cognitora.sim.launch import start_fleet
-    from tests.redis_server import redis_url
+    from bench.harness.redis_server import redis_url
+    from cognitora_sim.launch import start_fleet
 
     tokenizer = Tokenizer.from_file(str(TOKENIZER))
     prompts = {

@@ -277,7 +277,16 @@ async def run_load(
             sent_at.append(time.perf_counter())
             partial.append(res)
             task = asyncio.create_task(
-                _one_request(session, base + paths[req.api], body, hdrs, res, time_scale, timeout_wall, answered)
+                _one_request(
+                    session,
+                    base + paths[req.api],
+                    body,
+                    {**hdrs, **dict(req.headers)} if req.headers else hdrs,
+                    res,
+                    time_scale,
+                    timeout_wall,
+                    answered,
+                )
             )
             tasks.append(task)
         results: list[RequestResult] = []

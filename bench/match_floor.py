@@ -94,7 +94,7 @@ def measure(url: str, blocks: int, calls: int) -> dict[str, tuple[int, int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tests.redis_server import redis_url
+    from bench.harness.redis_server import redis_url
 
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--blocks", type=int, default=512, help="block strings read (512: an 8k-token prompt)")

@@ -40,11 +40,11 @@ import yaml
 
 from bench import workloads as wl
 from bench.loadgen import LoadResult, run_load
-from cognitora.disagg.launch import start_sidecars
-from cognitora.process import ManagedProcess, free_port, wait_until
-from cognitora.sim.launch import start_fleet
-from cognitora.sim.tokenizer import SMOLLM2_DIR
-from envoy_extproc.launch import render_config, start_envoy, wait_listening
+from cognitora_sim.harness.disagg_launch import start_sidecars
+from cognitora_sim.harness.envoy_launch import render_config, start_envoy, wait_listening
+from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
+from cognitora_sim.launch import start_fleet
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 MODEL = "smollm2"
 ENGINES = 4

@@ -37,10 +37,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.core.router import Router
 from cognitora.placement import FleetState, place
 from cognitora.request import RouteRequest
-from cognitora.router import Router
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import ChatTokenizer, PromptKeyer

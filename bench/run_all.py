@@ -62,8 +62,8 @@ from bench.targets import (
     process_group_cpu_seconds,
     split_target,
 )
-from cognitora.process import ManagedProcess, free_port_block, wait_until
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.harness.process import ManagedProcess, free_port_block, wait_until
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -94,6 +94,8 @@ class FleetSpec:
     block_size: int = 16
     engine_kind: str = "vllm"
     """``cognitora sim --engine-kind``: what each engine shows (a comma list cycles over the engines)."""
+    sim_args: tuple[str, ...] = ()
+    """More ``cognitora sim fleet`` flags (``bench.real_engines``: ``--disable-scale-out``, as its real engines)."""
 
     @property
     def engine_kinds(self) -> list[str]:
@@ -130,6 +132,7 @@ class BenchFleet:
             "--engine-kind", spec.engine_kind,
         ]  # fmt: skip
         argv += ["--tokenizer", spec.tokenizer]  # "builtin" included: the sim's default is SmolLM2's
+        argv += list(spec.sim_args)
         logdir = workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
         self._proc = ManagedProcess(argv, logdir / "fleet.log")
         self.urls: list[str] = [f"http://127.0.0.1:{base + i}" for i in range(spec.engines)]
@@ -137,7 +140,8 @@ class BenchFleet:
         self.events_addresses = [f"tcp://127.0.0.1:{events + 2 * i}" for i in range(spec.engines)]
         self.replay_addresses = [f"tcp://127.0.0.1:{events + 2 * i + 1}" for i in range(spec.engines)]
         self.tokenizer_path = None if spec.tokenizer == "builtin" else spec.tokenizer
-        from cognitora.sim.profiles import profiles_for_fleet
+        self.block_size = spec.block_size
+        from cognitora_sim.profiles import profiles_for_fleet
 
         self.max_num_seqs = [p.max_num_seqs for p in profiles_for_fleet(spec.profile, spec.engines)]
         """Each engine's seats (its profile's ``--max-num-seqs``): an operator's engine flag, told to Cognitora."""
@@ -312,9 +316,13 @@ def run_target(
     slo: Slo,
     fleet_factory: Callable[[FleetSpec], Any] = BenchFleet,
     raw: list[dict[str, Any]] | None = None,
+    configure: Callable[[Target], None] | None = None,
 ) -> TargetRun:
-    """Run ``schedule`` against target ``name`` on a fresh fleet; append per-request results to ``raw`` if given."""
+    """Run ``schedule`` against target ``name`` on a fresh fleet; append per-request results to ``raw`` if given.
+    ``configure`` may adjust the target before it starts (``bench.flow_bench``: trusted identity headers)."""
     target = make_target(name, spec.model)
+    if configure is not None:
+        configure(target)
     run = TargetRun(target=name, settings=target.settings)
     try:
         fleet = fleet_factory(spec)
@@ -395,7 +403,7 @@ def build_schedule(args: argparse.Namespace) -> wl.Schedule:
 
 def fleet_kv_tokens(args: argparse.Namespace) -> int:
     """The KV cache of the whole simulated fleet, in tokens (each engine's profile's capacity)."""
-    from cognitora.sim.profiles import profiles_for_fleet
+    from cognitora_sim.profiles import profiles_for_fleet
 
     return sum(p.kv_capacity_tokens for p in profiles_for_fleet(args.profile, args.engines))
 
@@ -448,7 +456,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--trace", help="Mooncake-format JSONL trace to replay (implies --workload mooncake)")
     p.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor (timestamps / speed)")
     p.add_argument("--engines", type=int, default=8)
-    p.add_argument("--profile", default="h100x2", help="sim hardware profile (cognitora/sim/profiles.py)")
+    p.add_argument("--profile", default="h100x2", help="sim hardware profile (sim/cognitora_sim/profiles.py)")
     p.add_argument(
         "--engine-kind",
         default="vllm",

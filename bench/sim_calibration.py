@@ -32,8 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cognitora.sim.launch import SimFleet, start_fleet  # noqa: E402
-from cognitora.sim.profiles import PROFILES, predicted_itl, predicted_ttft  # noqa: E402
+from cognitora_sim.launch import SimFleet, start_fleet  # noqa: E402
+from cognitora_sim.profiles import PROFILES, predicted_itl, predicted_ttft  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -82,6 +82,8 @@ PUBLISHED: dict[str, list[dict[str, Any]]] = {
 def model_table() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, p in PROFILES.items():
+        if name not in PUBLISHED:
+            continue
         out[name] = {
             "description": p.description,
             "prefill_tok_s": {str(n): n / predicted_ttft(p, n) for n in (1024, 8192, 33898)},
@@ -316,7 +318,8 @@ def main() -> int:
         "command": "python bench/sim_calibration.py" + (" --quick" if args.quick else ""),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model": model_table(),
-        "measured": {name: measured_engine(name, args.quick, log_dir) for name in PROFILES},
+        # Profiles judged against published GPU/Mac figures; `cpu` is judged by real engines (bench.real_engines).
+        "measured": {name: measured_engine(name, args.quick, log_dir) for name in PROFILES if name in PUBLISHED},
         "cpu": [cpu_cost(16, 20.0, duration, chunk, log_dir) for chunk in (1, 4)],
     }
     RESULTS.mkdir(parents=True, exist_ok=True)

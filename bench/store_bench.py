@@ -37,7 +37,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from cognitora.sim.tokenizer import SMOLLM2_DIR
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 from kvstate import redis_scripts
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore

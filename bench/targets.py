@@ -35,8 +35,8 @@ from urllib.parse import urlparse
 import httpx
 import yaml
 
-from cognitora.process import ManagedProcess, free_port, wait_until
-from tests.redis_server import redis_server_argv
+from bench.harness.redis_server import redis_server_argv
+from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
 
 LITELLM_VERSION = metadata.version("litellm")
 """The LiteLLM the proxy targets run (the installed one: a report names what was measured)."""
@@ -90,6 +90,8 @@ class Target(ABC):
     """``placement`` settings for Cognitora targets (``name@key=value``), over Cognitora's defaults."""
     cost_model: dict[str, Any] | None = None
     """``cost_model`` settings for Cognitora targets (``name@cost_model.key=value``)."""
+    flow_control: dict[str, Any] | None = None
+    """``flow_control`` settings for Cognitora targets (``name@flow_control.key=value``): the gateway queue on."""
 
     def __init__(self, model: str, workdir: Path | None = None) -> None:
         self.model = model
@@ -484,9 +486,11 @@ def _cognitora_fleet(fleet: FleetLike) -> CognitoraFleet:
     return fleet  # type: ignore[return-value]
 
 
-def cognitora_model(model: str, fleet: CognitoraFleet, block_size: int = 16) -> dict[str, Any]:
-    """The ``models[]`` entry of cognitora.yaml for the fleet: block size and tokenizer equal to the engines'."""
-    entry: dict[str, Any] = {"name": model, "block_size": block_size}
+def cognitora_model(model: str, fleet: CognitoraFleet, block_size: int | None = None) -> dict[str, Any]:
+    """The ``models[]`` entry of cognitora.yaml for the fleet: block size and tokenizer equal to the engines'
+    (the fleet's ``block_size`` where it has one: vLLM's CPU backend needs 32; else vLLM's default, 16)."""
+    size = block_size or int(getattr(fleet, "block_size", 16))
+    entry: dict[str, Any] = {"name": model, "block_size": size}
     if fleet.tokenizer_path:
         entry["tokenizer"] = str(Path(fleet.tokenizer_path).resolve())
     return entry
@@ -531,6 +535,7 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
                     "scrape": {"interval_s": 1.0},
                     **({"placement": dict(self.placement)} if self.placement else {}),
                     **({"cost_model": dict(self.cost_model)} if self.cost_model else {}),
+                    **({"flow_control": dict(self.flow_control)} if self.flow_control is not None else {}),
                 },
                 "num_retries": 2,
             },
@@ -614,10 +619,12 @@ class CognitoraEnvoyTarget(Target):
         "--collector`: embedded store (no Redis), KV events from every engine, the engines' tokenizer and "
         "max_num_seqs, Cognitora's default placement settings"
     )
+    extproc_args: tuple[str, ...] = ()
+    """More ``cognitora extproc`` flags (``bench.flow_bench``: trusted team and priority headers)."""
 
     def start(self, fleet: FleetLike) -> str:
-        _require("envoy_extproc.launch", "the Cognitora Envoy ext-proc service")
-        from envoy_extproc.launch import render_config, start_envoy
+        _require("cognitora_sim.harness.envoy_launch", "the Cognitora Envoy ext-proc service")
+        from cognitora_sim.harness.envoy_launch import render_config, start_envoy
 
         cf = _cognitora_fleet(fleet)
         model = cognitora_model(self.model, cf)
@@ -631,6 +638,8 @@ class CognitoraEnvoyTarget(Target):
             doc["placement"] = dict(self.placement)
         if self.cost_model:
             doc["cost_model"] = dict(self.cost_model)
+        if self.flow_control is not None:
+            doc["flow_control"] = dict(self.flow_control)
         config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         extproc_port = free_port()
         extproc = self._spawn(
@@ -641,6 +650,7 @@ class CognitoraEnvoyTarget(Target):
                 "--listen", f"127.0.0.1:{extproc_port}",
                 "--collector",
                 "--log-level", "warning",
+                *self.extproc_args,
             ],
         )  # fmt: skip
         wait_until(lambda: _tcp_open(extproc_port) or not extproc.alive(), 60, "cognitora extproc to listen")
@@ -723,6 +733,21 @@ COST_MODEL_PREFIX = "cost_model."
 ``cost_model.feedback.enabled=false``, ``priorities.default.itl_slo_s=0.1``."""
 
 
+FLOW_CONTROL_PREFIX = "flow_control."
+"""An override key with this prefix sets ``flow_control`` (and turns the gateway queue on):
+``cognitora-envoy@flow_control.default_max_wait_s=20``."""
+
+
+def flow_control_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Split ``flow_control.*`` keys off ``split_target``'s overrides: (the rest, the nested section or None)."""
+    flow = {k.removeprefix(FLOW_CONTROL_PREFIX): v for k, v in overrides.items() if k.startswith(FLOW_CONTROL_PREFIX)}
+    rest = {k: v for k, v in overrides.items() if not k.startswith(FLOW_CONTROL_PREFIX)}
+    if not flow:
+        return rest, None
+    _, nested = cost_model_overrides({f"{COST_MODEL_PREFIX}{k}": v for k, v in flow.items()})
+    return rest, nested
+
+
 def cost_model_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split ``split_target``'s overrides into (placement, cost_model), each nested by its dotted keys."""
     placement: dict[str, Any] = {}
@@ -750,7 +775,8 @@ def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
         )
     target = targets[base](model, workdir)
     if overrides:
-        target.placement, target.cost_model = cost_model_overrides(overrides)
+        rest, target.flow_control = flow_control_overrides(overrides)
+        target.placement, target.cost_model = cost_model_overrides(rest)
         target.name = name
         target.settings += "; placement overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     return target

@@ -2,8 +2,8 @@
 
 Prompt text is built from a fixed vocabulary of 1,024 English word pieces of 3-4 letters, each exactly one token
 for the SmolLM2 tokenizer (with or without a leading space) and for the sim's built-in tokenizer (pieces of up to 4
-characters after an optional space); ``tests/test_bench_workloads.py`` pins both. Words are joined by single spaces,
-so a prompt of N words is N tokens: the intended lengths are exact.
+characters after an optional space); ``tests/bench/test_bench_workloads.py`` pins both. Words are joined by single
+spaces, so a prompt of N words is N tokens: the intended lengths are exact.
 
 A prompt is a sequence of *segments*. A segment is a named run of words (``sys:17`` = group 17's system prompt,
 ``blk:4242`` = Mooncake block 4242); its text is a pure function of (seed, name), so equal names are equal text and
@@ -139,6 +139,8 @@ class BenchRequest:
     session: str
     measured: bool = True
     reusable_tokens: int = 0
+    headers: tuple[tuple[str, str], ...] = ()
+    """Per-request headers over the run's (``bench.flow_bench``: the team and priority a trusted auth filter sets)."""
 
     @property
     def prompt_tokens(self) -> int:

@@ -28,6 +28,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = ["JWKS_ENV", "ApiKeyError", "main", "mint", "new_jwks"]
+
 JWKS_ENV = "COGNITORA_JWKS"
 """The environment variable holding the JWKS (JSON): examples/envoy.yaml's ``local_jwks`` reads the same one."""
 

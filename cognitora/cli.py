@@ -9,8 +9,12 @@ from __future__ import annotations
 import importlib
 import sys
 
+from cognitora.distribution import SIM_DISTRIBUTION, SIM_IMPORT, sim_install_hint
+
+__all__ = ["main"]
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("cognitora.sim.cli", "run a simulated engine fleet (vLLM wire formats)"),
+    "sim": ("cognitora_sim.cli", "run a simulated engine fleet (vLLM wire formats)"),
     "collector": ("cognitora.collector", "feed the store from engine KV events and /metrics"),
     "explain": ("cognitora.explain", "show where a prompt would be placed, and why"),
     "extproc": ("envoy_extproc.server", "Envoy ext_proc service"),
@@ -38,7 +42,18 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"cognitora: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as exc:
+        # The simulator is its own distribution (sim/): say which line installs it, not a bare import error.
+        if name != "sim" or (exc.name or "").split(".")[0] != SIM_IMPORT:
+            raise
+        print(
+            f"cognitora sim: the simulator is not installed ({SIM_DISTRIBUTION} is a distribution of its own): "
+            f"{sim_install_hint()}",
+            file=sys.stderr,
+        )
+        return 2
     result: int = module.main(rest)
     return result
 

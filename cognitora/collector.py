@@ -12,7 +12,9 @@ One collector per fleet (or one in-process ``Collector`` in embedded mode: a sin
   the Router calls the state it places on stale when the newest beat is older than that bound.
 
 Logs are JSON lines (``cognitora.jsonlog``); every ``--stats-interval-s`` one ``collector stats`` line carries the
-counters. SIGTERM or SIGINT stops it cleanly with exit code 0. docs/collector.md has the details.
+counters. SIGTERM or SIGINT stops it cleanly with exit code 0; SIGHUP (or an edit of the file, seen within
+``--watch-config-s``) reloads the config: endpoints added, removed or moved (``cognitora.ops.collector_reload``).
+docs/collector.md has the details.
 """
 
 from __future__ import annotations
@@ -25,14 +27,22 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cognitora import jsonlog, sd_notify
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
 from cognitora.kv_event_sources import KvEventSource, KvEventSourceWatcher, discovers_kv_events, pulls_trtllm_events
+from cognitora.metrics.cors import CorsPolicy
+from cognitora.metrics.exporter import Exporter
+from cognitora.metrics.serve import MetricsServer, parse_listen, serve_page
+from cognitora.ops.collector_reload import LiveCollector
+from cognitora.ops.health import PING_TIMEOUT_S, Readiness
+from cognitora.ops.reload import ConfigSource, ConfigWatch
 from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from kvstate.engines import ENGINES
 from kvstate.events import sglang as sglang_events
@@ -41,16 +51,34 @@ from kvstate.events.ingest import EventIngestor
 from kvstate.events.subscriber import Decoder, KVEventSubscriber
 from kvstate.events.trtllm_poller import TrtllmEventPoller
 from kvstate.memory_store import MemoryStore
+from kvstate.open import open_store
 from kvstate.scrape import Scraper, ScrapeTarget
-from kvstate.store import Store, StoreUnavailable, open_store
+from kvstate.store import Store, StoreUnavailable
 from kvstate.task_stop import cancel_and_wait
-
-if TYPE_CHECKING:
-    from cognitora.metrics.serve import MetricsServer
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "DEFAULT_STATS_INTERVAL_S",
+    "DEFAULT_WATCH_CONFIG_S",
+    "HEARTBEAT_TTL_S",
+    "STOP_TIMEOUT_S",
+    "Collector",
+    "CollectorThread",
+    "collector_metrics",
+    "collector_name",
+    "collector_readiness",
+    "event_decoder",
+    "heartbeat_interval_s",
+    "main",
+    "scrape_target",
+    "scrape_targets",
+    "serve",
+]
+
 DEFAULT_STATS_INTERVAL_S = 30.0
+DEFAULT_WATCH_CONFIG_S = 2.0
+"""As ``cognitora extproc``'s: a look at the config file's modification time every 2 s."""
 
 HEARTBEAT_TTL_S = 86400.0
 """How long a collector's heartbeat stays in the store: a day, so the beat of a collector that died ages where every
@@ -100,7 +128,11 @@ class Collector:
     """Subscribers and scraper for every configured endpoint, writing to ``store``. ``start()``/``stop()``, or
     ``async with Collector(config, store):`` in embedded mode. The caller owns ``store`` (it is not closed here)."""
 
-    def __init__(self, config: CognitoraConfig, store: Store) -> None:
+    def __init__(
+        self, config: CognitoraConfig, store: Store, ingestors: dict[str, EventIngestor] | None = None
+    ) -> None:
+        """``ingestors``: a running collector's, reused for the models whose block size is unchanged (a reload: the
+        ingestor tracks each endpoint's blocks, which a subscriber carried over keeps writing through)."""
         self.config = config
         self.store = store
         self.ingestors: dict[str, EventIngestor] = {}
@@ -114,7 +146,9 @@ class Collector:
         self.discovered: dict[str, list[KVEventSubscriber]] = {}
         """Per endpoint id: the subscribers of the streams its watcher found, one per data-parallel rank."""
         for model in config.models:
-            ingestor = EventIngestor(store, model.name, model.block_size)
+            kept = (ingestors or {}).get(model.name)
+            ingestor = kept if kept is not None and kept.block_size == model.block_size else None
+            ingestor = ingestor or EventIngestor(store, model.name, model.block_size)
             self.ingestors[model.name] = ingestor
             for endpoint in model.endpoints:
                 if endpoint.kv_events is not None:
@@ -144,6 +178,10 @@ class Collector:
         self._heartbeat: asyncio.Task[None] | None = None
         self._heartbeat_errors = RateLimitedLog(log)
         self._started = False
+
+    def rebuilt(self, config: CognitoraConfig) -> Collector:
+        """A collector of ``config`` over the same store, reusing this one's ingestors (a reload; not started)."""
+        return Collector(config, self.store, ingestors=self.ingestors)
 
     def _add_subscriber(self, model: str, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
         assert endpoint.kv_events is not None
@@ -375,71 +413,120 @@ def _parser() -> argparse.ArgumentParser:
         help=f"seconds between two 'collector stats' log lines (default {DEFAULT_STATS_INTERVAL_S:g})",
     )
     parser.add_argument(
+        "--watch-config-s",
+        type=float,
+        default=DEFAULT_WATCH_CONFIG_S,
+        help="seconds between looks at the config file; a change reloads it like SIGHUP does (endpoints added, "
+        f"removed or moved; default {DEFAULT_WATCH_CONFIG_S:g}; 0 = SIGHUP only)",
+    )
+    parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics, CORS open (default: none; docs/metrics.md)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, and /healthz and /readyz, CORS open (default: "
+        "none; docs/metrics.md, docs/operations.md)",
     )
     return parser
 
 
 async def serve(
-    config: CognitoraConfig, store: Store, stats_interval_s: float, metrics_listen: str | None = None
+    config: CognitoraConfig,
+    store: Store,
+    stats_interval_s: float,
+    metrics_listen: str | None = None,
+    config_path: Path | None = None,
+    watch_config_s: float = 0.0,
 ) -> None:
     """Run a collector until SIGTERM or SIGINT, logging its stats every ``stats_interval_s`` (and serving its
-    metrics page on ``metrics_listen``)."""
+    metrics page on ``metrics_listen``). With ``config_path``, SIGHUP reloads that file (and so does a change seen
+    every ``watch_config_s``, 0: SIGHUP only): ``cognitora.ops.collector_reload``."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    collector = Collector(config, store)
+    live = LiveCollector(Collector(config, store), ConfigSource.file(config_path or Path("cognitora.yaml")))
+    reloads: set[asyncio.Task[Any]] = set()
+    watch = ConfigWatch(live, watch_config_s if config_path is not None else 0.0)
+
+    def on_sighup() -> None:
+        task = asyncio.ensure_future(live.reload("SIGHUP"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     metrics: MetricsServer | None = None
     try:
-        await collector.start()
+        await live.current.start()
         if metrics_listen is not None:
-            metrics = await collector_metrics(config, collector, metrics_listen)
+            metrics = await collector_metrics(config, lambda: live.current, metrics_listen)
+        watch.start()
         sd_notify.ready("collecting")  # systemd Type=notify: started (deploy/systemd/)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=stats_interval_s)
             if not stop.is_set():
-                log.info("collector stats", extra=collector.stats())
+                log.info("collector stats", extra=live.current.stats())
         log.info("signal received; stopping")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         # Bounded: a part whose task lost its cancel (kvstate.task_stop) must not keep the process alive; the
         # timeout cancels the stop under way, which cancels the parts' tasks once more.
         try:
             async with asyncio.timeout(STOP_TIMEOUT_S):
+                await watch.stop()
+                for task in list(reloads):  # a reload under way finishes before the parts stop
+                    await task
                 if metrics is not None:
                     await metrics.stop()
-                await collector.stop()
+                await live.current.stop()
         except TimeoutError:
             log.error("collector did not stop in time; exiting anyway", extra={"stop_timeout_s": STOP_TIMEOUT_S})
 
 
-async def collector_metrics(config: CognitoraConfig, collector: Collector, listen: str) -> MetricsServer:
-    """The collector's metrics page (docs/metrics.md) on ``listen``."""
-    from cognitora.metrics.cors import CorsPolicy
-    from cognitora.metrics.exporter import Exporter
-    from cognitora.metrics.serve import serve_page
+async def collector_readiness(collector: Collector) -> Readiness:
+    """``/readyz``: the store answers a ping, and KV events and scrapes flow (``cognitora.ops.health``)."""
+    checks: dict[str, str] = {}
+    try:
+        async with asyncio.timeout(PING_TIMEOUT_S):
+            answered = await collector.store.ping()
+        checks["store"] = "ok" if answered else "the store did not answer a ping"
+    except TimeoutError:
+        checks["store"] = f"the store did not answer a ping within {PING_TIMEOUT_S:g} s"
+    except Exception as exc:
+        checks["store"] = f"the store is unreachable: {type(exc).__name__}: {exc}"
+    waiting = sorted(e for e, s in collector.subscribers.items() if not s.ready.is_set())
+    checks["kv_events"] = "ok" if not waiting else f"not subscribed yet: {', '.join(waiting)}"
+    stats = collector.stats()
+    if stats["scrape_rounds"] == 0:
+        checks["scrapes"] = "no scrape round done yet"
+    elif stats["endpoints"] and stats["healthy_endpoints"] == 0:
+        checks["scrapes"] = f"none of the {stats['endpoints']} engines answers its health check"
+    else:
+        checks["scrapes"] = "ok"
+    return Readiness(checks)
 
-    page = Exporter(config, "collector", collector=lambda: collector).page
-    return await serve_page(page, listen, "collector", CorsPolicy.of(config.metrics))
+
+async def collector_metrics(config: CognitoraConfig, current: Callable[[], Collector], listen: str) -> MetricsServer:
+    """The collector's metrics page (docs/metrics.md) on ``listen``, of the collector ``current()`` returns (the one
+    in force: a reload replaces it)."""
+    page = Exporter(config, "collector", collector=current).page
+    # /healthz and /readyz on the same port (store reachable, events and scrapes flowing: cognitora.ops.health)
+    return await serve_page(
+        page, listen, "collector", CorsPolicy.of(config.metrics), probe=lambda: collector_readiness(current())
+    )
 
 
-async def _run(config: CognitoraConfig, stats_interval_s: float, metrics_listen: str | None = None) -> None:
+async def _run(config: CognitoraConfig, args: argparse.Namespace) -> None:
     store = open_store(config.redis_url, config.key_prefix, config.redis_cluster)
     try:
-        await serve(config, store, stats_interval_s, metrics_listen)
+        await serve(config, store, args.stats_interval_s, args.metrics_listen, Path(args.config), args.watch_config_s)
     finally:
         with contextlib.suppress(Exception):
             await store.close()
 
 
 def _listen_ok(listen: str) -> bool:
-    from cognitora.metrics.serve import parse_listen
-
     try:
         parse_listen(listen)
     except ValueError as exc:
@@ -451,6 +538,9 @@ def _listen_ok(listen: str) -> bool:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     jsonlog.configure(args.log_level)
+    if args.watch_config_s < 0:
+        log.error("--watch-config-s must be 0 (off) or positive", extra={"got": args.watch_config_s})
+        return 2
     if args.stats_interval_s <= 0:
         log.error("--stats-interval-s must be positive", extra={"got": args.stats_interval_s})
         return 2
@@ -490,7 +580,7 @@ def main(argv: list[str]) -> int:
         },
     )
     try:
-        asyncio.run(_run(config, args.stats_interval_s, args.metrics_listen))
+        asyncio.run(_run(config, args))
     except Exception:  # even a crash leaves a JSON line (with the traceback), not a bare stderr dump
         log.exception("collector crashed")
         return 1

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cognitora.intent.rewrite import Rewrite
+    from cognitora.intent.verdict import Rewrite
+
+__all__ = ["CandidateScore", "CloudPick", "Decision", "PrefillLeg", "Rejection"]
 
 
 @dataclass(frozen=True)

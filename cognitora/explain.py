@@ -18,11 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ConfigError, load_config
+from cognitora.core.router import Router
 from cognitora.decision import Decision
+from cognitora.flow.redis_leases import RedisLeases
+from cognitora.flow.snapshot import wait_explanation
 from cognitora.redaction import redact_url
 from cognitora.request import RouteRequest
-from cognitora.router import Router
 from cognitora.token_agreement import TOKENIZE_ENGINES, engine_token_counts, mismatch_message
+from kvstate.redis_store import RedisStore
+from kvstate.store import StoreUnavailable
+
+__all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +83,34 @@ async def explain(router: Router, request: RouteRequest) -> Decision:
     return await router.place(request)
 
 
+async def wait_line(router: Router, request: RouteRequest, decision: Decision) -> str | None:
+    """``would wait: N ahead in band 'X'; ...`` when flow control would hold ``request`` now, else None. This
+    process has no queue of its own: what waits in the gateways' is read from the Redis leases' published depths
+    (every live replica's, per band) when the store is Redis; else nobody is counted ahead."""
+    gate = router.flow
+    if gate is None:
+        return None
+    why = gate.should_wait(request, decision)
+    if why is None:
+        return None
+    depth: dict[str, int] = {}
+    store = router.store
+    if isinstance(store, RedisStore) and router.config.flow_control is not None:
+        try:
+            depth = await RedisLeases(
+                store.client, router.config.key_prefix, router.config.flow_control.leases
+            ).queued()
+        except StoreUnavailable:
+            depth = {}
+    bands = gate.controller.waiting_by_band()  # every band, highest first
+    names = list(bands)
+    index = names.index(why.band)
+    above = sum(depth.get(name, 0) for name in names[:index])
+    limits = router.config.flow_control.class_config(why.band) if router.config.flow_control else None
+    max_wait = limits.max_wait_s if limits is not None else 0.0
+    return wait_explanation(why.band, depth.get(why.band, 0), above, why.saturation, max_wait)
+
+
 def describe_store(router: Router) -> str:
     url = router.config.redis_url
     if url is None:
@@ -110,6 +144,7 @@ async def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         decision = await explain(router, request)
+        waits = await wait_line(router, request, decision)
     finally:
         await router.close()
     print(describe_store(router))
@@ -117,6 +152,8 @@ async def _run(args: argparse.Namespace) -> int:
         kind = "token-exact" if decision.exact_keys else "text-approximate"
         print(f"prompt: {decision.prompt_tokens} tokens, {len(decision.keys)} full blocks, {kind} keys")
     print(decision.explain())
+    if waits is not None:
+        print(waits)
     if decision.exact_keys and decision.rejection is None:
         await _print_tokenizer_check(config, decision, request)
     return 1 if decision.rejection is not None else 0

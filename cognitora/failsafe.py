@@ -25,6 +25,8 @@ from cognitora.placement.state import HealthMark
 from cognitora.request import RouteRequest
 from kvstate.store import InFlight
 
+__all__ = ["RateLimitedLog", "fallback_decision"]
+
 LOG_INTERVAL_S = 60.0
 """At most one traceback per this many seconds per kind of error."""
 

@@ -7,6 +7,14 @@
 appear, in the message, in a field at any depth, or in a traceback, so a log line never carries a credential.
 Non-finite floats become strings (JSON has no NaN).
 
+``COGNITORA_LOG_FORMAT=otel`` writes the lines in the OpenTelemetry log data model instead, on stdout (what a
+collector's filelog or journald receiver maps without a custom parser, and how llm-d's components log):
+``{"Timestamp": "2026-11-30T04:00:00.123456Z", "SeverityText": "WARN", "SeverityNumber": 13, "Body": "endpoint
+unhealthy", "Attributes": {"endpoint": "10.0.0.5:8000"}, "Resource": {"service.name": "cognitora"},
+"InstrumentationScope": {"Name": "kvstate.scrape"}}``, with ``TraceId`` and ``SpanId`` when the line is logged
+inside a traced decision (``cognitora.tracing``) and ``exception.type``/``exception.message``/``exception.stacktrace``
+attributes for an exception. The same redaction applies.
+
 The formatter is python-json-logger's (``pythonjsonlogger.json.JsonFormatter``), configured for these keys, with
 the redaction as its ``process_log_record`` step. Why that library rather than structlog: every record here, and
 every record of the libraries around us (grpc, aiohttp, redis, LiteLLM), is a standard ``logging`` record carrying
@@ -22,8 +30,11 @@ own loggers write these JSON lines when LiteLLM shows them nowhere (its default)
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -37,6 +48,7 @@ __all__ = [
     "CHATTY_LIBRARIES",
     "GUEST_LOGGERS",
     "JsonFormatter",
+    "OtelJsonFormatter",
     "RedactingFilter",
     "configure",
     "configure_guest",
@@ -91,6 +103,80 @@ class JsonFormatter(_LibraryJsonFormatter):
         return out
 
 
+_SEVERITY = ((logging.CRITICAL, "FATAL", 21), (logging.ERROR, "ERROR", 17), (logging.WARNING, "WARN", 13))
+"""Python level -> the data model's SeverityText and SeverityNumber (the first whose level the record reaches)."""
+LOG_FORMAT_VARIABLE = "COGNITORA_LOG_FORMAT"
+_RECORD_ATTRS = frozenset(RESERVED_ATTRS) | {"message", "asctime", "taskName"}
+
+
+def _severity(levelno: int) -> tuple[str, int]:
+    for level, text, number in _SEVERITY:
+        if levelno >= level:
+            return text, number
+    return ("INFO", 9) if levelno >= logging.INFO else ("DEBUG", 5)
+
+
+@functools.cache
+def _otel_trace() -> Any:
+    """OpenTelemetry's ``trace`` API, or None when it is not installed (looked up once, not per line)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace
+
+
+def _current_span_ids() -> tuple[str, str] | None:
+    """The current span's trace and span ids (hex), when OpenTelemetry is installed and a span is recording."""
+    trace = _otel_trace()
+    if trace is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+class OtelJsonFormatter(logging.Formatter):
+    """One line per record in the OpenTelemetry log data model (see the module's docstring), every value redacted."""
+
+    def __init__(self, service: str | None = None) -> None:
+        super().__init__()
+        self.resource = {"service.name": service or os.environ.get("OTEL_SERVICE_NAME") or "cognitora"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        text, number = _severity(record.levelno)
+        created = datetime.fromtimestamp(record.created, UTC)
+        attributes = {k: _clean(v) for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+        if record.exc_info and record.exc_info[0] is not None:
+            attributes["exception.type"] = record.exc_info[0].__name__
+            attributes["exception.message"] = mask_secrets(str(record.exc_info[1]))
+            attributes["exception.stacktrace"] = mask_secrets(self.formatException(record.exc_info))
+        line: dict[str, Any] = {
+            "Timestamp": created.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "SeverityText": text,
+            "SeverityNumber": number,
+            "Body": mask_secrets(record.getMessage()),
+            "Attributes": attributes,
+            "Resource": self.resource,
+            "InstrumentationScope": {"Name": record.name},
+        }
+        ids = _current_span_ids()
+        if ids is not None:
+            line["TraceId"], line["SpanId"] = ids
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def formatter() -> logging.Formatter:
+    """The formatter ``COGNITORA_LOG_FORMAT`` asks for: ``otel`` (the data model) or ``json`` (the default)."""
+    return OtelJsonFormatter() if os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower() == "otel" else JsonFormatter()
+
+
+def _default_stream() -> TextIO:
+    # The OpenTelemetry format goes to stdout, as llm-d's components write it; the default lines stay on stderr.
+    return sys.stdout if isinstance(formatter(), OtelJsonFormatter) else sys.stderr
+
+
 class RedactingFilter(logging.Filter):
     """Masks secrets in records bound for a handler this project does not format (the LiteLLM proxy's own):
     the message is rendered, redacted and frozen, so no handler's formatter sees a credential."""
@@ -128,10 +214,10 @@ def configure_guest(level: str | int = "INFO", stream: TextIO | None = None) -> 
         return
     for name in GUEST_LOGGERS:
         logger = logging.getLogger(name)
-        if any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+        if any(isinstance(h.formatter, JsonFormatter | OtelJsonFormatter) for h in logger.handlers):
             continue
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler.setFormatter(JsonFormatter())
+        handler = logging.StreamHandler(stream or _default_stream())
+        handler.setFormatter(formatter())
         logger.addHandler(handler)
         if logger.level == logging.NOTSET:
             logger.setLevel(level.upper() if isinstance(level, str) else level)
@@ -143,8 +229,8 @@ CHATTY_LIBRARIES = ("httpx", "httpcore", "asyncio")
 
 def configure(level: str | int = "INFO", stream: TextIO | None = None) -> None:
     """Send every log record of this process to ``stream`` (stderr) as JSON lines, at ``level`` and above."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler = logging.StreamHandler(stream or _default_stream())
+    handler.setFormatter(formatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

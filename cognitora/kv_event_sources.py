@@ -25,6 +25,15 @@ import httpx
 from cognitora.config import EndpointConfig, EngineKind
 from kvstate.task_stop import cancel_and_wait
 
+__all__ = [
+    "KvEventSource",
+    "KvEventSourceWatcher",
+    "discovers_kv_events",
+    "pulls_trtllm_events",
+    "reports_kv_events",
+    "sources_from",
+]
+
 log = logging.getLogger(__name__)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from kvstate.keys import BlockKey
 from kvstate.store import MatchCheckpoint
 
+__all__ = ["MatchCheckpoints"]
+
 MAX_CHECKPOINTS = 4096
 """Checkpoints kept at most (one per distinct shared prefix and endpoint list); past it the oldest goes."""
 DEPTHS_PER_HEAD = 8

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, replace
 
 from kvstate.store import EndpointSnapshot, PrefixMatch
 
+__all__ = ["Learned", "OutcomeRates"]
+
 ALPHA = 0.3
 """EWMA weight of a new reuse sample (the scraper's ``RateEstimator`` uses the same)."""
 WINDOW = 16

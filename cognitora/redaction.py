@@ -16,6 +16,8 @@ import re
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
+__all__ = ["redact", "redact_url", "register_secret", "register_url_password"]
+
 MASK = "****"
 
 _URL_PASSWORD = re.compile(

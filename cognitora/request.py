@@ -1,6 +1,6 @@
-"""What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.attempt.Outcome``), and
-the core's rules for the request fields an adapter must read before it can build one (``read_max_tokens``,
-``read_choices``).
+"""What the adapters hand the core: a ``RouteRequest`` (its end comes back as a ``cognitora.core.outcome.Outcome``),
+and the core's rules for the request fields an adapter must read before it can build one (``read_max_tokens``,
+``read_choices``, and the body's shape: ``check_body``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from cognitora.identity import DEFAULT_PRIORITY, Identity, IdentitySource
+from kvstate.prompt import PromptError, completion_prompts
+
 if TYPE_CHECKING:
-    from cognitora.intent.rewrite import Rewrite
+    from cognitora.intent.verdict import Rewrite
+    from kvstate.surfaces.request import SurfaceRequest
+
+__all__ = [
+    "MAX_TOKENS_LIMIT",
+    "InvalidRequest",
+    "RouteRequest",
+    "Surface",
+    "check_body",
+    "new_request_id",
+    "read_choices",
+    "read_max_tokens",
+]
 
 MAX_TOKENS_LIMIT = 16_777_216
 """The most ``max_tokens`` a request may ask for (2**24): more than any model's context window (the longest are
@@ -108,16 +123,50 @@ def read_choices(fields: Mapping[str, Any]) -> tuple[int, int | None]:
     return n, best_of
 
 
+def check_body(fields: Mapping[str, Any], *, chat: bool) -> None:
+    """The core's rules for the shape of a request body, the same in both gateways (Envoy's ``parse_body`` and
+    LiteLLM's ``route_request`` call it on the body the client sent). Raises ``InvalidRequest`` naming the field:
+    ``messages`` (chat: a non-empty list of objects with a string ``role``) or ``prompt`` (completions:
+    ``kvstate.prompt``'s rule), ``tools`` (a list), ``chat_template_kwargs`` (an object), ``stream`` (a boolean)."""
+    if chat:
+        messages = fields.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+    else:
+        try:
+            completion_prompts(fields.get("prompt"))  # the prompt reader's own rule, the field named
+        except PromptError as exc:
+            raise InvalidRequest(str(exc), "prompt") from None
+    tools = fields.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list of {type, function} objects", "tools")
+    template_kwargs = fields.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise InvalidRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    if not isinstance(fields.get("stream", False), bool):
+        raise InvalidRequest("'stream' must be true or false", "stream")
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+_UNSET = Identity()
+"""``RouteRequest.identity`` not given: built from the mirror fields."""
 
 
 @dataclass(frozen=True)
 class RouteRequest:
     """One inference request, as the gateway saw it, after authentication.
 
-    ``team``/``api_key_id``/``user`` come only from a trusted source (LiteLLM's authenticated key, or a header the
-    Envoy config sets after authentication), never from the client's body.
+    ``identity`` comes only from a trusted source (LiteLLM's authenticated key, Envoy's authentication metadata or
+    a header its config sets after authentication), never from the client's body: each adapter hands its sources'
+    claims to ``cognitora.identity.resolve_identity``, which decides their precedence. ``team``/``api_key_id``/
+    ``user``/``priority``/``intent_hint`` mirror it (read-only in effect): given without an ``identity`` (a script,
+    ``cognitora explain``, a test), they build one whose source is ``CALLER``.
     ``candidates``: endpoint ids the gateway allows for this request (LiteLLM's healthy deployments); None means
     every configured endpoint of the model.
 
@@ -143,7 +192,7 @@ class RouteRequest:
     team: str | None = None
     api_key_id: str | None = None
     user: str | None = None
-    priority: str = "default"
+    priority: str = DEFAULT_PRIORITY
     max_tokens: int | None = None
     n: int = 1
     """Choices asked for (``read_choices``): each may generate up to ``max_tokens``."""
@@ -171,3 +220,31 @@ class RouteRequest:
     rewrite: Rewrite | None = None
     """The model rewrite already decided for this request (LiteLLM decides it before choosing the model group):
     placement does not decide it again, and the decision carries it. None: the core decides (``Router.place``)."""
+    surface_request: SurfaceRequest | None = None
+    """The body as its surface's rules read it (``cognitora.surface_entry``): keyed from it, media included. None:
+    the prompt fields above are read by ``kvstate.prompt`` (chat, completions built by hand or by an older caller)."""
+    identity: Identity = field(default_factory=lambda: _UNSET)
+    """Who the request is for (``cognitora.identity``): the one place the core reads it from."""
+
+    def __post_init__(self) -> None:
+        if self.identity is _UNSET:
+            named = self.team or self.api_key_id or self.user or self.intent_hint or self.priority != DEFAULT_PRIORITY
+            built = Identity(
+                team=self.team,
+                key=self.api_key_id,
+                user=self.user,
+                priority=self.priority,
+                intent_hint=self.intent_hint,
+                source=IdentitySource.CALLER if named else IdentitySource.NONE,
+            )
+            object.__setattr__(self, "identity", built)
+            return
+        who = self.identity
+        for mirror, value in (
+            ("team", who.team),
+            ("api_key_id", who.key),
+            ("user", who.user),
+            ("priority", who.priority),
+            ("intent_hint", who.intent_hint),
+        ):
+            object.__setattr__(self, mirror, value)

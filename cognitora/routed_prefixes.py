@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from kvstate.keys import BlockKey
 from kvstate.store import SPECULATIVE_WEIGHT, PrefixMatch
 
+__all__ = ["RoutedPrefixes", "merge_matches"]
+
 DEFAULT_MAX_KEYS = 500_000
 """About 25 MB at most (~50 bytes a key routed to one endpoint: its dict slot; the key's int is the decision's and
 the expiry is one float per dispatch); a 32k-token prompt is 2,048 keys, so this holds hundreds of recent long

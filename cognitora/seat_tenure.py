@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from cognitora.placement.state import SeatProgress
 
+__all__ = ["MIN_SAMPLES", "PRIOR_VARIABILITY", "SeatTenure"]
+
 ALPHA = 0.05
 """EWMA weight of one tenure: about the last 20 requests (a few seconds of a busy engine)."""
 MIN_SAMPLES = 8

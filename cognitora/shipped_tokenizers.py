@@ -2,7 +2,7 @@
 
 ``models[].tokenizer`` (and ``cognitora sim --tokenizer``) take a path to a ``tokenizer.json``, or the Hugging Face id
 of a model listed here: ``HuggingFaceTB/SmolLM2-135M-Instruct`` resolves to the copy under
-``cognitora/sim/models/`` (the simulated fleet's model), so an example config works the same from a clone and from an
+``cognitora/models/`` (the simulated fleet's model), so an example config works the same from a clone and from an
 installed wheel, whatever the directory it is started from. Cognitora never downloads a tokenizer: any other model id
 is a path, and a path that does not exist is the config's usual "file not found" error, which says how to name one.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_MODELS_DIR = Path(__file__).resolve().parent / "sim" / "models"
+__all__ = ["SHIPPED", "SMOLLM2_ID", "shipped_names", "shipped_tokenizer"]
+
+_MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The simulated engines' model (its tokenizer and chat template ship with Cognitora: PROVENANCE.md beside them)."""

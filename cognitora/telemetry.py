@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from cognitora.attempt import AttemptRecord
+from cognitora.core.outcome import AttemptRecord
 from cognitora.decision import Decision
 from cognitora.request import RouteRequest
 
@@ -35,6 +35,7 @@ __all__ = [
     "CacheSums",
     "DecisionOutcome",
     "Histogram",
+    "RouterStats",
     "Telemetry",
     "decision_outcome",
 ]
@@ -177,6 +178,8 @@ class Telemetry:
     store_read_seconds: Histogram = field(default_factory=lambda: Histogram(DECISION_SECONDS_BUCKETS))
     store_read_failures: int = 0
     """Reads of the fleet's state that failed or timed out (each one made a degraded decision)."""
+    stats: RouterStats = field(default_factory=lambda: RouterStats())
+    """The router's plain counters (``Router.stats`` is this object): one record of the router, not two."""
 
     @classmethod
     def for_names(cls, models: Iterable[str], priorities: Iterable[str]) -> Telemetry:
@@ -189,7 +192,7 @@ class Telemetry:
     def decided(self, request: RouteRequest, decision: Decision, seconds: float, *, fallback: bool = False) -> None:
         """One decision of ``admit``, which took ``seconds``; logs it at INFO on ``DECISION_LOGGER``."""
         model = decision.model if decision.model in self.models else UNKNOWN
-        priority = request.priority if request.priority in self.priorities else UNKNOWN
+        priority = request.identity.priority if request.identity.priority in self.priorities else UNKNOWN
         outcome = decision_outcome(decision, fallback=fallback)
         status = "" if decision.rejection is None else str(decision.rejection.status)
         key = (model, priority, decision.endpoint or "", outcome.value, status)
@@ -209,7 +212,7 @@ class Telemetry:
             hist = self.decision_seconds[model] = Histogram(DECISION_SECONDS_BUCKETS)
         hist.observe(seconds)
         if decision_log.isEnabledFor(logging.INFO):
-            _log_decision(decision, request.priority, outcome, seconds)
+            _log_decision(decision, request.identity.priority, outcome, seconds)
 
     def finished(self, record: AttemptRecord) -> None:
         """One finished attempt (``Router.recent_outcomes`` keeps the last ones too)."""
@@ -275,3 +278,40 @@ def _log_decision(decision: Decision, priority: str, outcome: DecisionOutcome, s
         fields["cloud_target"] = decision.cloud.target
         fields["cloud_model"] = decision.cloud.model
     decision_log.info("decision", extra=fields)
+
+
+@dataclass
+class RouterStats:
+    """The router's counters (``Router.stats``), cumulative since it started; ``cognitora.metrics`` exports them."""
+
+    placed: int = 0
+    rejected: int = 0
+    degraded: int = 0
+    """Decisions made without the store."""
+    stale_state: int = 0
+    """Decisions made on stale fleet state: the store answered, but its newest collector heartbeat was older than
+    ``placement.state_max_age_s`` (or no collector ever wrote one)."""
+    internal_errors: int = 0
+    """Placements that raised (a bug): answered by ``placement.on_error`` (cognitora.failsafe)."""
+    store_errors: int = 0
+    """Store calls that failed or timed out (reads and writes)."""
+    dispatched: int = 0
+    finished_ok: int = 0
+    finished_error: int = 0
+    marked_unhealthy: int = 0
+    finished_by_kind: dict[str, int] = field(default_factory=dict)
+    """Finished attempts by ``OutcomeKind`` value."""
+    hit_reports: int = 0
+    """Finished requests whose response reported ``cached_tokens``: the two sums below cover exactly these."""
+    predicted_cached_tokens: float = 0.0
+    achieved_cached_tokens: int = 0
+    ttft_reports: int = 0
+    """Finished requests whose first token was timed: the two sums below cover exactly these."""
+    predicted_ttft_s: float = 0.0
+    achieved_ttft_s: float = 0.0
+    oversized_prompts: int = 0
+    """Prompts over ``limits.exact_prompt_max_chars``: placed on approximate keys or refused (``limits.over_limit``)."""
+    offloaded_prompts: int = 0
+    """Prompts keyed on the worker thread (too much to tokenize on the event loop)."""
+    offload_queue_full: int = 0
+    """Prompts given approximate keys because the keying thread had ``limits.offload_queue_max_chars`` queued."""

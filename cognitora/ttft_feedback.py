@@ -188,4 +188,4 @@ class TtftFeedback:
 
     def _decayed(self, entry: _EndpointBias, now: float) -> float:
         age = max(0.0, now - entry.updated_at)
-        return entry.log_factor * 0.5 ** (age / self.params.half_life_s)
+        return entry.log_factor * math.pow(0.5, age / self.params.half_life_s)

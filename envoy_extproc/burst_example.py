@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+__all__ = ["EXAMPLE", "add_burst", "add_pieces", "example_pieces"]
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "envoy_burst.yaml"
 CLOUD_CLUSTER = "cloud_sim_cloud"
 
@@ -30,7 +32,8 @@ def example_pieces() -> dict[str, Any]:
 
 def add_burst(cloud_port: int, ca_file: Path) -> Callable[[dict[str, Any]], None]:
     """An ``edit`` for ``render_config`` that adds the burst pieces, moved to a simulated cloud on ``cloud_port``
-    whose CA is ``ca_file`` (tests run beside each other; the example's own addresses: tests/test_examples_burst.py)."""
+    whose CA is ``ca_file`` (tests run beside each other; the example's own addresses:
+    tests/examples/test_examples_burst.py)."""
     pieces = example_pieces()
     (cloud,) = [c for c in pieces["clusters"] if c["name"] == CLOUD_CLUSTER]
     address = cloud["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]

@@ -8,6 +8,41 @@ from __future__ import annotations
 
 from cognitora.disagg.wire import PREFILL_ENDPOINT_HEADER
 
+__all__ = [
+    "ATTEMPT_COUNT",
+    "AUTHORIZATION",
+    "CHAT_SUFFIX",
+    "CLIENT_FORBIDDEN",
+    "CLOUD_TARGET",
+    "COMPLETIONS_SUFFIX",
+    "CONTENT_LENGTH",
+    "CONTENT_TYPE",
+    "DEFAULT_INTENT_HEADER",
+    "DEFAULT_KEY_HEADER",
+    "DEFAULT_PRIORITY_HEADER",
+    "DEFAULT_TEAM_HEADER",
+    "DEFAULT_USER_HEADER",
+    "DESTINATION_ENDPOINT",
+    "DESTINATION_ENDPOINTS",
+    "EMBEDDINGS_PATH",
+    "JSON_CONTENT_TYPE",
+    "LB_METADATA_NAMESPACE",
+    "MESSAGES_PATH",
+    "METHOD",
+    "PATH",
+    "PLACED_PATHS",
+    "PREFILL_ENDPOINT",
+    "RESPONSES_PATH",
+    "RESPONSE_FLAGS",
+    "RETRY_AFTER",
+    "SERVED_MODEL",
+    "SSE_CONTENT_TYPE",
+    "STATUS",
+    "SURFACE_SUFFIXES",
+    "UPSTREAM_FAILURE_FLAGS",
+    "UPSTREAM_HOST",
+]
+
 # -- where the pick goes (the Gateway API Inference Extension convention) ----------------------------------------
 LB_METADATA_NAMESPACE = "envoy.lb"
 """Dynamic-metadata namespace the pick is written to; the ext_proc filter must list it in
@@ -74,13 +109,19 @@ RETRY_AFTER = "retry-after"
 SSE_CONTENT_TYPE = "text/event-stream"
 JSON_CONTENT_TYPE = "application/json"
 
-# -- the OpenAI request paths that are placed (everything else passes through untouched) -----------------------------
+# -- the request paths that are placed (everything else passes through untouched) -----------------------------------
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-PLACED_PATHS = frozenset({CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH})
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic Messages. Its ``/v1/messages/count_tokens`` is not placed: an engine counts, nothing is generated."""
+RESPONSES_PATH = "/v1/responses"
+EMBEDDINGS_PATH = "/v1/embeddings"
+PLACED_PATHS = frozenset({CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, MESSAGES_PATH, RESPONSES_PATH, EMBEDDINGS_PATH})
 """The default ``--placed-path`` list. A request is placed when its path is one of them or ends with one under a
 prefix (``/api/v1/chat/completions``): ``ExtprocSettings.placed``."""
 CHAT_SUFFIX = "/chat/completions"
 """A placed path ending so carries a chat body (``messages``); any other placed path ends in ``/completions`` and
 carries a completions body (``prompt``)."""
 COMPLETIONS_SUFFIX = "/completions"
+SURFACE_SUFFIXES = (CHAT_SUFFIX, COMPLETIONS_SUFFIX, "/messages", "/responses", "/embeddings")
+"""What a placed path may end with: the body's surface is read from the path (``cognitora.surface_entry``)."""

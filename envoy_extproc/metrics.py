@@ -28,7 +28,7 @@ from envoy_extproc.settings import ExtprocSettings
 
 if TYPE_CHECKING:
     from cognitora.collector import Collector, CollectorThread
-    from cognitora.router import Router
+    from cognitora.core.router import Router
 
 __all__ = ["SupervisorMetrics", "start_worker_metrics"]
 

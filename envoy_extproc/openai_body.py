@@ -1,4 +1,7 @@
-"""OpenAI request bodies: parse and validate once, rewrite only when needed, with the exact new bytes.
+"""Request bodies of every surface: parse and validate once, rewrite only when needed, with the exact new bytes.
+
+Chat and completions bodies are read here by the core's rules (``cognitora.request``); Anthropic Messages, OpenAI
+Responses and embeddings by the core's surface reader (``cognitora.surface_entry``): the path decides which.
 
 A malformed body is the client's mistake: ``BadRequest`` carries an OpenAI-style message that says what was wrong,
 and the ext_proc answers 400 itself (the request never reaches an engine).
@@ -11,10 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cognitora.config import DEFAULT_PRIORITY
-from cognitora.request import InvalidRequest, RouteRequest, Surface, read_choices, read_max_tokens
+from cognitora.identity import Identity
+from cognitora.request import InvalidRequest, RouteRequest, Surface, check_body, read_choices, read_max_tokens
+from cognitora.surface_entry import SurfaceReader, route_request, surface_under_prefix
 from envoy_extproc import headers
-from kvstate.prompt import PromptError, completion_prompts
+from kvstate.surfaces import SurfaceRequest
+
+__all__ = ["BadRequest", "ParsedBody", "parse_body", "rewrite_body"]
 
 
 class BadRequest(ValueError):
@@ -47,17 +53,14 @@ class ParsedBody:
     surface: Surface
     client_wants_usage: bool
     """The client asked for ``stream_options.include_usage`` itself (so its usage chunk must reach it)."""
+    read: SurfaceRequest | None = None
+    """A Messages, Responses or embeddings body as the core's surface reader read it (None: chat, completions)."""
 
-    def route_request(
-        self,
-        *,
-        team: str | None = None,
-        api_key_id: str | None = None,
-        user: str | None = None,
-        priority: str = DEFAULT_PRIORITY,
-        intent_hint: str | None = None,
-    ) -> RouteRequest:
-        """The core's request for this body; identity comes from the caller (trusted headers), never the body."""
+    def route_request(self, identity: Identity | None = None) -> RouteRequest:
+        """The core's request for this body; identity comes from the caller (trusted metadata and headers, resolved
+        by ``cognitora.identity.resolve_identity``), never the body. None: anonymous."""
+        if self.read is not None:
+            return route_request(self.read, model=self.model, identity=Identity() if identity is None else identity)
         return RouteRequest(
             model=self.model,
             messages=self.messages,
@@ -67,21 +70,18 @@ class ParsedBody:
             add_generation_prompt=self.add_generation_prompt,
             continue_final_message=self.continue_final_message,
             chat_template_kwargs=self.chat_template_kwargs,
-            team=team,
-            api_key_id=api_key_id,
-            user=user,
-            priority=priority,
             max_tokens=self.max_tokens,
             n=self.n,
             best_of=self.best_of,
             surface=self.surface,
             stream=self.stream,
-            intent_hint=intent_hint,
+            identity=Identity() if identity is None else identity,
         )
 
 
-def parse_body(raw: bytes, path: str) -> ParsedBody:
-    """Parse an OpenAI chat/completions body. Raises ``BadRequest`` with a message meant for the client."""
+def parse_body(raw: bytes, path: str, reader: SurfaceReader | None = None) -> ParsedBody:
+    """Parse a request body of ``path``'s surface. Raises ``BadRequest`` with a message meant for the client.
+    ``reader``: the core's surface reader, for Messages, Responses and embeddings (without one they are refused)."""
     if not raw.strip():
         raise BadRequest("the request body is empty: send a JSON object with 'model' and 'messages'")
     try:
@@ -96,31 +96,19 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
     if not isinstance(model, str) or not model:
         raise BadRequest('missing \'model\': name the model to use, e.g. "model": "my-model"', param="model")
 
-    messages: Sequence[Mapping[str, Any]] | None = None
-    prompt: str | list[Any] | None = None
-    if path.endswith(headers.CHAT_SUFFIX):  # also under a route prefix (/api/v1/chat/completions)
-        messages = data.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list of {role, content} objects", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-    else:
-        prompt = data.get("prompt")
-        try:
-            completion_prompts(prompt)  # the core's own rule, so the client gets its 400 with the field named
-        except PromptError as exc:
-            raise BadRequest(str(exc), param="prompt") from None
+    surface = surface_under_prefix(path)
+    if surface not in ("chat", "completions", None):
+        return _parse_surface(data, model, path, reader)
+    chat = path.endswith(headers.CHAT_SUFFIX)  # also under a route prefix (/api/v1/chat/completions)
+    try:
+        check_body(data, chat=chat)  # the core's rules, the same in both gateways
+    except InvalidRequest as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+    messages: Sequence[Mapping[str, Any]] | None = data["messages"] if chat else None
+    prompt: str | list[Any] | None = None if chat else data.get("prompt")
     tools = data.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("'tools' must be a list of {type, function} objects", param="tools")
     template_kwargs = data.get("chat_template_kwargs")
-    if template_kwargs is not None and not isinstance(template_kwargs, dict):
-        raise BadRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-
-    stream = data.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be true or false", param="stream")
+    stream = bool(data.get("stream", False))
     try:
         max_tokens = read_max_tokens(data)  # the core's rule (absurd or non-integer values are refused)
         n, best_of = read_choices(data)  # budgets reserve for every sequence generated
@@ -144,6 +132,36 @@ def parse_body(raw: bytes, path: str) -> ParsedBody:
         best_of=best_of,
         surface=Surface.CHAT if messages is not None else Surface.COMPLETIONS,
         client_wants_usage=client_wants_usage,
+    )
+
+
+def _parse_surface(data: dict[str, Any], model: str, path: str, reader: SurfaceReader | None) -> ParsedBody:
+    """A Messages, Responses or embeddings body, read by the core (``cognitora.surface_entry``)."""
+    if reader is None:
+        raise BadRequest(f"{path} is not served by this gateway", param=None)
+    try:
+        read = reader.read(path, data)
+    except InvalidRequest as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+    assert read is not None  # the path is a surface's (the caller checked)
+    chat, completion = read.chat, read.completion
+    return ParsedBody(
+        data=data,
+        model=model,
+        messages=None if chat is None else chat.messages,
+        prompt=None if completion is None else list(completion.prompts),
+        tools=None if chat is None else chat.tools,
+        add_special_tokens=read.prompt.add_special_tokens,
+        add_generation_prompt=True if chat is None else chat.add_generation_prompt,
+        continue_final_message=False if chat is None else chat.continue_final_message,
+        chat_template_kwargs=None if chat is None else chat.chat_template_kwargs,
+        stream=read.stream,
+        max_tokens=read.max_tokens,
+        n=1,
+        best_of=None,
+        surface=Surface(read.surface),
+        client_wants_usage=True,  # these surfaces' streams always carry their usage: nothing to ask for or strip
+        read=read,
     )
 
 

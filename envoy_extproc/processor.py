@@ -18,21 +18,33 @@ is the core's ``Attempt``; this module only translates Envoy's messages onto it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
-from cognitora.attempt import Outcome, OutcomeKind
-from cognitora.config import DEFAULT_PRIORITY
+from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.decision import Decision
+from cognitora.identity import Claims, IdentitySource, resolve_identity
 from cognitora.request import RouteRequest
+from cognitora.stream_usage import StreamUsageReader, stream_usage_reader, usage_from_body
+from cognitora.surface_entry import SurfaceReader
+from cognitora.tracing import TRACEPARENT, TRACESTATE, UNTRACED, Tracing
 from envoy_extproc import headers, protocol
+from envoy_extproc.answers import remember_body, remember_stream
 from envoy_extproc.identity_metadata import identity_from_metadata
-from envoy_extproc.openai_body import BadRequest, parse_body, rewrite_body
+from envoy_extproc.openai_body import BadRequest, ParsedBody, parse_body, rewrite_body
 from envoy_extproc.response import ResponseRead
 from envoy_extproc.settings import ExtprocSettings
 from envoy_extproc.usage import SseUsageScanner, usage_from_json
 
+__all__ = ["WAIT_MARGIN_S", "AddressBook", "Exchange", "PlacedAttempt", "PlacementCore", "fallback_order"]
+
+WAIT_MARGIN_S = 2.0
+"""Beyond a queued request's ``max_wait_s``, the time its placement and answer may take (the example's
+``message_timeout``)."""
+
 log = logging.getLogger("cognitora.extproc")
+
+_TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
 NONE = protocol.BodySendMode.NONE
 STREAMED = protocol.BodySendMode.STREAMED
@@ -47,7 +59,7 @@ _READ_BUFFERED_BODY = protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
 
 
 class PlacedAttempt(Protocol):
-    """What the adapter needs of one dispatched request (``cognitora.attempt.Attempt`` implements it)."""
+    """What the adapter needs of one dispatched request (``cognitora.core.lifecycle.Attempt`` implements it)."""
 
     @property
     def endpoint(self) -> str: ...
@@ -62,9 +74,20 @@ class PlacedAttempt(Protocol):
 
 
 class PlacementCore(Protocol):
-    """What the adapter needs from the decision core (``cognitora.router.Router`` implements it)."""
+    """What the adapter needs from the decision core (``cognitora.core.router.Router`` implements it)."""
 
-    async def admit(self, request: RouteRequest) -> tuple[Decision, PlacedAttempt | None]: ...
+    async def admit(
+        self, request: RouteRequest, *, on_wait: Callable[[float], Awaitable[None]] | None = None
+    ) -> tuple[Decision, PlacedAttempt | None]:
+        """``on_wait(max_wait_s)``: awaited when the request starts waiting in the gateway queue."""
+        ...
+
+
+def surface_reader(core: PlacementCore) -> SurfaceReader | None:
+    """The core's surface reader (``Router.surfaces``); None for a core without one (a test's stand-in placing
+    chat and completions only: other surfaces are then refused with a 400, never placed blind)."""
+    reader = getattr(core, "surfaces", None)
+    return reader if isinstance(reader, SurfaceReader) else None
 
 
 class AddressBook:
@@ -82,6 +105,13 @@ class AddressBook:
     def address(self, endpoint: str) -> str:
         return self.addresses.get(endpoint, endpoint)
 
+    def update(self, other: AddressBook) -> None:
+        """Take ``other``'s entries (a config reload): one assignment each, so a stream reading meanwhile sees the
+        old book or the new one, never a mix within one lookup."""
+        self._endpoints = dict(other._endpoints)
+        self.cloud_keys = dict(other.cloud_keys)
+        self.addresses = dict(other.addresses)
+
     def endpoint(self, address: str) -> str:
         return self._endpoints.get(address, address)
 
@@ -95,10 +125,22 @@ def fallback_order(decision: Decision, count: int) -> list[str]:
 class Exchange:
     """The ext_proc side of one HTTP request. Created per gRPC stream; never shared between streams."""
 
-    def __init__(self, core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> None:
+    def __init__(
+        self,
+        core: PlacementCore,
+        settings: ExtprocSettings,
+        addresses: AddressBook,
+        tracing: Tracing | None = None,
+        send: Callable[[protocol.ProcessingResponse], Awaitable[None]] | None = None,
+    ) -> None:
+        """``send``: writes a message on the stream ahead of the phase's answer (the message-timeout extension)."""
         self._core = core
+        self._send = send
         self._settings = settings
         self._addresses = addresses
+        self._tracing = tracing or UNTRACED
+        self._trace: dict[str, str] = {}
+        """The request's W3C ``traceparent``/``tracestate`` (the gateway's span, or the client's)."""
         self._path = ""
         self._placeable = False
         self._identity: dict[str, str] = {}
@@ -106,6 +148,8 @@ class Exchange:
         """Identity from Envoy's dynamic metadata (jwt_authn, ext_authz): read before the headers."""
         self.attempt: PlacedAttempt | None = None
         self.response: ResponseRead | None = None
+        self._parsed: ParsedBody | None = None
+        """The placed request's body as read (its surface decides how the answer is read)."""
         self._served_model: str | None = None
         """The model that serves the request, when the core's ``intent`` policy decided it (a response header)."""
         self._cloud_fallbacks: frozenset[str] = frozenset()
@@ -137,6 +181,8 @@ class Exchange:
                 method = h.raw_value.decode("latin-1")
             elif key in wanted:
                 self._identity[key] = h.raw_value.decode("latin-1")
+            elif key in _TRACE_HEADERS:
+                self._trace[key] = h.raw_value.decode("latin-1")
         placed = method == "POST" and self._settings.placed(self._path)
         if placed and message.end_of_stream:
             # A POST without a body would reach an engine unplaced (nothing to place it on): refused here.
@@ -159,25 +205,39 @@ class Exchange:
             return protocol.CONTINUE_REQUEST_BODY
         raw = message.body
         try:
-            parsed = parse_body(raw, self._path)
+            parsed = parse_body(raw, self._path, surface_reader(self._core))
         except BadRequest as exc:
             self.closed = True
             return protocol.openai_error(
                 400, exc.message, error_type="invalid_request_error", param=exc.param, details="cognitora_bad_body"
             )
-        trusted, identity, verified = self._settings.trusted, self._identity, self._verified
-        request = parsed.route_request(
-            team=verified.get("team") or identity.get(trusted.team) or None,
-            api_key_id=verified.get("key") or identity.get(trusted.key) or None,
-            user=verified.get("user") or identity.get(trusted.user) or None,
-            priority=verified.get("priority") or identity.get(trusted.priority) or DEFAULT_PRIORITY,
-            intent_hint=identity.get(trusted.intent) or None,
+        trusted, headed, verified = self._settings.trusted, self._identity, self._verified
+        # The two trusted sources as they are; which wins is the core's rule (cognitora.identity).
+        identity = resolve_identity(
+            Claims(
+                IdentitySource.ENVOY_METADATA,
+                team=verified.get("team"),
+                key=verified.get("key"),
+                user=verified.get("user"),
+                priority=verified.get("priority"),
+            ),
+            Claims(
+                IdentitySource.ENVOY_HEADER,
+                team=headed.get(trusted.team),
+                key=headed.get(trusted.key),
+                user=headed.get(trusted.user),
+                priority=headed.get(trusted.priority),
+                intent_hint=headed.get(trusted.intent),
+            ),
         )
+        request = parsed.route_request(identity)
         # The core answers every failure of its own (store down: degraded; a placement bug: placement.on_error), so
         # an exception here is not caught: the service answers this phase with a 503 (server.py), never unplaced.
-        decision, attempt = await self._core.admit(request)
+        with self._tracing.decision(request, self._trace.get(TRACEPARENT), self._trace.get(TRACESTATE)) as span:
+            decision, attempt = await self._core.admit(request, on_wait=self._waiting)
+            span.record(decision)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("request %s (team %s):\n%s", request.request_id, request.team, decision.explain())
+            log.debug("request %s (team %s):\n%s", request.request_id, request.identity.team, decision.explain())
         if decision.rejection is not None:
             self.closed = True
             r = decision.rejection
@@ -195,8 +255,12 @@ class Exchange:
         include_usage = read_stream and not parsed.client_wants_usage
         response = ResponseRead(stream=parsed.stream)
         if read_stream:
-            response.sse = SseUsageScanner(strip_usage_chunk=include_usage)
-        self.attempt, self.response = attempt, response
+            response.sse = (
+                SseUsageScanner(strip_usage_chunk=include_usage)
+                if parsed.read is None
+                else stream_usage_reader(parsed.read.surface)  # Messages, Responses: the core's stream readers
+            )
+        self.attempt, self.response, self._parsed = attempt, response, parsed
         if decision.rewrite is not None:
             self._served_model = decision.model
         cloud = decision.cloud
@@ -213,7 +277,15 @@ class Exchange:
         order = fallback_order(decision, self._settings.fallbacks)
         leg = decision.prefill
         split = () if leg is None else ((headers.PREFILL_ENDPOINT, leg.url),)
-        return protocol.route_to([self._addresses.address(e) for e in order], new_body, split)
+        # The engine continues the trace from the decision's span (cognitora.tracing); untraced: nothing set.
+        traced = tuple(span.engine_headers().items())
+        return protocol.route_to([self._addresses.address(e) for e in order], new_body, split + traced)
+
+    async def _waiting(self, max_wait_s: float) -> None:
+        """The request waits in the gateway queue up to ``max_wait_s``: Envoy's per-message timeout (2 s in the
+        example) is extended to cover it, up to the filter's ``max_message_timeout`` (docs/flow_control.md)."""
+        if self._send is not None:
+            await self._send(protocol.extend_message_timeout(max_wait_s + WAIT_MARGIN_S))
 
     # -- phase 3 ----------------------------------------------------------------------------------------------
     async def on_response_headers(self, message: protocol.HttpHeaders) -> protocol.ProcessingResponse:
@@ -296,20 +368,45 @@ class Exchange:
             return protocol.CONTINUE_RESPONSE_BODY
         end = message.end_of_stream
         sse = response.sse
+        read = self._parsed.read if self._parsed is not None else None
         if sse is None:  # BUFFERED JSON: the whole body in this one message
-            response.usage = usage_from_json(message.body)
+            if read is None:
+                response.usage = usage_from_json(message.body)
+            else:
+                response.usage = usage_from_body(read.surface, message.body)
+                self._remember(message.body, None)
             if end:
                 response.complete = True
                 self._finish()
             return protocol.CONTINUE_RESPONSE_BODY
-        if message.body:
-            self._first_token()
-        forward = sse.feed(message.body, end)
+        if isinstance(sse, StreamUsageReader):
+            # The surface's own first-token event: a Responses stream's first bytes come before the prefill.
+            forward = sse.feed(message.body, end)
+            if sse.first_token:
+                self._first_token()
+        else:
+            if message.body:
+                self._first_token()
+            forward = sse.feed(message.body, end)
         if end:
             response.usage = sse.usage
             response.complete = True
+            self._remember(None, sse)
             self._finish()
         return protocol.CONTINUE_RESPONSE_BODY if forward is None else protocol.replace_response_chunk(forward)
+
+    def _remember(self, body: bytes | None, sse: SseUsageScanner | StreamUsageReader | None) -> None:
+        """A Responses answer, for a follow-up's ``previous_response_id`` (``envoy_extproc.answers``)."""
+        reader = surface_reader(self._core)
+        parsed, attempt = self._parsed, self.attempt
+        if reader is None or parsed is None or parsed.read is None or attempt is None:
+            return
+        if parsed.read.surface != "responses":
+            return
+        if body is not None:
+            remember_body(reader, parsed.read, attempt.endpoint, body)
+        elif sse is not None:
+            remember_stream(reader, parsed.read, attempt.endpoint, sse)
 
     # -- onto the attempt -------------------------------------------------------------------------------------
     def _first_token(self) -> None:

@@ -17,6 +17,28 @@ from envoy.type.v3 import http_status_pb2
 
 from envoy_extproc import headers
 
+__all__ = [
+    "CONTINUE_REQUEST_BODY",
+    "CONTINUE_REQUEST_HEADERS",
+    "CONTINUE_REQUEST_TRAILERS",
+    "CONTINUE_RESPONSE_BODY",
+    "CONTINUE_RESPONSE_HEADERS",
+    "CONTINUE_RESPONSE_TRAILERS",
+    "BodySendMode",
+    "HttpBody",
+    "HttpHeaders",
+    "ProcessingRequest",
+    "ProcessingResponse",
+    "extend_message_timeout",
+    "openai_error",
+    "remove_request_headers",
+    "replace_response_chunk",
+    "response_headers",
+    "route_to",
+    "route_to_cloud",
+    "with_response_header",
+]
+
 # xds-protos ships no type stubs: to mypy every protobuf message is Any. These aliases say which one is meant.
 ProcessingRequest: TypeAlias = Any
 ProcessingResponse: TypeAlias = Any
@@ -32,6 +54,14 @@ CONTINUE_REQUEST_TRAILERS = ep.ProcessingResponse(request_trailers=ep.TrailersRe
 CONTINUE_RESPONSE_HEADERS = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
 CONTINUE_RESPONSE_BODY = ep.ProcessingResponse(response_body=ep.BodyResponse())
 CONTINUE_RESPONSE_TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+
+def extend_message_timeout(seconds: float) -> ProcessingResponse:
+    """Ask Envoy to wait up to ``seconds`` for the answer to the message it sent last (the request body, while the
+    request waits in Cognitora's queue): honoured up to the filter's ``max_message_timeout``, once per message."""
+    answer = ep.ProcessingResponse()
+    answer.override_message_timeout.FromNanoseconds(int(seconds * 1e9))
+    return answer
 
 
 def set_header(key: str, value: str) -> base_pb2.HeaderValueOption:

@@ -1,13 +1,18 @@
 """What the adapter reads of one response (status, Envoy's flags, usage, whether it ended) and the ``Outcome`` it
-makes of it. Translation only: what an outcome means for the endpoint is the core's call (``cognitora.attempt``)."""
+makes of it. Translation only: what an outcome means for the endpoint is the core's call
+(``cognitora.core.outcome``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.core.outcome import Outcome, OutcomeKind, cancelled_stream
+from cognitora.stream_usage import StreamUsageReader
+from cognitora.stream_usage import Usage as SurfaceUsage
 from envoy_extproc import headers
 from envoy_extproc.usage import SseUsageScanner, Usage
+
+__all__ = ["ResponseRead"]
 
 TIMEOUT_FLAGS = frozenset({"UT"})
 """``%RESPONSE_FLAGS%`` for an upstream request timeout: the engine is alive, only slow."""
@@ -19,11 +24,12 @@ class ResponseRead:
 
     stream: bool
     """The client asked for a stream."""
-    sse: SseUsageScanner | None = None
-    """Reads usage out of the SSE stream (set when the stream's body is read)."""
+    sse: SseUsageScanner | StreamUsageReader | None = None
+    """Reads usage out of the SSE stream (set when the stream's body is read): the chat scanner, or the core's
+    reader of an Anthropic Messages or Responses stream (``cognitora.stream_usage``)."""
     status: int | None = None
     flags: frozenset[str] = frozenset()
-    usage: Usage | None = None
+    usage: Usage | SurfaceUsage | None = None
     awaiting_body: bool = False
     """Envoy was asked for the response body (STREAMED or BUFFERED): its end, not the headers, completes it."""
     complete: bool = False
@@ -34,7 +40,7 @@ class ResponseRead:
         return bool(self.flags & headers.UPSTREAM_FAILURE_FLAGS)
 
     def outcome(self) -> Outcome:
-        usage = self.usage or Usage()
+        usage: Usage | SurfaceUsage = self.usage or Usage()
         status = self.status
         flags = ",".join(sorted(self.flags))
         if self.unreachable():
@@ -48,15 +54,11 @@ class ResponseRead:
         if status >= 300:
             return Outcome(OutcomeKind.REJECTED, status=status, detail=f"HTTP {status}")
         if not self.complete:
-            return Outcome(
-                OutcomeKind.CLIENT_CANCELLED,
-                status=status,
+            return cancelled_stream(  # what reached the client, counted by the core's rule
+                streamed_chunks=self.sse.data_events if self.sse else None,
+                usage_completion_tokens=self.usage.completion_tokens if self.usage else None,
                 prompt_tokens=self.usage.prompt_tokens if self.usage else None,
-                # What reached the client: the usage when it came, else one token per SSE data event (vLLM's
-                # default stream_interval; a role-only first event makes it one more, never fewer).
-                completion_tokens=(
-                    self.usage.completion_tokens if self.usage else self.sse.data_events if self.sse else None
-                ),
+                status=status,
                 detail="the response ended before its end of stream (client gone or stream reset)",
             )
         return Outcome(

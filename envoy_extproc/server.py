@@ -21,13 +21,21 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from cognitora import jsonlog, sd_notify
 from cognitora.config import ConfigError
+from cognitora.core.deployment import CollectorPlace, DeploymentRule, deployment_problem
 from cognitora.failsafe import RateLimitedLog
 from cognitora.metrics.cors import CorsPolicy
+from cognitora.ops.drain import drain
+from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter
 from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
+from cognitora.tracing import Tracing
 from envoy_extproc import protocol
-from envoy_extproc.metrics import SupervisorMetrics, start_worker_metrics
+from envoy_extproc.health import ExtprocHealth, add_health
+from envoy_extproc.live import LiveParts
+from envoy_extproc.metrics import SupervisorMetrics
 from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
 from envoy_extproc.settings import ExtprocSettings, parse_settings
+
+__all__ = ["ExtProcServer", "ExtProcService", "address_book", "blind_start_problem", "main", "start_server"]
 
 log = logging.getLogger("cognitora.extproc")
 
@@ -47,10 +55,13 @@ _PASS_THROUGH = {
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """One gRPC stream per HTTP request: read a message, answer it; at the end, see the request's report through."""
 
-    def __init__(self, core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> None:
+    def __init__(
+        self, core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook, tracing: Tracing | None = None
+    ) -> None:
         self._core = core
         self._settings = settings
         self._addresses = addresses
+        self._tracing = tracing
         self._closing: set[asyncio.Task[None]] = set()
         self._errors = 0
         """Phases that raised (each one logged with its traceback at most once a minute)."""
@@ -66,7 +77,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
     ) -> None:
         # context.read()/write() rather than iterating request_iterator and yielding: one async-generator layer
         # less per message in grpc.aio, a visible share of the per-request CPU.
-        exchange = Exchange(self._core, self._settings, self._addresses)
+        exchange = Exchange(self._core, self._settings, self._addresses, self._tracing, send=context.write)
         try:
             while True:
                 message = await context.read()
@@ -134,21 +145,26 @@ def grpc_options(settings: ExtprocSettings) -> list[tuple[str, Any]]:
 class ExtProcServer:
     """The gRPC server and its service, started; ``stop()`` finishes open streams and their reports."""
 
-    def __init__(self, server: grpc.aio.Server, service: ExtProcService, port: int) -> None:
+    def __init__(self, server: grpc.aio.Server, service: ExtProcService, port: int, health: ExtprocHealth) -> None:
         self.server = server
         self.service = service
         self.port = port
+        self.health = health
+        """``grpc.health.v1.Health``: SERVING once started, NOT_SERVING from the start of a drain."""
 
     async def stop(self, grace_s: float | None) -> None:
         await self.server.stop(grace_s)
         await self.service.drain()
 
 
-async def start_server(core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook) -> ExtProcServer:
+async def start_server(
+    core: PlacementCore, settings: ExtprocSettings, addresses: AddressBook, tracing: Tracing | None = None
+) -> ExtProcServer:
     """Start serving on ``settings.listen`` (``127.0.0.1:0`` picks a free port: see ``.port``)."""
     server = grpc.aio.server(options=grpc_options(settings))
-    service = ExtProcService(core, settings, addresses)
+    service = ExtProcService(core, settings, addresses, tracing)
     ep_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    health = add_health(server)
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError:  # grpcio's "failed to bind" (another instance holds the port)
@@ -156,7 +172,8 @@ async def start_server(core: PlacementCore, settings: ExtprocSettings, addresses
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}: address in use or invalid")
     await server.start()
-    return ExtProcServer(server, service, port)
+    await health.serving()
+    return ExtProcServer(server, service, port, health)
 
 
 def address_book(engines: Mapping[str, EngineAddress]) -> AddressBook:
@@ -187,10 +204,8 @@ def address_book(engines: Mapping[str, EngineAddress]) -> AddressBook:
 
 async def _run(settings: ExtprocSettings) -> int:
     from cognitora.burst.credentials import cloud_api_keys
-    from cognitora.collector import Collector, CollectorThread
     from cognitora.config import load_config
-    from cognitora.router import Router
-    from kvstate.memory_store import MemoryStore
+    from cognitora.core.core import Core, prepare
 
     try:
         config = load_config(settings.config_path)
@@ -208,53 +223,75 @@ async def _run(settings: ExtprocSettings) -> int:
         addresses = address_book(resolve_engines(config))
         addresses.cloud_keys = cloud_api_keys(config.burst)  # burst.targets[].credential_env, read once
         store_warning = await asyncio.to_thread(check_store, config)
-        router = Router.from_config(config)  # loads and compiles each model's tokenizer and chat template
+        prepared = prepare(config)  # loads and compiles each model's tokenizer and chat template, the intent policy
     except ConfigError as exc:
         print(f"cognitora extproc: {settings.config_path}: {exc}", file=sys.stderr)
         return 2
     if store_warning is not None:
         log.warning("%s", store_warning)
-    collector: Collector | CollectorThread | None = None
-    if settings.collector:
-        # With the in-process store, on a thread of its own: scrapes and KV events never wait behind the streams
-        # this loop serves. A Redis client is bound to its loop, so with Redis the collector shares this one.
-        in_process = isinstance(router.store, MemoryStore)
-        collector = CollectorThread(config, router.store) if in_process else Collector(config, router.store)
-        await collector.start()
+    # No choice made passed the blind check only with a shared store: `cognitora collector` feeds it from outside.
+    place = collector_place(settings) or CollectorPlace.EXTERNAL
+    core = await Core.open(config, collector=place, prepared=prepared)
+    router, collector = core.router, core.collector
+    # SIGHUP or a change of the file reloads the config (cognitora.ops.reload): new requests are placed by a Router
+    # built from it; the addresses, the embedded collector and the metrics page follow (envoy_extproc.live).
+    live = LiveRouter(router, ConfigSource.file(settings.config_path))
+    tracing = Tracing.from_env("cognitora-extproc")  # OTLP when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
-        server = await start_server(router, settings, addresses)
+        server = await start_server(live, settings, addresses, tracing)
     except OSError as exc:
         print(f"cognitora extproc: {exc}", file=sys.stderr)
-        await router.close()
+        await core.close()
         return 1
+    parts = LiveParts(settings, live, addresses, collector, lambda: server.service.errors, address_book)
+    live.prepare = parts.prepare
     log.info("ext_proc listening on %s (port %d), %d endpoints", settings.listen, server.port, len(addresses.addresses))
     try:
-        metrics = await start_worker_metrics(settings, config, router, collector, lambda: server.service.errors)
+        await parts.start_metrics()
     except OSError as exc:
         print(f"cognitora extproc: --metrics-listen {settings.metrics_listen}: {exc}", file=sys.stderr)
         await server.stop(0)
-        await router.close()
+        await core.close()
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, parts.on_sighup)
+    watch = ConfigWatch(live, settings.watch_config_s)
+    watch.start()
     sd_notify.ready(f"serving ext_proc on port {server.port}")  # after the handlers: a stop then drains
     await stop.wait()
-    log.info("stopping: finishing open streams (5 s grace)")
-    await server.stop(5)
-    if metrics is not None:
-        await metrics.stop()
-    if collector is not None:
-        await collector.stop()
-    await router.close()
+    await watch.stop()
+    # Health NOT_SERVING first, new streams refused once Envoy has seen it, open ones finish (cognitora.ops.drain).
+    await drain(
+        settings.drain,
+        announce=server.health.start_draining,
+        seen=server.health.seen_not_serving,
+        stop_accepting=server.stop,
+        next_check_within=server.health.next_check_within(),
+    )
+    await parts.stop()
+    await live.close()
+    tracing.shutdown()
     return 0
 
 
+def collector_place(settings: ExtprocSettings) -> CollectorPlace | None:
+    """The flags' choice of who feeds the store: ``--collector`` this process, ``--without-collector`` nothing (said
+    so); neither: none chosen (an external ``cognitora collector`` when the config names a shared store)."""
+    if settings.collector:
+        return CollectorPlace.IN_PROCESS
+    if settings.without_collector:
+        return CollectorPlace.NONE
+    return None
+
+
 def blind_start_problem(redis_url: str | None, settings: ExtprocSettings) -> str | None:
-    """Why this service would place blind, or None. With the in-process store and no ``--collector`` nothing feeds
-    the store: no KV events, no load, no health from any engine, only this process's own routing history."""
-    if redis_url is not None or settings.collector or settings.without_collector:
+    """Why this service would place blind, or None (the core's rule: ``cognitora.core.core.deployment_problem``).
+    With the in-process store and no ``--collector`` nothing feeds the store: no KV events, no load, no health from
+    any engine, only this process's own routing history."""
+    if deployment_problem(redis_url, collector_place(settings), 1) is not DeploymentRule.BLIND:
         return None
     return (
         f"{settings.config_path} has no redis_url (in-process store) and --collector is off: nothing would feed "
@@ -300,7 +337,8 @@ def _supervise(settings: ExtprocSettings) -> int:
     except ConfigError as exc:
         print(f"cognitora extproc: {exc}", file=sys.stderr)
         return 2
-    if config.redis_url is None:
+    rule = deployment_problem(config.redis_url, collector_place(settings), settings.workers)
+    if rule is DeploymentRule.WORKERS_NEED_SHARED_STORE:
         print(
             "cognitora extproc: --workers needs a shared store (redis_url in the config): with the in-process store "
             "each worker would place on its own partial view of the fleet",
@@ -342,8 +380,14 @@ def _supervise(settings: ExtprocSettings) -> int:
             if worker.pid is not None and worker.exitcode is None:
                 os.kill(worker.pid, signal.SIGTERM)
 
+    def reload(signum: int, _frame: object) -> None:
+        for worker in workers:
+            if worker.pid is not None and worker.exitcode is None:
+                os.kill(worker.pid, signal.SIGHUP)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
+    signal.signal(signal.SIGHUP, reload)  # each worker reloads its own config (cognitora.ops.reload)
     for worker in workers:
         worker.start()
     # The first worker to exit ends the service: a crash (or a port another instance holds) must be seen by the

@@ -8,12 +8,15 @@ describes the fleet and is shared with the LiteLLM adapter and the collector.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from cognitora.metrics.serve import parse_listen
+from cognitora.ops.drain import DrainBounds
 from envoy_extproc import headers
+
+__all__ = ["ExtprocSettings", "TrustedHeaders", "parse_settings"]
 
 DEFAULT_LISTEN = "127.0.0.1:9002"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -69,6 +72,11 @@ class ExtprocSettings:
     serves it, merged from the workers' pages."""
     metrics_socket: str | None = None
     """Set by the ``--workers`` supervisor: the unix socket this worker serves its own page on."""
+    drain: DrainBounds = field(default_factory=DrainBounds)
+    """SIGTERM: how long to wait for Envoy's health check to see NOT_SERVING, and for open streams to finish."""
+    watch_config_s: float = 2.0
+    """Seconds between two looks at the config file's modification time (a change reloads it, as SIGHUP does);
+    0: SIGHUP only."""
 
     def placed(self, path: str) -> bool:
         """Whether a request to ``path`` (no query string) is placed: it is a placed path, or ends with one after a
@@ -84,10 +92,10 @@ def check_placed_path(path: str) -> str:
     """A ``--placed-path`` value, or ``ValueError`` saying what is wrong with it."""
     if not path.startswith("/") or "?" in path:
         raise ValueError(f"{path!r} must be a URL path starting with '/', without a query string")
-    if not path.endswith(headers.COMPLETIONS_SUFFIX):
+    if not path.endswith(headers.SURFACE_SUFFIXES):
         raise ValueError(
-            f"{path!r} must end with {headers.CHAT_SUFFIX} (chat bodies) or {headers.COMPLETIONS_SUFFIX} "
-            "(completions bodies): the body's shape is read from the path"
+            f"{path!r} must end with one of {', '.join(headers.SURFACE_SUFFIXES)}: the body's surface (chat, "
+            "completions, Anthropic Messages, Responses, embeddings) is read from the path"
         )
     return path
 
@@ -158,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="PATH",
         help="a request path to place, also under any prefix (repeat for several; replaces the defaults "
-        f"{', '.join(sorted(headers.PLACED_PATHS))}); it must end with {headers.CHAT_SUFFIX} or "
-        f"{headers.COMPLETIONS_SUFFIX}",
+        f"{', '.join(sorted(headers.PLACED_PATHS))}); it must end with one of "
+        f"{', '.join(headers.SURFACE_SUFFIXES)}",
     )
     p.add_argument(
         "--workers",
@@ -173,6 +181,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics, CORS open (default: none; docs/metrics.md)",
+    )
+    p.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=DrainBounds().grace_s,
+        help="at SIGTERM, how long open streams may take to finish before they are cut (default "
+        f"{DrainBounds().grace_s:g}; docs/operations.md)",
+    )
+    p.add_argument(
+        "--drain-announce-s",
+        type=float,
+        default=DrainBounds().announce_s,
+        help="at SIGTERM, longest wait for a health checker to read NOT_SERVING before refusing new streams "
+        f"(default {DrainBounds().announce_s:g})",
+    )
+    p.add_argument(
+        "--watch-config-s",
+        type=float,
+        default=2.0,
+        help="seconds between looks at the config file; a change reloads it like SIGHUP (default 2; 0 = off)",
     )
     return p
 
@@ -195,6 +223,8 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
             parse_listen(args.metrics_listen)
         except ValueError as exc:
             raise SystemExit(f"cognitora extproc: --metrics-listen {exc}") from None
+    if args.drain_timeout_s < 0 or args.drain_announce_s < 0 or args.watch_config_s < 0:
+        raise SystemExit("cognitora extproc: --drain-timeout-s, --drain-announce-s and --watch-config-s are >= 0")
     placed_paths = tuple(sorted(headers.PLACED_PATHS))
     if args.placed_path:
         try:
@@ -220,4 +250,6 @@ def parse_settings(argv: list[str]) -> ExtprocSettings:
         workers=args.workers,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,
+        drain=DrainBounds(announce_s=args.drain_announce_s, grace_s=args.drain_timeout_s),
+        watch_config_s=args.watch_config_s,
     )

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["SseUsageScanner", "Usage", "usage_from_json"]
+
 
 @dataclass(frozen=True)
 class Usage:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 from kvstate.store import EndpointSnapshot
 
+__all__ = ["EnergyEstimator"]
+
 
 @dataclass(frozen=True)
 class _Anchor:

@@ -18,6 +18,8 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 
+__all__ = ["APPROX_CHARS_PER_TOKEN", "BlockKey", "approx_root_key", "chain_block_keys", "root_key", "text_block_keys"]
+
 BlockKey = int
 """An unsigned 64-bit block key."""
 

@@ -29,8 +29,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from kvstate.keys import BlockKey
 from kvstate.store import (
-    DEFAULT_TIER_WEIGHTS,
-    SPECULATIVE_WEIGHT,
     EndpointSnapshot,
     FleetView,
     HealthMark,
@@ -38,25 +36,14 @@ from kvstate.store import (
     InFlight,
     MatchCheckpoint,
     PrefixMatch,
-    Tier,
 )
+from kvstate.tiers import SPECULATIVE_WEIGHT, Tier, mask_weights, tier_bit
+
+__all__ = ["MemoryStore"]
 
 GPU_MASK = 1
 """Tier bitmask of a block held in GPU memory only: the common case, weighted without a lookup."""
 CPU_MASK = 2
-
-
-def tier_bit(tier: Tier) -> int:
-    return 1 << int(tier)
-
-
-def mask_weights(tier_weights: dict[Tier, float] | None) -> list[float]:
-    """Weight of each tier bitmask 0..7: the best (largest) weight among the tiers it holds."""
-    weights = {**DEFAULT_TIER_WEIGHTS, **(tier_weights or {})}
-    out = [0.0] * 8
-    for mask in range(1, 8):
-        out[mask] = max(weights[t] for t in Tier if mask & tier_bit(t))
-    return out
 
 
 def _bits(bitset: int) -> list[int]:

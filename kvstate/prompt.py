@@ -1,7 +1,7 @@
 """The one prompt normalizer: an OpenAI request's prompt fields -> the token ids vLLM feeds its engine -> block keys.
 
 Every consumer goes through here: the router (``cognitora.router``), the simulated engine's endpoints
-(``cognitora.sim.server``: ``/tokenize``, chat and completions), benchmarks and tests. So a prompt gets the same
+(``cognitora_sim.server``: ``/tokenize``, chat and completions), benchmarks and tests. So a prompt gets the same
 token ids wherever it is read, and those are the ids vLLM computes (``vllm/entrypoints/serve/tokenize/protocol.py``,
 ``vllm/renderers``, ``serving_completion.py``):
 

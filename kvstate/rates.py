@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 
 from kvstate.engines import EngineLoad
 
+__all__ = ["FLOOR_EVIDENCE", "RateEstimator", "decoding", "delta", "finish_observed"]
+
+FLOOR_EVIDENCE = 2.0
+"""A window of short prompts teaches the prefill floor (``RateEstimator.short_prompt_prefill_s``) only when its
+prefill seconds per request are at least this many times what its uncached tokens take at the learned rate: the time
+the rate does not explain is the floor's (a step's fixed cost, an engine slowed while serving cached prompts)."""
+
 
 @dataclass
 class RateEstimator:
@@ -49,7 +56,13 @@ class RateEstimator:
     of the traffic). So the windows of short prompts (under ``long_prompt_tokens`` uncached tokens per request)
     feed ``short_prompt_prefill_s``, the smoothed prefill seconds per request: from the finished requests' prefill
     time when the engine reports it (vLLM, at once as they finish), else from the per-request windows. Placement
-    prices a request's own prefill at no less than that (``cognitora.placement.cost``).
+    prices a request's own prefill at no less than that (``cognitora.placement.cost``). A window is such a sample
+    only when the engine's learned rate explains at most half of its prefill time (``FLOOR_EVIDENCE``): "short" in
+    tokens is not short in time on every engine. On a CPU engine a cold 700-token prefill takes ~3 s (27 s on a
+    loaded machine), all of it rate; taken as the floor, it priced a request that engine had cached at a whole cold
+    prefill, as slow as on an engine without the prompt: only the recompute charge kept it there, and a faster
+    rate learned by the other engine, or any other term, sent it away from its cache. Without a learned rate no
+    window is a floor sample.
 
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
@@ -153,7 +166,7 @@ class RateEstimator:
             if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
                 self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
             elif requests > 0 and not has_finished_prefill_figures(load):
-                self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, tokens / rate / requests, self.alpha)
+                self._floor_sample(tokens / rate / requests, tokens / requests)
         return True
 
     def _ceiling_sample(self, old: EngineLoad, load: EngineLoad) -> bool:
@@ -176,8 +189,16 @@ class RateEstimator:
         uncached = uncached_prompt_tokens(old, load)
         if finished > 0 and uncached is not None and uncached / finished < self.long_prompt_tokens:
             prefill = delta(old.prefill_seconds_sum, load.prefill_seconds_sum) or 0.0
-            self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, prefill / finished, self.alpha)
+            self._floor_sample(prefill / finished, uncached / finished)
         return True
+
+    def _floor_sample(self, seconds_per_request: float, uncached_per_request: float) -> None:
+        """Feed ``short_prompt_prefill_s`` a window's prefill seconds per request, if they show a floor: the
+        engine's learned rate explains at most ``1 / FLOOR_EVIDENCE`` of them (else the window measured the rate)."""
+        rate = self.prefill_tokens_per_s
+        if rate <= 0 or FLOOR_EVIDENCE * uncached_per_request / rate > seconds_per_request:
+            return
+        self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, seconds_per_request, self.alpha)
 
     def _throughput_sample(self, base: tuple[EngineLoad, float], load: EngineLoad, now: float) -> bool:
         old, then = base

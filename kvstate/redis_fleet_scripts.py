@@ -9,6 +9,19 @@ from __future__ import annotations
 
 from kvstate.redis_scripts import PRELUDE
 
+__all__ = [
+    "FLEET_STATE",
+    "HEALTH_READ",
+    "HEARTBEATS_READ",
+    "INFLIGHT_ADD",
+    "INFLIGHT_PREFILL_DONE",
+    "INFLIGHT_READ",
+    "INFLIGHT_RELEASE",
+    "MARK_UNHEALTHY",
+    "PUT_HEARTBEAT",
+    "PUT_SNAPSHOT",
+]
+
 _INFLIGHT_SWEEP = (
     PRELUDE
     + """

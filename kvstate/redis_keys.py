@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from kvstate.keys import BlockKey
 
+__all__ = ["BLOCK_HEX_DIGITS", "RedisKeys", "block_hex"]
+
 BLOCK_HEX_DIGITS = 16
 """Block keys appear in key names as exactly this many lowercase hex digits (the scripts slice on it)."""
 

@@ -20,6 +20,8 @@ numbers format with 14 significant digits, so scores and expiries are formatted 
 
 from __future__ import annotations
 
+__all__ = ["ADD", "ADD_SPECULATIVE", "CLEAR_CHUNK", "MATCH", "PRELUDE", "REMOVE"]
+
 PRELUDE = """
 -- Redis 7 guards the globals table, so every global lookup is slow: the hot loops use these locals instead.
 local rcall, ssub, sbyte, sformat = redis.call, string.sub, string.byte, string.format

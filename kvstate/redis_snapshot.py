@@ -15,6 +15,8 @@ from typing import Any
 
 from kvstate.store import EndpointSnapshot
 
+__all__ = ["decode_snapshot", "encode_snapshot"]
+
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value

@@ -22,6 +22,9 @@ the Redis server (``TIME``), so gateways with skewed clocks agree on what has ex
 - On a Cluster every command waits until the client knows the cluster's slots (``_ready``): redis-py's asyncio
   ``RedisCluster`` picks a command's node before it discovers the topology, so a command sent while it knows none
   (a new client, or one that just dropped its topology) would go to a random node.
+- Diagnostics, public and never on the request path: ``fleet_view_script_calls`` and ``match_script_call`` (what a
+  read sends, without sending it: a Cluster slot check, a script timed alone) and ``delete_everything`` (cleaning
+  a shared Redis). docs/store.md, "Diagnostics".
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import hashlib
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import redis
@@ -55,11 +58,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from kvstate import redis_fleet_scripts as fleet_scripts
 from kvstate import redis_scripts as scripts
 from kvstate.keys import BlockKey
-from kvstate.memory_store import mask_weights
 from kvstate.redis_keys import RedisKeys
 from kvstate.redis_snapshot import decode_snapshot, encode_snapshot
 from kvstate.store import (
-    SPECULATIVE_WEIGHT,
     EndpointSnapshot,
     FleetView,
     HealthMark,
@@ -69,8 +70,10 @@ from kvstate.store import (
     PrefixMatch,
     StoreRefused,
     StoreUnavailable,
-    Tier,
 )
+from kvstate.tiers import SPECULATIVE_WEIGHT, Tier, mask_weights
+
+__all__ = ["Client", "RedisStore", "ScriptCall", "probe"]
 
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
 """Connect and read timeout: placement would rather degrade than wait on a dead Redis."""
@@ -108,6 +111,17 @@ class _Script:
 
 
 _Call = tuple[_Script, Sequence[str], Sequence[Any]]
+
+
+class ScriptCall(NamedTuple):
+    """One Lua script call as the store would send it (``RedisStore.fleet_view_script_calls``)."""
+
+    source: str
+    """The script's Lua source (``redis_scripts`` / ``redis_fleet_scripts``); Redis runs it by its SHA-1."""
+    keys: list[str]
+    """KEYS: on a Redis Cluster they must all hash to one slot."""
+    args: list[Any]
+    """ARGV."""
 
 
 def _matches(flat: Sequence[Any]) -> dict[str, PrefixMatch]:
@@ -494,7 +508,8 @@ class RedisStore:
         checkpoint: int = 0,
         resume: MatchCheckpoint | None = None,
     ) -> tuple[list[str], list[str | bytes]]:
-        """KEYS and ARGV of ``redis_scripts.MATCH`` for this lookup (the benchmark times the script on its own)."""
+        """KEYS and ARGV of ``redis_scripts.MATCH`` for this lookup: what ``match_prefix`` sends. Public so that a
+        diagnostic can run the script on its own (``bench.store_bench`` times it inside redis-server)."""
         k = self.keys
         zkeys = [k.block(model, keys[0]), k.endpoint_ids(model), k.endpoint_names(model)]
         args: list[str | bytes] = [
@@ -657,22 +672,6 @@ class RedisStore:
                 snapshots[e] = snap
         return FleetView(matches, inflight, snapshots, _marks(marks), _beats(beats), checkpoint=taken, resumed=resumed)
 
-    def fleet_view_script_calls(
-        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
-    ) -> list[tuple[str, list[str], list[Any]]]:
-        """The script calls of one ``fleet_view``, as (Lua source, KEYS, ARGV): ``redis_scripts.MATCH`` in the
-        model's slot (absent when there are no keys), then ``redis_fleet_scripts.FLEET_STATE`` in the fleet slot.
-        What a read sends, without sending it: to check that each call's keys share one hash slot (a Redis Cluster
-        runs a script only then), or to time a script on its own inside redis-server.
-
-        ``snapshots_held``: this store holds the snapshots of every endpoint asked for, as of the version it last
-        read, so the script sends them only if that version is no longer current.
-        """
-        return [
-            (script.source, list(zkeys), list(args))
-            for script, zkeys, args in self._fleet_view_calls(model, keys, endpoints, snapshots_held)
-        ]
-
     def _fleet_view_calls(
         self,
         model: str,
@@ -717,10 +716,30 @@ class RedisStore:
         if self._owns_client:
             await self._client.aclose()
 
+    # -- diagnostics: public, for operators' tools, the tests and the benchmarks; placement never calls them --------
+
+    def fleet_view_script_calls(
+        self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str], snapshots_held: bool
+    ) -> list[ScriptCall]:
+        """The script calls of one ``fleet_view`` (``ScriptCall``: Lua source, KEYS, ARGV): ``redis_scripts.MATCH``
+        in the model's slot (absent when there are no keys), then ``redis_fleet_scripts.FLEET_STATE`` in the fleet
+        slot.
+        What a read sends, without sending it: to check that each call's keys share one hash slot (a Redis Cluster
+        runs a script only then), or to time a script on its own inside redis-server.
+
+        ``snapshots_held``: this store holds the snapshots of every endpoint asked for, as of the version it last
+        read, so the script sends them only if that version is no longer current.
+        """
+        return [
+            ScriptCall(script.source, list(zkeys), list(args))
+            for script, zkeys, args in self._fleet_view_calls(model, keys, endpoints, snapshots_held)
+        ]
+
     async def delete_everything(self) -> None:
         """Remove every key this store wrote under its prefix, found through its own key sets (never a SCAN).
 
-        For tests and benchmarks that share a Redis; in-flight keys not found this way expire on their own.
+        For a Redis shared by tests, benchmarks or a retired deployment, once the writers under this prefix have
+        stopped (a write racing it can outlive it); in-flight keys not found this way expire on their own.
         """
         k = self.keys
         with self._unavailable("delete_everything"):

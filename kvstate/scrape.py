@@ -43,6 +43,8 @@ from kvstate.slots import SlotsPoll
 from kvstate.store import EndpointSnapshot, Store
 from kvstate.task_stop import cancel_and_wait
 
+__all__ = ["ScrapeStats", "ScrapeTarget", "Scraper", "base_url"]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
@@ -398,6 +400,10 @@ class Scraper:
     def snapshot(self, endpoint_id: str) -> EndpointSnapshot | None:
         """The last snapshot written for ``endpoint_id`` (None before health was first decided)."""
         return self._endpoints[endpoint_id].snapshot
+
+    def targets(self) -> list[ScrapeTarget]:
+        """What it scrapes, in order (a collector's reload keeps this scraper when they are unchanged)."""
+        return [endpoint.target for endpoint in self._endpoints.values()]
 
     def endpoint_ids(self) -> list[str]:
         return list(self._endpoints)

@@ -22,6 +22,8 @@ import httpx
 from kvstate.engines.llamacpp import SlotsLoad, slots_load
 from kvstate.store import EndpointSnapshot
 
+__all__ = ["SlotsPoll"]
+
 log = logging.getLogger(__name__)
 
 ABSENT_STATUSES = frozenset({404, 501})

@@ -1,6 +1,6 @@
 """The ``Store`` protocol: the one interface to the fleet's shared state.
 
-Two backends implement it and pass ONE contract suite (``tests/test_store_contract.py``):
+Two backends implement it and pass ONE contract suite (``tests/kvstate/test_store_contract.py``):
 ``kvstate.memory_store.MemoryStore`` (single gateway process) and ``kvstate.redis_store.RedisStore`` (shared by
 gateway replicas and the collector). Everything is async: gateways and the collector are asyncio programs.
 
@@ -8,31 +8,36 @@ Identifiers:
 - ``model``: the model (or LoRA) name whose key space a block belongs to; Redis keys are hash-tagged by it.
 - ``endpoint``: an endpoint id, ``host:port`` of the engine (what Envoy's ORIGINAL_DST cluster is handed).
 - block keys: ``kvstate.keys.BlockKey`` (our own 64-bit keys, never engine hashes).
+
+``Tier`` and the tier weights are defined in ``kvstate.tiers`` (a leaf both backends share) and exported here too,
+beside the types that carry them. Opening a store (which backend) is ``kvstate.open.open_store``: this module sits
+below both backends, so it cannot name them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
 from kvstate.keys import BlockKey
+from kvstate.tiers import DEFAULT_TIER_WEIGHTS, SPECULATIVE_WEIGHT, Tier
 
-
-class Tier(IntEnum):
-    """Where an engine holds a block. Lower is faster to reuse."""
-
-    GPU = 0
-    CPU = 1
-    DISK = 2
-
-
-DEFAULT_TIER_WEIGHTS: dict[Tier, float] = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.DISK: 0.5}
-"""Share of a cached block's prefill saved when reused from each tier (reloading CPU/disk KV is not free)."""
-
-SPECULATIVE_WEIGHT = 1.0
-"""Weight of a speculative entry: a block we just routed there, whose BlockStored event has not arrived yet."""
+__all__ = [
+    "DEFAULT_TIER_WEIGHTS",
+    "SPECULATIVE_WEIGHT",
+    "EndpointSnapshot",
+    "FleetView",
+    "HealthMark",
+    "Heartbeat",
+    "InFlight",
+    "MatchCheckpoint",
+    "PrefixMatch",
+    "Store",
+    "StoreRefused",
+    "StoreUnavailable",
+    "Tier",
+]
 
 
 class StoreUnavailable(RuntimeError):
@@ -316,15 +321,3 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def open_store(redis_url: str | None, key_prefix: str = "cog", cluster: bool = False) -> Store:
-    """The store a process should use: Redis when a URL is configured (a Redis Cluster client when ``cluster``:
-    the URL is then one of its nodes), else an in-process ``MemoryStore``."""
-    if redis_url is None:
-        from kvstate.memory_store import MemoryStore
-
-        return MemoryStore()
-    from kvstate.redis_store import RedisStore
-
-    return RedisStore.from_url(redis_url, key_prefix=key_prefix, cluster=cluster)

@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from typing import Any
 
+__all__ = ["cancel_and_wait"]
+
 RECANCEL_S = 0.1
 """How often a task that is still running is cancelled again."""
 

@@ -33,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cognitora.config import ConfigError, resolve_env
 
+__all__ = ["ApiKeyEntry", "check_at_start", "identify", "key_hash", "parse_keys", "user_api_key_auth"]
+
 SETTINGS_KEY = "cognitora_api_keys"
 """The ``general_settings`` key listing the API keys."""
 

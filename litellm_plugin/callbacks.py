@@ -1,12 +1,14 @@
 """``cognitora``: the LiteLLM callback that reports each placed attempt's end to the core.
 
-In a proxy config this is also the ONE line that loads the plugin before LiteLLM builds its Router::
+In a proxy config this is also the ONE line that installs the plugin before LiteLLM builds its Router::
 
     litellm_settings:
       callbacks: ["litellm_plugin.callbacks.cognitora"]
 
-(importing this module registers the ``cognitora`` strategy name). Strategies add the same instance to
-``litellm.callbacks`` themselves, so SDK users need no callback line.
+Importing this module changes nothing; the proxy then asks it for the name ``cognitora``, and that name is answered
+by ``litellm_plugin.install()`` (which teaches LiteLLM the ``cognitora`` strategy) with the installed plugin's one
+``CognitoraCallbacks``. Strategies add the same instance to ``litellm.callbacks`` themselves, so SDK users, who call
+``litellm_plugin.install()``, need no callback line.
 
 What each LiteLLM hook becomes, on the attempt the strategy started (``cognitora.attempt.Attempt``, found by the
 id the strategy wrote into the request's metadata):
@@ -37,11 +39,11 @@ from typing import Any
 from litellm.constants import RETURN_RAW_MODEL_NAME_METADATA_KEY
 from litellm.integrations.custom_logger import CustomLogger
 
-from cognitora.attempt import Attempt, Outcome, OutcomeKind
+from cognitora.core.lifecycle import Attempt
+from cognitora.core.outcome import Outcome, cancelled_stream
+from cognitora.core.router import Router
 from cognitora.intent import Rewrite
 from cognitora.request import InvalidRequest, RouteRequest
-from cognitora.router import Router
-from litellm_plugin.register import register
 from litellm_plugin.runtime import CoreHost, HostClosed
 from litellm_plugin.translate import (
     REWRITE_KEY,
@@ -54,14 +56,13 @@ from litellm_plugin.translate import (
     writable_metadata,
 )
 
-# Importing this module is what the proxy's `litellm_settings.callbacks` line does, before it builds its Router.
-register()
+__all__ = ["SERVED_MODEL_HEADER", "CognitoraCallbacks"]  # not `cognitora`: naming it installs the plugin
 
 log = logging.getLogger("cognitora.litellm")
 
 
 class CognitoraCallbacks(CustomLogger):
-    """Reports attempts' ends (see the module docstring). One instance per process: ``cognitora``."""
+    """Reports attempts' ends (see the module docstring). One instance per process: ``install().callbacks``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -168,12 +169,8 @@ class CognitoraCallbacks(CustomLogger):
             if not ended and attempt is not None:
                 # The client went away (the proxy closed this generator) before the stream's end; LiteLLM may never
                 # log this stream's success, and a later call is ignored by the attempt. What it streamed is
-                # settled: one token per chunk (vLLM's default stream_interval; never fewer than were sent).
-                attempt.finish(
-                    Outcome(
-                        OutcomeKind.CLIENT_CANCELLED, completion_tokens=streamed, detail="the client closed the stream"
-                    )
-                )
+                # settled, counted by the core's rule (cognitora.core.outcome.cancelled_stream).
+                attempt.finish(cancelled_stream(streamed_chunks=streamed, detail="the client closed the stream"))
 
     # -- sync twins (Router.completion; LiteLLM also calls these from worker threads) ---------------------------
     def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
@@ -226,5 +223,11 @@ async def _rewrite(router: Router, req: RouteRequest) -> Rewrite | None:
     return await router.rewrite(req)
 
 
-cognitora = CognitoraCallbacks()
-"""The instance named in ``litellm_settings.callbacks`` (LiteLLM wants an instance, not a class)."""
+def __getattr__(name: str) -> CognitoraCallbacks:
+    """``litellm_plugin.callbacks.cognitora``, the name the proxy's callback line resolves (LiteLLM wants an
+    instance, not a class): installs the plugin, then returns its callbacks. Any other name is missing."""
+    if name == "cognitora":
+        from litellm_plugin.register import install  # here, not at the top: register builds this module's class
+
+        return install().callbacks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

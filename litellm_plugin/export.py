@@ -21,6 +21,8 @@ from cognitora.config import ENV_PREFIX, CognitoraConfig, ConfigError, resolve_e
 from litellm_plugin.fleet import build_fleet
 from litellm_plugin.metrics import split_args
 
+__all__ = ["config_from_litellm_yaml", "main", "to_yaml"]
+
 _FLEET_PARAMS = ("api_base", "model", "custom_llm_provider")
 """The ``litellm_params`` keys the fleet is built from."""
 

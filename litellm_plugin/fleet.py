@@ -47,6 +47,20 @@ from cognitora.config import (
     resolve_env,
 )
 
+__all__ = [
+    "ARGS_KEY_CONFIG",
+    "CLOUD_KEY",
+    "ENDPOINT_KEYS",
+    "MODEL_INFO_PREFIX",
+    "MODEL_KEYS",
+    "Fleet",
+    "build_fleet",
+    "deployment_id",
+    "endpoint_id",
+    "engine_url",
+    "merge_settings",
+]
+
 log = logging.getLogger("cognitora.litellm")
 
 MODEL_INFO_PREFIX = "cognitora_"

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cognitora.config import ConfigError
+from cognitora.core.router import Router
 from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import CONTENT_TYPE, Exporter
 from cognitora.metrics.serve import MetricsServer, parse_listen, serve_page
-from cognitora.router import Router
 from litellm_plugin.runtime import CoreHost
 
-__all__ = ["ARGS_KEYS", "DEFAULT_PATH", "MetricsSettings", "attach", "detach", "split_args"]
+__all__ = ["ARGS_KEYS", "DEFAULT_PATH", "MetricsPages", "MetricsSettings", "split_args"]
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -93,83 +93,90 @@ class _Page:
         return await exporter.page()
 
 
-_pages: dict[int, _Page] = {}
-"""id(host) -> its page, for the strategies installed in this process; the proxy's route serves the newest."""
-_servers: dict[int, MetricsServer] = {}
-_route_paths: set[str] = set()
+class MetricsPages:
+    """Every installed strategy's page in this process (one instance, the installed ``Plugin``'s): the proxy's
+    route serves the newest strategy's; a ``metrics_listen`` page has its own server."""
 
+    def __init__(self) -> None:
+        self._pages: dict[int, _Page] = {}
+        """id(host) -> its page."""
+        self._servers: dict[int, MetricsServer] = {}
+        self._route_paths: set[str] = set()
 
-def attach(host: CoreHost, settings: MetricsSettings) -> None:
-    """Serve ``host``'s page as ``settings`` says (see the module docstring)."""
-    page = _Page(host)
-    _pages[id(host)] = page
-    if settings.path is not None and _PROXY_MODULE in sys.modules:
-        _add_proxy_route(settings.path, CorsPolicy.of(host.config.metrics))
-    if settings.listen is not None:
-        _start_server(host, page, settings.listen)
+    def attach(self, host: CoreHost, settings: MetricsSettings) -> None:
+        """Serve ``host``'s page as ``settings`` says (see the module docstring)."""
+        page = _Page(host)
+        self._pages[id(host)] = page
+        if settings.path is not None and _PROXY_MODULE in sys.modules:
+            self._add_proxy_route(settings.path, CorsPolicy.of(host.config.metrics))
+        if settings.listen is not None:
+            self._start_server(host, page, settings.listen)
 
+    def detach(self, host: CoreHost) -> None:
+        """Stop serving ``host``'s page (its strategy is being uninstalled)."""
+        self._pages.pop(id(host), None)
+        server = self._servers.pop(id(host), None)
+        if server is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None and host.loop is loop:
+            loop.create_task(server.stop())
+        elif host.loop is not None and host.loop.is_running():
+            asyncio.run_coroutine_threadsafe(server.stop(), host.loop).result(timeout=10)
 
-def detach(host: CoreHost) -> None:
-    """Stop serving ``host``'s page (its strategy is being uninstalled)."""
-    _pages.pop(id(host), None)
-    server = _servers.pop(id(host), None)
-    if server is None:
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    if loop is not None and host.loop is loop:
-        loop.create_task(server.stop())
-    elif host.loop is not None and host.loop.is_running():
-        asyncio.run_coroutine_threadsafe(server.stop(), host.loop).result(timeout=10)
+    def newest(self) -> _Page | None:
+        """The page of the strategy installed last, or None."""
+        return next(reversed(self._pages.values()), None)
 
+    def _start_server(self, host: CoreHost, page: _Page, listen: str) -> None:
+        async def start(_: Router) -> None:
+            self._servers[id(host)] = await serve_page(page.render, listen, PROCESS, CorsPolicy.of(host.config.metrics))
 
-def _start_server(host: CoreHost, page: _Page, listen: str) -> None:
-    async def start(_: Router) -> None:
-        _servers[id(host)] = await serve_page(page.render, listen, PROCESS, CorsPolicy.of(host.config.metrics))
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is None:
+            host.call_sync(start)  # an SDK script: the core's own thread; an address in use fails here, loudly
+            return
+        task = running.create_task(host.call(start))  # the proxy builds its Router inside its startup coroutine
+        task.add_done_callback(_report_start)
 
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is None:
-        host.call_sync(start)  # an SDK script: the core's own thread; an address in use fails here, loudly
-        return
-    task = running.create_task(host.call(start))  # the proxy builds its Router inside its startup coroutine
-    task.add_done_callback(_report_start)
+    def _add_proxy_route(self, path: str, cors: CorsPolicy) -> None:
+        if path in self._route_paths:
+            return
+        from starlette.requests import Request
+        from starlette.responses import Response
+
+        proxy = sys.modules[_PROXY_MODULE]
+        app = getattr(proxy, "app", None)
+        if app is None:
+            log.warning("LiteLLM proxy has no app to add %s to; set routing_strategy_args.metrics_listen instead", path)
+            return
+
+        async def metrics_route(request: Request) -> Response:
+            if request.method == "OPTIONS":  # a preflight the proxy's CORS middleware did not answer itself
+                return Response(status_code=204, headers=cors.headers(dict(request.headers), preflight=True))
+            page = self.newest()
+            if page is None:
+                return Response("no Cognitora routing strategy is installed\n", status_code=503)
+            try:
+                body = await page.render()
+            except Exception as exc:  # a failed scrape, not a failed proxy
+                log.warning("cognitora metrics page failed: %s", exc)
+                return Response(f"metrics unavailable: {type(exc).__name__}\n", status_code=503)
+            return Response(body, headers={"Content-Type": CONTENT_TYPE})
+
+        # Starlette's public add_route on the proxy's app: nothing of LiteLLM's is patched. A route cannot be taken
+        # out of a running app, so after uninstall() it answers 503.
+        app.add_route(path, metrics_route, methods=["GET", "OPTIONS"], include_in_schema=False)
+        self._route_paths.add(path)
+        log.info("cognitora metrics on the proxy's port at %s", path)
 
 
 def _report_start(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("cognitora metrics page could not start: %s", task.exception())
-
-
-def _add_proxy_route(path: str, cors: CorsPolicy) -> None:
-    if path in _route_paths:
-        return
-    from starlette.requests import Request
-    from starlette.responses import Response
-
-    proxy = sys.modules[_PROXY_MODULE]
-    app = getattr(proxy, "app", None)
-    if app is None:
-        log.warning("LiteLLM proxy has no app to add %s to; set routing_strategy_args.metrics_listen instead", path)
-        return
-
-    async def metrics_route(request: Request) -> Response:
-        if request.method == "OPTIONS":  # a preflight the proxy's CORS middleware did not answer itself
-            return Response(status_code=204, headers=cors.headers(dict(request.headers), preflight=True))
-        page = next(reversed(_pages.values()), None)
-        if page is None:
-            return Response("no Cognitora routing strategy is installed\n", status_code=503)
-        try:
-            body = await page.render()
-        except Exception as exc:  # a failed scrape, not a failed proxy
-            log.warning("cognitora metrics page failed: %s", exc)
-            return Response(f"metrics unavailable: {type(exc).__name__}\n", status_code=503)
-        return Response(body, headers={"Content-Type": CONTENT_TYPE})
-
-    app.add_route(path, metrics_route, methods=["GET", "OPTIONS"], include_in_schema=False)
-    _route_paths.add(path)
-    log.info("cognitora metrics on the proxy's port at %s", path)

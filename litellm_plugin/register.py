@@ -1,39 +1,70 @@
-"""Make ``routing_strategy: cognitora`` a name LiteLLM accepts, and install the strategy when a Router uses it.
+"""``install()``: make ``routing_strategy: cognitora`` a strategy LiteLLM runs. Nothing happens on import.
 
-LiteLLM (the tested range, ``SUPPORTED_LITELLM``) has no registry for named routing strategies: the name is checked
-against a hard-coded tuple (``litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES``) and only its own
-``lar1`` gets installed through the public ``Router.set_custom_routing_strategy``. ``register()`` does the two
-things LiteLLM does for ``lar1``:
+``install()`` is explicit and idempotent. The documented proxy line ``litellm_settings: {callbacks:
+["litellm_plugin.callbacks.cognitora"]}`` calls it (the proxy resolves that name before it builds its Router, and
+``litellm_plugin.callbacks`` answers the name by installing); an SDK script calls ``litellm_plugin.install()``
+before ``litellm.Router(routing_strategy="cognitora")``. Everything the plugin keeps in a process hangs off the one
+``Plugin`` it returns: the callback instance LiteLLM calls, the metrics pages, the installed strategies.
 
-1. adds ``"cognitora"`` to that tuple (a module global, read at call time);
-2. wraps ``Router.__init__`` and ``Router.update_settings`` so a Router whose ``routing_strategy`` ends up
-   ``"cognitora"`` gets a ``CognitoraRoutingStrategy`` through ``set_custom_routing_strategy``.
+LiteLLM (the tested range, ``SUPPORTED_LITELLM``) has no registry for named routing strategies, and no hook that
+hands a plugin the Router it builds. Its one public seam for a strategy is ``Router.set_custom_routing_strategy``
+(a ``CustomRoutingStrategyBase``), which needs that Router. So ``install()`` still changes two things in LiteLLM,
+and ``uninstall()`` puts both back:
 
-The ``__init__`` wrapper keeps the original signature: the proxy decides which ``router_settings`` keys to pass
-from ``inspect.getfullargspec(Router.__init__)``, which ignores ``__wrapped__``; a plain ``*args, **kwargs``
-wrapper makes it drop every router setting silently.
+1. the name: ``"cognitora"`` is added to ``litellm.router_utils.routing_groups.VALID_ROUTING_STRATEGIES`` (a
+   module-global tuple ``Router.__init__`` and ``update_settings`` check names against; without it a config naming
+   the strategy fails before any plugin code runs);
+2. ``Router.routing_strategy_init``, the public method every Router calls when it takes a strategy (from
+   ``__init__``, after its model list and cache exist, and from ``update_settings`` on a strategy change), is
+   wrapped: after LiteLLM's own, a Router whose strategy is ``cognitora`` gets a ``CognitoraRoutingStrategy``
+   through ``set_custom_routing_strategy``, and one switching away has its strategy closed. ``__init__`` is left
+   alone: its signature, which the proxy reads to pick ``router_settings`` keys, stays LiteLLM's own.
 
-Inside the proxy, ``install`` also reads two facts the proxy leaves for its workers: the LiteLLM config's path
+Inside the proxy, the strategy also reads two facts the proxy leaves for its workers: the LiteLLM config's path
 (relative paths in ``routing_strategy_args`` are relative to its folder) and the worker count (embedded mode is
 refused under ``--num_workers`` > 1: each worker would keep a store and a collector of its own).
 
-Everything here is idempotent, and every LiteLLM internal it touches is pinned by tests/test_litellm_contract.py.
+Every LiteLLM internal touched here is pinned by tests/litellm/test_litellm_contract.py.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 import os
 import sys
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cognitora.config import CognitoraConfig, ConfigError
+
+if TYPE_CHECKING:
+    from litellm_plugin.callbacks import CognitoraCallbacks
+    from litellm_plugin.metrics import MetricsPages
+    from litellm_plugin.strategy import CognitoraRoutingStrategy
+
+__all__ = [
+    "PROXY_WORKERS_ENV",
+    "STRATEGY_NAME",
+    "SUPPORTED_LITELLM",
+    "LiteLLMIncompatible",
+    "Plugin",
+    "bootstrap",
+    "embedded_mode_problem",
+    "in_proxy",
+    "install",
+    "installed",
+    "litellm_config_dir",
+    "proxy_workers",
+    "routing_groups_module",
+    "strategy_for",
+    "uninstall",
+]
 
 STRATEGY_NAME = "cognitora"
 """The value of ``router_settings.routing_strategy`` that selects Cognitora."""
@@ -44,7 +75,6 @@ _UPGRADE_HINT = (
     "cognitora-router[litellm] extra), or see docs/litellm.md ('What breaks on upgrade')"
 )
 
-_PATCH_MARK = "_cognitora_patched"
 _PROXY_MODULE = "litellm.proxy.proxy_server"
 """Imported in every proxy worker (it is the app), and by nothing an SDK script needs."""
 PROXY_WORKERS_ENV = "NUM_WORKERS"
@@ -53,6 +83,9 @@ _ROUTING_GROUPS_MODULES = (
     "litellm.router_utils.routing_groups",  # 1.108.x
     "litellm.litellm_core_utils.routing_groups",  # 1.110.x moved it here
 )
+_NAMES = "VALID_ROUTING_STRATEGIES"
+_SEAM = "routing_strategy_init"
+"""The Router method wrapped (see the module docstring, 2.)."""
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -68,82 +101,189 @@ def routing_groups_module() -> ModuleType:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if hasattr(module, "VALID_ROUTING_STRATEGIES"):
+        if hasattr(module, _NAMES):
             return module
     raise LiteLLMIncompatible(
-        "cannot find VALID_ROUTING_STRATEGIES in " + " or ".join(_ROUTING_GROUPS_MODULES) + ": this LiteLLM "
+        f"cannot find {_NAMES} in " + " or ".join(_ROUTING_GROUPS_MODULES) + ": this LiteLLM "
         f"version validates strategy names elsewhere: {_UPGRADE_HINT}."
     )
 
 
-def register() -> None:
-    """Teach LiteLLM the ``cognitora`` strategy name. Safe to call any number of times."""
-    import litellm
+class Plugin:
+    """The plugin's state in this process, made by ``install()`` and dropped by ``uninstall()``.
 
-    groups = routing_groups_module()
-    valid: tuple[str, ...] = tuple(getattr(groups, "VALID_ROUTING_STRATEGIES"))  # noqa: B009
-    if STRATEGY_NAME not in valid:
-        setattr(groups, "VALID_ROUTING_STRATEGIES", (*valid, STRATEGY_NAME))  # noqa: B010
+    ``callbacks`` is the one ``CustomLogger`` LiteLLM calls for every Cognitora strategy (the instance the proxy's
+    callback line names); ``pages`` serves each strategy's metrics; ``strategies`` are the installed strategies.
+    """
 
-    router_cls = litellm.Router
-    if getattr(router_cls.__init__, _PATCH_MARK, False):
-        return
-    if not hasattr(router_cls, "set_custom_routing_strategy"):
-        raise LiteLLMIncompatible(
-            "litellm.Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110 uses Router.register_plugin): "
-            f"{_UPGRADE_HINT}."
-        )
-    if not hasattr(router_cls, "get_model_from_alias"):
-        # Before 1.106 it was private (_get_model_from_alias): the strategy's fallback to LiteLLM's own choice
-        # (simple_shuffle) needs it, and would fail at the first request of a model group Cognitora does not place.
-        raise LiteLLMIncompatible(f"litellm.Router.get_model_from_alias is missing (LiteLLM < 1.106): {_UPGRADE_HINT}.")
-    setattr(router_cls, "__init__", _wrap_init(router_cls.__init__))  # noqa: B010
-    setattr(router_cls, "update_settings", _wrap_update_settings(router_cls.update_settings))  # noqa: B010
+    def __init__(self) -> None:
+        from litellm_plugin.callbacks import CognitoraCallbacks
+        from litellm_plugin.metrics import MetricsPages
+
+        self.callbacks: CognitoraCallbacks = CognitoraCallbacks()
+        self.pages: MetricsPages = MetricsPages()
+        self._strategies: weakref.WeakSet[CognitoraRoutingStrategy] = weakref.WeakSet()
+        self._names_module: ModuleType | None = None
+        self._names_before: tuple[str, ...] = ()
+        self._seam_before: Callable[..., None] | None = None
+
+    def strategies(self) -> list[CognitoraRoutingStrategy]:
+        """The strategies installed on Routers that still exist."""
+        return list(self._strategies)
+
+    # -- what install() changes in LiteLLM, and puts back ------------------------------------------------------
+    def _apply(self) -> None:
+        import litellm
+
+        router_cls = litellm.Router
+        if not callable(getattr(router_cls, "set_custom_routing_strategy", None)):
+            raise LiteLLMIncompatible(
+                "litellm.Router.set_custom_routing_strategy is gone (LiteLLM >= 1.110 uses Router.register_plugin): "
+                f"{_UPGRADE_HINT}."
+            )
+        if not hasattr(router_cls, "get_model_from_alias"):
+            # Before 1.106 it was private (_get_model_from_alias): the strategy's fallback to LiteLLM's own choice
+            # (simple_shuffle) needs it, and would fail at the first request of a model group Cognitora does not
+            # place.
+            raise LiteLLMIncompatible(
+                f"litellm.Router.get_model_from_alias is missing (LiteLLM < 1.106): {_UPGRADE_HINT}."
+            )
+        original = getattr(router_cls, _SEAM, None)
+        if not callable(original):
+            raise LiteLLMIncompatible(
+                f"litellm.Router.{_SEAM} is gone: a Router no longer says when it takes a strategy: {_UPGRADE_HINT}."
+            )
+        groups = routing_groups_module()
+        names: tuple[str, ...] = tuple(getattr(groups, _NAMES))
+        self._names_module, self._names_before = groups, names
+        if STRATEGY_NAME not in names:
+            setattr(groups, _NAMES, (*names, STRATEGY_NAME))
+        self._seam_before = original
+        setattr(router_cls, _SEAM, _wrap_seam(original, self))
+
+    def _revert(self) -> None:
+        import litellm
+
+        if self._seam_before is not None:
+            setattr(litellm.Router, _SEAM, self._seam_before)
+            self._seam_before = None
+        if self._names_module is not None:
+            setattr(self._names_module, _NAMES, self._names_before)
+            self._names_module = None
+        for strategy in self.strategies():
+            _reset(strategy.router)
+            strategy.close()
+        self._strategies.clear()
+        for name in _CALLBACK_LISTS:
+            found = getattr(litellm, name, None)
+            if isinstance(found, list) and self.callbacks in found:
+                setattr(litellm, name, [c for c in found if c is not self.callbacks])
+
+    # -- a Router taking a strategy ------------------------------------------------------------------------------
+    def _took_strategy(self, router: Any, previous: CognitoraRoutingStrategy | None, name: Any, args: Any) -> None:
+        """After LiteLLM's ``routing_strategy_init``: close the Router's previous Cognitora strategy (LiteLLM has
+        just dropped it) and, when the new strategy is ``cognitora``, build and hand it the new one."""
+        if previous is not None:
+            self._strategies.discard(previous)
+            previous.close()  # before the new one: its metrics port and collector sockets are freed first
+        if str(getattr(name, "value", name)) != STRATEGY_NAME:
+            return
+        if not args:
+            # update_settings(routing_strategy="cognitora") without args: the Router's own, as before the switch
+            args = getattr(router, "routing_strategy_args", None)
+        strategy = _build_strategy(router, dict(args or {}), self)
+        router.set_custom_routing_strategy(strategy)
+        self._strategies.add(strategy)
+        log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))
+
+
+_CALLBACK_LISTS = (
+    "callbacks",
+    "success_callback",
+    "failure_callback",
+    "_async_success_callback",
+    "_async_failure_callback",
+)
+"""LiteLLM's module lists a ``CustomLogger`` ends up in once it has been called (``function_setup`` fans
+``litellm.callbacks`` out into the others)."""
+
+_plugin: Plugin | None = None
+_guard = threading.Lock()
+
+
+def install() -> Plugin:
+    """Install the plugin in this process (see the module docstring) and return its state. Idempotent: a second
+    call returns the same ``Plugin``. Raises ``LiteLLMIncompatible`` on a LiteLLM outside the tested range."""
+    global _plugin
+    with _guard:
+        if _plugin is None:
+            plugin = Plugin()
+            plugin._apply()
+            _plugin = plugin
+        return _plugin
+
+
+def installed() -> Plugin | None:
+    """The installed plugin, or None."""
+    return _plugin
+
+
+def uninstall() -> None:
+    """Undo ``install()``: close every Cognitora strategy (Routers using one fall back to LiteLLM's default
+    choice), take the callback out of LiteLLM's lists, and put back the strategy names and the Router method."""
+    global _plugin
+    with _guard:
+        plugin, _plugin = _plugin, None
+        if plugin is not None:
+            plugin._revert()
 
 
 def bootstrap() -> None:
     """Entry for ``LITELLM_WORKER_STARTUP_HOOKS=litellm_plugin.register:bootstrap`` (an alternative trigger)."""
-    register()
+    install()
 
 
-def _wrap_init(original: Callable[..., None]) -> Callable[..., None]:
+def strategy_for(router: Any) -> CognitoraRoutingStrategy | None:
+    """The Cognitora strategy ``router`` routes with, or None: read from what LiteLLM's public
+    ``set_custom_routing_strategy`` stored on it (the bound method's owner)."""
+    from litellm_plugin.strategy import CognitoraRoutingStrategy
+
+    method = vars(router).get("async_get_available_deployment")
+    owner = getattr(method, "__self__", None)
+    return owner if isinstance(owner, CognitoraRoutingStrategy) else None
+
+
+def _reset(router: Any) -> None:
+    """Drop a custom strategy from ``router`` as LiteLLM's own reset does (the instance attributes it set)."""
+    for attr in ("get_available_deployment", "async_get_available_deployment"):
+        vars(router).pop(attr, None)
+
+
+def _wrap_seam(original: Callable[..., None], plugin: Plugin) -> Callable[..., None]:
     @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if getattr(self, "routing_strategy", None) == STRATEGY_NAME:
-            install(self, getattr(self, "routing_strategy_args", None) or {})
+    def routing_strategy_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        previous = strategy_for(self)
+        original(self, *args, **kwargs)  # validates the name and drops any custom strategy, as without the plugin
+        bound = _bind_seam_args(args, kwargs)
+        plugin._took_strategy(self, previous, bound[0], bound[1])
 
-    # The proxy reads Router.__init__'s argument names with getfullargspec, which does not follow __wrapped__.
-    __init__.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
-    setattr(__init__, _PATCH_MARK, True)
-    return __init__
+    return routing_strategy_init
 
 
-def _wrap_update_settings(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def update_settings(self: Any, **kwargs: Any) -> None:
-        before = (getattr(self, "routing_strategy", None), getattr(self, "routing_strategy_args", None))
-        original(self, **kwargs)
-        after = (getattr(self, "routing_strategy", None), getattr(self, "routing_strategy_args", None))
-        if after[0] != STRATEGY_NAME:
-            uninstall(self)
-        elif before != after or "get_available_deployment" not in vars(self):
-            # A strategy switch resets LiteLLM's custom strategy; new args mean a new fleet config.
-            install(self, after[1] or {})
-
-    setattr(update_settings, _PATCH_MARK, True)
-    return update_settings
+def _bind_seam_args(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``(routing_strategy, routing_strategy_args)`` of a ``routing_strategy_init`` call, however they were passed."""
+    values = list(args) + [None] * 2
+    return kwargs.get("routing_strategy", values[0]), kwargs.get("routing_strategy_args", values[1])
 
 
-def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
-    """Build the Cognitora strategy for ``router`` from its model_list and args, and hand it to LiteLLM."""
+def _build_strategy(router: Any, routing_strategy_args: dict[str, Any], plugin: Plugin) -> CognitoraRoutingStrategy:
+    """The Cognitora strategy for ``router`` from its model_list and args, once the start-up checks pass."""
     from litellm_plugin import auth, metrics
     from litellm_plugin.fleet import build_fleet
     from litellm_plugin.router_redis import router_redis_url
     from litellm_plugin.store_mode import split_collector, store_mode
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
-    uninstall(router)
     if in_proxy():
         auth.check_at_start()  # the API keys of Cognitora's custom_auth hook, if the proxy uses it
     metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
@@ -163,10 +303,11 @@ def install(router: Any, routing_strategy_args: dict[str, Any]) -> None:
     problem = embedded_mode_problem(fleet.config, workers)
     if problem is not None:
         raise ConfigError(problem)  # before the start-up checks: a setup that cannot work whatever its files
-    strategy = CognitoraRoutingStrategy.for_fleet(router, fleet, metrics_settings, mode.in_process_collector)
-    router.set_custom_routing_strategy(strategy)
-    router._cognitora_strategy = strategy
-    log.info("cognitora routing strategy installed for %d deployments", len(router.model_list or []))
+    strategy = CognitoraRoutingStrategy.for_fleet(
+        router, fleet, plugin.callbacks, plugin.pages, metrics_settings, mode.in_process_collector
+    )
+    strategy.watch_config(fleet_args, litellm_config_dir())  # the config: file reloads when it changes
+    return strategy
 
 
 def litellm_config_dir() -> Path | None:
@@ -198,8 +339,12 @@ def proxy_workers(environ: Mapping[str, str] | None = None) -> int:
 
 
 def embedded_mode_problem(config: CognitoraConfig, workers: int) -> str | None:
-    """Why this config cannot run in a proxy of ``workers`` processes, or None."""
-    if config.redis_url is not None or workers <= 1:
+    """Why this config cannot run in a proxy of ``workers`` processes, or None (the core's rule: embedded mode runs
+    its own collector, ``cognitora.core.deployment``)."""
+    from cognitora.core.deployment import CollectorPlace, DeploymentRule, deployment_problem
+
+    rule = deployment_problem(config.redis_url, CollectorPlace.IN_PROCESS, workers)
+    if rule is not DeploymentRule.WORKERS_NEED_SHARED_STORE:
         return None
     return (
         f"routing_strategy_args has no redis_url (embedded mode), but the proxy runs {workers} worker processes "
@@ -209,10 +354,3 @@ def embedded_mode_problem(config: CognitoraConfig, workers: int) -> str | None:
         "cognitora.yaml` once beside the proxy (`python -m litellm_plugin.export <litellm config> -o cognitora.yaml` "
         "writes that file), or start the proxy with --num_workers 1."
     )
-
-
-def uninstall(router: Any) -> None:
-    """Stop the Router's previous Cognitora strategy (its embedded store and collector), if any."""
-    previous = vars(router).pop("_cognitora_strategy", None)
-    if previous is not None:
-        previous.close()

@@ -1,4 +1,4 @@
-"""``CoreHost``: the decision core (``cognitora.router.Router``) and what feeds it, living on ONE event loop.
+"""``CoreHost``: the decision core (``cognitora.core.core.Core``) and what feeds it, living on ONE event loop.
 
 The core's store and collector hold sockets bound to the loop that opened them (redis.asyncio, zmq.asyncio), so
 every call into the core runs on that loop, whoever makes it:
@@ -20,14 +20,18 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
-from cognitora.attempt import Attempt
-from cognitora.collector import Collector, CollectorThread
+from cognitora.collector import Collector
 from cognitora.config import CognitoraConfig
-from cognitora.router import Router
-from kvstate.prompt import PromptKeyer
+from cognitora.core.core import CollectorPlace, Core, Prepared
+from cognitora.core.lifecycle import Attempt
+from cognitora.core.router import Router
+from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter, Prepare
+from litellm_plugin.live import WATCH_INTERVAL_S
+
+__all__ = ["CoreHost", "HostClosed"]
 
 log = logging.getLogger("cognitora.litellm")
 
@@ -41,40 +45,6 @@ class HostClosed(RuntimeError):
     """The strategy was uninstalled; late callbacks about its attempts have nothing left to report to."""
 
 
-class _Core:
-    """The Router (on the host's loop) and, in embedded mode, the collector thread feeding its store."""
-
-    def __init__(self, router: Router, collector: CollectorThread | Collector | None) -> None:
-        self.router = router
-        self.collector = collector
-
-    @classmethod
-    async def start(
-        cls, config: CognitoraConfig, keyers: Mapping[str, PromptKeyer] | None = None, feed_redis: bool = False
-    ) -> _Core:
-        if config.redis_url is not None:
-            router = Router.from_config(config, keyers=keyers)
-            if not feed_redis:
-                return cls(router, None)
-            # collector: in_process over Redis, as `cognitora extproc --collector` does: a Redis client is bound to
-            # its loop, so the collector shares the core's.
-            feeder = Collector(config, router.store)
-            await feeder.start()
-            return cls(router, feeder)
-        from kvstate.store import open_store
-
-        store = open_store(None, config.key_prefix)
-        # Its own thread: on the proxy's loop, scrapes and KV events would queue behind the responses it streams.
-        collector = CollectorThread(config, store)
-        await collector.start()
-        return cls(Router(config, store, keyers=keyers), collector)
-
-    async def stop(self) -> None:
-        if self.collector is not None:
-            await self.collector.stop()
-        await self.router.close()
-
-
 class CoreHost:
     """Runs coroutines against the core on the core's own loop; see the module docstring for which loop."""
 
@@ -82,28 +52,31 @@ class CoreHost:
         self,
         config: CognitoraConfig,
         loop: asyncio.AbstractEventLoop | None = None,
-        keyers: Mapping[str, PromptKeyer] | None = None,
+        prepared: Prepared | None = None,
         in_process_collector: bool = False,
     ) -> None:
-        """``keyers``: the models' prompt keyers, loaded at install (``litellm_plugin.strategy.preflight``);
-        absent, the Router loads them when the core starts."""
+        """``prepared``: the models' prompt keyers and the intent source, loaded at install
+        (``litellm_plugin.strategy.preflight``); absent, the core loads them when it starts."""
         self.config = config
-        self.keyers = keyers
+        self.prepared = prepared
         self.in_process_collector = in_process_collector
         """With Redis: this process runs the collector too (``routing_strategy_args.collector: in_process``)."""
         self._loop = loop
         self._private = loop is None
         self._thread: threading.Thread | None = None
-        self._core: _Core | None = None
-        self._starting: asyncio.Future[_Core] | None = None
+        self._core: Core | None = None
+        self._starting: asyncio.Future[Core] | None = None
         self._guard = threading.Lock()
         self._closed = False
+        self.reload: tuple[ConfigSource, Prepare | None] | None = None
+        """Set by the strategy when the arguments name a ``config:`` file: the core then reloads on its change."""
+        self._watch: ConfigWatch | None = None
 
     @classmethod
     def for_current_context(
         cls,
         config: CognitoraConfig,
-        keyers: Mapping[str, PromptKeyer] | None = None,
+        prepared: Prepared | None = None,
         in_process_collector: bool = False,
     ) -> CoreHost:
         """On the running loop if there is one (the proxy), else on a private loop thread (an SDK script)."""
@@ -111,7 +84,7 @@ class CoreHost:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        return cls(config, loop, keyers, in_process_collector)
+        return cls(config, loop, prepared, in_process_collector)
 
     @property
     def mode(self) -> str:
@@ -175,13 +148,13 @@ class CoreHost:
     async def _on_loop(self, fn: Callable[[Router], Awaitable[T]]) -> T:
         return await fn((await self._ensure_core()).router)
 
-    async def _ensure_core(self) -> _Core:
+    async def _ensure_core(self) -> Core:
         if self._core is not None:
             return self._core
         if self._closed:
             raise HostClosed("this Cognitora strategy was closed (the Router's routing strategy changed)")
         if self._starting is None:
-            self._starting = asyncio.ensure_future(_Core.start(self.config, self.keyers, self.in_process_collector))
+            self._starting = asyncio.ensure_future(self._open())
         try:
             core = await asyncio.shield(self._starting)
         except BaseException:
@@ -189,9 +162,18 @@ class CoreHost:
                 self._starting = None  # let the next request try again, with the same clear error if it persists
             raise
         if self._core is None:  # the first of the requests that waited for the start says it, once
+            if self.reload is not None:
+                self._watch = _go_live(core, *self.reload)
             self._core = core
             log.info("cognitora core started (%s mode)", self.mode)
         return core
+
+    def _open(self) -> Awaitable[Core]:
+        # Embedded mode always feeds its own store (the core's deployment rule: an in-process store needs this
+        # process's collector); with Redis, only when routing_strategy_args.collector is in_process.
+        feeds = self.config.redis_url is None or self.in_process_collector
+        place = CollectorPlace.IN_PROCESS if feeds else CollectorPlace.EXTERNAL
+        return Core.open(self.config, collector=place, prepared=self.prepared)
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         if self._closed:
@@ -218,12 +200,13 @@ class CoreHost:
         if loop is None or loop.is_closed():
             return
         core, self._core = self._core, None
+        watch, self._watch = self._watch, None
         if _running_loop() is loop:
             if core is not None:
-                loop.create_task(core.stop())
+                loop.create_task(_close(core, watch))
             return
         if core is not None and loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(core.stop(), loop)
+            future = asyncio.run_coroutine_threadsafe(_close(core, watch), loop)
             try:
                 future.result(timeout=10)
             except Exception as exc:  # closing is best effort: log, never raise into LiteLLM's settings path
@@ -232,6 +215,22 @@ class CoreHost:
             loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=10)
             loop.close()
+
+
+def _go_live(core: Core, source: ConfigSource, prepare: Prepare | None) -> ConfigWatch:
+    """Reload the config when its file changes (``litellm_plugin.live``): the core's router becomes a
+    ``LiveRouter``, which answers as the Router in force."""
+    live = LiveRouter(core.router, source, prepare)
+    core.router = cast(Router, live)
+    watch = ConfigWatch(live, WATCH_INTERVAL_S)
+    watch.start()
+    return watch
+
+
+async def _close(core: Core, watch: ConfigWatch | None) -> None:
+    if watch is not None:
+        await watch.stop()
+    await core.close()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

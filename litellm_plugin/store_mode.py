@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cognitora.config import ConfigError
+from cognitora.core.deployment import CollectorPlace as Feeder
+from cognitora.core.deployment import DeploymentRule, deployment_problem
 from cognitora.redaction import redact_url
+
+__all__ = ["StoreMode", "split_collector", "store_mode"]
 
 ARGS_KEY = "collector"
 """The ``routing_strategy_args`` key of this module (never part of ``cognitora.yaml``)."""
@@ -61,7 +65,8 @@ def store_mode(
     if args_redis_url is not None:
         return _checked(StoreMode(args_redis_url, collector or "external"), workers)
     if router_redis_url is None:
-        if collector == "external":
+        rule = deployment_problem(None, Feeder(collector or "in_process"), 1)
+        if rule is DeploymentRule.EXTERNAL_NEEDS_SHARED_STORE:
             raise ConfigError(
                 f"routing_strategy_args.{ARGS_KEY} is external, but there is no redis_url: an external `cognitora "
                 "collector` can only feed a shared store. Set routing_strategy_args.redis_url, or remove "
@@ -81,7 +86,8 @@ def store_mode(
 
 
 def _checked(mode: StoreMode, workers: int) -> StoreMode:
-    if mode.in_process_collector and mode.redis_url is not None and workers > 1:
+    rule = deployment_problem(mode.redis_url, Feeder(mode.collector), workers)
+    if rule is DeploymentRule.ONE_COLLECTOR_PER_STORE:
         raise ConfigError(
             f"routing_strategy_args.{ARGS_KEY} is in_process, but the proxy runs {workers} worker processes: each "
             "would run a collector of its own on the same Redis. Use external (run `cognitora collector` once "

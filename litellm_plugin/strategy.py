@@ -28,73 +28,103 @@ from litellm.router_strategy.simple_shuffle import simple_shuffle
 from litellm.types.router import CustomRoutingStrategyBase
 
 from cognitora import jsonlog
-from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.config import CognitoraConfig, ConfigError
+from cognitora.core.core import Prepared, prepare
+from cognitora.core.outcome import Outcome, OutcomeKind
+from cognitora.core.router import Router
 from cognitora.decision import Rejection
-from cognitora.intent import How, IntentSource, Rewrite
-from cognitora.preflight import check_store, prompt_keyers, resolve_engines, unresolved_problems
+from cognitora.intent import How, Rewrite
+from cognitora.ops.reload import Commit
+from cognitora.preflight import check_store, resolve_engines, unresolved_problems
 from cognitora.request import InvalidRequest
-from cognitora.router import Router
-from kvstate.prompt import PromptKeyer
-from litellm_plugin import metrics
-from litellm_plugin.callbacks import cognitora as callbacks
-from litellm_plugin.fleet import Fleet, build_fleet, deployment_id, endpoint_id
+from cognitora.surface_entry import SurfaceReader
+from cognitora.tracing import process_tracing
+from litellm_plugin import live
+from litellm_plugin.callbacks import CognitoraCallbacks
+from litellm_plugin.fleet import Fleet, deployment_id, endpoint_id
+from litellm_plugin.metrics import MetricsPages, MetricsSettings
 from litellm_plugin.register import in_proxy
 from litellm_plugin.runtime import CoreHost
 from litellm_plugin.translate import (
     PLACEMENT_KEY,
+    client_trace,
     rejection_error,
+    responses_holder,
     route_request,
+    set_engine_headers,
     set_prefill_endpoint,
+    surface_path,
     trace_id,
     writable_metadata,
 )
+
+__all__ = ["CognitoraRoutingStrategy", "preflight"]
 
 log = logging.getLogger("cognitora.litellm")
 
 
 class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
-    """Installed on a ``litellm.Router`` by ``litellm_plugin.register`` when ``routing_strategy == "cognitora"``."""
+    """Handed to a ``litellm.Router`` whose ``routing_strategy`` is ``cognitora`` (``litellm_plugin.install``);
+    ``litellm_plugin.strategy_for(router)`` returns it."""
 
-    def __init__(self, router: Any, fleet: Fleet, host: CoreHost) -> None:
+    def __init__(
+        self, router: Any, fleet: Fleet, host: CoreHost, callbacks: CognitoraCallbacks, pages: MetricsPages
+    ) -> None:
         self.router = router
         self.fleet = fleet
         self.host = host
+        self._callbacks = callbacks
+        self._pages = pages
         self._managed_models = set(fleet.config.model_names())
 
-    @classmethod
-    def for_router(
-        cls, router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None = None
-    ) -> CognitoraRoutingStrategy:
-        metrics_settings, fleet_args = metrics.split_args(routing_strategy_args)
-        fleet = build_fleet(router.model_list or [], fleet_args, base_dir)
-        return cls.for_fleet(router, fleet, metrics_settings)
+    def watch_config(self, fleet_args: Mapping[str, Any], base_dir: Path | None) -> None:
+        """Reload the config when the ``config:`` file the arguments name changes (``litellm_plugin.live``)."""
+        source = live.config_source(self.router, fleet_args, base_dir)
+        if source is not None:
+            self.host.reload = (source, self.prepare_reload)
+
+    async def prepare_reload(self, config: CognitoraConfig) -> Commit:
+        """``LiveRouter``'s adapter step: the new Fleet (deployment ids <-> endpoints) goes in force with it."""
+        fleet = live.fleet_of(config)
+        if fleet is None:
+            raise ConfigError("internal: the reloaded config came without its fleet")
+
+        async def commit() -> None:
+            self.fleet = fleet
+            self._managed_models = set(config.model_names())
+            self.host.config = config
+
+        return commit
 
     @classmethod
     def for_fleet(
         cls,
         router: Any,
         fleet: Fleet,
-        metrics_settings: metrics.MetricsSettings | None = None,
+        callbacks: CognitoraCallbacks,
+        pages: MetricsPages,
+        metrics_settings: MetricsSettings | None = None,
         in_process_collector: bool = False,
     ) -> CognitoraRoutingStrategy:
-        """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``).
+        """The strategy for ``router`` over ``fleet``, once the core's start-up checks pass (``preflight``), its
+        attempts reported by ``callbacks`` and its page served by ``pages`` (the installed ``Plugin``'s).
         ``in_process_collector``: with Redis, this process feeds the store too (``collector: in_process``)."""
         if in_proxy():
             jsonlog.configure_guest()  # ours as JSON lines where the proxy shows them nowhere; never a secret
         else:
             jsonlog.redact_every_handler()  # an SDK script's logging is its own: only redacted
-        keyers = preflight(fleet)
-        host = CoreHost.for_current_context(fleet.config, keyers, in_process_collector)
+        prepared = preflight(fleet)
+        host = CoreHost.for_current_context(fleet.config, prepared, in_process_collector)
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)
-        strategy = cls(router, fleet, host)
-        metrics.attach(host, metrics_settings or metrics.MetricsSettings())
+        strategy = cls(router, fleet, host, callbacks, pages)
+        pages.attach(host, metrics_settings or MetricsSettings())
         return strategy
 
     def close(self) -> None:
-        metrics.detach(self.host)
-        callbacks.unwatch(self.host)
+        self._pages.detach(self.host)
+        self._callbacks.unwatch(self.host)
         self.host.close()
 
     # -- LiteLLM's seam ----------------------------------------------------------------------------------------
@@ -200,6 +230,16 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
                 return self._litellm_default(model, others, request_kwargs)
             if group not in self._managed_models:
                 raise rejection_error(_CLOUD_ONLY, model)
+        if messages is None and input is None and not request_kwargs:
+            # LiteLLM's /v1/messages/count_tokens asks for a deployment with no request at all: nothing to place.
+            # Refused, LiteLLM counts with its own tokenizer (an openai/ deployment would be asked at OpenAI's
+            # /v1/responses/input_tokens, which vLLM does not serve: docs/litellm.md, "Surfaces").
+            raise rejection_error(Rejection(400, "a token count is not placed (no request to place)"), model)
+        reader = await self.host.call(_surface_reader) if surface_path(request_kwargs) is not None else None
+        holder = responses_holder(request_kwargs)
+        holder_endpoint = next(
+            (ep for ep, d in by_endpoint.items() if holder is not None and deployment_id(d) == holder), None
+        )
         try:
             req = route_request(
                 group,
@@ -210,6 +250,8 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
                 pinned_endpoint=pinned,
                 burst_targets=list(clouds),
                 named_cloud=named_cloud,
+                reader=reader,
+                holder=holder_endpoint,
             )
         except InvalidRequest as exc:
             raise rejection_error(Rejection(400, exc.message), model) from None
@@ -217,7 +259,10 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             # LiteLLM has chosen the model group: the core must not choose another model now (the proxy's pre-call
             # hook decides the rewrite, before the group is chosen; an SDK Router has no such hook).
             req = replace(req, rewrite=Rewrite(group, group, How.KEPT, detail=_NO_HOOK))
-        decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
+        traceparent, tracestate = client_trace(request_kwargs)
+        with process_tracing("cognitora-litellm").decision(req, traceparent, tracestate) as span:
+            decision, attempt = await self.host.call(lambda router: router.admit(req, group=trace))
+            span.record(decision)
         if decision.rejection is not None or attempt is None:
             raise rejection_error(decision.rejection or _NO_PICK, model)
         # A burst goes to the group's cloud deployment (LiteLLM calls it with its own model name and api_key).
@@ -230,6 +275,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
             )
         writable_metadata(request_kwargs)[PLACEMENT_KEY] = decision.request_id
         set_prefill_endpoint(request_kwargs, decision)
+        set_engine_headers(request_kwargs, span.engine_headers())  # the engine continues the decision's trace
         return chosen
 
     def _endpoint_of(self, deployment: Mapping[str, Any]) -> str | None:
@@ -256,23 +302,24 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         return chosen
 
 
-def preflight(fleet: Fleet) -> dict[str, PromptKeyer]:
+async def _surface_reader(router: Router) -> SurfaceReader:
+    return router.surfaces
+
+
+def preflight(fleet: Fleet) -> Prepared:
     """The core's start-up checks (``cognitora.preflight``), run when a Router installs the strategy, so the proxy
-    does not start on a setup that cannot work: each model's tokenizer and chat template load (their keyers are
-    returned for the core), no engine is listed twice under two spellings, Redis accepts the password. An engine
-    host that does not resolve, or a Redis that does not answer, is a warning: both are resolved and retried on
-    every connection, and may come up after the proxy."""
-    keyers = prompt_keyers(fleet.config)
-    if fleet.config.intent is not None:
-        # The rewrite policy (its file, the classifier and its extra) is checked and fitted now, at start-up: the
-        # core that uses it starts on the first request. The Router built then gets this same one.
-        IntentSource.shared(fleet.config.intent, set(fleet.config.model_names()))
+    does not start on a setup that cannot work: each model's tokenizer and chat template load and the rewrite policy
+    (its file, the classifier and its extra) is fitted, all handed to the core that starts on the first request
+    (``cognitora.core.core.prepare``); no engine is listed twice under two spellings, Redis accepts the password. An
+    engine host that does not resolve, or a Redis that does not answer, is a warning: both are resolved and retried
+    on every connection, and may come up after the proxy."""
+    prepared = prepare(fleet.config)
     for problem in unresolved_problems(resolve_engines(fleet.config, fleet.endpoint_sources)):
         log.warning("%s; placing on it anyway (LiteLLM resolves the name on every connection)", problem)
     store_warning = check_store(fleet.config)
     if store_warning is not None:
         log.warning("%s", store_warning)
-    return keyers
+    return prepared
 
 
 _NO_PICK = Rejection(503, "no endpoint was picked", 5)

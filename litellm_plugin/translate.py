@@ -14,15 +14,40 @@ import datetime
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import litellm
 
-from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.config import DEFAULT_PRIORITY
+from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.decision import Decision, Rejection
 from cognitora.disagg.wire import PREFILL_ENDPOINT_HEADER
+from cognitora.identity import Claims, Identity, IdentitySource, resolve_identity
 from cognitora.intent import Rewrite
-from cognitora.request import RouteRequest, new_request_id, read_choices, read_max_tokens
+from cognitora.request import RouteRequest, check_body, new_request_id, read_choices, read_max_tokens
+from cognitora.stream_usage import usage_from_object
+from cognitora.surface_entry import SurfaceReader, surface_under_prefix
+from cognitora.surface_entry import route_request as surface_route_request
+from kvstate.surfaces import SurfaceName, SurfaceRequest
+
+__all__ = [
+    "PLACEMENT_KEY",
+    "REWRITE_KEY",
+    "client_trace",
+    "failure_outcome",
+    "metadata_of",
+    "note_rewrite",
+    "placement_id",
+    "rejection_error",
+    "rewrite_of",
+    "route_request",
+    "set_engine_headers",
+    "set_prefill_endpoint",
+    "success_outcome",
+    "surface_path",
+    "trace_id",
+    "writable_metadata",
+]
 
 PLACEMENT_KEY = "cognitora_request_id"
 """Metadata key the strategy writes on each attempt, so the callbacks find that attempt's decision."""
@@ -102,6 +127,23 @@ def set_prefill_endpoint(kwargs: dict[str, Any], decision: Decision) -> None:
         }
 
 
+def client_trace(request_kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The W3C ``traceparent`` and ``tracestate`` the client (or a gateway in front) sent the proxy."""
+    server_request = request_kwargs.get("proxy_server_request")
+    sent = server_request.get("headers") if isinstance(server_request, Mapping) else None
+    if not isinstance(sent, Mapping):
+        return None, None
+    lowered = {str(k).lower(): v for k, v in sent.items() if isinstance(v, str)}
+    return lowered.get("traceparent"), lowered.get("tracestate")
+
+
+def set_engine_headers(kwargs: dict[str, Any], headers: Mapping[str, str]) -> None:
+    """Add ``headers`` to the call's upstream request (``extra_headers``, which LiteLLM sends to the engine)."""
+    if headers:
+        extra = kwargs.get("extra_headers")
+        kwargs["extra_headers"] = {**(extra if isinstance(extra, dict) else {}), **headers}
+
+
 def trace_id(kwargs: Mapping[str, Any]) -> str | None:
     """LiteLLM's id for one logical request: the same on every retry and fallback of it."""
     value = kwargs.get("litellm_trace_id")
@@ -142,6 +184,20 @@ def _client_body(request_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
     server_request = request_kwargs.get("proxy_server_request")
     body = server_request.get("body") if isinstance(server_request, Mapping) else None
     return body if isinstance(body, Mapping) else {}
+
+
+def _check_client_body(request_kwargs: Mapping[str, Any]) -> None:
+    """The body the client sent the proxy, by the core's rules as Envoy's service checks it (``check_body``): the
+    same malformed chat or completions body gets the same 400 through either gateway. Raises ``InvalidRequest``."""
+    server_request = request_kwargs.get("proxy_server_request")
+    url = server_request.get("url") if isinstance(server_request, Mapping) else None
+    body = _client_body(request_kwargs)
+    if not isinstance(url, str) or not body:
+        return  # an SDK call: LiteLLM's own Python API typed the fields
+    if urlsplit(url).path.rstrip("/").endswith("/chat/completions") or "messages" in body:
+        check_body(body, chat=True)
+    elif "prompt" in body:  # a completions body (embeddings' and responses' ``input`` are their APIs' own)
+        check_body(body, chat=False)
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -195,6 +251,34 @@ def _prompt_fields(
     }
 
 
+_SURFACES_READ_BY_THE_CORE = frozenset({"messages", "responses", "embeddings"})
+"""The proxy's endpoints whose client body the core's surface reader reads (``cognitora.surface_entry``): LiteLLM
+hands the strategy only part of it (Anthropic's ``system`` is a separate kwarg, Responses' items are ``input``)."""
+
+
+def surface_path(request_kwargs: Mapping[str, Any]) -> str | None:
+    """The proxy path of a Messages, Responses or embeddings request (``/v1/messages``, ...), whose client body
+    the core reads; None for chat and completions, and for a call through LiteLLM's Python API (no proxy)."""
+    server_request = request_kwargs.get("proxy_server_request")
+    url = server_request.get("url") if isinstance(server_request, Mapping) else None
+    if not isinstance(url, str) or not _client_body(request_kwargs):
+        return None
+    path = urlsplit(url).path
+    return path if surface_under_prefix(path) in _SURFACES_READ_BY_THE_CORE else None
+
+
+def responses_holder(request_kwargs: Mapping[str, Any]) -> str | None:
+    """The deployment id LiteLLM encoded in a Responses request's ``previous_response_id`` (its response ids carry
+    the deployment that answered): only that engine holds the conversation (vLLM's response store is per server)."""
+    previous = _client_body(request_kwargs).get("previous_response_id")
+    if not isinstance(previous, str):
+        return None
+    from litellm.responses.utils import ResponsesAPIRequestUtils  # LiteLLM's own decoding of its ids
+
+    found = ResponsesAPIRequestUtils.get_model_id_from_response_id(previous)
+    return found if isinstance(found, str) and found else None
+
+
 def route_request(
     model: str,
     messages: Sequence[Mapping[str, Any]] | None,
@@ -204,23 +288,31 @@ def route_request(
     pinned_endpoint: str | None = None,
     burst_targets: Sequence[str] = (),
     named_cloud: str | None = None,
+    *,
+    reader: SurfaceReader | None = None,
+    holder: str | None = None,
 ) -> RouteRequest:
     """The core's view of one attempt. ``model`` is the model group; ``candidates`` are endpoint ids.
 
-    Raises ``cognitora.request.InvalidRequest`` for a ``max_tokens``, ``n`` or ``best_of`` the core refuses (the
-    strategy answers 400)."""
+    ``reader``: the core's surface reader, for a request ``surface_path`` names: its client body is read by the
+    surface's own rules (Anthropic's ``system`` and blocks, Responses' items, ...). ``holder``: the endpoint that
+    holds a Responses request's ``previous_response_id`` (``responses_holder``), where it is pinned.
+
+    Raises ``cognitora.request.InvalidRequest`` for a body or a ``max_tokens``, ``n`` or ``best_of`` the core
+    refuses (the strategy answers 400)."""
+    path = surface_path(request_kwargs) if reader is not None else None
+    if reader is not None and path is not None:
+        read = reader.read(path, _client_body(request_kwargs), model=model)
+        assert read is not None  # surface_path named a surface's path
+        return _surface_request(model, read, request_kwargs, candidates, burst_targets, named_cloud, holder)
+    _check_client_body(request_kwargs)
     meta = metadata_of(request_kwargs)
     n, best_of = read_choices(request_kwargs)
     return RouteRequest(
         model=model,
         **_prompt_fields(messages, input, request_kwargs),
         request_id=new_request_id(),
-        team=_first_str(meta, "user_api_key_team_id"),
-        # The key's admin-set alias names it in budgets when it has one; else its hash (never the key itself).
-        api_key_id=_first_str(meta, "user_api_key_alias", "user_api_key_hash", "user_api_key"),
-        # Only the key's owner: LiteLLM's end-user id is the body's `user` field, which the client chooses.
-        user=_first_str(meta, "user_api_key_user_id"),
-        priority=_priority(meta),
+        identity=_identity(meta),
         max_tokens=read_max_tokens(request_kwargs),
         n=n,
         best_of=best_of,
@@ -230,8 +322,46 @@ def route_request(
         named_cloud=named_cloud,
         pinned_endpoint=pinned_endpoint,
         may_pin=_admin_set(meta, ALLOW_PINNING_KEY) is True,
-        intent_hint=_admin_str(meta, INTENT_KEY),
         rewrite=rewrite_of(request_kwargs, model),
+    )
+
+
+def _surface_request(
+    model: str,
+    read: SurfaceRequest,
+    request_kwargs: Mapping[str, Any],
+    candidates: Sequence[str],
+    burst_targets: Sequence[str],
+    named_cloud: str | None,
+    holder: str | None,
+) -> RouteRequest:
+    meta = metadata_of(request_kwargs)
+    pin: dict[str, Any] = {} if holder is None else {"pinned_endpoint": holder, "may_pin": True}
+    return surface_route_request(
+        read,
+        model=model,
+        request_id=new_request_id(),
+        identity=_identity(meta),
+        candidates=tuple(candidates),
+        burst_targets=tuple(burst_targets),
+        named_cloud=named_cloud,
+        rewrite=rewrite_of(request_kwargs, model),
+        **pin,
+    )
+
+
+def _identity(meta: Mapping[str, Any]) -> Identity:
+    return resolve_identity(
+        Claims(
+            IdentitySource.LITELLM_KEY,
+            team=_first_str(meta, "user_api_key_team_id"),
+            # The key's admin-set alias names it in budgets when it has one; else its hash (never the key).
+            key=_first_str(meta, "user_api_key_alias", "user_api_key_hash", "user_api_key"),
+            # Only the key's owner: LiteLLM's end-user id is the body's `user` field, which the client chooses.
+            user=_first_str(meta, "user_api_key_user_id"),
+            priority=_priority(meta),
+            intent_hint=_admin_str(meta, INTENT_KEY),
+        )
     )
 
 
@@ -296,11 +426,18 @@ def success_outcome(kwargs: Mapping[str, Any], response: Any) -> Outcome:
     logged = kwargs.get("standard_logging_object")
     prompt_tokens = _int_or_none(_get(usage, "prompt_tokens"))
     completion_tokens = _int_or_none(_get(usage, "completion_tokens"))
+    details = _get(usage, "prompt_tokens_details")
+    cached = _int_or_none(_get(details, "cached_tokens")) if details is not None else None
+    if prompt_tokens is None and _get(usage, "input_tokens") is not None:
+        # An Anthropic Messages or Responses answer: the core's reading of each surface's usage fields
+        surface: SurfaceName = "messages" if _get(response, "type") == "message" else "responses"
+        dumped = usage.model_dump() if hasattr(usage, "model_dump") else usage
+        read = usage_from_object(surface, dumped)
+        if read is not None:
+            prompt_tokens, completion_tokens, cached = read.prompt_tokens, read.completion_tokens, read.cached_tokens
     if prompt_tokens is None and isinstance(logged, Mapping):
         prompt_tokens = _int_or_none(logged.get("prompt_tokens"))
         completion_tokens = _int_or_none(logged.get("completion_tokens"))
-    details = _get(usage, "prompt_tokens_details")
-    cached = _int_or_none(_get(details, "cached_tokens")) if details is not None else None
     return Outcome(
         OutcomeKind.COMPLETED,
         status=200,

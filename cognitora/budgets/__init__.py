@@ -6,3 +6,5 @@ counters and amounts), ``ledger`` (the store protocol), ``memory_ledger`` / ``re
 ``redis_scripts`` the Lua), ``gate`` (what the Router calls: reserve, settle, fail-open backlog), ``charges`` (the
 typed API for spend recorded outside placement), ``report`` and ``cli`` (``cognitora budgets``), ``metrics``.
 """
+
+__all__: list[str] = []

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from cognitora.budgets.ledger import BudgetLedger, SettleResult
-from cognitora.budgets.plan import MICRO, Identity, Planner, Reservation, Usage
+from cognitora.budgets.plan import MICRO, Planner, Reservation, Usage
+from cognitora.identity import Identity
 
 __all__ = ["Charge", "charge_reservation", "record_charge"]
 

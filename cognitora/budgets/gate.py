@@ -33,13 +33,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from cognitora.attempt import Outcome, OutcomeKind
 from cognitora.budgets.batcher import LedgerBatcher
 from cognitora.budgets.config import ANONYMOUS_TEAM, BudgetsConfig, Metric, SubjectKind
 from cognitora.budgets.ledger import BudgetLedger, Refusal, SettleResult
 from cognitora.budgets.memory_ledger import MemoryLedger
-from cognitora.budgets.plan import MICRO, CounterPlan, Identity, Planner, Reservation, Usage
+from cognitora.budgets.plan import MICRO, CounterPlan, Planner, Reservation, Usage
+from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.decision import Rejection
+from cognitora.identity import Identity
 from cognitora.request import RouteRequest
 from cognitora.telemetry import Histogram
 from kvstate.store import Store, StoreUnavailable
@@ -178,7 +179,7 @@ class BudgetGate:
 
     # -- reserve ------------------------------------------------------------------------------------------------
     async def reserve(self, request: RouteRequest, model: str, prompt_tokens: int) -> Hold | Rejection:
-        identity = Identity(request.team, request.api_key_id, request.user)
+        identity = request.identity
         now = self._clock()
         estimate = self.planner.estimate_request(request, model, prompt_tokens)
         reservation = self.planner.plan(request.request_id, identity, model, estimate, now)

@@ -1,5 +1,5 @@
 """``BudgetLedger``: where budget counters live. Two backends (``MemoryLedger``, ``RedisLedger``), one contract
-(tests/test_budgets_ledger.py runs it against both).
+(tests/budgets/test_budgets_ledger.py runs it against both).
 
 - ``reserve`` checks every counter of a reservation and, only if all fit, adds the estimate to all of them, in one
   atomic step; it also settles, at their estimate, reservations whose lease expired (their gateway died).

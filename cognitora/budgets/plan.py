@@ -17,9 +17,20 @@ from zoneinfo import ZoneInfo
 from cognitora.budgets.config import ANONYMOUS_TEAM, BudgetsConfig, LimitConfig, Metric, SubjectKind
 from cognitora.budgets.estimate import output_tokens
 from cognitora.budgets.windows import WindowCache, window_label
+from cognitora.identity import Identity
 from cognitora.request import RouteRequest
 
-__all__ = ["CounterPlan", "Identity", "Planner", "Reservation", "Usage", "counter_name", "escape", "row_field"]
+__all__ = [
+    "CounterPlan",
+    "Identity",
+    "Planner",
+    "Reservation",
+    "Usage",
+    "counter_name",
+    "escape",
+    "row_field",
+    "subjects",
+]
 
 MICRO = 1_000_000
 """Cost is counted in micro-dollars: integer counters stay exact."""
@@ -70,22 +81,14 @@ class Usage:
         return self.cost_micro_usd
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who a request is for, from trusted sources only (``RouteRequest.team``/``api_key_id``/``user``)."""
-
-    team: str | None = None
-    key: str | None = None
-    user: str | None = None
-
-    def subjects(self) -> list[tuple[SubjectKind, str]]:
-        """Whom the request is counted for: its team (``ANONYMOUS_TEAM`` when it has none), key and user."""
-        found = [
-            (SubjectKind.TEAM, self.team or ANONYMOUS_TEAM),
-            (SubjectKind.KEY, self.key),
-            (SubjectKind.USER, self.user),
-        ]
-        return [(k, v) for k, v in found if v]
+def subjects(identity: Identity) -> list[tuple[SubjectKind, str]]:
+    """Whom a request is counted for: its team (``ANONYMOUS_TEAM`` when it has none), key and user."""
+    found = [
+        (SubjectKind.TEAM, identity.team or ANONYMOUS_TEAM),
+        (SubjectKind.KEY, identity.key),
+        (SubjectKind.USER, identity.user),
+    ]
+    return [(k, v) for k, v in found if v]
 
 
 @dataclass(frozen=True)
@@ -180,14 +183,14 @@ class Planner:
     ) -> Reservation:
         now = time.time() if now is None else now
         counters: dict[str, CounterPlan] = {}
-        for kind, subject in identity.subjects():
+        for kind, subject in subjects(identity):
             path, limits = self.config.limits_for(kind, subject)
             for i, limit in enumerate(limits):
                 for plan in self._counters(kind, subject, f"{path}.limits[{i}]", limit, estimate, now):
                     known = counters.get(plan.name)
                     if known is None or plan.cap < known.cap:  # two limits on one counter: the tighter rules
                         counters[plan.name] = plan
-        rows = [(k.value, s, model) for k, s in identity.subjects()]
+        rows = [(k.value, s, model) for k, s in subjects(identity)]
         return Reservation(
             request_id=request_id,
             identity=identity,

@@ -25,6 +25,8 @@ SETTLE   KEYS: leases, then per settle: done:<rid>, day:<date>, counters...
 
 from __future__ import annotations
 
+__all__ = ["COUNTERS", "RESERVE", "SETTLE"]
+
 _WORDS = """
 local function words(s)
   local out = {}

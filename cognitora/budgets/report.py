@@ -14,7 +14,8 @@ from zoneinfo import ZoneInfo
 
 from cognitora.budgets.config import BudgetsConfig, Metric, SubjectKind
 from cognitora.budgets.ledger import BudgetLedger
-from cognitora.budgets.plan import MICRO, ROW_METRICS, Identity, Planner, Usage, unescape
+from cognitora.budgets.plan import MICRO, ROW_METRICS, Planner, Usage, unescape
+from cognitora.identity import Identity
 
 __all__ = ["LimitRow", "UsageRow", "format_report", "limit_rows", "usage_rows"]
 
@@ -117,7 +118,11 @@ async def limit_rows(
         subjects = {k: None for k in subjects if k == (SubjectKind.TEAM, team)} or {(SubjectKind.TEAM, team): None}
     plans = []
     for kind, name in subjects:
-        identity = Identity(**{("key" if kind is SubjectKind.KEY else kind.value): name})
+        identity = Identity(
+            team=name if kind is SubjectKind.TEAM else None,
+            key=name if kind is SubjectKind.KEY else None,
+            user=name if kind is SubjectKind.USER else None,
+        )
         plans += list(planner.plan("-", identity, "-", Usage(), now).counters)
     values = await ledger.counter_values(plans, int(now * 1000))
     out = []

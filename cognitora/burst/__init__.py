@@ -6,3 +6,5 @@
 - ``spend``: the ``SpendGate`` protocol (cloud spend per team) and its in-process implementation.
 - ``policy``: the burst decision itself, and its reason.
 """
+
+__all__: list[str] = []

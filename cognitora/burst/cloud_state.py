@@ -25,7 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from cognitora.attempt import Outcome, OutcomeKind
+from cognitora.core.outcome import Outcome, OutcomeKind
+
+__all__ = ["Breaker", "BreakerSettings", "CloudState", "TargetState", "Verdict"]
 
 TARGET_REFUSES = frozenset({401, 403, 404})
 """4xx a target answers every request with when it cannot serve us (a key it refuses, a model it lacks): failures

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+__all__ = ["ANY_TEAM", "BurstConfig", "CloudTargetConfig"]
+
 ANY_TEAM = "*"
 """In ``burst.teams``: every request that carries a team (from the gateway's authentication) may burst."""
 

@@ -15,6 +15,8 @@ from cognitora.burst.config import BurstConfig
 from cognitora.config import ConfigError
 from cognitora.redaction import register_secret
 
+__all__ = ["cloud_api_keys"]
+
 
 def cloud_api_keys(burst: BurstConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Target name -> its API key, for every target with ``credential_env``."""

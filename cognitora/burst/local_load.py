@@ -10,6 +10,8 @@ from cognitora.burst.reasons import BurstReason
 from cognitora.config import PriorityClass
 from cognitora.decision import CandidateScore, Decision
 
+__all__ = ["LocalLoad", "best_local_load"]
+
 
 @dataclass(frozen=True)
 class LocalLoad:

@@ -35,8 +35,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from cognitora.attempt import Outcome
-from cognitora.budgets.plan import Identity
 from cognitora.burst.cloud_state import BreakerSettings, CloudState
 from cognitora.burst.config import ANY_TEAM, BurstConfig, CloudTargetConfig
 from cognitora.burst.ledger_spend import LedgerSpend
@@ -46,7 +44,9 @@ from cognitora.burst.reasons import BurstReason, Denied
 from cognitora.burst.saturation import SaturationDetector
 from cognitora.burst.spend import CloudSpend, InProcessSpend, SpendGate
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, PriorityClass
+from cognitora.core.outcome import Outcome
 from cognitora.decision import CloudPick, Decision
+from cognitora.identity import Identity
 from cognitora.request import RouteRequest
 
 __all__ = ["CLOUD_ENDPOINT_PREFIX", "BurstPolicy", "BurstReason", "Denied", "cloud_endpoint", "is_cloud_endpoint"]
@@ -104,7 +104,7 @@ class BurstPolicy:
         """``decision`` (the local placement of ``req``), or the cloud decision that replaces it."""
         if decision.cloud is not None or not self.settings.targets:
             return decision
-        priority = req.priority or DEFAULT_PRIORITY
+        priority = req.identity.priority or DEFAULT_PRIORITY
         if req.named_cloud is not None:
             named = self._named(req, decision, priority)
             if named.cloud is not None or not self.enabled:
@@ -142,7 +142,7 @@ class BurstPolicy:
         why: BurstReason,
         detail: str,
     ) -> Decision:
-        assert req.team is not None
+        assert req.identity.team is not None
         key4 = (self._model_name(decision), priority, target.name, why.value)
         self.decisions[key4] = self.decisions.get(key4, 0) + 1
         self._last_burst = key4
@@ -151,7 +151,7 @@ class BurstPolicy:
             model=target.models[decision.model],
             url=target.base_url,
             reason=f"{why.value}: {detail}",
-            team=req.team,
+            team=req.identity.team,
             local_fallbacks=_local_order(decision),
         )
         return replace(
@@ -179,7 +179,7 @@ class BurstPolicy:
         target = self.settings.target(name)
         model = self._model_name(decision)
         denied: Denied | None = None
-        if target is None or not target.may_be_named_by(req.team):
+        if target is None or not target.may_be_named_by(req.identity.team):
             denied = Denied.NAMED
         elif decision.model not in target.models or (req.burst_targets is not None and name not in req.burst_targets):
             denied = Denied.NO_TARGET
@@ -189,10 +189,10 @@ class BurstPolicy:
             denied = self._reserve(req, decision, target, self._clock())
         if denied is None:
             assert target is not None
-            detail = f"the request named it and team {req.team!r} may (burst.targets[].named_teams)"
+            detail = f"the request named it and team {req.identity.team!r} may (burst.targets[].named_teams)"
             return self._to_cloud(req, decision, priority, target, BurstReason.NAMED, detail)
         self._deny(model, priority, denied)
-        who = "no team" if req.team is None else f"team {req.team!r}"
+        who = "no team" if req.identity.team is None else f"team {req.identity.team!r}"
         return _noted(
             decision,
             f"the request named cloud target {name!r}: placed like its model ({who}: {denied.value.replace('_', ' ')})",
@@ -228,7 +228,7 @@ class BurstPolicy:
     def _target_for(
         self, req: RouteRequest, decision: Decision, group: str | None, now: float
     ) -> tuple[CloudTargetConfig | None, Denied | None]:
-        if not self.settings.team_may_burst(req.team):
+        if not self.settings.team_may_burst(req.identity.team):
             return None, Denied.TEAM
         if group is not None and group in self._failed_groups:
             return None, Denied.RETRY
@@ -251,9 +251,9 @@ class BurstPolicy:
         problem = self.cloud.unavailable(target.name, target.max_concurrency, now)
         if problem is not None:
             return Denied(problem)
-        assert req.team is not None
+        assert req.identity.team is not None
         output = req.max_tokens if req.max_tokens is not None else target.estimate_output_tokens
-        if not self.spend.hold(decision.request_id, req.team, target.cost_usd(decision.prompt_tokens, output)):
+        if not self.spend.hold(decision.request_id, req.identity.team, target.cost_usd(decision.prompt_tokens, output)):
             return Denied.SPEND
         self.cloud.reserve(target.name, decision.request_id, now)
         return None

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+__all__ = ["LocalProbes", "ProbeResult"]
+
 ClassKey = tuple[str, str]
 """(model, priority class)."""
 

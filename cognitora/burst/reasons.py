@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+__all__ = ["BurstReason", "Denied"]
+
 
 class BurstReason(StrEnum):
     """Why a request went to a cloud target: the ``reason`` label of ``cognitora_burst_decisions_total``."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["SaturationDetector", "Verdict"]
+
 
 @dataclass
 class _ClassState:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+__all__ = ["CloudSpend", "HoldingSpend", "Holds", "InProcessSpend", "SpendGate", "SpendRow"]
+
 
 @dataclass(frozen=True)
 class CloudSpend:

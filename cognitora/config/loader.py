@@ -290,7 +290,30 @@ def _reference_problems(config: CognitoraConfig) -> list[str]:
                     f"({', '.join(sorted(config.placement.priorities))})"
                 )
     problems.extend(_burst_problems(config))
+    if config.flow_control is not None:
+        problems.extend(config.flow_control.problems(config.placement.priorities))
+        problems.extend(_lease_problems(config))
     return problems
+
+
+def _lease_problems(config: CognitoraConfig) -> list[str]:
+    """Leases shared by replicas need Redis; without ``max_num_seqs`` on any engine they would gate nothing."""
+    flow = config.flow_control
+    if flow is None or not flow.leases.enabled:
+        return []
+    out = []
+    if config.redis_url is None:
+        out.append(
+            "flow_control.leases.enabled: leases are shared through Redis; set redis_url, or turn leases off "
+            "(one gateway process needs none)"
+        )
+    seats = config.cost_model.priors.max_num_seqs
+    if not seats and not any(e.cost.max_num_seqs for m in config.models for e in m.endpoints):
+        out.append(
+            "flow_control.leases.enabled: no endpoint sets max_num_seqs, so no engine would be lease-gated; set "
+            "models[].endpoints[].cost.max_num_seqs or cost_model.priors.max_num_seqs"
+        )
+    return out
 
 
 def _burst_problems(config: CognitoraConfig) -> list[str]:

@@ -1,7 +1,7 @@
 """The configuration reference: docs/config.md's tables, generated from the schema's field docstrings.
 
-``python -m cognitora.config`` prints it; tests/test_config.py fails when docs/config.md drifts from it, and when a
-field has no docstring (a blank "meaning" cell).
+``python -m cognitora.config`` prints it; tests/config/test_config.py fails when docs/config.md drifts from it, and when
+a field has no docstring (a blank "meaning" cell).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cognitora.config.schema import (
     ScrapeConfig,
     TtftFeedbackConfig,
 )
+from cognitora.flow.config import FlowClassConfig, FlowControlConfig, LeaseConfig
 from cognitora.intent.policy import (
     ClassifierSpec,
     DifficultySpec,
@@ -68,6 +69,9 @@ REFERENCE_SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("budgets.teams.<name> / keys.<name> / users.<name>", SubjectBudget),
     ("budgets.…limits[] / budgets.defaults.team[] / key[] / user[]", LimitConfig),
     ("budgets.prices.<model>", ModelPrice),
+    ("flow_control", FlowControlConfig),
+    ("flow_control.classes.<name>", FlowClassConfig),
+    ("flow_control.leases", LeaseConfig),
     ("kv_tiers", KvTiersConfig),
     ("metrics", MetricsPageConfig),
 )

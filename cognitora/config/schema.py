@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cognitora.budgets.config import BudgetsConfig
 from cognitora.burst.config import BurstConfig
+from cognitora.flow.config import FlowControlConfig
+from cognitora.identity import DEFAULT_PRIORITY as IDENTITY_DEFAULT_PRIORITY
 from cognitora.intent.policy import IntentConfig
 from cognitora.metrics.cors import MetricsPageConfig
 from cognitora.redaction import redact_url, register_url_password
@@ -41,7 +43,7 @@ __all__ = [
     "TtftFeedbackConfig",
 ]
 
-DEFAULT_PRIORITY = "default"
+DEFAULT_PRIORITY = IDENTITY_DEFAULT_PRIORITY
 """The priority class a request gets when it names none; every config has it."""
 
 
@@ -527,6 +529,10 @@ class CognitoraConfig(_Strict):
     """Cloud targets for a saturated fleet, and who may burst to them (docs/burst.md). Default: nothing bursts."""
     budgets: BudgetsConfig | None = None
     """Per-team, per-key and per-user token budgets (docs/budgets.md); absent: no budgets."""
+    flow_control: FlowControlConfig | None = None
+    """Hold requests at the gateway while the fleet is saturated, by priority band and fair across teams
+    (docs/flow_control.md). Absent: off, as before (a saturated request is placed anyway, or shed if its class is
+    sheddable); ``flow_control: {}`` turns it on with the defaults."""
     kv_tiers: KvTiersConfig = Field(default_factory=KvTiersConfig)
     """Reload bandwidths of KV blocks held in CPU memory or on disk, to price their reuse in seconds."""
     metrics: MetricsPageConfig = Field(default_factory=MetricsPageConfig)

@@ -140,7 +140,7 @@ def place_with_pairs(req: RouteRequest, prompt: PromptKeys, config: CognitoraCon
         # No pair possible: whole, on a decode endpoint too (its sidecar prefills locally) rather than refused.
         return whole if whole_role is Role.DECODE else place(req, prompt, config, state, role=Role.DECODE)
     whole_ttft = None if whole.endpoint is None else whole.predicted_ttft_s
-    pclass = config.placement.priorities.get(req.priority or DEFAULT_PRIORITY)
+    pclass = config.placement.priorities.get(req.identity.priority or DEFAULT_PRIORITY)
     slo = float("inf") if pclass is None else pclass.ttft_slo_s
     if whole_ttft is not None:
         if pair.ttft_s + config.disaggregation.min_gain_s >= whole_ttft:

@@ -4,6 +4,29 @@ sgl-router's ``pd_router.rs``, TRT-LLM's disaggregated examples); docs/disaggreg
 
 from __future__ import annotations
 
+__all__ = [
+    "BOOTSTRAP_HOST",
+    "BOOTSTRAP_PORT",
+    "BOOTSTRAP_ROOM",
+    "CONTEXT_ONLY",
+    "DISAGGREGATED_PARAMS",
+    "DO_REMOTE_DECODE",
+    "DO_REMOTE_PREFILL",
+    "GENERATION_ONLY",
+    "KV_TRANSFER_PARAMS",
+    "PD_FALLBACK_HEADER",
+    "PD_HEADER",
+    "PD_PREFILL_MS_HEADER",
+    "PREFILL_ENDPOINT_HEADER",
+    "REMOTE_BLOCK_IDS",
+    "REMOTE_ENGINE_ID",
+    "REMOTE_HOST",
+    "REMOTE_PORT",
+    "REQUEST_ID_HEADER",
+    "REQUEST_TYPE",
+    "SGLANG_DEFAULT_BOOTSTRAP_PORT",
+]
+
 # -- gateway -> sidecar (set only by the gateway after placement; the gateway strips any copy a client sent) --------
 PREFILL_ENDPOINT_HEADER = "x-cognitora-prefill-endpoint"
 """The prefill endpoint Cognitora chose, ``host:port`` (or a base URL). Absent: the decode engine prefills locally.

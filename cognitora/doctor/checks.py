@@ -8,6 +8,8 @@ from typing import Any
 
 from cognitora.redaction import redact
 
+__all__ = ["Check", "Status", "fail", "ok", "warn"]
+
 
 class Status(StrEnum):
     OK = "OK"

@@ -22,6 +22,8 @@ from cognitora.doctor.fleet import fleet_checks
 from cognitora.doctor.store import clock_sync_check, collector_check, redis_checks
 from cognitora.preflight import prompt_keyers, resolve_engines, unresolved_problems
 
+__all__ = ["main"]
+
 DEFAULT_CONFIG = "/etc/cognitora/cognitora.yaml"
 """Where ``deploy/install.sh`` puts the starter config and the systemd units read it."""
 

@@ -27,8 +27,9 @@ import redis.cluster
 from cognitora.config import CognitoraConfig
 from cognitora.doctor.checks import Check, fail, ok, warn
 from cognitora.redaction import redact_url
+from kvstate.open import open_store
 from kvstate.redis_store import probe
-from kvstate.store import StoreRefused, StoreUnavailable, open_store
+from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = [
     "CLOCK_WARN_S",

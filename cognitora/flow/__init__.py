@@ -6,6 +6,7 @@ across teams (by the prefill they really add), and are placed when they leave, o
 | ``config`` | the ``flow_control:`` section |
 | ``bands`` | priority classes in dispatch order, with their limits |
 | ``saturation`` | whether a placement says "wait", and what a request costs its flow |
+| ``priority`` | strict priority at admission: a lower band held under an active higher band's objective |
 | ``fair_queue`` | the order: strict bands with an aged share, virtual-time DRR across flows, FIFO within |
 | ``controller`` | ``FlowController``: the asyncio queue, its dispatcher and wake-ups, timeouts, cancellation |
 | ``outcome`` | what the queue hands back (``QueueRefusal``, ``Departure``) and asks (``Placer``, ``Held``) |

@@ -1,7 +1,8 @@
 """Priority bands: the classes of ``placement.priorities`` in dispatch order, each with its queue limits.
 
 A band is one priority class. Bands are strict: a lower band is dispatched only when no higher band has a waiter,
-except for the anti-starvation rule (``aged_after_s`` and ``aged_share``, ``cognitora.flow.fair_queue``).
+except for the anti-starvation rule (``aged_after_s`` and ``aged_share``, ``cognitora.flow.fair_queue``); and a lower
+band is not committed to engines loaded past an active higher band's objective (``cognitora.flow.priority``).
 """
 
 from __future__ import annotations

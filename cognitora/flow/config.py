@@ -126,9 +126,18 @@ class FlowControlConfig(_Strict):
     retry_spacing_s: float = Field(default=0.02, ge=0, le=1)
     """After a try that finds the fleet still saturated, the queue waits this long before the next: wake-ups that
     come faster (a storm of finishes) are merged. A try is one placement (about 1.3 ms of CPU on Redis,
-    bench/results/budget_overhead.md), so tries that fail cost at most that over this: 7% of a core at 0.02 s,
-    while a freed seat waits at most this long for its next request."""
+    bench/results/budget_overhead.md), so tries that fail cost at most that over this: 7% of a core at 0.02 s
+    while every seat is taken (per waiting flow of the top band while heads are held for ``kv`` or ``slo``: each
+    flow is tried once per wake-up), while a freed seat waits at most this long for its next request."""
+    priority_window_s: float = Field(default=60.0, ge=0, le=3600)
+    """Strict priority at admission: for this long after a request of a band (and while it has waiters), a lower
+    band's request is held, not placed, while every engine already holds more queued work than that band's TTFT
+    objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
+    while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
+    requests."""
     leases: LeaseConfig = Field(default_factory=LeaseConfig)
+    """Leases per engine in Redis, so gateway replicas sharing it admit no more than an engine's seats between
+    them (docs/flow_control.md, "Across gateway replicas"). Off by default."""
 
     @model_validator(mode="after")
     def _check(self) -> FlowControlConfig:

@@ -12,8 +12,11 @@ when woken:
 - every ``recheck_interval_s`` while anyone waits: what other replicas, scrapes and expiring leases freed.
 
 Woken, it takes the queue's next entry and asks the core's ``Placer`` to place it now. Placed: the waiter's
-future gets the result and the next entry is tried, and so on while the fleet takes them. Held: it stops, and
-tries again on the next wake-up, not sooner than ``retry_spacing_s`` later. Wake-ups that arrive meanwhile are
+future gets the result and the next entry is tried, and so on while the fleet takes them. Held for that request
+only (``Held.only_this``: its prompt is too long for the load now): its flow sits out this wake-up and the next
+flow's head of the band is tried (each flow at most once), so one team's long request does not block another
+team's short one. Held for all (every seat taken), or every flow of the band held: it stops, and tries again on
+the next wake-up, not sooner than ``retry_spacing_s`` later. Wake-ups that arrive meanwhile are
 merged into one. So a storm of finishes costs at most one placement per dispatch plus one per spacing, whatever
 the number of waiters; and the queue's own work per dispatch is O(log flows).
 
@@ -81,6 +84,9 @@ class Ticket(Generic[T]):
     state: _State = _State.QUEUED
     leaving: bool = False
     """Its waiter left while the dispatcher was placing it."""
+    aged: bool = False
+    """Being placed by the anti-starvation rule (ahead of a higher band, or waited its band's ``aged_after_s``):
+    the placer must not hold it for the higher bands' sake (``cognitora.flow.priority``)."""
 
 
 class FlowController(Generic[T, R]):
@@ -281,15 +287,26 @@ class FlowController(Generic[T, R]):
                 await asyncio.sleep(self.config.retry_spacing_s)
 
     async def _drain(self, why: WakeReason) -> bool:
-        """Dispatch while the fleet takes them; True when it stopped on a ``Held``."""
+        """Dispatch while the fleet takes them; True when it stopped on a ``Held``. A head held for itself
+        (``Held.only_this``: a long prompt over its objective) does not block the other flows of its band: its
+        flow sits out this wake-up (``FairQueue.skip``) and the next flow's head is tried."""
+        try:
+            return await self._drain_once(why)
+        finally:
+            self._queue.unskip()
+
+    async def _drain_once(self, why: WakeReason) -> bool:
         loop = asyncio.get_running_loop()
         placed = 0
+        skipped = False
         while (choice := self._queue.next(loop.time())) is not None:
             ticket = choice.entry.payload
             if ticket.future.done():  # its deadline or its client's cancel fired; its own code has not run yet
                 self._give_back(ticket)
                 continue
             ticket.state = _State.PLACING
+            after = self._queue.bands[choice.entry.band].aged_after_s
+            ticket.aged = choice.aged or (after is not None and loop.time() - choice.entry.at >= after)
             try:
                 result = await self._placer.place(ticket)
             except Exception as exc:
@@ -304,12 +321,16 @@ class FlowController(Generic[T, R]):
                     continue
                 ticket.state = _State.QUEUED
                 self.counters.held_tries += 1
-                return True
+                if not result.only_this:
+                    return True
+                self._queue.skip(choice.entry)
+                skipped = True
+                continue
             self._dispatched(ticket, choice, result, why, loop.time())
             placed += 1
             if placed % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-        return False
+        return skipped
 
     def _dispatched(self, ticket: Ticket[T], choice: Choice[Ticket[T]], result: R, why: WakeReason, now: float) -> None:
         entry = choice.entry

@@ -22,6 +22,12 @@ oldest waiter has waited ``aged_after_s`` (``Band``) may go ahead: the queue kee
 
 Among several aged bands, the one whose oldest waiter is most overdue goes first.
 
+**A held head skips its turn.** When the placer cannot place a flow's head now for that request's own sake (a long
+prompt over its objective), the controller ``skip``s the flow for the rest of the wake-up: the next flow's head
+of the band is offered, the skipped flow is not charged and keeps its counter (its deficit), so it is first again
+after ``unskip``; FIFO within it is kept. With every flow of the band skipped, ``next`` answers None rather than a
+lower band's head.
+
 Entries are removed in O(1) wherever they are (a client that disconnects leaves at once); each entry is in two
 ordered dicts (its flow's, for FIFO; its band's, for the oldest waiter), each flow at most once in its band's
 heap while it waits (stale heap items are skipped, by a per-flow token).
@@ -97,6 +103,8 @@ class _BandState:
     heap: list[tuple[float, int, str, int]] = field(default_factory=list)
     """(counter, head seq, flow, token); an item is current iff its token is the flow's and the flow waits."""
     entries: OrderedDict[int, Entry[Any]] = field(default_factory=OrderedDict)
+    skipped: set[str] = field(default_factory=set)
+    """Flows whose head the placer held in this wake-up (``skip``): out of the heap until ``unskip``."""
     vtime: float = 0.0
     dispatched: int = 0
 
@@ -205,7 +213,8 @@ class FairQueue(Generic[P]):
         return True
 
     def next(self, now: float) -> Choice[P] | None:
-        """The entry to dispatch next, without taking it out."""
+        """The entry to dispatch next, without taking it out. None when nobody waits, or when every waiting flow
+        of the band whose turn it is was skipped (``skip``): a lower band does not go instead (strict bands)."""
         top = next((i for i, s in enumerate(self._bands) if s.entries), None)
         if top is None:
             return None
@@ -214,7 +223,28 @@ class FairQueue(Generic[P]):
             overdue = self._most_overdue(top, now)
             if overdue is not None:
                 band, aged = overdue, True
-        return Choice(self._head(self._bands[band]), aged)
+        head = self._head(self._bands[band])
+        return None if head is None else Choice(head, aged)
+
+    def skip(self, entry: Entry[P]) -> None:
+        """``entry``, its flow's head, cannot be placed now (the fleet may take a smaller request): its flow sits
+        out until ``unskip``, so the next flow's head of the band is offered. The flow is not charged and keeps
+        its counter (its deficit): it is first again when it is back, and FIFO within it is kept."""
+        state = self._bands[entry.band]
+        f = state.flows.get(entry.flow)
+        if f is None or entry.flow in state.skipped:
+            return
+        state.skipped.add(entry.flow)
+        f.token = next(self._tokens)  # its heap item is stale now: ``_head`` drops it
+
+    def unskip(self) -> None:
+        """Every skipped flow takes its turn again (the controller calls it at the end of each wake-up)."""
+        for state in self._bands:
+            skipped, state.skipped = state.skipped, set()
+            for name in skipped:
+                f = state.flows.get(name)
+                if f is not None and f.queue:
+                    self._schedule(state, name, f)
 
     def commit(self, choice: Choice[P]) -> None:
         """``choice`` was dispatched: take it out and charge its flow."""
@@ -249,17 +279,20 @@ class FairQueue(Generic[P]):
 
     # -- inside -------------------------------------------------------------------------------------------------
     def _schedule(self, state: _BandState, name: str, f: _Flow) -> None:
+        if name in state.skipped:
+            return  # ``unskip`` schedules it with its counter as it is then
         f.token = next(self._tokens)  # unique across flows: a flow forgotten and made again never matches old items
         heapq.heappush(state.heap, (f.counter, next(iter(f.queue)), name, f.token))
 
-    def _head(self, state: _BandState) -> Entry[P]:
+    def _head(self, state: _BandState) -> Entry[P] | None:
         heap = state.heap
-        while True:
+        while heap:
             _, _, name, token = heap[0]
             f = state.flows.get(name)
             if f is not None and f.token == token and f.queue:
                 return next(iter(f.queue.values()))
             heapq.heappop(heap)
+        return None  # every waiting flow of the band was skipped
 
     def _most_overdue(self, top: int, now: float) -> int | None:
         best, most = None, 0.0

@@ -2,7 +2,8 @@
 
 - ``Placer``: the core's side. ``place(ticket)`` places the ticket's request on the fleet as it is now and, when it
   fits, commits it (counts it, takes its lease), in one step on the loop; or answers ``Held`` (still saturated:
-  it stays at the head). Cancelled while it awaits (the gateway shutting down), it must have committed nothing.
+  it stays at the head; ``Held.only_this``: another flow's smaller request may still fit). Cancelled while it
+  awaits (the gateway shutting down), it must have committed nothing.
   ``unclaimed(result)`` undoes a commit whose waiter left meanwhile (its client went away, or its wait ran out
   while it was being placed): the core finishes that attempt as cancelled, which settles its budget hold.
 - ``QueueRefusal``: the request leaves without being placed: it waited ``max_wait_s`` (``TIMEOUT``), the queue was
@@ -57,6 +58,10 @@ class Held:
     """The placer's answer when the request still cannot go: the fleet is saturated for it."""
 
     reason: str
+    only_this: bool = False
+    """True: the hold is about this request (its KV, its prompt against its objective), a smaller one may fit: the
+    dispatcher tries the next flow's head of the band (each flow once per wake-up). False (every seat is taken):
+    nothing else would be placed either, and the dispatcher stops until the next wake-up."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from cognitora.intent.difficulty import build as build_difficulty
 from cognitora.intent.embeddings import EmbeddingsClassifier
 from cognitora.intent.policy import IntentPolicy
 
+__all__ = ["Classifier", "build_classifier", "build_difficulty_model"]
+
 Classifier = TfidfClassifier | EmbeddingsClassifier
 
 

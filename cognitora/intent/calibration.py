@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["expected_calibration_error", "fit_temperature", "held_out_logits", "reliability", "softmax"]
+
 MIN_PER_INTENT = 2
 """Cross-validation needs at least this many examples of every intent; fewer: no temperature (T = 1)."""
 
@@ -24,7 +26,8 @@ MIN_PER_INTENT = 2
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    probabilities: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return probabilities
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:

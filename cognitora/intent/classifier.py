@@ -18,6 +18,17 @@ from typing import Any
 from cognitora.distribution import install_hint
 from cognitora.intent.policy import ClassifierSpec, FeatureSet
 
+__all__ = [
+    "ClassifierUnavailable",
+    "ExamplesError",
+    "LinearModel",
+    "Prediction",
+    "TfidfClassifier",
+    "read_examples",
+    "sklearn_or_explain",
+    "two_labels_at_least",
+]
+
 EXTRA = install_hint("intent")
 
 
@@ -151,7 +162,7 @@ class TfidfClassifier:
     ``scores`` does not go through scikit-learn: the word vocabulary and IDF weights, the character n-gram
     vocabulary (``cognitora.intent.ngrams``) and the coefficients are read out once, and a prediction is the
     analyzers, a look-up per term and one small matrix product: the probabilities of the fitted model
-    (tests/test_intent.py checks them against scikit-learn's ``decision_function``).
+    (tests/intent/test_intent.py checks them against scikit-learn's ``decision_function``).
     """
 
     def __init__(self, spec: ClassifierSpec, examples: Sequence[tuple[str, str]], max_chars: int = 2000) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from cognitora.intent.classifier import LinearModel, sklearn_or_explain, two_labels_at_least
 from cognitora.intent.policy import DifficultySpec
 
+__all__ = ["Difficulty", "DifficultyModel", "build"]
+
 EASY, HARD = "easy", "hard"
 
 _MATH = re.compile(r"[=<>≤≥≠±∑∫√∞^∈∀∃πθλ]|\\[a-z]+|\$")

@@ -29,6 +29,8 @@ import httpx
 from cognitora.intent.classifier import ClassifierUnavailable, LinearModel, Prediction, TfidfClassifier
 from cognitora.intent.policy import ClassifierSpec, EmbeddingsSpec
 
+__all__ = ["EmbeddingsClassifier", "EmbeddingsError"]
+
 
 class EmbeddingsError(RuntimeError):
     """The endpoint answered with something that is not an embeddings response."""

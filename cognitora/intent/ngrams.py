@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["CharVocabulary", "char_ngrams"]
+
 _SPACES = re.compile(r"\s+")
 _PRIME = np.uint64(1099511628211)  # FNV-64's: odd, and mixes a code point into the high bits
 _SPACE = 32

@@ -28,6 +28,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+__all__ = [
+    "ANY_MODEL",
+    "ClassifierSpec",
+    "DifficultySpec",
+    "EmbeddingsSpec",
+    "FeatureSet",
+    "IntentConfig",
+    "IntentPolicy",
+    "IntentSpec",
+    "RuleSpec",
+]
+
 ANY_MODEL = "*"
 """In ``rewrite``: every requested model name is rewritten (explicit names included)."""
 

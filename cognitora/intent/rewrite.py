@@ -9,62 +9,16 @@ rewrite is kept, though a weighted split of it still applies (a canary of an exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cognitora.intent.build import Classifier, build_classifier, build_difficulty_model
 from cognitora.intent.classifier import Prediction
 from cognitora.intent.difficulty import DifficultyModel
 from cognitora.intent.policy import ANY_MODEL, IntentPolicy
 from cognitora.intent.rules import PromptFeatures, RuleMatch, RuleSet, features
 from cognitora.intent.split import pick_version
+from cognitora.intent.verdict import How, Rewrite
 from cognitora.request import RouteRequest
 
-
-class How:
-    """How the model was chosen: the ``how`` label of ``cognitora_rewrites_total``."""
-
-    RULE = "rule"
-    DIFFICULTY = "difficulty"
-    CLASSIFIER = "classifier"
-    DEFAULT = "default"
-    KEPT = "kept"
-
-
-@dataclass(frozen=True)
-class Rewrite:
-    """Which model serves a request, and why."""
-
-    requested: str
-    """The model the client asked for."""
-    model: str
-    """The model that serves it (equal to ``requested`` when nothing was rewritten)."""
-    how: str
-    """``rule``, ``difficulty``, ``classifier``, ``default`` or ``kept`` (a ``How``)."""
-    intent: str | None = None
-    detail: str = ""
-    """The rule that matched, or the difficulty, or the classifier's score, or why the default or the allow list
-    applied."""
-    score: float | None = None
-    """The classifier's probability for ``intent``, when it was consulted."""
-    version_of: str | None = None
-    """The weighted name ``model`` is a version of (``small`` for ``small-v2``), when a split chose it."""
-
-    @property
-    def changed(self) -> bool:
-        return self.model != self.requested
-
-    def explain(self) -> str:
-        """One line for ``cognitora explain`` and the decision's reason."""
-        if self.how == How.KEPT and not self.changed:
-            text = f"model {self.requested!r} kept ({self.detail or 'not a rewritten name'})"
-        else:
-            text = f"model {self.requested!r} -> {self.model!r}: "
-            text += f"intent {self.intent!r} by {self.how}" if self.intent else self.how
-            if self.detail:
-                text += f" ({self.detail})"
-        if self.version_of is not None:
-            text += f"; weighted split of {self.version_of!r} chose {self.model!r}"
-        return text
+__all__ = ["How", "Rewrite", "Rewriter"]
 
 
 class Rewriter:
@@ -118,7 +72,7 @@ class Rewriter:
         requested = req.model
         if self.rewrites(requested):
             chosen = self._by_intent(requested, f, hit, p)
-            chosen = self._allowed(chosen, req.team)
+            chosen = self._allowed(chosen, req.identity.team)
         else:
             chosen = Rewrite(requested, requested, How.KEPT, detail="an explicit model")
         split = self.policy.weighted.get(chosen.model)
@@ -164,8 +118,8 @@ class Rewriter:
 
     def _sticky_key(self, req: RouteRequest, f: PromptFeatures) -> str:
         if self.policy.sticky_by == "user":
-            if req.user:
-                return f"user:{req.user}"
-            if req.api_key_id:
-                return f"key:{req.api_key_id}"
+            if req.identity.user:
+                return f"user:{req.identity.user}"
+            if req.identity.key:
+                return f"key:{req.identity.key}"
         return f"conversation:{f.first_user}"

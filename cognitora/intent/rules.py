@@ -14,6 +14,8 @@ from typing import Any
 from cognitora.intent.policy import IntentPolicy, RuleSpec
 from cognitora.request import RouteRequest
 
+__all__ = ["CompiledRule", "PromptFeatures", "RuleMatch", "RuleSet", "features"]
+
 
 @dataclass(frozen=True)
 class PromptFeatures:
@@ -73,7 +75,7 @@ def features(req: RouteRequest, max_chars: int) -> PromptFeatures:
         has_tools=bool(req.tools),
         prompt_chars=total,
         max_tokens=req.max_tokens,
-        hint=req.intent_hint,
+        hint=req.identity.intent_hint,
     )
 
 

@@ -23,6 +23,8 @@ from cognitora.intent.classifier import ClassifierUnavailable, ExamplesError
 from cognitora.intent.policy import IntentConfig, IntentPolicy
 from cognitora.intent.rewrite import Rewriter
 
+__all__ = ["IntentSource"]
+
 log = logging.getLogger("cognitora.intent")
 
 
@@ -62,18 +64,6 @@ class IntentSource:
             raise ConfigError(f"{source}: intent.file: cannot read {self._file} ({exc.strerror or exc})") from None
         except _PolicyError as exc:
             raise ConfigError(str(exc)) from None
-
-    @classmethod
-    def shared(cls, section: IntentConfig, models: set[str]) -> IntentSource:
-        """The source for ``section``, built once per process: a gateway's start-up checks (LiteLLM's preflight)
-        and its Router, built later, share one (fitting the classifier takes a second)."""
-        key = (id(section), frozenset(models))
-        found = _SHARED.get(key)
-        if found is None or found[0] is not section:
-            found = (section, cls(section, models))
-            _SHARED.clear()  # one config per process in practice: keep only the newest
-            _SHARED[key] = found
-        return found[1]
 
     def label_names(self) -> frozenset[str]:
         """Names the rewrite metric may show as they are (the rest are ``(unknown)``): the policy's intents, aliases
@@ -181,9 +171,6 @@ def _validation_message(source: str, exc: ValidationError) -> str:
     from cognitora.config import describe_error
 
     return f"{source}: " + "; ".join(describe_error(e, "intent") for e in exc.errors(include_url=False))
-
-
-_SHARED: dict[tuple[int, frozenset[str]], tuple[IntentConfig, IntentSource]] = {}
 
 
 class _PolicyError(Exception):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+__all__ = ["pick_version"]
+
 
 def bucket(key: str, total: int) -> int:
     """A stable bucket of ``[0, total)`` for ``key`` (blake2b: fast, and the same in every process and release)."""

@@ -8,3 +8,5 @@
 
 The request path records into ``cognitora.telemetry`` (plain counters); nothing here runs per request.
 """
+
+__all__: list[str] = []

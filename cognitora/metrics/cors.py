@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+__all__ = ["CorsPolicy", "MetricsPageConfig"]
+
 ANY_ORIGIN = "*"
 FILE_ORIGIN = "null"
 """What a page opened from ``file://`` sends as its ``Origin``."""

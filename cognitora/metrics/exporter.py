@@ -24,13 +24,13 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from cognitora.config import CognitoraConfig
 from cognitora.distribution import installed_version
 from cognitora.metrics.families import CollectorFamilies, FleetFamilies, RouterFamilies, family
+from cognitora.metrics.sources import CollectorSource
 from kvstate.store import EndpointSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from cognitora.collector import Collector
-    from cognitora.router import Router
+    from cognitora.core.router import Router
 
 __all__ = ["CONTENT_TYPE", "Exporter", "version"]
 
@@ -63,7 +63,7 @@ class Exporter:
         process: str,
         *,
         router: Router | None = None,
-        collector: Callable[[], Collector | None] | None = None,
+        collector: Callable[[], CollectorSource | None] | None = None,
         extproc_errors: Callable[[], int] | None = None,
     ) -> None:
         self.config = config

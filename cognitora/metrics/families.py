@@ -2,7 +2,7 @@
 collectors): nothing here runs on the request path.
 
 - ``RouterFamilies``: a gateway's ``Router`` (its ``Telemetry``, ``RouterStats`` and open attempts);
-- ``CollectorFamilies``: a ``cognitora.collector.Collector`` (subscriber, ingestor and scraper counters);
+- ``CollectorFamilies``: a collector's subscriber, ingestor and scraper counters (``cognitora.metrics.sources``);
 - ``FleetFamilies``: endpoint snapshots (handed in by the exporter, which read them from the store or the scraper),
   with energy per token and hit rate over a window (``cognitora.metrics.window``).
 
@@ -24,6 +24,7 @@ from prometheus_client.samples import Sample
 from cognitora.burst.cloud_state import Breaker
 from cognitora.config import CognitoraConfig
 from cognitora.metrics.names import Kind, spec
+from cognitora.metrics.sources import CollectorSource
 from cognitora.metrics.window import CounterWindow, WindowDelta, fleet_energy
 from cognitora.redaction import redact
 from cognitora.telemetry import Histogram
@@ -31,10 +32,18 @@ from kvstate.store import EndpointSnapshot
 
 if TYPE_CHECKING:
     from cognitora.budgets.gate import BudgetGate
-    from cognitora.collector import Collector
-    from cognitora.router import Router
+    from cognitora.core.flow_gate import FlowGate
+    from cognitora.core.router import Router
 
-__all__ = ["CollectorFamilies", "FleetFamilies", "RouterFamilies", "family", "histogram_family"]
+__all__ = [
+    "CollectorFamilies",
+    "FleetFamilies",
+    "RouterFamilies",
+    "budget_families",
+    "family",
+    "flow_families",
+    "histogram_family",
+]
 
 Family = CounterMetricFamily | GaugeMetricFamily
 _K = TypeVar("_K", bound=tuple[str, ...])
@@ -142,6 +151,8 @@ class RouterFamilies(PrometheusCollector):
         if gate is not None:
             yield from budget_families(gate)
         yield from _burst_families(self.router)
+        if self.router.flow is not None:
+            yield from flow_families(self.router.flow)
 
 
 def _burst_families(router: Router) -> Iterator[Metric]:
@@ -192,6 +203,34 @@ def _burst_families(router: Router) -> Iterator[Metric]:
     yield cost
 
 
+def flow_families(gate: FlowGate) -> Iterator[Metric]:
+    """``cognitora_flow_*``: the gateway queue's depth and oldest wait now, waits by how they ended, dispatches by
+    reason, departures (timeouts among them), held tries."""
+    snap = gate.controller.snapshot()
+    label = gate.telemetry.flow_label
+    depth = family("cognitora_flow_queue_depth")
+    oldest = family("cognitora_flow_queue_oldest_wait_seconds")
+    dispatches: dict[tuple[str, str], int] = {}
+    departures: dict[tuple[str, str], int] = {}
+    for band in snap.bands:
+        by_flow: dict[str, int] = {}
+        for f in band.flows:
+            by_flow[label(f.flow)] = by_flow.get(label(f.flow), 0) + f.waiting
+        for flow, n in sorted(by_flow.items()):
+            depth.add_metric(_labels((band.band, flow)), n)
+        if not by_flow:
+            depth.add_metric(_labels((band.band, "")), 0)
+        oldest.add_metric([band.band], band.oldest_wait_s)
+        dispatches.update({(band.band, why.value): n for why, n in band.dispatched.items()})
+        departures.update({(band.band, how.value): n for how, n in band.left.items()})
+    yield depth
+    yield oldest
+    yield _histograms("cognitora_flow_wait_seconds", gate.telemetry.waits)
+    yield _counters("cognitora_flow_dispatches", dispatches)
+    yield _counters("cognitora_flow_departures", departures)
+    yield _one("cognitora_flow_held_tries", snap.held_tries)
+
+
 def budget_families(gate: BudgetGate) -> Iterator[Metric]:
     """``cognitora_budget_*``: limits from the config, usage as last read from the store, refusals, backlog."""
     usage = family("cognitora_budget_usage")
@@ -225,7 +264,7 @@ _SUBSCRIBER_FIELDS = {
 class CollectorFamilies(PrometheusCollector):
     """KV-event and scrape counters of the collector ``collector()`` returns (None: not started; nothing yet)."""
 
-    def __init__(self, collector: Callable[[], Collector | None]) -> None:
+    def __init__(self, collector: Callable[[], CollectorSource | None]) -> None:
         self.collector = collector
 
     def collect(self) -> Iterator[Metric]:

@@ -379,6 +379,53 @@ SPECS: tuple[MetricSpec, ...] = (
         R,
         "Settles counted in this process while the budget store was unreachable (fail_open), not written yet.",
     ),
+    # -- the gateway queue (flow_control) ---------------------------------------------------------------------
+    _m(
+        "cognitora_flow_queue_depth",
+        G,
+        ("band", "flow"),
+        R,
+        "Requests waiting in this gateway's queue now, by band (priority class) and flow (`team:<name>`, "
+        "`key:<id>`, `anonymous`; the first 32 flows seen keep their name, later ones are `other`).",
+    ),
+    _m(
+        "cognitora_flow_queue_oldest_wait_seconds",
+        G,
+        ("band",),
+        R,
+        "How long the oldest request waiting in the band has waited (0 when none waits). Per process: a merged "
+        "`cognitora extproc --workers N` page sums the workers' figures (read a worker's own page for the oldest).",
+    ),
+    _m(
+        "cognitora_flow_wait_seconds",
+        H,
+        ("band", "flow", "how"),
+        R,
+        "Seconds a request waited in the gateway queue, by how it left: dispatched, timeout (429 with Retry-After, "
+        "or a cloud target), cancelled (its client went away), full, closed.",
+    ),
+    _m(
+        "cognitora_flow_dispatches",
+        C,
+        ("band", "reason"),
+        R,
+        "Requests placed from the queue, by what woke the dispatch: finished, first_token, capacity, arrival, recheck.",
+    ),
+    _m(
+        "cognitora_flow_departures",
+        C,
+        ("band", "how"),
+        R,
+        'Requests that left the queue, by how (dispatched, timeout, cancelled, full, closed): `how="timeout"` '
+        "counts the queue timeouts.",
+    ),
+    _m(
+        "cognitora_flow_held_tries",
+        C,
+        (),
+        R,
+        "Placements of a queued request that found the fleet still saturated (it stayed at the head).",
+    ),
     # -- KV events ----------------------------------------------------------------------------------------------
     _m("cognitora_kv_event_batches_received", C, E, K, "Live KV-event messages received from the engine."),
     _m("cognitora_kv_event_batches_applied", C, E, K, "Event batches written to the store (live and replayed)."),

@@ -18,6 +18,7 @@ from aiohttp import web
 from cognitora.failsafe import RateLimitedLog
 from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import CONTENT_TYPE
+from cognitora.ops.health import HEALTHZ_PATH, READYZ_PATH, Probe, probe_answer
 
 __all__ = ["METRICS_PATH", "MetricsServer", "parse_listen", "serve_page"]
 
@@ -39,9 +40,11 @@ def parse_listen(value: str) -> tuple[str, int]:
 class MetricsServer:
     """Serves ``page()`` at ``/metrics`` (and ``/``) until ``stop()``."""
 
-    def __init__(self, page: Page, cors: CorsPolicy | None = None) -> None:
+    def __init__(self, page: Page, cors: CorsPolicy | None = None, probe: Probe | None = None) -> None:
         self._page = page
         self._cors = cors or CorsPolicy()
+        self._probe = probe
+        """With one: ``/healthz`` and ``/readyz`` beside ``/metrics`` (``cognitora.ops.health``)."""
         self._runner: web.AppRunner | None = None
         self._errors = RateLimitedLog(log)
         self.port = 0
@@ -51,7 +54,18 @@ class MetricsServer:
         app = web.Application(middlewares=[self._cors_middleware])
         app.router.add_get(METRICS_PATH, self._metrics)
         app.router.add_get("/", self._metrics)
+        if self._probe is not None:
+            app.router.add_get(HEALTHZ_PATH, self._healthz)
+            app.router.add_get(READYZ_PATH, self._readyz)
         return app
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        assert self._probe is not None
+        status, body = await probe_answer(self._probe)
+        return web.json_response(body, status=status)
 
     async def start(self, listen: str) -> None:
         """Listen on ``HOST:PORT`` (port 0: a free one, see ``port``)."""
@@ -102,9 +116,12 @@ class MetricsServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-async def serve_page(page: Page, listen: str, process: str, cors: CorsPolicy | None = None) -> MetricsServer:
-    """Start serving ``page`` on ``listen`` and log where (``OSError`` when the address cannot be bound)."""
-    server = MetricsServer(page, cors)
+async def serve_page(
+    page: Page, listen: str, process: str, cors: CorsPolicy | None = None, probe: Probe | None = None
+) -> MetricsServer:
+    """Start serving ``page`` on ``listen`` and log where (``OSError`` when the address cannot be bound); with
+    ``probe``, ``/healthz`` and ``/readyz`` too."""
+    server = MetricsServer(page, cors, probe)
     await server.start(listen)
     host, _ = parse_listen(listen)
     shown = f"[{host}]" if ":" in host else host

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from kvstate.store import EndpointSnapshot
 
+__all__ = ["CounterWindow", "FleetEnergy", "WindowDelta", "fleet_energy"]
+
 WINDOW_S = 60.0
 """Span (seconds) of the energy and hit-rate window."""
 

@@ -11,3 +11,5 @@ The collector reads an endpoint's power from a page with DCGM's names (``kvstate
 ``exposition.py`` writes the page; ``server.py`` samples the source every interval and serves the latest page.
 See docs/power.md.
 """
+
+__all__: list[str] = []

@@ -25,6 +25,8 @@ from cognitora.node_agent.nvml import NvmlSource, NvmlUnavailable
 from cognitora.node_agent.powermetrics import PowermetricsSource, PowermetricsUnavailable
 from cognitora.node_agent.server import DEFAULT_LISTEN, NodeAgent
 
+__all__ = ["main", "resolve_source"]
+
 log = logging.getLogger("cognitora.node_agent")
 
 SOURCES = ("auto", "nvml", "powermetrics")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+__all__ = ["BYTES_PER_MIB", "GpuReading", "dcgm_page"]
+
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
 TOTAL_ENERGY_CONSUMPTION = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"

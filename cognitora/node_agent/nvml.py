@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 from cognitora.distribution import install_hint
 from cognitora.node_agent.exposition import BYTES_PER_MIB, GpuReading
 
+__all__ = ["NvmlSource", "NvmlUnavailable"]
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")

@@ -26,6 +26,15 @@ from dataclasses import dataclass
 
 from cognitora.node_agent.exposition import GpuReading
 
+__all__ = [
+    "EnergyIntegrator",
+    "PowerSample",
+    "PowermetricsSource",
+    "PowermetricsUnavailable",
+    "SampleSplitter",
+    "parse_powermetrics",
+]
+
 log = logging.getLogger(__name__)
 
 HEADER = re.compile(r"^\*\*\* Sampled system activity\b.*?(?:\((?P<ms>[\d.]+)\s*ms elapsed\))?\s*\*\*\*\s*$")

@@ -1,4 +1,5 @@
-"""The agent: sample a source every interval, serve the latest sample as a DCGM page at ``/metrics``.
+"""The agent: sample a source every interval, serve the latest sample as a DCGM page at ``/metrics`` (and
+``/healthz``, ``/readyz``: ready while the readings succeed).
 
     agent = NodeAgent(NvmlSource(), interval_s=1.0)
     await agent.start("0.0.0.0:9400")      # reads once before listening, so the first scrape has numbers
@@ -15,10 +16,14 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from typing import Protocol
 
 from cognitora.metrics.serve import MetricsServer
 from cognitora.node_agent.exposition import GpuReading, dcgm_page
+from cognitora.ops.health import Readiness, sample_readiness
+
+__all__ = ["DEFAULT_LISTEN", "NodeAgent", "Source"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,9 @@ class NodeAgent:
         self.readings: list[GpuReading] = []
         self.samples = 0
         self._page = ""
-        self._server = MetricsServer(self._page_bytes)
+        self.last_sample_at: float | None = None
+        """``time.monotonic()`` of the last successful reading (``/readyz``: cognitora.ops.health)."""
+        self._server = MetricsServer(self._page_bytes, probe=self._readiness)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -67,6 +74,10 @@ class NodeAgent:
         self.readings = readings
         self._page = dcgm_page(readings, self.hostname)
         self.samples += 1
+        self.last_sample_at = time.monotonic()
+
+    async def _readiness(self) -> Readiness:
+        return sample_readiness(self.last_sample_at, self.interval_s)
 
     async def start(self, listen: str = DEFAULT_LISTEN) -> None:
         await self.sample()

@@ -67,7 +67,7 @@ def place(
     if model is None:
         return unknown_model(req, config)
     params = config.placement
-    priority = req.priority or DEFAULT_PRIORITY
+    priority = req.identity.priority or DEFAULT_PRIORITY
     pclass = params.priorities.get(priority)
     if pclass is None:
         known = ", ".join(params.priorities)

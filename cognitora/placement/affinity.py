@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from cognitora.decision import CandidateScore
 from kvstate.prompt import PromptKeys
 
+__all__ = ["affinity_key", "rendezvous_pick"]
+
 
 def affinity_key(prompt: PromptKeys, request_id: str, prefix_tokens: int, prompt_share: float = 0.0) -> str:
     """The prompt's prefix key for ``prefix_tokens`` of depth, or ``prompt_share`` of its keys when that is deeper

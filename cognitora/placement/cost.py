@@ -87,6 +87,18 @@ from cognitora.placement.tier_reload import priced_prefix
 from cognitora.ttft_feedback import corrected_ttft_s
 from kvstate.store import EndpointSnapshot, InFlight
 
+__all__ = [
+    "by_ranking_cost",
+    "estimate_unknown_decode",
+    "excluded_score",
+    "externality_s",
+    "fewest_uncached_tokens",
+    "fresh_snapshot",
+    "ranking_cost_s",
+    "request_cost_s",
+    "score_endpoint",
+]
+
 
 def fresh_snapshot(endpoint_id: str, state: FleetState, params: PlacementConfig) -> EndpointSnapshot | None:
     """The endpoint's snapshot if it is recent enough to trust its load figures."""

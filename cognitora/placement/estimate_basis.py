@@ -13,6 +13,8 @@ from cognitora.kv_event_sources import reports_kv_events
 from kvstate.engines import ENGINES
 from kvstate.store import EndpointSnapshot
 
+__all__ = ["estimate_basis"]
+
 
 def estimate_basis(endpoint: EndpointConfig, snap: EndpointSnapshot | None, params: PlacementConfig) -> str:
     """``rate: ...; prefix: ...; load: ...`` for one candidate (``snap``: its fresh snapshot, or None)."""

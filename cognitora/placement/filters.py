@@ -14,6 +14,8 @@ from cognitora.config import CostModelConfig, EndpointConfig, PlacementConfig, R
 from cognitora.placement.state import FleetState
 from cognitora.request import RouteRequest
 
+__all__ = ["Filter", "FilterContext", "FilterResult", "run_filters"]
+
 
 @dataclass(frozen=True)
 class FilterContext:

@@ -1,7 +1,7 @@
 """What long contexts cost an engine, in seconds: attention, decode interference by resident context, KV capacity.
 
 The base cost model (``cost``) prices prefill as linear in tokens and the engine's running requests by their count.
-Engines pay more than that for long contexts (cognitora/sim/profiles.py models the same step arithmetic, and
+Engines pay more than that for long contexts (sim/cognitora_sim/profiles.py models the same step arithmetic, and
 docs/sim.md cites where it comes from):
 
 - **Attention.** Prefilling the tokens from offset ``c`` to ``p`` computes ``(p^2 - c^2) / 2`` query-key pairs
@@ -55,6 +55,8 @@ from dataclasses import dataclass
 
 from cognitora.config import CostModelConfig, EndpointConfig
 from kvstate.store import EndpointSnapshot
+
+__all__ = ["EngineCostPriors", "LongContextCost", "engine_priors", "long_context_cost"]
 
 
 @dataclass(frozen=True)

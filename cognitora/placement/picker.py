@@ -45,6 +45,8 @@ from cognitora.decision import CandidateScore, Rejection
 from cognitora.placement.affinity import rendezvous_pick
 from cognitora.placement.cost import externality_s, ranking_cost_s, request_cost_s
 
+__all__ = ["Pick", "pick", "tie_band_s"]
+
 MAX_RETRY_AFTER_S = 60
 
 

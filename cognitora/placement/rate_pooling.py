@@ -42,6 +42,8 @@ from cognitora.config import EndpointConfig, PlacementConfig
 from cognitora.placement.cost import fresh_snapshot
 from cognitora.placement.state import FleetState
 
+__all__ = ["pooled_joules_per_token", "pooled_prefill_rates"]
+
 
 def hardware_class(endpoint: EndpointConfig) -> Hashable:
     """What endpoints must share to be assumed to prefill alike."""

@@ -45,6 +45,8 @@ import math
 from cognitora.placement.state import SeatProgress
 from kvstate.store import EndpointSnapshot, InFlight
 
+__all__ = ["departure_wait_s", "engine_clock_rate", "seat_wait_s"]
+
 CLOCK_AGREES = (0.67, 1.5)
 """A learned engine clock rate in this range is taken as 1 (``engine_clock_rate``)."""
 

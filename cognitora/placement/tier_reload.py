@@ -19,6 +19,8 @@ from __future__ import annotations
 from cognitora.config import KvTiersConfig
 from kvstate.store import DEFAULT_TIER_WEIGHTS, PrefixMatch, Tier
 
+__all__ = ["priced_prefix"]
+
 GB = 1e9
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from kvstate.engines.prom import MetricSamples
 
+__all__ = ["EngineLoad", "EngineSpec", "accepts_2xx", "int_label", "no_metrics"]
+
 
 @dataclass(frozen=True)
 class EngineLoad:

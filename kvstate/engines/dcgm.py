@@ -12,6 +12,8 @@ from collections.abc import Collection
 
 from kvstate.engines.prom import MetricSamples
 
+__all__ = ["energy_joules", "gpus_shown", "only_gpus", "power_watts"]
+
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
 """Gauge, watts."""
 TOTAL_ENERGY_CONSUMPTION = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"

@@ -27,6 +27,8 @@ from kvstate.engines import dcgm
 from kvstate.engines.base import EngineLoad, EngineSpec
 from kvstate.engines.prom import MetricSamples
 
+__all__ = ["SPEC", "SlotsLoad", "load_from", "slots_load"]
+
 KIND = "llamacpp"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"

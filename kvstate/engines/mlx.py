@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from kvstate.engines.base import EngineSpec, no_metrics
 
+__all__ = ["SPEC"]
+
 KIND = "mlx"
 HEALTH_PATH = "/health"
 

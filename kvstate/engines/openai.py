@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from kvstate.engines.base import EngineSpec, no_metrics
 
+__all__ = ["SPEC", "answers"]
+
 KIND = "openai"
 HEALTH_PATH = "/v1/models"
 

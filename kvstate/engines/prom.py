@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+__all__ = ["HistogramTotals", "Labels", "MetricSamples", "MetricsParseError", "parse_prometheus_text"]
+
 Labels = dict[str, str]
 
 COUNTER_SUFFIX = "_total"

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 from kvstate.engines.base import EngineSpec
 
+__all__ = ["DuplicateEngineError", "EngineRegistry", "UnknownEngineError", "builtin_engines"]
+
 
 class DuplicateEngineError(ValueError):
     """Two engine modules claim the same kind."""

@@ -30,6 +30,8 @@ from kvstate.engines import dcgm
 from kvstate.engines.base import EngineLoad, EngineSpec
 from kvstate.engines.prom import MetricSamples
 
+__all__ = ["KV_EVENTS_PATH", "SPEC", "load_from", "load_from_iteration_stats"]
+
 KIND = "trtllm"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/prometheus/metrics"

@@ -30,6 +30,8 @@ from kvstate.engines import dcgm
 from kvstate.engines.base import EngineLoad, EngineSpec, int_label
 from kvstate.engines.prom import MetricSamples
 
+__all__ = ["SPEC", "load_from"]
+
 KIND = "vllm"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"

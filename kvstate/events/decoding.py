@@ -27,6 +27,8 @@ from kvstate.events.model import (
     KVEvent,
 )
 
+__all__ = ["WireLayout", "decode_payload"]
+
 
 @dataclass(frozen=True)
 class WireLayout:

@@ -38,6 +38,8 @@ from kvstate.events.model import AllBlocksCleared, BlockRemoved, BlockStored, En
 from kvstate.keys import BlockKey, chain_block_keys, root_key
 from kvstate.store import Store, Tier
 
+__all__ = ["DEFAULT_MAX_BLOCKS_PER_ENDPOINT", "ApplyResult", "EventIngestor", "IngestStats"]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BLOCKS_PER_ENDPOINT = 2_000_000

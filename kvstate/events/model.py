@@ -10,6 +10,19 @@ from dataclasses import dataclass
 
 from kvstate.store import Tier
 
+__all__ = [
+    "MASK64",
+    "MEDIUM_TIERS",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "EngineHash",
+    "EventBatch",
+    "EventDecodeError",
+    "KVEvent",
+    "tier_of_medium",
+]
+
 EngineHash = int
 """An engine's block hash, normalised to an unsigned 64-bit int."""
 

@@ -49,6 +49,8 @@ from __future__ import annotations
 from kvstate.events.decoding import WireLayout, decode_payload
 from kvstate.events.model import EventBatch
 
+__all__ = ["LAYOUT", "decode_batch", "hash_from_bytes"]
+
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
 REMOVED_FIELDS = ("block_hashes", "medium")
 

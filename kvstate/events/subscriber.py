@@ -44,6 +44,8 @@ from kvstate.events.ingest import EventIngestor
 from kvstate.events.model import EventBatch, EventDecodeError
 from kvstate.task_stop import cancel_and_wait
 
+__all__ = ["END_SEQ", "SEQ_BYTES", "Decoder", "KVEventSubscriber", "SubscriberStats", "parse_replay_frames"]
+
 log = logging.getLogger(__name__)
 
 END_SEQ = b"\xff" * 8

@@ -41,6 +41,8 @@ from kvstate.events.model import (
     KVEvent,
 )
 
+__all__ = ["decode_events"]
+
 CACHE_LEVEL_MEDIUM = {0: "GPU", 1: "CPU"}
 """TRT-LLM cache levels -> ``medium`` strings (``kvstate.events.model.MEDIUM_TIERS``)."""
 

@@ -32,6 +32,8 @@ from kvstate.events.model import EventDecodeError
 from kvstate.events.trtllm import decode_events
 from kvstate.task_stop import cancel_and_wait
 
+__all__ = ["PollStats", "TrtllmEventPoller"]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.25

@@ -51,6 +51,8 @@ from __future__ import annotations
 from kvstate.events.decoding import WireLayout, decode_payload
 from kvstate.events.model import EventBatch
 
+__all__ = ["LAYOUT", "decode_batch", "hash_from_bytes"]
+
 STORED_FIELDS = (
     "block_hashes",
     "parent_block_hash",

@@ -24,7 +24,7 @@ The identity mirrors vLLM's: ``uuid`` when the part has one, else the decoded by
 the URL itself (a router does not fetch it: two URLs serving the same bytes share the engine's cache but not our
 keys). Content that does not decode is keyed by its text, never refused: the engine decides what it accepts.
 
-The simulated engine (``cognitora.sim``) computes the same token sequence, so its prefix cache and KV events treat an
+The simulated engine (``cognitora_sim``) computes the same token sequence, so its prefix cache and KV events treat an
 image as a two-token item of the prompt: router and sim agree block for block.
 """
 

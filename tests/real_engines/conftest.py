@@ -5,7 +5,7 @@ test that kills or resets an engine leaves it running again. Tests keep out of e
 their own (a salt per test), never by restarting engines.
 
 If the machine cannot provision the engines, every test here FAILS with the provisioner's reason: CI provisions
-first (``python -m tests.real_engines.provision``), so a failure here is a real problem, never a skip.
+first (``python -m cognitora_sim.harness.real_engines.provision``), so a failure here is a real problem, never a skip.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.real_engines.launch import RealEngineFleet, start_engines
-from tests.real_engines.provision import ProvisionError, RealEngineInstall, provision
+from cognitora_sim.harness.real_engines.launch import MODEL, RealEngineFleet, start_engines
+from cognitora_sim.harness.real_engines.provision import ProvisionError, RealEngineInstall, provision
+from tests.real_engines.stack import ALIASES
 
 REAL_ENGINES = 2
 
@@ -30,6 +31,7 @@ def real_install() -> RealEngineInstall:
 
 @pytest.fixture(scope="session")
 def real_fleet(real_install: RealEngineInstall, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngineFleet]:
-    with start_engines(REAL_ENGINES, tmp_path_factory.mktemp("real-vllm"), install=real_install) as fleet:
+    work = tmp_path_factory.mktemp("real-vllm")
+    with start_engines(REAL_ENGINES, work, install=real_install, served_names=(MODEL, *ALIASES)) as fleet:
         print("real vLLM engines ready in", [e.started_s for e in fleet.engines], "s")
         yield fleet

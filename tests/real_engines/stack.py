@@ -20,17 +20,21 @@ from typing import Any
 import yaml
 
 from cognitora.config import load_config
+from cognitora.core.router import Router
 from cognitora.decision import Decision
-from cognitora.process import ManagedProcess, wait_until
 from cognitora.request import RouteRequest
-from cognitora.router import Router
-from cognitora.sim.tokenizer import SMOLLM2_DIR
-from envoy_extproc.launch import start_gateway
-from tests.real_engines.launch import BLOCK_SIZE, MODEL, RealEngineFleet
+from cognitora_sim.harness.envoy_launch import start_gateway
+from cognitora_sim.harness.process import ManagedProcess, wait_until
+from cognitora_sim.harness.real_engines.launch import BLOCK_SIZE, MODEL, RealEngineFleet
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 from tests.real_engines.traffic import GatewayClient
 
 ROOT = Path(__file__).resolve().parents[2]
 LITELLM_EXAMPLE = ROOT / "examples" / "litellm_config.yaml"
+ALIASES = ("code", "small")
+"""Names every engine of the session fleet answers to besides ``MODEL`` (conftest.py): an intent policy can rewrite
+``auto`` to ``code`` on one engine and ``small`` on the other, and Envoy asks the engine for the name it routed to
+(vLLM's responses still say ``MODEL``, its first served name)."""
 LITELLM_MODEL = "chat"
 """The model name clients send to the LiteLLM proxy (the example's ``model_name``)."""
 
@@ -56,33 +60,50 @@ def vllm_upstreams(fleet: RealEngineFleet, kv_events: bool = True) -> list[Upstr
     ]
 
 
-def cognitora_config(upstreams: list[Upstream], redis_url: str, key_prefix: str) -> dict[str, Any]:
-    """cognitora.yaml for real engines: token-exact keys from the tokenizer the engines load, vLLM's CPU block size."""
-    endpoints: list[dict[str, Any]] = []
-    for up in upstreams:
-        endpoint: dict[str, Any] = {"url": up.url, "engine": up.engine}
-        if up.events is not None:
-            endpoint |= {"kv_events": up.events, "kv_events_replay": up.replay}
-        if up.prefill_tokens_per_s is not None:
-            endpoint["prefill_tokens_per_s"] = up.prefill_tokens_per_s
-        endpoints.append(endpoint)
-    return {
+Groups = dict[str, list[Upstream]]
+"""Model names and the engines serving each (for an intent policy that rewrites to one or the other); by default
+one model, ``MODEL``, served by every engine."""
+
+
+def _endpoint(up: Upstream) -> dict[str, Any]:
+    endpoint: dict[str, Any] = {"url": up.url, "engine": up.engine}
+    if up.events is not None:
+        endpoint |= {"kv_events": up.events, "kv_events_replay": up.replay}
+    if up.prefill_tokens_per_s is not None:
+        endpoint["prefill_tokens_per_s"] = up.prefill_tokens_per_s
+    return endpoint
+
+
+def cognitora_config(
+    upstreams: list[Upstream],
+    redis_url: str,
+    key_prefix: str,
+    groups: Groups | None = None,
+    intent: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """cognitora.yaml for real engines: token-exact keys from the tokenizer the engines load, vLLM's CPU block size;
+    ``groups`` and ``intent`` as the gateway functions below take them."""
+    config: dict[str, Any] = {
         "redis_url": redis_url,
         "key_prefix": key_prefix,
         "models": [
             {
-                "name": MODEL,
+                "name": name,
                 "block_size": BLOCK_SIZE,
                 "tokenizer": str(SMOLLM2_DIR / "tokenizer.json"),
                 "chat_template": str(SMOLLM2_DIR / "chat_template.jinja"),
-                "endpoints": endpoints,
+                "endpoints": [_endpoint(up) for up in ups],
             }
+            for name, ups in (groups or {MODEL: upstreams}).items()
         ],
         "scrape": {"interval_s": 0.5, "timeout_s": 0.5},
         # 2 cores shared with the engines themselves: a Redis read can take longer than the 0.25 s default, and a
         # decision made without the store is not what these tests are about. Power has no meaning on CPU engines.
         "placement": {"store_timeout_s": 2.0, "power_ttft_slack_s": 0.0, "power_ttft_slack_ratio": 0.0},
     }
+    if intent is not None:
+        config["intent"] = intent
+    return config
 
 
 def start_collector(config_path: Path, log_dir: Path) -> ManagedProcess:
@@ -175,12 +196,25 @@ class Gateway:
 
 
 @contextmanager
-def envoy_gateway(upstreams: list[Upstream], redis_url: str, work: Path) -> Iterator[Gateway]:
+def envoy_gateway(
+    upstreams: list[Upstream],
+    redis_url: str,
+    work: Path,
+    groups: Groups | None = None,
+    intent: dict[str, Any] | None = None,
+) -> Iterator[Gateway]:
+    """Envoy + ``cognitora extproc`` over ``upstreams``; ``groups`` (model names and their engines, which must serve
+    those names: Envoy sends the engine the model it was routed for) and an ``intent`` section, if given."""
     config_path = work / "cognitora.yaml"
     prefix = f"cogtest-real-envoy-{random.randrange(1 << 30):x}"
-    config_path.write_text(yaml.safe_dump(cognitora_config(upstreams, redis_url, prefix)))
+    config_path.write_text(yaml.safe_dump(cognitora_config(upstreams, redis_url, prefix, groups, intent)))
     ids = [up.endpoint_id for up in upstreams]
-    with start_gateway(config_path, ids, work, embedded=False, collector=True, expose_upstream_host=True) as stack:
+    # An intent classifier is fitted before the service listens (an embeddings kind embeds its examples first: on
+    # 2 cores shared with the engines, tens of seconds).
+    listen_s = 30.0 if intent is None else 120.0
+    with start_gateway(
+        config_path, ids, work, embedded=False, collector=True, listen_timeout_s=listen_s, expose_upstream_host=True
+    ) as stack:
         collector = stack.collector
         assert collector is not None
         wait_until(lambda: "collector started" in collector.log_tail(200), 60, "the collector to start")
@@ -188,11 +222,21 @@ def envoy_gateway(upstreams: list[Upstream], redis_url: str, work: Path) -> Iter
         yield Gateway(client, config_path, MODEL, stack.extproc)
 
 
-def litellm_config(upstreams: list[Upstream], redis_url: str, prefix: str, work: Path) -> Path:
-    """The example LiteLLM config, its first deployments pointed at the real engines, in Redis mode."""
+def litellm_config(
+    upstreams: list[Upstream],
+    redis_url: str,
+    prefix: str,
+    work: Path,
+    groups: Groups | None = None,
+    intent: dict[str, Any] | None = None,
+) -> Path:
+    """The example LiteLLM config, its first deployments pointed at the real engines, in Redis mode; with
+    ``groups``, each engine's deployment in its group's model group (the engines are still asked for ``MODEL``)."""
     config = yaml.safe_load(LITELLM_EXAMPLE.read_text())
     deployments = config["model_list"][: len(upstreams)]
+    group_of = {up.endpoint_id: name for name, ups in (groups or {}).items() for up in ups}
     for dep, up in zip(deployments, upstreams, strict=True):
+        dep["model_name"] = group_of.get(up.endpoint_id, dep["model_name"])
         dep["litellm_params"]["api_base"] = f"{up.url}/v1"
         dep["litellm_params"]["model"] = f"openai/{MODEL}"
         info = dep["model_info"]
@@ -207,6 +251,10 @@ def litellm_config(upstreams: list[Upstream], redis_url: str, prefix: str, work:
     args = config["router_settings"]["routing_strategy_args"]
     args["models"][0]["tokenizer"] = str(SMOLLM2_DIR / "tokenizer.json")
     args["models"][0]["block_size"] = BLOCK_SIZE
+    if groups:
+        args["models"] = [{**args["models"][0], "name": name} for name in groups]
+    if intent is not None:
+        args["intent"] = intent
     args |= {"redis_url": redis_url, "key_prefix": prefix, "scrape": {"interval_s": 0.5, "timeout_s": 0.5}}
     args["placement"] = {"store_timeout_s": 2.0, "power_ttft_slack_s": 0.0, "power_ttft_slack_ratio": 0.0}
     path = work / "litellm_config.yaml"
@@ -215,16 +263,22 @@ def litellm_config(upstreams: list[Upstream], redis_url: str, prefix: str, work:
 
 
 @contextmanager
-def litellm_gateway(upstreams: list[Upstream], redis_url: str, work: Path) -> Iterator[Gateway]:
-    from tests.test_litellm_e2e import Proxy
+def litellm_gateway(
+    upstreams: list[Upstream],
+    redis_url: str,
+    work: Path,
+    groups: Groups | None = None,
+    intent: dict[str, Any] | None = None,
+) -> Iterator[Gateway]:
+    from tests.support.litellm_proxy import LiteLLMProxy
 
     prefix = f"cogtest-real-litellm-{random.randrange(1 << 30):x}"
-    config = litellm_config(upstreams, redis_url, prefix, work)
+    config = litellm_config(upstreams, redis_url, prefix, work, groups, intent)
     cognitora_yaml = work / "cognitora.yaml"
     run_module(["litellm_plugin.export", str(config), "-o", str(cognitora_yaml)])
     collector = start_collector(cognitora_yaml, work)
     try:
-        proxy = Proxy(config, work, salt="real")
+        proxy = LiteLLMProxy(config, work, salt="real", ready_s=90 if intent is None else 180)
         try:
             headers = {"Authorization": f"Bearer {proxy.key}"}
             client = GatewayClient("litellm", proxy.url, LITELLM_MODEL, headers, "x-litellm-model-api-base")

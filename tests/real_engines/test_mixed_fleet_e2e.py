@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_engines.launch import RealEngineFleet
-from tests.real_engines.llamacpp import LlamaCppServer, provision_llamacpp, start_llamacpp
-from tests.real_engines.provision import ProvisionError
+from cognitora_sim.harness.real_engines.launch import RealEngineFleet
+from cognitora_sim.harness.real_engines.llamacpp import LlamaCppServer, provision_llamacpp, start_llamacpp
+from cognitora_sim.harness.real_engines.provision import ProvisionError
 from tests.real_engines.stack import Gateway, Upstream, envoy_gateway, explain, litellm_gateway, vllm_upstreams
 from tests.real_engines.traffic import messages
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cognitora.sim.tokenizer import SMOLLM2_DIR
-from tests.real_engines.provision import (
+from cognitora_sim.harness.real_engines.provision import (
     READY,
     TOKENIZER_FILES,
     Build,
@@ -23,6 +22,7 @@ from tests.real_engines.provision import (
     install_dir,
     sha256_of,
 )
+from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)  # the first test may build it (~3 minutes), when CI has not provisioned
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(900)  # the first test may build it (~3 minutes
 
 def provision_cli(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.real_engines.provision"],
+        [sys.executable, "-m", "cognitora_sim.harness.real_engines.provision"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

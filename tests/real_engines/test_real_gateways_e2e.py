@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cognitora.process import wait_until
-from tests.real_engines.launch import RealEngineFleet
+from cognitora_sim.harness.process import wait_until
+from cognitora_sim.harness.real_engines.launch import RealEngineFleet
 from tests.real_engines.stack import Gateway, cached_on, envoy_gateway, explain, litellm_gateway, vllm_upstreams
 from tests.real_engines.traffic import Reply, messages, prefix_cache_hits, question, system_prompt
 

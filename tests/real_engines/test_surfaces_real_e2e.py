@@ -3,7 +3,8 @@ engine's own prefix-cache counters agree with what the block keys predict, which
 
 One engine of its own (not the session pair), started with ``--enable-scale-out`` (vLLM serves its
 ``/v1/{chat/completions,messages,responses}/render`` routes only then) and ``--chat-template`` a template that prints
-tools, tool calls, tool call ids and reasoning as JSON (tests/surface_cases.py), so any difference in how a surface
+tools, tool calls, tool call ids and reasoning as JSON (tests/support/surface_cases.py), so any
+difference in how a surface
 builds them shows in the tokens. Each test's prompts start with a salt of their own: blocks cached by an earlier
 test never match.
 """
@@ -20,12 +21,12 @@ import httpx
 import pytest
 
 from cognitora.stream_usage import stream_usage_reader, usage_from_body
+from cognitora_sim.harness.real_engines.launch import BLOCK_SIZE, MODEL, RealEngineFleet, start_engines
+from cognitora_sim.harness.real_engines.provision import ProvisionError, RealEngineInstall, provision
 from kvstate.prompt import ChatTokenizer, PromptKeyer
 from kvstate.surfaces import SurfaceName, read_surface, surface_keys, surface_token_ids, template_traits
-from tests.real_engines.launch import BLOCK_SIZE, MODEL, RealEngineFleet, start_engines
-from tests.real_engines.provision import ProvisionError, RealEngineInstall, provision
 from tests.real_engines.traffic import prefix_cache_hits
-from tests.surface_cases import SAME_CONVERSATIONS, SINGLE_SURFACE, TOOLS_TEMPLATE, Conversation
+from tests.support.surface_cases import SAME_CONVERSATIONS, SINGLE_SURFACE, TOOLS_TEMPLATE, Conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

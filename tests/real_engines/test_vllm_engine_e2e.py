@@ -14,9 +14,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cognitora.process import ManagedProcess, wait_until
-from cognitora.sim.metrics import EngineMetrics
-from tests.real_engines.launch import BLOCK_SIZE, KV_BLOCKS, MODEL, RealEngineFleet
+from cognitora_sim.harness.process import ManagedProcess, wait_until
+from cognitora_sim.harness.real_engines.launch import BLOCK_SIZE, KV_BLOCKS, MODEL, RealEngineFleet
+from cognitora_sim.metrics import EngineMetrics
 from tests.real_engines.stack import cached_on, cognitora_config, collector_stats, start_collector, vllm_upstreams
 from tests.real_engines.traffic import engine_load, messages, system_prompt
 

@@ -1,0 +1,247 @@
+"""Whose memory grows in the LiteLLM proxy: LiteLLM's own or Cognitora's plugin? The soak (``bench/results/
+soak_seed1.md``) saw the proxy's RSS grow 107 MiB in 30 minutes; this short run attributes Python allocations.
+
+    python -m bench.litellm_rss --duration-s 480 --rps 3
+
+The soak's LiteLLM half: a private ``redis-server``, two simulated engines, ``cognitora collector``, the LiteLLM
+proxy (one worker) with the routing strategy and Cognitora's callback, ``--rps`` requests a second, and the soak's
+faults in turn every ``--cycle-s`` (an engine restart, a Redis restart, a config reload). The proxy loads a
+probe callback (written beside its config) that starts tracemalloc (``--frames`` deep) then, after the proxy's own
+imports, and every ``SAMPLE_S`` takes a snapshot and charges each live allocation to the innermost frame of its
+traceback that lies in ``litellm_plugin``/``cognitora``/``kvstate`` (Cognitora), else in ``litellm``
+(LiteLLM), else to "other" (the standard library and other packages called from neither). Writes
+``bench/results/litellm_rss.md``: RSS and traced bytes per owner at the first sample after the warm-up and at the
+end, and the 10 sites that grew most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.harness.redis_server import free_port
+from bench.soak import FAULTS, LITELLM, ROOT, SMOLLM2_DIR, Run, load, start_redis
+from cognitora_sim.harness.process import ManagedProcess
+from cognitora_sim.launch import start_fleet
+
+OUT = Path(__file__).parent / "results" / "litellm_rss.md"
+SAMPLE_S = 60.0
+WARMUP_S = 90.0
+
+PROBE = '''
+"""Tracemalloc probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT."""
+import json, os, threading, time, tracemalloc
+from litellm.integrations.custom_logger import CustomLogger
+
+OURS = ("/litellm_plugin/", "/cognitora/", "/kvstate/")
+
+
+def owner(tb):
+    for frame in reversed(tb):  # innermost first
+        name = frame.filename
+        if any(part in name for part in OURS):
+            return "cognitora"
+        if "/litellm/" in name:
+            return "litellm"
+    return "other"
+
+
+def sample():
+    snap = tracemalloc.take_snapshot()
+    by_owner, by_site = {}, {}
+    for stat in snap.statistics("traceback"):
+        who = owner(stat.traceback)
+        by_owner[who] = by_owner.get(who, 0) + stat.size
+        inner = stat.traceback[-1] if len(stat.traceback) else None
+        site = f"{who} {inner.filename}:{inner.lineno}" if inner else who
+        by_site[site] = by_site.get(site, 0) + stat.size
+    with open(f"/proc/{os.getpid()}/status") as f:
+        rss = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+    top = dict(sorted(by_site.items(), key=lambda kv: -kv[1])[:400])
+    line = {"t": time.time(), "rss": rss, "traced": sum(by_owner.values()), "by_owner": by_owner, "sites": top,
+            "tracemalloc_own": tracemalloc.get_tracemalloc_memory()}
+    with open(os.environ["PROBE_OUT"], "a") as out:
+        out.write(json.dumps(line) + "\\n")
+
+
+def loop():
+    while True:
+        time.sleep(float(os.environ.get("PROBE_EVERY_S", "60")))
+        sample()
+
+
+# Started here, once the proxy has imported itself: tracing its imports took minutes on 2 busy cores.
+tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
+threading.Thread(target=loop, daemon=True, name="rss-probe").start()
+
+
+class Probe(CustomLogger):
+    pass
+
+
+probe = Probe()
+'''
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=480.0)
+    p.add_argument("--cycle-s", type=float, default=120.0)
+    p.add_argument("--rps", type=float, default=1.0)
+    p.add_argument("--frames", type=int, default=4, help="tracemalloc frames kept per allocation (default 4)")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
+    tokenizer = SMOLLM2_DIR / "tokenizer.json"
+    redis_port = free_port()
+    redis_proc = start_redis(redis_port, str(work))
+    run = Run()
+    procs: dict[str, ManagedProcess] = {}
+    samples = work / "probe.jsonl"
+    with start_fleet(2, tokenizer=tokenizer, time_scale=10.0, log_dir=work) as fleet:
+        config: dict[str, Any] = {
+            "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+            "key_prefix": "rss",
+            "scrape": {"interval_s": 1.0},
+            "models": [fleet.model_config(tokenizer)],
+        }
+        config_path = work / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        (work / "rss_probe.py").write_text(PROBE)
+        try:
+            cli = [sys.executable, "-m", "cognitora.cli"]
+            procs["collector"] = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "c.log")
+            litellm_config = {
+                "model_list": [
+                    {
+                        "model_name": fleet.model,
+                        "litellm_params": {"model": f"openai/{fleet.model}", "api_base": f"{u}/v1", "api_key": "none"},
+                        "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},
+                    }
+                    for i, u in enumerate(fleet.urls)
+                ],
+                "router_settings": {
+                    "routing_strategy": "cognitora",
+                    "routing_strategy_args": {
+                        "config": str(config_path),
+                        "models": [{"name": fleet.model, "tokenizer": str(tokenizer)}],
+                    },
+                },
+                "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora", "rss_probe.probe"]},
+                "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+            }
+            (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
+            key = "sk-rss-" + secrets.token_hex(8)
+            proxy_port = free_port()
+            pythonpath = os.pathsep.join(filter(None, [str(work), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+            env = {
+                "LITELLM_MASTER_KEY": key,
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_TELEMETRY": "False",
+                "PYTHONPATH": pythonpath,
+                "PROBE_OUT": str(samples),
+                "PROBE_EVERY_S": str(SAMPLE_S),
+                "PROBE_FRAMES": str(args.frames),
+            }
+            argv_l = [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1"]
+            procs["litellm"] = ManagedProcess(
+                [*argv_l, "--port", str(proxy_port)], work / "litellm.log", env=env, cwd=work
+            )
+            procs["litellm"].wait_http(f"http://127.0.0.1:{proxy_port}/health/liveliness", timeout_s=300)
+            proxy_url = f"http://127.0.0.1:{proxy_port}"
+
+            async def drive() -> None:
+                nonlocal redis_proc
+                t0 = time.monotonic()
+                stop = asyncio.Event()
+                auth = {"Authorization": f"Bearer {key}"}
+                loader = asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop))
+                next_fault, n_fault = 0.0, 0
+                while (now := time.monotonic() - t0) < args.duration_s:
+                    if now >= next_fault + args.cycle_s:
+                        next_fault += args.cycle_s
+                        kind = FAULTS[n_fault % len(FAULTS)]
+                        n_fault += 1
+                        run.faults.append((now, kind))
+                        if kind == "engine-restart":
+                            await asyncio.to_thread(fleet.fault, n_fault % 2, "restart")
+                        elif kind == "redis-restart":
+                            redis_proc.kill()
+                            redis_proc.wait()
+                            redis_proc = await asyncio.to_thread(start_redis, redis_port, str(work))
+                        else:
+                            config["scrape"] = {"interval_s": 1.0 if n_fault % 2 else 1.5}
+                            config_path.write_text(yaml.safe_dump(config))
+                    await asyncio.sleep(0.5)
+                stop.set()
+                await loader
+
+            asyncio.run(drive())
+            report(args, run, samples)
+        finally:
+            for proc in procs.values():
+                proc.stop(grace_s=2)  # (the proxy ignores SIGTERM: SIGKILL after 2 s)
+            redis_proc.kill()
+    return 0
+
+
+def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
+    lines = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()]
+    start = min(lines[0]["t"] + WARMUP_S - SAMPLE_S, lines[-1]["t"])
+    first = next(x for x in lines if x["t"] >= start)
+    last = lines[-1]
+    mib = 1 / 2**20
+    span_h = (last["t"] - first["t"]) / 3600 or 1.0
+    ok = sum(1 for _, _, s in run.answers if s == 200)
+    statuses: dict[int, int] = {}
+    for _, _, s in run.answers:
+        statuses[s] = statuses.get(s, 0) + 1
+    out = [
+        "# LiteLLM proxy memory: whose allocations grow",
+        "",
+        f"Command: `python -m bench.litellm_rss --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
+        f"--rps {args.rps:g} --frames {args.frames}` (one worker, tracemalloc from the config load on; "
+        f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
+        f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",
+        "",
+        f"From the sample at {first['t'] - lines[0]['t'] + SAMPLE_S:.0f} s to the last at "
+        f"{last['t'] - lines[0]['t'] + SAMPLE_S:.0f} s:",
+        "",
+        "| what | first MiB | last MiB | growth MiB | per hour |",
+        "|---|---|---|---|---|",
+    ]
+
+    def row(name: str, a: float, b: float) -> str:
+        return f"| {name} | {a * mib:.1f} | {b * mib:.1f} | {(b - a) * mib:+.1f} | {(b - a) * mib / span_h:+.1f} |"
+
+    out.append(row("RSS", first["rss"], last["rss"]))
+    out.append(row("traced by tracemalloc", first["traced"], last["traced"]))
+    out.append(row("tracemalloc's own", first.get("tracemalloc_own", 0), last.get("tracemalloc_own", 0)))
+    for who in ("cognitora", "litellm", "other"):
+        out.append(row(f"  charged to {who}", first["by_owner"].get(who, 0), last["by_owner"].get(who, 0)))
+    growth = {s: v - first["sites"].get(s, 0) for s, v in last["sites"].items()}
+    out += ["", "Sites that grew most (owner, innermost frame):", "", "| site | growth KiB |", "|---|---|"]
+    for site, grew in sorted(growth.items(), key=lambda kv: -kv[1])[:10]:
+        out.append(f"| `{site.replace(str(ROOT), '.')}` | {grew / 1024:+.0f} |")
+    out += ["", "Samples (s, RSS MiB, traced MiB, cognitora / litellm / other MiB):", ""]
+    for x in lines:
+        o = x["by_owner"]
+        out.append(
+            f"- {x['t'] - lines[0]['t'] + SAMPLE_S:.0f}: {x['rss'] * mib:.1f}, {x['traced'] * mib:.1f}, "
+            f"{o.get('cognitora', 0) * mib:.1f} / {o.get('litellm', 0) * mib:.1f} / {o.get('other', 0) * mib:.1f}"
+        )
+    OUT.write_text("\n".join(out) + "\n")
+    print("\n".join(out[:16]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,348 @@
+"""Soak: a steady load through both gateways for ``--duration-s`` (30 minutes by default) with faults on a schedule,
+and whether anything drifts. Never part of the test suite (docs/operations.md, "Soak").
+
+    python -m bench.soak --duration-s 1800 --seed 1
+
+The stack, all on loopback: a private ``redis-server``, two simulated engines, ``cognitora collector``, two
+``cognitora extproc`` replicas behind Envoy (``examples/envoy.yaml``), and the LiteLLM proxy with the routing
+strategy, both gateways on one ``cognitora.yaml`` in Redis mode. Each gateway gets ``--rps`` requests a second
+(open loop, fixed interval). Every ``--cycle-s``, in turn: an engine restarts (``/sim/fault restart``), Redis is
+killed and started again on its port (its state is lost), the config file is rewritten with another scrape interval
+(both gateways reload it). Sampled every 10 s: RSS and open file descriptors of every process. From the gateways'
+decision log lines: the decision time's p99 per cycle. An error is a non-200 answer or a transport error; those
+within ``FAULT_WINDOW_S`` after a fault are counted apart, as injected.
+
+Writes ``bench/results/soak_seed<seed>.md`` (and ``.json``): per process the RSS and FD slopes (least squares, per
+hour) and their first and last values, the errors in and outside fault windows, p99 decision time per cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from cognitora_sim.harness.envoy_launch import render_config, start_envoy, wait_listening
+from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
+from cognitora_sim.launch import start_fleet
+from cognitora_sim.tokenizer import SMOLLM2_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+LITELLM = Path(sys.executable).parent / "litellm"
+FAULT_WINDOW_S = 30.0
+SAMPLE_S = 10.0
+FAULTS = ("engine-restart", "redis-restart", "config-reload")
+
+
+@dataclass
+class Run:
+    answers: list[tuple[float, str, int]] = field(default_factory=list)
+    """(seconds since start, gateway, status; -1 a transport error)."""
+    faults: list[tuple[float, str]] = field(default_factory=list)
+    samples: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
+    """Process -> (seconds, RSS MiB, open FDs)."""
+
+
+def proc_sample(pid: int) -> tuple[float, int] | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return rss_kb / 1024, fds
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return 0.0 if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in points) / var * 3600
+
+
+def start_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("bench.soak needs redis-server on PATH (Debian: apt-get install redis-server)")
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: _answers(port), 10, f"redis-server on {port}")
+    return proc
+
+
+def _answers(port: int) -> bool:
+    import redis
+
+    try:
+        with redis.Redis(port=port, socket_timeout=0.5) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def decision_seconds(logs: list[Path], started_wall: float) -> list[tuple[float, float]]:
+    """(seconds since start, decision_s) of every decision line in ``logs`` (either log format)."""
+    out = []
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if '"decision_s"' not in line or not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            ts = record.get("ts")
+            if not isinstance(ts, str):
+                continue
+            from datetime import datetime
+
+            at = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() - started_wall
+            out.append((at, float(record["decision_s"])))
+    return out
+
+
+def p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+async def load(url: str, gateway: str, headers: dict[str, str], model: str, rps: float, run: Run, t0: float,
+               stop: asyncio.Event) -> None:  # fmt: skip
+    rng = random.Random(gateway)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        prompt = f"conversation {rng.randrange(20)}: " + "shared system context " * 20 + f"question {i}"
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16}
+        try:
+            r = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+            status = r.status_code
+        except httpx.HTTPError:
+            status = -1
+        run.answers.append((time.monotonic() - t0, gateway, status))
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+        i = 0
+        next_at = time.monotonic()
+        while not stop.is_set():
+            i += 1
+            task = asyncio.create_task(one(client, i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            next_at += 1 / rps
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration-s", type=float, default=1800.0)
+    p.add_argument("--cycle-s", type=float, default=120.0, help="seconds between two faults (default 120)")
+    p.add_argument("--rps", type=float, default=3.0, help="requests a second per gateway (default 3)")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    random.seed(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="cognitora-soak-"))
+    tokenizer = SMOLLM2_DIR / "tokenizer.json"
+    redis_port = free_port()
+    redis_proc = start_redis(redis_port, str(work))
+    run = Run()
+    procs: dict[str, ManagedProcess] = {}
+    envoy = None
+    with start_fleet(2, tokenizer=tokenizer, time_scale=10.0, log_dir=work) as fleet:
+        settings = {
+            "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+            "key_prefix": "soak",
+            "scrape": {"interval_s": 1.0},
+        }
+        config = {**settings, "models": [fleet.model_config(tokenizer)]}
+        config_path = work / "cognitora.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        cli = [sys.executable, "-m", "cognitora.cli"]
+        try:
+            procs["collector"] = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "c.log")
+            ports = [free_port(), free_port()]
+            for i, port in enumerate(ports):
+                argv_x = [*cli, "extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"]
+                procs[f"extproc{i}"] = ManagedProcess(argv_x, work / f"extproc{i}.log")
+                wait_listening(port, procs[f"extproc{i}"])
+            listen, admin = free_port(), free_port()
+
+            def two(envoy_config: dict[str, Any]) -> None:
+                for c in envoy_config["static_resources"]["clusters"]:
+                    if c["name"] == "cognitora_extproc":
+                        eps = [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": q}}}}
+                               for q in ports]  # fmt: skip
+                        c["load_assignment"]["endpoints"] = [{"lb_endpoints": eps}]
+
+            rendered = render_config(
+                listen_port=listen, admin_port=admin, extproc_port=ports[0], engines=fleet.endpoint_ids, edit=two
+            )
+            envoy = start_envoy(rendered, work / "envoy", admin)
+            litellm_config = {
+                "model_list": [
+                    {
+                        "model_name": fleet.model,
+                        "litellm_params": {"model": f"openai/{fleet.model}", "api_base": f"{u}/v1", "api_key": "none"},
+                        "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},
+                    }
+                    for i, u in enumerate(fleet.urls)
+                ],
+                "router_settings": {
+                    "routing_strategy": "cognitora",
+                    "routing_strategy_args": {
+                        "config": str(config_path),
+                        "models": [{"name": fleet.model, "tokenizer": str(tokenizer)}],
+                    },
+                },
+                "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora"]},
+                "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+            }
+            (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
+            key = "sk-soak-" + secrets.token_hex(8)
+            proxy_port = free_port()
+            pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+            env = {
+                "LITELLM_MASTER_KEY": key,
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_TELEMETRY": "False",
+                "PYTHONPATH": pythonpath,
+            }
+            argv_l = [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1"]
+            procs["litellm"] = ManagedProcess([*argv_l, "--port", str(proxy_port)], work / "litellm.log", env=env)
+            procs["litellm"].wait_http(f"http://127.0.0.1:{proxy_port}/health/liveliness", timeout_s=120)
+            pids = {name: proc.pid for name, proc in procs.items()}
+            pids["envoy"] = envoy.pid
+            pids["sim-fleet"] = fleet.process.pid
+
+            envoy_url, proxy_url = f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{proxy_port}"
+
+            async def soak() -> None:
+                t0 = time.monotonic()
+                stop = asyncio.Event()
+                auth = {"Authorization": f"Bearer {key}"}
+                loads = [
+                    asyncio.create_task(load(envoy_url, "envoy", {}, fleet.model, args.rps, run, t0, stop)),
+                    asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop)),
+                ]
+                nonlocal redis_proc
+                next_sample = next_fault = 0.0
+                n_fault = 0
+                while (now := time.monotonic() - t0) < args.duration_s:
+                    if now >= next_sample:
+                        for name, pid in pids.items():
+                            got = proc_sample(pid)
+                            if got is not None:
+                                run.samples.setdefault(name, []).append((now, got[0], got[1]))
+                        next_sample += SAMPLE_S
+                    if now >= next_fault + args.cycle_s:
+                        next_fault += args.cycle_s
+                        kind = FAULTS[n_fault % len(FAULTS)]
+                        n_fault += 1
+                        run.faults.append((now, kind))
+                        if kind == "engine-restart":
+                            await asyncio.to_thread(fleet.fault, n_fault % 2, "restart")
+                        elif kind == "redis-restart":
+                            redis_proc.kill()
+                            redis_proc.wait()
+                            redis_proc = await asyncio.to_thread(start_redis, redis_port, str(work))
+                        else:
+                            interval = 1.0 if n_fault % 2 else 1.5
+                            config["scrape"] = {"interval_s": interval}
+                            config_path.write_text(yaml.safe_dump(config))
+                    await asyncio.sleep(0.5)
+                stop.set()
+                await asyncio.gather(*loads)
+
+            started_wall = time.time()
+            asyncio.run(soak())
+            logs = [work / "extproc0.log", work / "extproc1.log", work / "litellm.log"]
+            report(args, run, decision_seconds(logs, started_wall))
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            for proc in procs.values():
+                proc.stop()
+            redis_proc.kill()
+    return 0
+
+
+def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, float]]) -> None:
+    def in_fault(t: float) -> bool:
+        return any(0 <= t - f <= FAULT_WINDOW_S for f, _ in run.faults)
+
+    errors = [(t, g, s) for t, g, s in run.answers if s != 200]
+    outside = [e for e in errors if not in_fault(e[0])]
+    by_gateway = {g: sum(1 for _, gg, _ in run.answers if gg == g) for g in ("envoy", "litellm")}
+    procs = {}
+    for name, points in sorted(run.samples.items()):
+        procs[name] = {
+            "rss_mib_first": round(points[0][1], 1),
+            "rss_mib_last": round(points[-1][1], 1),
+            "rss_mib_per_hour": round(slope_per_hour([(t, r) for t, r, _ in points]), 2),
+            "fds_first": points[0][2],
+            "fds_last": points[-1][2],
+            "fds_per_hour": round(slope_per_hour([(t, float(f)) for t, _, f in points]), 2),
+        }
+    cycles = []
+    for start in range(0, int(args.duration_s), int(args.cycle_s)):
+        window = [d for t, d in decisions if start <= t < start + args.cycle_s]
+        value = p99(window)
+        cycles.append(
+            {"from_s": start, "decisions": len(window), "p99_ms": None if value is None else round(value * 1e3, 2)}
+        )
+    data = {
+        "command": f"python -m bench.soak --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
+        f"--rps {args.rps:g} --seed {args.seed}",
+        "requests": by_gateway,
+        "errors_total": len(errors),
+        "errors_outside_fault_windows": len(outside),
+        "errors_outside_sample": outside[:10],
+        "faults": run.faults,
+        "processes": procs,
+        "p99_decision_ms_per_cycle": cycles,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"soak_seed{args.seed}"
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    lines = [
+        f"# Soak, seed {args.seed}",
+        "",
+        f"Command: `{data['command']}` (one machine, loopback; see bench/soak.py for the stack).",
+        "",
+        f"Requests: {by_gateway}; errors {len(errors)}, of which {len(outside)} outside the {FAULT_WINDOW_S:g} s "
+        f"after a fault. Faults: {len(run.faults)} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s).",
+        "",
+        "| process | RSS MiB first | last | slope MiB/h | FDs first | last | slope FDs/h |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, row in procs.items():
+        lines.append(
+            f"| {name} | {row['rss_mib_first']} | {row['rss_mib_last']} | {row['rss_mib_per_hour']} | "
+            f"{row['fds_first']} | {row['fds_last']} | {row['fds_per_hour']} |"
+        )
+    lines += ["", "| cycle from (s) | decisions | p99 decision (ms) |", "|---|---|---|"]
+    lines += [f"| {c['from_s']} | {c['decisions']} | {c['p99_ms']} |" for c in cycles]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,288 @@
+"""``FlowGate``: the core's side of the gateway queue (``cognitora.flow``), between ``Router.admit`` and the fleet.
+
+    wait = gate.should_wait(request, decision)     # the fleet is saturated for it, or its band already queues
+    result = await gate.wait(request, decision, wait, hold=hold, group=group)   # placed when it leaves, or refused
+
+A request that should wait is not committed: it waits in the ``FlowController`` (its own task suspended on one
+future; no thread) and is placed again, on the fleet as it is then, when the queue's dispatcher picks it
+(``place``: the ``Placer`` the controller calls). Placed, it is dispatched and leased in the same step, and its
+budget hold moves into its attempt. Refused (timeout, full, shutdown), the controller has given its hold back;
+``Router.admit`` then asks the burst policy, else answers the queue's 429 with Retry-After.
+
+Capacity wake-ups come from the lifecycle (``freed``: a finish, a first token) and from lease releases. Leases
+(``flow_control.leases``) are taken only for requests dispatched from the queue, on engines that declare
+``max_num_seqs``: docs/flow_control.md, "Across gateway replicas", says what that counts and its limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from cognitora.config import CognitoraConfig
+from cognitora.core.lifecycle import Attempt
+from cognitora.core.outcome import Outcome, OutcomeKind
+from cognitora.decision import Decision
+from cognitora.flow.bands import plan_bands
+from cognitora.flow.config import FlowControlConfig, HoldReason
+from cognitora.flow.controller import FlowController, Ticket
+from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
+from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
+from cognitora.flow.priority import BandActivity, priority_hold
+from cognitora.flow.saturation import Saturation, request_cost, saturation_of
+from cognitora.flow.telemetry import FlowTelemetry
+from cognitora.request import RouteRequest
+from kvstate.store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from cognitora.budgets.gate import BudgetGate, Hold
+
+__all__ = ["FlowGate", "Placed", "Waiting", "configured_seats", "flow_of"]
+
+log = logging.getLogger("cognitora.flow")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a request joins the queue: its band and flow, its cost, and the saturation (None: others wait ahead)."""
+
+    band: str
+    flow: str
+    cost: float
+    saturation: Saturation | None
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A queued request the dispatcher placed: its decision on the fleet as it was then, and its attempt (None:
+    refused by placement meanwhile for another reason than saturation, e.g. every engine went unhealthy)."""
+
+    decision: Decision
+    attempt: Attempt | None
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class _Queued:
+    request: RouteRequest
+    group: str | None
+    hold: Hold | None
+
+
+def configured_seats(config: CognitoraConfig, endpoint_id: str) -> int | None:
+    """The endpoint's configured ``max_num_seqs`` (its own ``cost``, else ``cost_model.priors``): what a lease
+    counts against. A learned seat count is not used: replicas must agree on the capacity."""
+    endpoint = config.endpoint(endpoint_id)
+    if endpoint is None:
+        return None
+    return endpoint.cost.max_num_seqs or config.cost_model.priors.max_num_seqs
+
+
+def flow_of(request: RouteRequest) -> str:
+    """The fairness flow of a request: its trusted team, else its key, else ``anonymous`` (never the body)."""
+    who = request.identity
+    if who.team:
+        return f"team:{who.team}"
+    if who.key:
+        return f"key:{who.key}"
+    return "anonymous"
+
+
+class FlowGate:
+    """One per Router. ``place``: a quiet placement (nothing recorded); ``record``: the router's record of the
+    decision it finally made; ``dispatch``: the lifecycle's."""
+
+    def __init__(
+        self,
+        config: CognitoraConfig,
+        flow: FlowControlConfig,
+        *,
+        place: Callable[[RouteRequest], Awaitable[Decision]],
+        record: Callable[[Decision], Decision],
+        dispatch: Callable[[Decision, str | None], Attempt],
+        budgets: BudgetGate | None,
+        leases: Leases | None = None,
+    ) -> None:
+        self.config = config
+        self.flow = flow
+        self._place = place
+        self._record = record
+        self._dispatch = dispatch
+        self._budgets = budgets
+        self.telemetry = FlowTelemetry()
+        """Waits by band, flow and how they ended (the controller's ``snapshot`` has the counters and depths)."""
+        self.leases = leases if leases is not None else (MemoryLeases() if flow.leases.enabled else None)
+        slos = {name: p.ttft_slo_s for name, p in config.placement.priorities.items()}
+        bands = plan_bands(flow, slos)
+        self.controller: FlowController[_Queued, Placed] = FlowController(
+            flow, bands, self, observer=self.telemetry.departed
+        )
+        self.activity = BandActivity([(b.name, slos[b.name]) for b in bands], flow.priority_window_s)
+        """Which higher bands' objectives cap what lower bands commit (``cognitora.flow.priority``)."""
+        self._leased: dict[str, str] = {}
+        """Request id -> the engine its lease is on."""
+
+    # -- Router.admit's calls ---------------------------------------------------------------------------------
+    def should_wait(self, request: RouteRequest, decision: Decision) -> Waiting | None:
+        """Whether ``decision``'s request waits in the queue (docs/flow_control.md, "When a request waits")."""
+        if decision.cloud is not None or request.pinned_endpoint is not None:
+            return None
+        priority = request.identity.priority
+        pclass = self.config.placement.priorities.get(priority)
+        if pclass is None:
+            return None
+        self.activity.saw(priority)
+        saturation = self._saturation(decision, pclass.ttft_slo_s) or self._below(priority, decision)
+        if saturation is None and not (decision.endpoint is not None and self.controller.must_queue(priority)):
+            return None
+        cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
+        return Waiting(priority, flow_of(request), cost, saturation)
+
+    async def wait(
+        self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
+    ) -> Placed | QueueRefusal:
+        """Wait in the queue until placed, or refused. Cancelled (the client went away): it leaves at once, its hold
+        given back, and the cancel goes on."""
+        fixed = replace(request, rewrite=decision.rewrite) if decision.rewrite is not None else request
+        budgets = self._budgets
+
+        def give_back() -> None:
+            if hold is not None and budgets is not None:
+                budgets.give_back_later(hold)
+
+        waiting = self.controller.wait(
+            _Queued(fixed, group, hold),
+            request_id=request.request_id,
+            band=why.band,
+            flow=why.flow,
+            cost=why.cost,
+            saturation=why.saturation,
+            give_back=give_back,
+        )
+        if self.leases is None:
+            return await waiting
+        task = asyncio.ensure_future(waiting)
+        try:
+            await asyncio.sleep(0)  # it is in the queue now: the depth the other replicas read includes it
+            await self._publish_depth()
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()  # our caller was cancelled: the queue's own cancel path gives the hold back
+            await self._publish_depth()
+
+    async def _publish_depth(self) -> None:
+        """Sent with this replica's next heartbeat (no round trip now): ``cognitora explain`` and the dashboard."""
+        if self.leases is not None:
+            await self.leases.publish_depth(self.controller.waiting_by_band())
+
+    def _below(self, band: str, decision: Decision) -> Saturation | None:
+        """Held for a higher band: its objective is the ceiling of what this band may commit while it is active
+        (``cognitora.flow.priority``; part of the ``slo`` hold reason)."""
+        if HoldReason.SLO not in self.flow.hold_on or decision.cloud is not None:
+            return None
+        ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
+        return None if ceiling is None else priority_hold(decision, ceiling)
+
+    def _saturation(self, decision: Decision, ttft_slo_s: float) -> Saturation | None:
+        """The hold rule (``saturation_of``), and one more reading of ``seats``: every eligible engine runs as many
+        requests as its configured ``max_num_seqs``. The seat wait placement predicts is 0 while the engine's
+        service time is unknown (nothing finished there yet: a cold start, or a ramp of load), and the seats are
+        no less taken then."""
+        found = saturation_of(decision, ttft_slo_s, self.flow.hold_on)
+        if found is not None or HoldReason.SEATS not in self.flow.hold_on or decision.cloud is not None:
+            return found
+        if decision.rejection is not None and not decision.saturated:
+            return None
+        eligible = [c for c in decision.candidates if c.excluded is None]
+        if not eligible:
+            return None
+        for c in eligible:
+            seats = configured_seats(self.config, c.endpoint)
+            if seats is None or c.running < seats:
+                return None
+        return Saturation(
+            HoldReason.SEATS,
+            f"every engine's seats are taken ({eligible[0].running} running on "
+            f"{eligible[0].endpoint}, max_num_seqs {configured_seats(self.config, eligible[0].endpoint)})",
+        )
+
+    # -- the lifecycle's ----------------------------------------------------------------------------------------
+    def freed(self, attempt: Attempt, why: WakeReason) -> None:
+        """An attempt's prefill or whole life ended here: its lease (if any) goes back, and the queue tries again."""
+        if why is WakeReason.FINISHED:
+            endpoint = self._leased.pop(attempt.request_id, None)
+            if endpoint is not None and self.leases is not None:
+                asyncio.get_running_loop().create_task(self._release(endpoint, attempt.request_id))
+        self.controller.wake(why)
+
+    async def _release(self, endpoint: str, lease_id: str) -> None:
+        assert self.leases is not None
+        try:
+            await self.leases.release(endpoint, lease_id)
+        except StoreUnavailable as exc:  # the replica's TTL releases it (docs/flow_control.md)
+            log.warning("flow control: could not release a lease on %s: %s", endpoint, exc)
+        self.controller.wake(WakeReason.CAPACITY)
+
+    # -- the Placer the controller calls ------------------------------------------------------------------------
+    async def place(self, ticket: Ticket[_Queued]) -> Placed | Held:
+        """Place the ticket's request on the fleet as it is now; commit it (lease, dispatch, budget hold), or
+        answer ``Held``. No await between the pick and its count but the lease's round trip, which the hold
+        rule's re-check after it covers."""
+        queued = ticket.item
+        decision = await self._place(queued.request)
+        waited = asyncio.get_running_loop().time() - ticket.queued_at
+        pclass = self.config.placement.priorities[ticket.band]
+        saturation = self._saturation(decision, pclass.ttft_slo_s)
+        if saturation is not None:
+            # seats: nothing else fits either; kv, slo: a smaller request of another flow may
+            return Held(saturation.detail, only_this=saturation.reason is not HoldReason.SEATS)
+        if not ticket.aged:  # the anti-starvation rule's dispatch is not held for the bands above
+            below = self._below(ticket.band, decision)
+            if below is not None:
+                return Held(below.detail)
+        if decision.endpoint is None:  # refused meanwhile for another reason (every engine unhealthy): its hold back
+            if queued.hold is not None and self._budgets is not None:
+                self._budgets.give_back_later(queued.hold)
+            return Placed(self._record(decision), None, waited)
+        if decision.cloud is None and not await self._lease(decision, ticket):
+            return Held(f"every lease on {decision.endpoint} is taken")
+        decision = self._record(decision)
+        attempt = self._dispatch(decision, queued.group)
+        attempt.budget_hold = queued.hold
+        return Placed(decision, attempt, waited)
+
+    def unclaimed(self, result: Placed) -> None:
+        """Placed as its waiter left: the attempt ends as cancelled (its hold settles, its lease goes back)."""
+        if result.attempt is not None:
+            result.attempt.finish(Outcome(OutcomeKind.CLIENT_CANCELLED, detail="left the gateway queue"))
+
+    async def _lease(self, decision: Decision, ticket: Ticket[_Queued]) -> bool:
+        leases, endpoint = self.leases, decision.endpoint
+        assert endpoint is not None
+        seats = configured_seats(self.config, endpoint)
+        if leases is None or seats is None:
+            return True
+        capacity = max(1, int(seats * self.flow.leases.overcommit))
+        peers = self.controller.waiting_flows(ticket.band)
+        charge = FairCharge(ticket.band, ticket.flow, ticket.cost, peers)
+        try:
+            grant = await leases.acquire(endpoint, decision.request_id, capacity, charge)
+        except StoreUnavailable as exc:
+            log.warning("flow control: leases unavailable, dispatching without one: %s", exc)
+            return True
+        if not grant.granted:
+            return False
+        self._leased[decision.request_id] = endpoint
+        if grant.served:
+            self.controller.absorb_served(ticket.band, grant.served, ticket.flow, ticket.cost)
+        return True
+
+    async def close(self) -> None:
+        """Every waiter leaves with 503 (holds given back); this replica's leases go back."""
+        await self.controller.close()
+        if self.leases is not None:
+            await self.leases.close()

@@ -1,0 +1,76 @@
+"""The pure parts of the real-engine benchmark (the benchmark itself runs by hand: docs/real_engines.md):
+the calibration fit recovers known step costs, and the sim-vs-real comparison ranks routers as its table says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.cpu_calibration import fit
+from bench.real_engines import CPU_SHARED_PREFIX, compare, schedule_for
+from bench.report import Report, Slo, StageSummary, TargetRun
+
+
+def _measured(overhead: float, per_token: float, attn: float, noise: float = 0.0) -> dict[str, Any]:
+    def cold(n: int) -> float:
+        return overhead + n * per_token + n * (n + 1) / 2 * attn
+
+    hit = overhead + 32 * per_token + 32 * (1888 + 33 / 2) * attn
+    return {
+        "cold": [
+            {"tokens": n, "ttft_s": cold(n) * (1 + noise * (-1) ** i)}
+            for i, n in enumerate((128, 512, 1024, 1536, 1920))
+        ],
+        "cached": [{"tokens": 1920, "ttft_s": hit, "cached_tokens": 1888}] * 3,
+        "decode": {"context_tokens": 256, "itl_1_s": 0.05, "itl_4_s": 0.062},
+    }
+
+
+def test_fit_recovers_the_step_costs_it_was_made_from() -> None:
+    got = fit(_measured(0.08, 1 / 300, 2e-7))
+    assert got["overhead_s"] == pytest.approx(0.08, abs=0.002)
+    assert got["compute_tokens_per_s"] == pytest.approx(300, rel=0.02)
+    assert got["attn_s_per_pair"] == pytest.approx(2e-7, rel=0.05)
+    assert got["fit_max_error"] < 0.01
+    # decode: each extra sequence adds 4 ms, of which 1/300 s is its token's compute, the rest its context's KV
+    assert got["kv_read_s_per_token"] == pytest.approx((0.004 - 1 / 300) / 256, rel=0.05)
+
+
+def test_fit_never_returns_a_negative_cost_from_noisy_points() -> None:
+    got = fit(_measured(0.0, 1 / 300, 0.0, noise=0.3))
+    assert got["overhead_s"] >= 0 and got["attn_s_per_pair"] >= 0 and got["compute_tokens_per_s"] > 0
+
+
+def test_the_workload_fits_the_engines_and_reuses_its_system_prompts() -> None:
+    schedule = schedule_for(20251130, [0.3, 0.6], 45.0, (0.3, 30.0))
+    assert {s.label for s in schedule.stages} == {"warmup", "0.3 rps", "0.6 rps"}
+    lengths = {r.prompt_tokens for r in schedule.requests}
+    assert lengths == {CPU_SHARED_PREFIX.system_tokens + CPU_SHARED_PREFIX.question_tokens}
+    assert min(lengths) >= 500 and max(lengths) <= 2000  # the issue's 0.5-2k tokens, under max_model_len 2048
+    assert schedule.reuse_bound("0.6 rps") > 0.8
+
+
+def _report(ttft: dict[str, tuple[float, float]]) -> Report:
+    runs = []
+    for target, (p50, p90) in ttft.items():
+        stage = StageSummary(
+            "1 rps", 1.0, 10.0, 10, 10, 0, p50, p90, p90, 0.05, 1.0, 2.0, 10.0, 1 / p90, 0.9, 0.9, 100, 90, 10
+        )
+        runs.append(TargetRun(target=target, settings="", stages=[stage]))
+    stages = [{"label": "1 rps", "rate": 1.0, "duration_s": 10.0, "measured": True}]
+    return Report("cmd", "w", "desc", "now", 1.0, Slo(), {}, stages, {"1 rps": 0.9}, runs=runs)
+
+
+def test_compare_reports_errors_and_whether_the_ranking_holds() -> None:
+    real = _report({"cognitora-envoy": (1.0, 2.0), "envoy-rr": (4.0, 8.0)})
+    same = _report({"cognitora-envoy": (1.2, 2.1), "envoy-rr": (3.0, 9.0)})
+    text = compare([real], [same], "python -m bench.real_engines --compare")
+    assert "| 1 rps | cognitora-envoy | 1.00 | 1.20 | +20% | 2.00 | 2.10 | +5% |" in text
+    assert "| 1 rps | envoy-rr | 4.00 | 3.00 | -25% | 8.00 | 9.00 | +12% |" in text
+    assert "within 25% of the real engines: 4 of 4" in text
+    assert "| 1 rps | ttft_p90 | cognitora-envoy, envoy-rr | cognitora-envoy, envoy-rr | yes |" in text
+    flipped = _report({"cognitora-envoy": (5.0, 9.0), "envoy-rr": (1.0, 2.0)})
+    text = compare([real], [flipped], "cmd")
+    assert "| 1 rps | ttft_p90 | cognitora-envoy, envoy-rr | envoy-rr, cognitora-envoy | no |" in text
+    assert "within 25% of the real engines: 0 of 4" in text

@@ -1,0 +1,371 @@
+"""Flow control wired into ``Router.admit`` (cognitora/core/flow_gate.py, docs/flow_control.md): a request the
+saturated fleet cannot seat waits in the gateway, is placed when it leaves on the fleet as it is then, leaves at
+once when its client goes away, times out with 429 and Retry-After, and its budget reservation is held meanwhile
+and given back when it leaves unplaced. Two engines of one seat each; their seats are taken by the router's own
+dispatches, so the seat wait is what the hold rule reads."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
+from cognitora.core.lifecycle import Attempt
+from cognitora.core.outcome import Outcome, OutcomeKind
+from cognitora.core.router import Router
+from cognitora.identity import Identity, IdentitySource
+from cognitora.request import RouteRequest
+from kvstate.memory_store import MemoryStore
+from kvstate.store import EndpointSnapshot
+
+A, B = "127.0.0.1:8001", "127.0.0.1:8002"
+PRIORITIES = {
+    "interactive": {"ttft_slo_s": 60},
+    "default": {"ttft_slo_s": 90},
+    "batch": {"ttft_slo_s": 120, "sheddable": True},
+}
+
+
+def fleet(flow: dict[str, Any] | None, **top: Any) -> CognitoraConfig:
+    endpoints = [{"url": f"http://{e}", "cost": {"max_num_seqs": 1}} for e in (A, B)]
+    data: dict[str, Any] = {
+        "models": [{"name": "m", "endpoints": endpoints}],
+        "placement": {"priorities": PRIORITIES},
+        **top,
+    }
+    if flow is not None:
+        data["flow_control"] = flow
+    return config_from_dict(data)
+
+
+async def saturated(config: CognitoraConfig) -> tuple[Router, list[Attempt]]:
+    """A router whose two engines each run one request it dispatched (both seats taken)."""
+    store = MemoryStore()
+    router = Router(config, store)
+    for e in (A, B):
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), mean_service_s=10.0))
+    holders = []
+    for i in range(2):
+        decision, attempt = await router.admit(RouteRequest(model="m", prompt=f"holder {i}", request_id=f"h{i}"))
+        assert attempt is not None, decision.explain()
+        holders.append(attempt)
+    return router, holders
+
+
+def req(rid: str, priority: str = "default", team: str | None = None) -> RouteRequest:
+    who = Identity(team=team, priority=priority, source=IdentitySource.CALLER)
+    return RouteRequest(model="m", prompt=f"prompt of {rid}", request_id=rid, identity=who)
+
+
+async def until(condition: Any, timeout_s: float = 10.0) -> None:
+    """Wait on the loop for ``condition()`` (a bool, or an awaitable of one), up to a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def waiting(router: Router) -> int:
+    assert router.flow is not None
+    return router.flow.controller.snapshot().waiting
+
+
+async def test_without_the_section_a_saturated_request_is_placed_at_once_as_before() -> None:
+    router, _ = await saturated(fleet(None))
+    assert router.flow is None
+    decision, attempt = await router.admit(req("r"))
+    assert attempt is not None and decision.endpoint in (A, B)
+
+
+async def test_a_request_waits_for_a_seat_and_is_placed_where_one_frees() -> None:
+    router, holders = await saturated(fleet({}))
+    task = asyncio.ensure_future(router.admit(req("r")))
+    await until(lambda: waiting(router) == 1)
+    assert not task.done()
+    freed = holders[1].endpoint
+    holders[1].finish(Outcome(OutcomeKind.COMPLETED))
+    decision, attempt = await asyncio.wait_for(task, 2)
+    assert attempt is not None and decision.endpoint == freed, decision.explain()
+    assert waiting(router) == 0
+    assert router.flow is not None
+    band = next(b for b in router.flow.controller.snapshot().bands if b.band == "default")
+    assert sum(band.dispatched.values()) == 1
+
+
+async def test_bands_leave_in_priority_order_and_teams_share_within_a_band() -> None:
+    router, holders = await saturated(fleet({}))
+    order: list[str] = []
+
+    async def one(r: RouteRequest) -> None:
+        decision, attempt = await router.admit(r)
+        assert attempt is not None, decision.explain()
+        order.append(r.request_id)
+        attempt.finish(Outcome(OutcomeKind.COMPLETED))  # its seat frees for the next
+
+    arrivals = [req("b1", "batch"), req("d1", "default", "x"), req("d2", "default", "x"), req("d3", "default", "y")]
+    arrivals.append(req("i1", "interactive"))
+    tasks = []
+    for r in arrivals:
+        tasks.append(asyncio.ensure_future(one(r)))
+        queued = len(tasks)
+        await until(lambda: waiting(router) == queued)  # noqa: B023 (awaited before the loop moves on)
+    holders[0].finish(Outcome(OutcomeKind.COMPLETED))
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    # interactive first; within default, team y's one request goes before team x's second; batch last.
+    assert order == ["i1", "d1", "d3", "d2", "b1"]
+
+
+async def test_past_its_max_wait_a_request_gets_429_with_retry_after() -> None:
+    router, _ = await saturated(fleet({"classes": {"batch": {"max_wait_s": 0.3}}}))
+    started = time.monotonic()
+    decision, attempt = await router.admit(req("r", "batch"))
+    assert attempt is None and decision.rejection is not None
+    retry = decision.rejection.retry_after_s
+    assert decision.rejection.status == 429 and retry is not None and retry >= 1
+    assert "max_wait_s of class 'batch'" in decision.rejection.message
+    assert time.monotonic() - started >= 0.3
+    assert router.flow is not None
+    assert router.flow.telemetry.waits["batch", "anonymous", "timeout"].count == 1
+
+
+async def test_a_client_that_goes_away_leaves_the_queue_at_once() -> None:
+    router, holders = await saturated(fleet({}))
+    task = asyncio.ensure_future(router.admit(req("gone")))
+    await until(lambda: waiting(router) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert waiting(router) == 0
+    holders[0].finish(Outcome(OutcomeKind.COMPLETED))
+    await asyncio.sleep(0.05)
+    assert router.attempt("gone") is None  # never dispatched
+
+
+async def test_a_queued_request_holds_its_budget_reservation_and_gives_it_back_on_timeout() -> None:
+    budgets = {"teams": {"alpha": {"limits": [{"window": "day", "total_tokens": 10_000_000}]}}}
+    router, _ = await saturated(fleet({"default_max_wait_s": 0.5}, budgets=budgets))
+    gate = router.budgets
+    assert gate is not None
+    task = asyncio.ensure_future(router.admit(req("r", team="alpha")))
+    await until(lambda: waiting(router) == 1)
+    await asyncio.sleep(0.05)
+    before = await gate.ledger.open_reservations()
+    decision, attempt = await asyncio.wait_for(task, 3)
+    assert attempt is None and decision.rejection is not None and decision.rejection.status == 429
+    await gate.drain()
+    assert before >= 1
+
+    async def given_back() -> bool:
+        return await gate.ledger.open_reservations() == before - 1
+
+    await until(given_back)
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"flow_control.classes.gold: 'gold' is not a class of placement"):
+        fleet({"classes": {"gold": {"max_wait_s": 5}}})
+    with pytest.raises(ConfigError, match=r"flow_control.leases.enabled: leases are shared through Redis"):
+        fleet({"leases": {"enabled": True}})
+    with pytest.raises(ConfigError, match=r"flow_control.classes.default.*aged_after_s \(30 s\) must be shorter"):
+        fleet({"classes": {"default": {"max_wait_s": 30, "aged_after_s": 30}}})
+
+
+async def test_the_metrics_page_shows_depth_waits_dispatches_and_timeouts() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cognitora.metrics.families import RouterFamilies
+
+    router, holders = await saturated(fleet({"classes": {"batch": {"max_wait_s": 0.2}}}))
+    registry = CollectorRegistry()
+    registry.register(RouterFamilies(router))
+    task = asyncio.ensure_future(router.admit(req("r", team="alpha")))
+    await until(lambda: waiting(router) == 1)
+    page = generate_latest(registry).decode()
+    assert 'cognitora_flow_queue_depth{band="default",flow="team:alpha"} 1.0' in page, page
+    decision, _ = await router.admit(req("late", "batch"))
+    assert decision.rejection is not None and decision.rejection.status == 429
+    holders[0].finish(Outcome(OutcomeKind.COMPLETED))
+    await asyncio.wait_for(task, 2)
+    page = generate_latest(registry).decode()
+    assert 'cognitora_flow_departures_total{band="batch",how="timeout"} 1.0' in page, page
+    assert 'cognitora_flow_dispatches_total{band="default",reason="finished"} 1.0' in page, page
+    assert 'cognitora_flow_wait_seconds_count{band="default",flow="team:alpha",how="dispatched"} 1.0' in page, page
+    assert 'cognitora_flow_queue_depth{band="default",flow=""} 0.0' in page, page
+
+
+async def test_explain_says_how_many_wait_ahead_across_replicas(redis_server_url: str, key_prefix: str) -> None:
+    """``cognitora explain`` has no queue of its own: with Redis it counts what every live replica published."""
+    from cognitora.explain import wait_line
+    from cognitora.flow.redis_leases import RedisLeases
+    from kvstate.redis_store import RedisStore
+
+    config = fleet({}, redis_url=redis_server_url, key_prefix=key_prefix)
+    store = RedisStore.from_url(redis_server_url, key_prefix)
+    assert config.flow_control is not None
+    replica = RedisLeases(store.client, key_prefix, config.flow_control.leases)
+    await replica.publish_depth({"default": 3, "interactive": 1})
+    await replica.heartbeat()
+    explainer = Router(config, store)
+    for e in (A, B):  # the router's own dispatches are in its process; the explainer reads the engines' gauges
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), running=1, mean_service_s=10.0))
+    request = req("asked")
+    decision = await explainer.place(request)
+    line = await wait_line(explainer, request, decision)
+    assert line is not None and line.startswith("would wait: 3 ahead in band 'default' (1 in higher bands); "), line
+    assert "seats are taken" in line and "at most 10 s, then 429 with Retry-After" in line, line
+    await replica.close()
+    await explainer.close()
+
+
+async def test_a_queued_request_refused_meanwhile_gets_the_refusal_and_its_hold_back() -> None:
+    """Both engines go unhealthy while it waits: placement refuses it (not saturation), and its reservation goes
+    back, as for any refused request."""
+    budgets = {"teams": {"alpha": {"limits": [{"window": "day", "total_tokens": 10_000_000}]}}}
+    router, _ = await saturated(fleet({}, budgets=budgets))
+    gate = router.budgets
+    assert gate is not None
+    before = await gate.ledger.open_reservations()
+    task = asyncio.ensure_future(router.admit(req("r", team="alpha")))
+    await until(lambda: waiting(router) == 1)
+    for e in (A, B):
+        router.note_unhealthy(e, "test: the engine went away")
+    decision, attempt = await asyncio.wait_for(task, 3)  # the queue's periodic re-check finds it
+    assert attempt is None and decision.rejection is not None and decision.rejection.status != 429, decision.explain()
+    await gate.drain()
+
+    async def given_back() -> bool:
+        return await gate.ledger.open_reservations() == before
+
+    await until(given_back)
+
+
+async def test_two_replicas_sharing_redis_release_one_request_per_free_seat(
+    redis_server_url: str, key_prefix: str
+) -> None:
+    """Two gateway replicas (Routers over one Redis) each hold a request while the engine's one seat is taken; when
+    the engine shows a free seat, the leases let exactly one of them through, counted across replicas; its finish
+    releases the lease and the other goes."""
+    from cognitora.core.core import open_leases
+    from kvstate.redis_store import RedisStore
+
+    endpoints = [{"url": f"http://{A}", "cost": {"max_num_seqs": 1}}]
+    config = config_from_dict(
+        {
+            "models": [{"name": "m", "endpoints": endpoints}],
+            "placement": {"priorities": PRIORITIES},
+            "redis_url": redis_server_url,
+            "key_prefix": key_prefix,
+            "flow_control": {"leases": {"enabled": True, "replica_ttl_s": 2}},
+        }
+    )
+    stores = [RedisStore.from_url(redis_server_url, key_prefix) for _ in range(2)]
+    replicas = [Router(config, store, leases=open_leases(config, store)) for store in stores]
+    busy = EndpointSnapshot(endpoint=A, last_seen=time.time(), running=1, mean_service_s=10.0)
+    await stores[0].put_snapshot(busy)
+    tasks = [asyncio.ensure_future(r.admit(req(f"q{i}"))) for i, r in enumerate(replicas)]
+    await until(lambda: all(waiting(r) == 1 for r in replicas))
+    await stores[0].put_snapshot(EndpointSnapshot(endpoint=A, last_seen=time.time(), running=0, mean_service_s=10.0))
+    await until(lambda: sum(t.done() for t in tasks) == 1)
+    await asyncio.sleep(0.6)  # two more re-checks of the other replica: still one seat, still held
+    assert sum(t.done() for t in tasks) == 1
+    first = next(t for t in tasks if t.done())
+    decision, attempt = first.result()
+    assert attempt is not None and decision.endpoint == A
+    leases = replicas[0].flow.leases if replicas[0].flow is not None else None
+    assert leases is not None and await leases.held([A]) == {A: 1}
+    attempt.finish(Outcome(OutcomeKind.COMPLETED))
+    await until(lambda: all(t.done() for t in tasks))
+    for r in replicas:
+        await r.close()
+
+
+TIERED = {"default": {"ttft_slo_s": 2}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
+"""A strict class and a lax one, as in bench/flow_bench.py's priority stage."""
+
+
+async def loaded(flow: dict[str, Any], waiting: int) -> tuple[Router, MemoryStore]:
+    """A router over two engines without a configured seat count, each scraped with ``waiting`` queued requests
+    (x 500 tokens at 10,000 prefill tokens/s: 20 are ~1 s of queued prefill, 100 are ~5 s)."""
+    endpoints = [{"url": f"http://{e}"} for e in (A, B)]
+    config = config_from_dict(
+        {"models": [{"name": "m", "endpoints": endpoints}], "placement": {"priorities": TIERED}, "flow_control": flow}
+    )
+    store = MemoryStore()
+    await scraped(store, waiting)
+    return Router(config, store), store
+
+
+async def scraped(store: MemoryStore, waiting: int) -> None:
+    for e in (A, B):
+        snap = EndpointSnapshot(endpoint=e, last_seen=time.time(), waiting=waiting, prefill_tokens_per_s=10_000.0)
+        await store.put_snapshot(snap)
+
+
+async def test_a_teams_long_prompt_held_for_its_objective_does_not_block_another_teams_short_one() -> None:
+    """~1 s of queued prefill on each engine: team A's 12,500-token prompt would take 2.3 s there (over its 2 s
+    objective, because of load: it waits), team B's short request behind it in the band would take ~1 s. B is
+    placed at once; A still waits, and is placed when the load drains."""
+    router, store = await loaded({}, waiting=20)
+    long = asyncio.ensure_future(router.admit(replace(req("a-long", team="a"), prompt="word " * 10_000)))
+    await until(lambda: waiting(router) == 1)
+    decision, attempt = await asyncio.wait_for(router.admit(req("b-short", team="b")), 2)
+    assert attempt is not None, decision.explain()
+    assert not long.done() and waiting(router) == 1
+    await scraped(store, 0)
+    decision, attempt = await asyncio.wait_for(long, 3)  # the periodic re-check sees the drained engines
+    assert attempt is not None, decision.explain()
+
+
+@pytest.mark.parametrize("window_s", [60.0, 0.0])
+async def test_a_lax_class_is_held_while_the_engines_hold_more_than_an_active_strict_class_objective(
+    window_s: float,
+) -> None:
+    """~5 s of queued prefill on each engine: over `default`'s 2 s objective, well under `batch`'s 30 s. Before any
+    `default` request, `batch` is placed (nothing above it is active). After one `default` request (it waited,
+    timed out, and left nobody waiting), a `batch` request is held at the gateway for `priority_window_s` instead
+    of adding to the backlog `default` would wait behind; it is placed once the engines drain under 2 s.
+    `priority_window_s: 0`: only waiters of the higher band hold it."""
+    flow = {"classes": {"default": {"max_wait_s": 0.2}}, "priority_window_s": window_s}
+    router, store = await loaded(flow, waiting=100)
+    decision, attempt = await router.admit(req("early", "batch"))
+    assert attempt is not None, decision.explain()
+    decision, attempt = await router.admit(req("strict", "default"))
+    assert attempt is None and decision.rejection is not None and decision.rejection.status == 429
+    assert waiting(router) == 0
+    task = asyncio.ensure_future(router.admit(req("lax", "batch")))
+    if window_s == 0:
+        decision, attempt = await asyncio.wait_for(task, 2)
+        assert attempt is not None, decision.explain()
+        return
+    await until(lambda: waiting(router) == 1)
+    await asyncio.sleep(0.6)  # two periodic re-checks: still held
+    assert not task.done()
+    assert router.flow is not None
+    why = router.flow.should_wait(req("asked", "batch"), await router.place(req("asked", "batch")))
+    assert why is not None and why.saturation is not None
+    assert why.saturation.detail.startswith("held for band 'default': every engine holds more queued work than its 2 s")
+    await scraped(store, 20)
+    decision, attempt = await asyncio.wait_for(task, 3)
+    assert attempt is not None, decision.explain()
+
+
+async def test_the_anti_starvation_rule_still_reaches_a_lax_class_held_for_a_strict_one() -> None:
+    """`batch` with `aged_after_s: 0.5`: held for `default` as above, but once it has waited 0.5 s it is placed
+    on the loaded fleet (the documented aged share, not starvation until the window closes)."""
+    flow = {"classes": {"default": {"max_wait_s": 0.2}, "batch": {"max_wait_s": 5, "aged_after_s": 0.5}}}
+    router, _ = await loaded(flow, waiting=100)
+    decision, _ = await router.admit(req("strict", "default"))
+    assert decision.rejection is not None and decision.rejection.status == 429
+    started = time.monotonic()
+    decision, attempt = await asyncio.wait_for(router.admit(req("lax", "batch")), 3)
+    assert attempt is not None, decision.explain()
+    assert time.monotonic() - started >= 0.5
