@@ -99,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycle-s", type=float, default=120.0)
     p.add_argument("--rps", type=float, default=1.0)
     p.add_argument("--frames", type=int, default=4, help="tracemalloc frames kept per allocation (default 4)")
+    p.add_argument(
+        "--malloc-arena-max",
+        type=int,
+        default=None,
+        help="MALLOC_ARENA_MAX for the proxy: glibc's malloc arenas (8 per core by default) hold freed native "
+        "memory per thread; 2 tells fragmentation apart from a leak",
+    )
+    p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
     tokenizer = SMOLLM2_DIR / "tokenizer.json"
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                 "PROBE_EVERY_S": str(SAMPLE_S),
                 "PROBE_FRAMES": str(args.frames),
             }
+            if args.malloc_arena_max is not None:
+                env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
             argv_l = [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1"]
             procs["litellm"] = ManagedProcess(
                 [*argv_l, "--port", str(proxy_port)], work / "litellm.log", env=env, cwd=work
@@ -209,7 +219,9 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
         "# LiteLLM proxy memory: whose allocations grow",
         "",
         f"Command: `python -m bench.litellm_rss --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
-        f"--rps {args.rps:g} --frames {args.frames}` (one worker, tracemalloc from the config load on; "
+        f"--rps {args.rps:g} --frames {args.frames}"
+        f"{'' if args.malloc_arena_max is None else f' --malloc-arena-max {args.malloc_arena_max}'}"
+        f"{'' if args.out == OUT else f' --out {args.out}'}` (one worker, tracemalloc from the config load on; "
         f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
         f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",
         "",
@@ -224,6 +236,15 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
         return f"| {name} | {a * mib:.1f} | {b * mib:.1f} | {(b - a) * mib:+.1f} | {(b - a) * mib / span_h:+.1f} |"
 
     out.append(row("RSS", first["rss"], last["rss"]))
+    # A leak grows at the same rate throughout; fragmentation and caches level off: the second half tells them apart.
+    middle = next(x for x in lines if x["t"] >= (first["t"] + last["t"]) / 2)
+    if middle is not last:
+        half_h = (last["t"] - middle["t"]) / 3600
+        grew = (last["rss"] - middle["rss"]) * mib
+        out.append(
+            f"| RSS, second half (from {middle['t'] - lines[0]['t'] + SAMPLE_S:.0f} s) | {middle['rss'] * mib:.1f} "
+            f"| {last['rss'] * mib:.1f} | {grew:+.1f} | {grew / half_h:+.1f} |"
+        )
     out.append(row("traced by tracemalloc", first["traced"], last["traced"]))
     out.append(row("tracemalloc's own", first.get("tracemalloc_own", 0), last.get("tracemalloc_own", 0)))
     for who in ("cognitora", "litellm", "other"):
@@ -239,7 +260,7 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
             f"- {x['t'] - lines[0]['t'] + SAMPLE_S:.0f}: {x['rss'] * mib:.1f}, {x['traced'] * mib:.1f}, "
             f"{o.get('cognitora', 0) * mib:.1f} / {o.get('litellm', 0) * mib:.1f} / {o.get('other', 0) * mib:.1f}"
         )
-    OUT.write_text("\n".join(out) + "\n")
+    args.out.write_text("\n".join(out) + "\n")
     print("\n".join(out[:16]))
 
 
