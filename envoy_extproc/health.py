@@ -10,6 +10,7 @@ NOT_SERVING for good from the start of a drain.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import grpc
@@ -36,10 +37,14 @@ class ExtprocHealth(HealthServicer):
         """Seconds between the last two Checks: the checker's interval, as seen from here."""
 
     def next_check_within(self) -> float | None:
-        """How long until a checker should ask again (twice its observed interval, from now); None when no checker
-        has asked twice: then nobody is known to be checking, and a drain need not wait for one."""
-        if self._gap_s is None:
+        """How long until a checker should ask again: twice its observed interval, from now; ``math.inf`` when it
+        has asked only once (it exists, its interval is unknown: the drain waits its whole announce bound, as a
+        proxy that checked a just-started replica once does come back); None when nobody has asked, and a drain
+        need not wait for anyone."""
+        if self._last_check is None:
             return None
+        if self._gap_s is None:
+            return math.inf
         return 2 * self._gap_s
 
     async def serving(self) -> None:

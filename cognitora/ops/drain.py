@@ -65,7 +65,8 @@ async def drain(
     a checker has read that; ``stop_accepting(grace_s)`` refuses new streams and returns once the open ones ended.
     ``next_check_within``: when a checker is expected to ask again (twice its observed interval), which shortens
     the wait below ``announce_s`` (a checker that went away first, as a proxy stopped before its backends, is not
-    waited for long); None: no checker is known, nothing to wait for."""
+    waited for long); ``math.inf``: a checker asked once, interval unknown, wait up to ``announce_s``; None: no
+    checker is known, nothing to wait for."""
     started = time.monotonic()
     await announce()
     patience = 0.0 if next_check_within is None else min(bounds.announce_s, next_check_within)

@@ -240,8 +240,8 @@ def test_sigterm_drains_under_load_and_envoy_loses_no_request(stack: Stack) -> N
     statuses: Counter[int] = Counter()
     errors: list[str] = []
     draining = stack.replicas[0]
-    # The drain waits for the checker as long as twice the interval it has seen it check at: a replica checked once
-    # or never (the stack just started, this test run on its own) does not wait at all, and refuses Envoy's next
+    # The drain waits for the checker as long as twice the interval it has seen it check at (its whole announce
+    # bound when it has been checked once); a replica never checked does not wait, and would refuse Envoy's next
     # streams. Both replicas healthy and checked a few times each first, as in any gateway that has run a while.
     wait_until(
         lambda: healthy_replicas(stack.admin_url) == 2 and health_checks_passed(stack.admin_url) >= 6,
