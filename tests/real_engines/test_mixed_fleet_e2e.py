@@ -57,6 +57,12 @@ def mixed(
         yield gateway, upstreams
 
 
+def decisions(gateway: Gateway) -> str:
+    """The gateway log's decision lines (what it predicted per engine, and why it picked one): a failure shows them."""
+    lines = gateway.log.log_tail(400).splitlines()
+    return "\n".join(line for line in lines if '"reason"' in line or "Traceback" in line)[-6000:]
+
+
 def test_both_engines_placed_and_each_prompt_stays_where_it_went(
     mixed: tuple[Gateway, list[Upstream]], tmp_path: Path
 ) -> None:
@@ -77,7 +83,10 @@ def test_both_engines_placed_and_each_prompt_stays_where_it_went(
         for s in salts:
             reply = gateway.client.send("/v1/chat/completions", {"messages": messages(s, n), "max_tokens": 4})
             assert reply.status == 200, reply.error
-            assert reply.engine == home[s], f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]}"
+            assert reply.engine == home[s], (
+                f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]}; the gateway's last "
+                f"decisions:\n{decisions(gateway)}"
+            )
 
     on_llama = next(s for s in salts if home[s] == llama.endpoint_id)
     explained = explain(gateway.config_path, gateway.model, messages(on_llama, 3), tmp_path)
