@@ -376,6 +376,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    # Every process started from here inherits it: a crash in native code (a LiteLLM proxy once segfaulted inside
+    # CPython here) then leaves each thread's Python stack in that process's log.
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
     command = shlex.join(["python", "-m", "bench.real_engines", *argv])
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     real_prefix = args.out

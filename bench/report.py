@@ -438,7 +438,8 @@ def plot(report: Report, path: Path) -> None:
         x = [s.offered_rps for s in stages]
         style = "-o" if run.target.startswith("cognitora") else "--."
         ax1.plot(x, [s.ttft_p90 for s in stages], style, label=run.target)
-        ax2.plot(x, [s.goodput_rps for s in run.stages], style, label=run.target)
+        # every stage: one where nothing finished (a gateway that died) has goodput 0, and that is the point
+        ax2.plot([s.offered_rps for s in run.stages], [s.goodput_rps for s in run.stages], style, label=run.target)
     ax1.set_yscale("log")
     ax1.set_xlabel("offered load (requests / engine s)")
     ax1.set_ylabel("TTFT p90 (engine s, log)")
