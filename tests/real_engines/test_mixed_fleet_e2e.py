@@ -23,6 +23,8 @@ from tests.real_engines.traffic import messages
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first test may build llama.cpp (~5 min)
 
+SYSTEM_WORDS = 250
+"""~1,550 tokens of system prompt: the engines' 2,048-token context holds it with the question and the answer."""
 CPU_PREFILL_PRIOR = 100.0
 """Both engines' prefill prior, tokens/s: about what one core of this machine does (llama.cpp: 55 measured while
 loaded, 721 tokens in 13.3 s; vLLM: 100-260). llama.cpp publishes no metrics, and a fresh vLLM has finished nothing
@@ -57,6 +59,18 @@ def mixed(
         yield gateway, upstreams
 
 
+def ask(salt: str, n: int) -> dict[str, object]:
+    """A question after a long system prompt (~1,550 of the prompt's ~1,600 tokens), streamed.
+
+    Long, because staying must be the faster choice, and it is only when the prefix is long: vLLM's CPU backend
+    prefills ~14x faster than llama.cpp on one thread here (1,725 against 122 tokens/s, learned in a quiet run), so
+    with the 700-token prompts of the other tests a cold prefill on vLLM (0.42 s) beat llama.cpp's ~55 uncached
+    tokens (0.45 s) and the router rightly moved a llama.cpp-homed question (a local CI run failed so). Streamed,
+    because llama.cpp reports nothing: the router learns its rate from the first tokens it times, where a
+    non-streamed answer times prefill and decode together and teaches nothing (the prior would decide)."""
+    return {"messages": messages(salt, n, words=SYSTEM_WORDS), "max_tokens": 4, "stream": True}
+
+
 def decisions(gateway: Gateway) -> str:
     """The gateway log's decision lines (what it predicted per engine, and why it picked one): a failure shows them."""
     lines = gateway.log.log_tail(400).splitlines()
@@ -71,7 +85,7 @@ def test_both_engines_placed_and_each_prompt_stays_where_it_went(
     with ThreadPoolExecutor(len(salts)) as pool:  # four new prompts at once: the queue spreads them
         first = list(
             pool.map(
-                lambda s: gateway.client.send("/v1/chat/completions", {"messages": messages(s, 0), "max_tokens": 4}),
+                lambda s: gateway.client.send("/v1/chat/completions", ask(s, 0)),
                 salts,
             )
         )
@@ -81,7 +95,7 @@ def test_both_engines_placed_and_each_prompt_stays_where_it_went(
 
     for n in (1, 2):
         for s in salts:
-            reply = gateway.client.send("/v1/chat/completions", {"messages": messages(s, n), "max_tokens": 4})
+            reply = gateway.client.send("/v1/chat/completions", ask(s, n))
             assert reply.status == 200, reply.error
             assert reply.engine == home[s], (
                 f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]}; the gateway's last "
@@ -89,7 +103,7 @@ def test_both_engines_placed_and_each_prompt_stays_where_it_went(
             )
 
     on_llama = next(s for s in salts if home[s] == llama.endpoint_id)
-    explained = explain(gateway.config_path, gateway.model, messages(on_llama, 3), tmp_path)
+    explained = explain(gateway.config_path, gateway.model, messages(on_llama, 3, words=SYSTEM_WORDS), tmp_path)
     assert explained.endpoint == llama.endpoint_id and explained.cached_tokens > 0, explained.text
     assert f"{llama.endpoint_id}: " in explained.text and "routing history" in explained.text, explained.text
     assert f"{vllm.endpoint_id}: " in explained.text and "KV events" in explained.text, explained.text

@@ -28,8 +28,11 @@ def question(salt: str, n: int) -> str:
     return f"Question {n} ({salt}): which of the notes above mentions a comet?"
 
 
-def messages(salt: str, n: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system_prompt(salt)}, {"role": "user", "content": question(salt, n)}]
+def messages(salt: str, n: int, words: int = 110) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": system_prompt(salt, words)},
+        {"role": "user", "content": question(salt, n)},
+    ]
 
 
 def engine_load(url: str) -> EngineLoad:
