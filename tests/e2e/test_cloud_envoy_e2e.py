@@ -11,7 +11,7 @@ Issue 39; the LiteLLM twin is tests/e2e/test_cloud_litellm_e2e.py.
   engine; after the first failure the breaker holds the cloud off (no call during the hold-off) and one request
   tests it once the hold-off is over; a slow cloud is still used.
 - After a load step that bursts (the engine loaded beside it by a team that may not burst), the idle engine keeps
-  a stale prediction; within ``RELEASE_BOUND_S`` of the engine going idle, every request is local again.
+  a stale prediction; within ``release_bound_s`` of the engine going idle, every request is local again.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ twin is tests/e2e/test_cloud_envoy_e2e.py.
   a team the operator listed is sent there, counted and charged like a burst.
 - The cloud failing each way (500, 503, 429, reset, hang) costs the clients nothing, is held off after the first
   failure, and is tested by one request once the hold-off is over; a slow cloud is still used.
-- After a load step that bursts, every request is local again within ``RELEASE_BOUND_S`` of the engine going idle.
+- After a load step that bursts, every request is local again within ``release_bound_s`` of the engine going idle.
 """
 
 from __future__ import annotations
