@@ -138,7 +138,8 @@ def test_refused_clouded_and_split_decisions() -> None:
     busy = {"e1": Busy(1, 101.0)}
     refused = Decision(request_id="r", model="m", endpoint=None, url=None, prompt_tokens=10, candidates=(cand("e1"),))
     assert isolation_hold(refused, "team:a", busy, RIVAL, 100.0) is None
-    cloud = decision("cloud:x", cand("e1"), cand("e2"), cloud=CloudPick(target="x", model="m", url=None, reason="burst", team="a"))
+    pick = CloudPick(target="x", model="m", url=None, reason="burst", team="a")
+    cloud = decision("cloud:x", cand("e1"), cand("e2"), cloud=pick)
     assert isolation_hold(cloud, "team:a", busy, RIVAL, 100.0) is None
     # a split request's prefill runs on its prefill leg's engine: that is the one it would take
     leg = PrefillLeg(endpoint="e1", url="http://e1", cached_tokens=0.0, prefill_s=1.0, transfer_s=0.1, admission_s=0.0)
