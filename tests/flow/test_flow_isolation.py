@@ -92,10 +92,19 @@ def cand(endpoint: str, excluded: str | None = None) -> CandidateScore:
     )
 
 
-def decision(chosen: str, *candidates: CandidateScore, **extra: object) -> Decision:
+def decision(
+    chosen: str, *candidates: CandidateScore, cloud: CloudPick | None = None, prefill: PrefillLeg | None = None
+) -> Decision:
     return Decision(
-        request_id="r", model="m", endpoint=chosen, url=None, prompt_tokens=22_000, candidates=candidates, **extra
-    )  # type: ignore[arg-type]
+        request_id="r",
+        model="m",
+        endpoint=chosen,
+        url=None,
+        prompt_tokens=22_000,
+        candidates=candidates,
+        cloud=cloud,
+        prefill=prefill,
+    )
 
 
 RIVAL = Rival("default", "team:b", waiting=False)
