@@ -156,7 +156,7 @@ class FlowGate:
         )
         if saturation is not None:
             self.telemetry.held("admission", saturation.kind)
-        elif not (decision.endpoint is not None and self.controller.must_queue(priority)):
+        elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
         return Waiting(priority, flow, cost, saturation)
