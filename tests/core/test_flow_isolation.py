@@ -11,12 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from cognitora.config import config_from_dict
 from cognitora.core.lifecycle import Attempt
 from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.core.router import Router
 from cognitora.identity import Identity, IdentitySource
+from cognitora.metrics.families import RouterFamilies
 from cognitora.request import RouteRequest
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
@@ -87,8 +89,11 @@ async def test_a_teams_second_long_prompt_waits_for_its_first_while_another_team
     a1.first_token()  # a's first prefill is done: its engine is free of a again
     decision, attempt = await asyncio.wait_for(a2, 3)
     assert attempt is not None, decision.explain()
-    holds = router.flow.telemetry.holds
-    assert holds["admission", "isolation"] >= 1
+    registry = CollectorRegistry()
+    registry.register(RouterFamilies(router))
+    page = generate_latest(registry).decode()
+    assert 'cognitora_flow_holds_total{at="admission",reason="isolation"} 2.0' in page, page  # a2, and "asked"
+    assert 'cognitora_flow_holds_total{at="queue",reason="isolation"}' in page, page
     page = router.flow.controller.snapshot()
     assert sum(n for b in page.bands for n in b.dispatched.values()) == 1  # a2 only: b2 went past it
 
