@@ -94,8 +94,8 @@ async def test_a_teams_second_long_prompt_waits_for_its_first_while_another_team
     page = generate_latest(registry).decode()
     assert 'cognitora_flow_holds_total{at="admission",reason="isolation"} 2.0' in page, page  # a2, and "asked"
     assert 'cognitora_flow_holds_total{at="queue",reason="isolation"}' in page, page
-    page = router.flow.controller.snapshot()
-    assert sum(n for b in page.bands for n in b.dispatched.values()) == 1  # a2 only: b2 went past it
+    snap = router.flow.controller.snapshot()
+    assert sum(n for b in snap.bands for n in b.dispatched.values()) == 1  # a2 only: b2 went past it
 
 
 @pytest.mark.parametrize("isolation", [{"enabled": False}, None])
