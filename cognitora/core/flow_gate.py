@@ -11,9 +11,9 @@ budget hold moves into its attempt. Refused (timeout, full, shutdown), the contr
 
 Capacity wake-ups come from the lifecycle (``freed``: a finish, a first token) and from lease releases. The same
 calls end a request's in-flight prefill for team isolation (``cognitora.flow.isolation``), which ``committed``
-(every local dispatch, queued or not) starts. Leases
-(``flow_control.leases``) are taken only for requests dispatched from the queue, on engines that declare
-``max_num_seqs``: docs/flow_control.md, "Across gateway replicas", says what that counts and its limits.
+starts (every local dispatch, queued or not). Leases (``flow_control.leases``) are taken only for requests
+dispatched from the queue, on engines that declare ``max_num_seqs``: docs/flow_control.md, "Across gateway
+replicas", says what that counts and its limits.
 """
 
 from __future__ import annotations
