@@ -9,15 +9,18 @@ future; no thread) and is placed again, on the fleet as it is then, when the que
 budget hold moves into its attempt. Refused (timeout, full, shutdown), the controller has given its hold back;
 ``Router.admit`` then asks the burst policy, else answers the queue's 429 with Retry-After.
 
-Capacity wake-ups come from the lifecycle (``freed``: a finish, a first token) and from lease releases. Leases
-(``flow_control.leases``) are taken only for requests dispatched from the queue, on engines that declare
-``max_num_seqs``: docs/flow_control.md, "Across gateway replicas", says what that counts and its limits.
+Capacity wake-ups come from the lifecycle (``freed``: a finish, a first token) and from lease releases. The same
+calls end a request's in-flight prefill for team isolation (``cognitora.flow.isolation``), which ``committed``
+starts (every local dispatch, queued or not). Leases (``flow_control.leases``) are taken only for requests
+dispatched from the queue, on engines that declare ``max_num_seqs``: docs/flow_control.md, "Across gateway
+replicas", says what that counts and its limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -29,6 +32,7 @@ from cognitora.decision import Decision
 from cognitora.flow.bands import plan_bands
 from cognitora.flow.config import FlowControlConfig, HoldReason
 from cognitora.flow.controller import FlowController, Ticket
+from cognitora.flow.isolation import TeamActivity, TeamPrefill, isolation_hold, prefill_endpoint
 from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
 from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
 from cognitora.flow.priority import BandActivity, priority_hold
@@ -122,6 +126,13 @@ class FlowGate:
         )
         self.activity = BandActivity([(b.name, slos[b.name]) for b in bands], flow.priority_window_s)
         """Which higher bands' objectives cap what lower bands commit (``cognitora.flow.priority``)."""
+        self.teams: TeamActivity | None = None
+        """Which teams were seen lately per band (team isolation; None when ``flow_control.isolation`` is off)."""
+        self.prefill: TeamPrefill | None = None
+        """In-flight prefill per engine per team, as this process placed it (team isolation)."""
+        if flow.isolation.enabled:
+            self.teams = TeamActivity([b.name for b in bands], flow.isolation.window_s)
+            self.prefill = TeamPrefill()
         self._leased: dict[str, str] = {}
         """Request id -> the engine its lease is on."""
 
@@ -134,12 +145,21 @@ class FlowGate:
         pclass = self.config.placement.priorities.get(priority)
         if pclass is None:
             return None
+        flow = flow_of(request)
         self.activity.saw(priority)
-        saturation = self._saturation(decision, pclass.ttft_slo_s) or self._below(priority, decision)
-        if saturation is None and not (decision.endpoint is not None and self.controller.must_queue(priority)):
+        if self.teams is not None:
+            self.teams.saw(priority, flow)
+        saturation = (
+            self._saturation(decision, pclass.ttft_slo_s)
+            or self._below(priority, decision)
+            or self._isolated(priority, flow, decision)
+        )
+        if saturation is not None:
+            self.telemetry.held("admission", saturation.kind)
+        elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
-        return Waiting(priority, flow_of(request), cost, saturation)
+        return Waiting(priority, flow, cost, saturation)
 
     async def wait(
         self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
@@ -187,6 +207,29 @@ class FlowGate:
         ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
         return None if ceiling is None else priority_hold(decision, ceiling)
 
+    def _isolated(self, band: str, flow: str, decision: Decision) -> Saturation | None:
+        """Held for team isolation: another team is active in ``band`` or above, and committing ``decision`` would
+        leave no eligible engine free of ``flow``'s in-flight prefill (``cognitora.flow.isolation``)."""
+        if self.teams is None or self.prefill is None or decision.endpoint is None or decision.cloud is not None:
+            return None
+        busy = self.prefill.busy(flow)
+        if not busy:  # the common case below saturation: nothing of this team's in flight, nothing to look up
+            return None
+        rival = self.teams.rival(band, flow, lambda b: self.controller.waiting_flows(b, limit=2))
+        if rival is None:
+            return None
+        return isolation_hold(decision, flow, busy, rival, time.monotonic())
+
+    def committed(self, request: RouteRequest, attempt: Attempt) -> None:
+        """``attempt`` was dispatched to a local engine (placed at once or from the queue): its prefill is in flight
+        there for its team until ``freed`` says otherwise, or ``prefill_margin`` x its predicted TTFT passes."""
+        decision = attempt.decision
+        endpoint = prefill_endpoint(decision)
+        if self.prefill is None or decision.cloud is not None or endpoint is None:
+            return
+        duration = self.flow.isolation.prefill_margin * decision.predicted_ttft_s
+        self.prefill.add(attempt.request_id, flow_of(request), endpoint, duration)
+
     def _saturation(self, decision: Decision, ttft_slo_s: float) -> Saturation | None:
         """The hold rule (``saturation_of``), and one more reading of ``seats``: every eligible engine runs as many
         requests as its configured ``max_num_seqs``. The seat wait placement predicts is 0 while the engine's
@@ -212,7 +255,10 @@ class FlowGate:
 
     # -- the lifecycle's ----------------------------------------------------------------------------------------
     def freed(self, attempt: Attempt, why: WakeReason) -> None:
-        """An attempt's prefill or whole life ended here: its lease (if any) goes back, and the queue tries again."""
+        """An attempt's prefill or whole life ended here: its lease (if any) goes back, its team's in-flight prefill
+        on its engine ends, and the queue tries again."""
+        if self.prefill is not None:
+            self.prefill.done(attempt.request_id)
         if why is WakeReason.FINISHED:
             endpoint = self._leased.pop(attempt.request_id, None)
             if endpoint is not None and self.leases is not None:
@@ -238,12 +284,18 @@ class FlowGate:
         pclass = self.config.placement.priorities[ticket.band]
         saturation = self._saturation(decision, pclass.ttft_slo_s)
         if saturation is not None:
+            self.telemetry.held("queue", saturation.kind)
             # seats: nothing else fits either; kv, slo: a smaller request of another flow may
             return Held(saturation.detail, only_this=saturation.reason is not HoldReason.SEATS)
-        if not ticket.aged:  # the anti-starvation rule's dispatch is not held for the bands above
+        if not ticket.aged:  # the anti-starvation rule's dispatch is not held for the bands above, nor for isolation
             below = self._below(ticket.band, decision)
             if below is not None:
+                self.telemetry.held("queue", below.kind)
                 return Held(below.detail)
+            isolated = self._isolated(ticket.band, ticket.flow, decision)
+            if isolated is not None:  # about this team only: another team's head may go
+                self.telemetry.held("queue", isolated.kind)
+                return Held(isolated.detail, only_this=True)
         if decision.endpoint is None:  # refused meanwhile for another reason (every engine unhealthy): its hold back
             if queued.hold is not None and self._budgets is not None:
                 self._budgets.give_back_later(queued.hold)
@@ -253,6 +305,7 @@ class FlowGate:
         decision = self._record(decision)
         attempt = self._dispatch(decision, queued.group)
         attempt.budget_hold = queued.hold
+        self.committed(queued.request, attempt)
         return Placed(decision, attempt, waited)
 
     def unclaimed(self, result: Placed) -> None:

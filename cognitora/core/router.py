@@ -298,6 +298,8 @@ class Router:
             return decision, None
         attempt = self.lifecycle.dispatch(decision, group=group)
         attempt.budget_hold = hold
+        if self.flow is not None:
+            self.flow.committed(request, attempt)  # team isolation counts its prefill on that engine
         return decision, attempt
 
     def _refused_by_budget(self, placed: Decision, rejection: Rejection) -> Decision:

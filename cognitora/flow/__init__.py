@@ -7,6 +7,7 @@ across teams (by the prefill they really add), and are placed when they leave, o
 | ``bands`` | priority classes in dispatch order, with their limits |
 | ``saturation`` | whether a placement says "wait", and what a request costs its flow |
 | ``priority`` | strict priority at admission: a lower band held under an active higher band's objective |
+| ``isolation`` | team isolation: no team's in-flight prefill takes every engine while another team is active |
 | ``fair_queue`` | the order: strict bands with an aged share, virtual-time DRR across flows, FIFO within |
 | ``controller`` | ``FlowController``: the asyncio queue, its dispatcher and wake-ups, timeouts, cancellation |
 | ``outcome`` | what the queue hands back (``QueueRefusal``, ``Departure``) and asks (``Placer``, ``Held``) |
@@ -19,7 +20,14 @@ docs/flow_control.md describes the design, its bounds and its limits.
 """
 
 from cognitora.flow.bands import Band, plan_bands
-from cognitora.flow.config import FairnessCost, FlowClassConfig, FlowControlConfig, HoldReason, LeaseConfig
+from cognitora.flow.config import (
+    FairnessCost,
+    FlowClassConfig,
+    FlowControlConfig,
+    HoldReason,
+    IsolationConfig,
+    LeaseConfig,
+)
 from cognitora.flow.controller import FlowController, Ticket
 from cognitora.flow.leases import FairCharge, LeaseGrant, Leases, MemoryLeases
 from cognitora.flow.outcome import Departure, Held, Left, Placer, QueueRefusal, WakeReason
@@ -36,6 +44,7 @@ __all__ = [
     "FlowController",
     "Held",
     "HoldReason",
+    "IsolationConfig",
     "LeaseConfig",
     "LeaseGrant",
     "Leases",

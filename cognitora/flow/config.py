@@ -20,6 +20,7 @@ __all__ = [
     "FlowClassConfig",
     "FlowControlConfig",
     "HoldReason",
+    "IsolationConfig",
     "LeaseConfig",
 ]
 
@@ -93,6 +94,25 @@ class LeaseConfig(_Strict):
     """A lease never lives longer than this, even on a live replica (a release that a bug lost)."""
 
 
+class IsolationConfig(_Strict):
+    """Team isolation within a band (``cognitora.flow.isolation``): while another team is active in the same or a
+    higher band, a team's request is held if committing it would leave no eligible engine free of that team's
+    in-flight prefill. One team's long prompts then occupy every engine but one, and the other teams' short ones
+    land on the one left (inside an engine a long prefill runs before a short request that arrives during it, so
+    no queue order gives them that). Costs the busy team throughput (docs/flow_control.md, "Team isolation")."""
+
+    enabled: bool = True
+    """On by default whenever ``flow_control`` is."""
+    window_s: float = Field(default=10.0, ge=0, le=3600)
+    """Another team counts as active while it has waiters in the same or a higher band, or for this long after its
+    last request there (0: only while it has waiters). 10 s covers the gaps of a team sending 0.5 requests a second
+    or more (Poisson: a gap over 10 s once in 150), and bounds what a team that went quiet costs the busy one."""
+    prefill_margin: float = Field(default=1.5, ge=1.0, le=10.0)
+    """A request's prefill counts as in flight on its engine from its placement until its first token or its end,
+    and at most this many times its predicted TTFT there (a gateway that never reports a first token, a lost
+    report). Above 1: a prediction somewhat short does not free the engine for the team too early."""
+
+
 class FlowControlConfig(_Strict):
     """Hold requests at the gateway while the fleet is saturated, by priority band and fair across teams. Absent:
     no queue (a saturated request is placed anyway, or shed if its class is sheddable)."""
@@ -135,6 +155,9 @@ class FlowControlConfig(_Strict):
     objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
     while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
     requests."""
+    isolation: IsolationConfig = Field(default_factory=IsolationConfig)
+    """Team isolation within a band: while another team is active, no team's prefill takes every engine (on by
+    default; docs/flow_control.md, "Team isolation")."""
     leases: LeaseConfig = Field(default_factory=LeaseConfig)
     """Leases per engine in Redis, so gateway replicas sharing it admit no more than an engine's seats between
     them (docs/flow_control.md, "Across gateway replicas"). Off by default."""

@@ -111,13 +111,37 @@ class FlowController(Generic[T, R]):
         self._rate = DrainRate()
         self._per_flow = config.max_queued_per_flow or config.max_queued
         self._shared = SharedServed()
+        self._held: dict[tuple[int, str], Entry[Ticket[T]]] = {}
+        """(band, flow) -> its head the last try held for itself (``Held.only_this``), while it is still the head:
+        a newcomer of another flow that fits may go past it (``must_queue``)."""
         self.counters = FlowCounters()
 
     # -- the core's calls ----------------------------------------------------------------------------------------
-    def must_queue(self, band: str) -> bool:
+    def must_queue(self, band: str, flow: str | None = None) -> bool:
         """Requests of ``band`` or a higher one are waiting: a new request of ``band`` joins the queue even if the
-        fleet has room for it (it would overtake them). Raises ``KeyError`` for a class that is not a band."""
-        return self._queue.waiting_at_or_above(self._queue.band_index(band)) > 0
+        fleet has room for it (it would overtake them). Raises ``KeyError`` for a class that is not a band.
+
+        Except past heads held for themselves: when nothing waits in a higher band and every flow waiting in
+        ``band`` has its head where the last try held it for its own sake (``Held.only_this``: its prompt against
+        the load, its team's isolation), a request of another ``flow`` that the fleet takes now is placed at
+        once, as the dispatcher would place it after trying them (it skips such heads), without the queue's round
+        trip and its retry spacing. Not past its own flow's waiters (FIFO within a flow), nor a higher band's
+        (strict bands: the dispatcher does not try a lower band while a higher one waits). A head that could fit
+        since its last try (capacity freed meanwhile) is tried at the next wake-up, which that freeing
+        triggered: the newcomer may go first by that much. O(flows waiting in ``band``)."""
+        index = self._queue.band_index(band)
+        here = self._queue.depth(index)
+        if self._queue.waiting_at_or_above(index) > here:
+            return True
+        if here == 0:
+            return False
+        if flow is None or self._queue.waiting_from(index, flow):
+            return True
+        for other in self._queue.waiting_flows(index):
+            held = self._held.get((index, other))
+            if held is None or held is not self._queue.head(index, other):
+                return True
+        return False
 
     async def wait(
         self,
@@ -233,6 +257,7 @@ class FlowController(Generic[T, R]):
     async def close(self) -> None:
         """Stop dispatching; every waiter leaves with 503 (its hold given back)."""
         self._closed = True
+        self._held.clear()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -322,7 +347,9 @@ class FlowController(Generic[T, R]):
                 ticket.state = _State.QUEUED
                 self.counters.held_tries += 1
                 if not result.only_this:
+                    self._held.pop((choice.entry.band, choice.entry.flow), None)
                     return True
+                self._held[choice.entry.band, choice.entry.flow] = choice.entry
                 self._queue.skip(choice.entry)
                 skipped = True
                 continue
@@ -334,6 +361,7 @@ class FlowController(Generic[T, R]):
 
     def _dispatched(self, ticket: Ticket[T], choice: Choice[Ticket[T]], result: R, why: WakeReason, now: float) -> None:
         entry = choice.entry
+        self._held.pop((entry.band, entry.flow), None)
         if ticket.leaving or ticket.future.done():
             self._queue.remove(entry)
             ticket.state, ticket.entry = _State.DONE, None
@@ -359,6 +387,9 @@ class FlowController(Generic[T, R]):
             return
         ticket.state = _State.DONE
         if ticket.entry is not None:
+            key = (ticket.entry.band, ticket.entry.flow)
+            if self._held.get(key) is ticket.entry:
+                del self._held[key]
             self._queue.remove(ticket.entry)
             ticket.entry = None
         if ticket.give_back is not None:

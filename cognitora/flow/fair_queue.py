@@ -158,6 +158,11 @@ class FairQueue(Generic[P]):
     def waiting_flows(self, band: int) -> list[str]:
         return [name for name, f in self._bands[band].flows.items() if f.queue]
 
+    def head(self, band: int, flow: str) -> Entry[P] | None:
+        """``flow``'s first waiter in ``band`` (FIFO within a flow), or None."""
+        f = self._bands[band].flows.get(flow)
+        return None if f is None or not f.queue else next(iter(f.queue.values()))
+
     def vtime(self, band: int) -> float:
         return self._bands[band].vtime
 

@@ -92,4 +92,5 @@ def priority_hold(decision: Decision, ceiling: Ceiling) -> Saturation | None:
         HoldReason.SLO,
         f"held for band {ceiling.band!r}: every engine holds more queued work than its {ceiling.slo_s:g} s "
         f"objective (the least, {endpoint}, {least:.2f} s)",
+        label="priority",
     )

@@ -36,6 +36,17 @@ class Saturation:
 
     reason: HoldReason
     detail: str
+    label: str = ""
+    """The hold's name in metrics when it is not ``reason``'s: ``priority`` (held for an active higher band's
+    objective) and ``isolation`` (team isolation, ``cognitora.flow.isolation``; turned on by
+    ``flow_control.isolation``, not ``hold_on``). Both are holds about this request, as ``slo`` is (``reason``
+    ``slo``: another team's request may still go)."""
+
+    @property
+    def kind(self) -> str:
+        """``seats``, ``kv``, ``slo``, ``priority`` or ``isolation``: the ``reason`` label of
+        ``cognitora_flow_holds_total``."""
+        return self.label or self.reason.value
 
 
 def load_s(c: CandidateScore) -> float:

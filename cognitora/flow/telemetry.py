@@ -9,6 +9,7 @@ labels are trusted identities (``team:<name>``, ``key:<id>``); their cardinality
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 from cognitora.flow.outcome import Departure, Left
@@ -26,7 +27,13 @@ WAIT_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class FlowTelemetry:
     waits: dict[tuple[str, str, str], Histogram] = field(default_factory=dict)
     """(band, flow label, how it left) -> seconds waited."""
+    holds: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(where, reason) -> holds: ``admission`` (a request that joined the queue held by the rule) or ``queue`` (a
+    try from the queue that stayed held); ``seats``, ``kv``, ``slo``, ``priority`` or ``isolation``."""
     _labels: set[str] = field(default_factory=set)
+
+    def held(self, where: str, reason: str) -> None:
+        self.holds[where, reason] += 1
 
     def flow_label(self, flow: str) -> str:
         if flow in self._labels:

@@ -205,7 +205,7 @@ def _burst_families(router: Router) -> Iterator[Metric]:
 
 def flow_families(gate: FlowGate) -> Iterator[Metric]:
     """``cognitora_flow_*``: the gateway queue's depth and oldest wait now, waits by how they ended, dispatches by
-    reason, departures (timeouts among them), held tries."""
+    reason, departures (timeouts among them), held tries, holds by reason."""
     snap = gate.controller.snapshot()
     label = gate.telemetry.flow_label
     depth = family("cognitora_flow_queue_depth")
@@ -229,6 +229,7 @@ def flow_families(gate: FlowGate) -> Iterator[Metric]:
     yield _counters("cognitora_flow_dispatches", dispatches)
     yield _counters("cognitora_flow_departures", departures)
     yield _one("cognitora_flow_held_tries", snap.held_tries)
+    yield _counters("cognitora_flow_holds", gate.telemetry.holds)
 
 
 def budget_families(gate: BudgetGate) -> Iterator[Metric]:

@@ -426,6 +426,15 @@ SPECS: tuple[MetricSpec, ...] = (
         R,
         "Placements of a queued request that found the fleet still saturated (it stayed at the head).",
     ),
+    _m(
+        "cognitora_flow_holds",
+        C,
+        ("at", "reason"),
+        R,
+        "Holds by the flow-control rule, by where (`admission`: a request that joined the queue because of it; "
+        "`queue`: a try from the queue that stayed held) and why: `seats`, `kv`, `slo`, `priority` (an `slo` hold "
+        "for an active higher band) or `isolation` (team isolation: the last engine free of the team's prefill).",
+    ),
     # -- KV events ----------------------------------------------------------------------------------------------
     _m("cognitora_kv_event_batches_received", C, E, K, "Live KV-event messages received from the engine."),
     _m("cognitora_kv_event_batches_applied", C, E, K, "Event batches written to the store (live and replayed)."),

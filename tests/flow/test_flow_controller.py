@@ -410,3 +410,30 @@ async def test_when_every_flow_is_held_for_itself_the_dispatcher_stops_without_a
     assert await asyncio.gather(*tasks) == ["placed:a0", "placed:b0", "placed:c0", "placed:low"]
     assert seats.placed[-1] == "low"
     await c.close()
+
+
+async def test_a_newcomer_goes_past_heads_held_for_themselves_but_not_past_others() -> None:
+    """Once the last try held every waiting flow's head of the band for itself, a request of another flow that the
+    fleet takes now need not queue (the dispatcher would skip those heads and place it anyway); one of a held
+    flow still queues (FIFO within it), and so does any request while a head was not tried yet, or was held for
+    all, or a higher band waits."""
+    seats = Room(0)
+    c = controller(seats)
+    held = waiter(c, "a0", "team:a", cost=20_000)
+    await asyncio.sleep(0)
+    assert c.must_queue("interactive", "team:b")  # a0 not tried yet: it may fit
+    seats.free, seats.room = 2, 1_000
+    c.wake(WakeReason.FINISHED)
+    await until(lambda: c.snapshot().held_tries == 1)
+    assert not c.must_queue("interactive", "team:b") and not c.must_queue("interactive", "team:c")
+    assert c.must_queue("interactive", "team:a") and c.must_queue("interactive")  # its own flow; no flow given
+    assert c.must_queue("batch", "team:b")  # a lower band never goes past a higher band's waiter
+    seats.free = 0
+    c.wake(WakeReason.FINISHED)  # held for all (seats) this time: no longer held for itself
+    await until(lambda: c.snapshot().held_tries == 2)
+    assert c.must_queue("interactive", "team:b")
+    seats.free, seats.room = 1, 50_000
+    c.wake(WakeReason.FINISHED)
+    assert await asyncio.wait_for(held, 2) == "placed:a0"
+    assert not c.must_queue("interactive", "team:b")
+    await c.close()

@@ -1,0 +1,157 @@
+"""Team isolation wired into ``Router.admit`` (cognitora/core/flow_gate.py, cognitora/flow/isolation.py): while
+another team is active in the band, a team's request that would take the last engine free of its in-flight prefill
+waits at the gateway, and goes when its prefill on the other engine is done (a first token, or its estimate).
+Two idle engines at 10,000 prefill tokens/s; a "long" prompt is ~3,750 tokens (~0.4 s), a short one ~5."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from cognitora.config import config_from_dict
+from cognitora.core.lifecycle import Attempt
+from cognitora.core.outcome import Outcome, OutcomeKind
+from cognitora.core.router import Router
+from cognitora.identity import Identity, IdentitySource
+from cognitora.metrics.families import RouterFamilies
+from cognitora.request import RouteRequest
+from kvstate.memory_store import MemoryStore
+from kvstate.store import EndpointSnapshot
+
+A, B = "127.0.0.1:8001", "127.0.0.1:8002"
+PRIORITIES = {"default": {"ttft_slo_s": 2}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
+
+
+async def fleet(flow: dict[str, Any], engines: tuple[str, ...] = (A, B)) -> Router:
+    config = config_from_dict(
+        {
+            "models": [{"name": "m", "endpoints": [{"url": f"http://{e}"} for e in engines]}],
+            "placement": {"priorities": PRIORITIES},
+            "flow_control": flow,
+        }
+    )
+    store = MemoryStore()
+    for e in engines:
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), prefill_tokens_per_s=10_000.0))
+    return Router(config, store)
+
+
+def req(rid: str, team: str, words: int = 3_000) -> RouteRequest:
+    who = Identity(team=team, priority="default", source=IdentitySource.CALLER)
+    return RouteRequest(model="m", prompt=f"{rid} " + "word " * words, request_id=rid, identity=who)  # no shared prefix
+
+
+def short(rid: str, team: str) -> RouteRequest:
+    return replace(req(rid, team), prompt=f"hello from {rid}")
+
+
+async def placed(router: Router, request: RouteRequest) -> Attempt:
+    decision, attempt = await asyncio.wait_for(router.admit(request), 3)
+    assert attempt is not None, decision.explain()
+    return attempt
+
+
+async def until(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+def waiting(router: Router) -> int:
+    assert router.flow is not None
+    return router.flow.controller.snapshot().waiting
+
+
+async def test_a_teams_second_long_prompt_waits_for_its_first_while_another_team_is_active() -> None:
+    router = await fleet({})
+    a1 = await placed(router, req("a1", "a"))
+    b1 = await placed(router, short("b1", "b"))
+    assert b1.endpoint != a1.endpoint  # the engine without a's prefill: the lowest predicted TTFT
+    a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
+    await until(lambda: waiting(router) == 1)
+    assert router.flow is not None
+    asked = req("asked", "a")
+    why = router.flow.should_wait(asked, await router.place(asked))
+    assert why is not None and why.saturation is not None
+    assert why.saturation.detail.startswith(
+        f"held for team isolation: team:b sent a request lately in band 'default', and placing this on {b1.endpoint} "
+        f"would leave no engine free of team:a's in-flight prefill ({a1.endpoint}: 1 in flight, done in ~"
+    )
+    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1)
+    b2 = await placed(router, short("b2", "b"))  # not behind a's held request: placed at once, not queued
+    assert b2.endpoint == b1.endpoint and not a2.done()
+    a1.first_token()  # a's first prefill is done: its engine is free of a again
+    decision, attempt = await asyncio.wait_for(a2, 3)
+    assert attempt is not None, decision.explain()
+    registry = CollectorRegistry()
+    registry.register(RouterFamilies(router))
+    page = generate_latest(registry).decode()
+    assert 'cognitora_flow_holds_total{at="admission",reason="isolation"} 2.0' in page, page  # a2, and "asked"
+    assert 'cognitora_flow_holds_total{at="queue",reason="isolation"}' in page, page
+    snap = router.flow.controller.snapshot()
+    assert sum(n for b in snap.bands for n in b.dispatched.values()) == 1  # a2 only: b2 went past it
+
+
+@pytest.mark.parametrize("isolation", [{"enabled": False}, None])
+async def test_alone_or_turned_off_a_team_uses_every_engine(isolation: dict[str, Any] | None) -> None:
+    """Alone (no other team active): both of a's prompts are placed at once, one per engine. Turned off: the same
+    with team b active."""
+    router = await fleet({} if isolation is None else {"isolation": isolation})
+    a1 = await placed(router, req("a1", "a"))
+    if isolation is not None:
+        await placed(router, short("b1", "b"))
+    a2 = await placed(router, req("a2", "a"))
+    assert {a1.endpoint, a2.endpoint} == {A, B}
+    assert router.flow is not None and ("admission", "isolation") not in router.flow.telemetry.holds
+
+
+async def test_a_fleet_of_one_engine_is_never_held() -> None:
+    router = await fleet({}, engines=(A,))
+    await placed(router, req("a1", "a"))
+    await placed(router, short("b1", "b"))
+    a2 = await placed(router, req("a2", "a"))
+    assert a2.endpoint == A
+
+
+async def test_an_aged_request_is_not_held_by_isolation() -> None:
+    """`aged_after_s: 0.3`: a2 is held for isolation, then placed once it has waited 0.3 s, though a1's prefill is
+    still in flight (no first token)."""
+    router = await fleet({"classes": {"default": {"max_wait_s": 5, "aged_after_s": 0.3}}})
+    a1 = await placed(router, req("a1", "a"))
+    await placed(router, short("b1", "b"))
+    started = time.monotonic()
+    a2 = await placed(router, req("a2", "a"))
+    assert time.monotonic() - started >= 0.3
+    assert a1.outcome is None and a1.first_token_at is None and a2.endpoint != a1.endpoint
+
+
+async def test_without_a_first_token_the_prefill_ends_at_its_estimate() -> None:
+    """a1 (~1 s predicted) never reports a first token: with `prefill_margin: 1`, its engine is free of a again
+    ~1 s after its dispatch, and a2 goes then (the queue's periodic re-check)."""
+    router = await fleet({"isolation": {"prefill_margin": 1.0}})
+    a1 = await placed(router, req("a1", "a", words=8_000))
+    await placed(router, short("b1", "b"))
+    started = time.monotonic()
+    a2 = asyncio.ensure_future(router.admit(req("a2", "a", words=8_000)))
+    await until(lambda: waiting(router) == 1)
+    decision, attempt = await asyncio.wait_for(a2, 4)
+    assert attempt is not None, decision.explain()
+    assert time.monotonic() - started >= 0.5 * a1.decision.predicted_ttft_s
+    assert a1.outcome is None and a1.first_token_at is None
+
+
+async def test_a_finished_prefill_frees_its_engine_for_its_team() -> None:
+    router = await fleet({})
+    a1 = await placed(router, req("a1", "a"))
+    await placed(router, short("b1", "b"))
+    a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
+    await until(lambda: waiting(router) == 1)
+    a1.finish(Outcome(OutcomeKind.COMPLETED))
+    decision, attempt = await asyncio.wait_for(a2, 3)
+    assert attempt is not None, decision.explain()
