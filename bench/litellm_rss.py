@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from bench.harness.redis_server import free_port
-from bench.soak import FAULTS, LITELLM, ROOT, SMOLLM2_DIR, Run, load, start_redis
+from bench.soak import FAULTS, LITELLM, ROOT, SMOLLM2_DIR, Run, load, proxy_config, start_redis
 from cognitora_sim.harness.process import ManagedProcess
 from cognitora_sim.launch import start_fleet
 
@@ -128,25 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cli = [sys.executable, "-m", "cognitora.cli"]
             procs["collector"] = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "c.log")
-            litellm_config = {
-                "model_list": [
-                    {
-                        "model_name": fleet.model,
-                        "litellm_params": {"model": f"openai/{fleet.model}", "api_base": f"{u}/v1", "api_key": "none"},
-                        "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},
-                    }
-                    for i, u in enumerate(fleet.urls)
-                ],
-                "router_settings": {
-                    "routing_strategy": "cognitora",
-                    "routing_strategy_args": {
-                        "config": str(config_path),
-                        "models": [{"name": fleet.model, "tokenizer": str(tokenizer)}],
-                    },
-                },
-                "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora", "rss_probe.probe"]},
-                "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-            }
+            litellm_config = proxy_config(fleet, config_path, tokenizer, ["rss_probe.probe"])
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-rss-" + secrets.token_hex(8)
             proxy_port = free_port()

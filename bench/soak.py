@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import yaml
 
 from cognitora_sim.harness.envoy_launch import render_config, start_envoy, wait_listening
 from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
-from cognitora_sim.launch import start_fleet
+from cognitora_sim.launch import SimFleet, start_fleet
 from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +152,32 @@ async def load(url: str, gateway: str, headers: dict[str, str], model: str, rps:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def proxy_config(
+    fleet: SimFleet, config_path: Path, tokenizer: Path, extra_callbacks: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The LiteLLM proxy's config over the soak's fleet: one deployment per engine, the cognitora strategy reading
+    ``config_path`` (the store the collector feeds), Cognitora's callback and then ``extra_callbacks``."""
+    return {
+        "model_list": [
+            {
+                "model_name": fleet.model,
+                "litellm_params": {"model": f"openai/{fleet.model}", "api_base": f"{u}/v1", "api_key": "none"},
+                "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},
+            }
+            for i, u in enumerate(fleet.urls)
+        ],
+        "router_settings": {
+            "routing_strategy": "cognitora",
+            "routing_strategy_args": {
+                "config": str(config_path),
+                "models": [{"name": fleet.model, "tokenizer": str(tokenizer)}],
+            },
+        },
+        "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora", *extra_callbacks]},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=1800.0)
@@ -196,25 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 listen_port=listen, admin_port=admin, extproc_port=ports[0], engines=fleet.endpoint_ids, edit=two
             )
             envoy = start_envoy(rendered, work / "envoy", admin)
-            litellm_config = {
-                "model_list": [
-                    {
-                        "model_name": fleet.model,
-                        "litellm_params": {"model": f"openai/{fleet.model}", "api_base": f"{u}/v1", "api_key": "none"},
-                        "model_info": {"id": f"engine-{i}", "cognitora_engine": "vllm"},
-                    }
-                    for i, u in enumerate(fleet.urls)
-                ],
-                "router_settings": {
-                    "routing_strategy": "cognitora",
-                    "routing_strategy_args": {
-                        "config": str(config_path),
-                        "models": [{"name": fleet.model, "tokenizer": str(tokenizer)}],
-                    },
-                },
-                "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora"]},
-                "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-            }
+            litellm_config = proxy_config(fleet, config_path, tokenizer)
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-soak-" + secrets.token_hex(8)
             proxy_port = free_port()
