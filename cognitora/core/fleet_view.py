@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from cognitora.config import CognitoraConfig, ModelConfig
@@ -43,6 +44,9 @@ log = logging.getLogger("cognitora.router")
 _T = TypeVar("_T")
 NO_WORK = InFlight()
 _STORE_ERRORS = (StoreUnavailable, TimeoutError, ConnectionError, OSError)
+_LEFT_QUEUE_KEPT = 256
+"""Per endpoint, how many of the latest times this router saw a request leave the engine's queue are kept: more
+than an engine's queue holds between two scrapes."""
 
 
 @dataclass
@@ -64,6 +68,10 @@ class LocalInflight:
 
     def __init__(self) -> None:
         self._requests: dict[str, LocalRequest] = {}
+        self._left_queue: dict[str, deque[float]] = {}
+        """Per endpoint, when this router saw its requests leave the engine's queue (first token, or the end for
+        one that never reported a first token), oldest first: what a scrape taken before then still counted as
+        waiting (``unqueued``)."""
 
     def add(self, request_id: str, entry: LocalRequest, now: float) -> None:
         self._prune(now)
@@ -75,6 +83,8 @@ class LocalInflight:
     def prefill_done(self, request_id: str, now: float) -> None:
         entry = self._requests.get(request_id)
         if entry is not None:
+            if not entry.prefill_done:
+                self._note_left_queue(entry.endpoint, now)
             entry.prefill_done = True
             if entry.seat_since is None:
                 entry.seat_since = now
@@ -91,8 +101,41 @@ class LocalInflight:
                 ages.setdefault(entry.endpoint, []).append(now - entry.seat_since)
         return ages
 
-    def release(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+    def release(self, request_id: str, now: float | None = None) -> None:
+        """Forget the request; ``now``: when it ended, noted as its leaving the queue if no first token was."""
+        entry = self._requests.pop(request_id, None)
+        if entry is not None and not entry.prefill_done and now is not None:
+            self._note_left_queue(entry.endpoint, now)
+
+    def left_queue_since(self, endpoint: str, since: float) -> int:
+        """How many of this router's requests on ``endpoint`` left its queue after ``since``."""
+        times = self._left_queue.get(endpoint)
+        if not times or times[-1] <= since:
+            return 0
+        return sum(1 for t in times if t > since)
+
+    def unqueued(self, snapshots: Mapping[str, EndpointSnapshot]) -> Mapping[str, EndpointSnapshot]:
+        """``snapshots`` with each ``waiting`` count less the requests this router has seen leave that engine's
+        queue since the scrape. A scrape that caught a request between arrival and its first step (a sequential
+        agent's previous turn, say) would otherwise stand as a queue, and a bypass queue at that, until the next
+        scrape: long enough to move the agent's next turn off the engine holding its cache. Requests leave a
+        queue in order, so k of ours starting since the scrape means k fewer still waiting (when none was
+        mid-prefill then; the count can only err low for requests other gateways saw start)."""
+        out: dict[str, EndpointSnapshot] | None = None
+        for endpoint, snap in snapshots.items():
+            if snap.waiting <= 0:
+                continue
+            left = self.left_queue_since(endpoint, snap.last_seen)
+            if left:
+                out = dict(snapshots) if out is None else out
+                out[endpoint] = replace(snap, waiting=max(0, snap.waiting - left))
+        return snapshots if out is None else out
+
+    def _note_left_queue(self, endpoint: str, now: float) -> None:
+        times = self._left_queue.get(endpoint)
+        if times is None:
+            times = self._left_queue[endpoint] = deque(maxlen=_LEFT_QUEUE_KEPT)
+        times.append(now)
 
     def totals(self, endpoints: Sequence[str], now: float) -> dict[str, InFlight]:
         """Work per endpoint of ``endpoints`` that has any (the others are absent: usually all of them)."""
@@ -214,7 +257,9 @@ class FleetView:
                 now=now,
                 matches=self.outcome_rates.discount(routed),
                 inflight={e: local.get(e, NO_WORK) for e in ids},
-                snapshots=self.outcome_rates.overlay({e: s for e, s in self._snapshots.items() if e in ids}, ids, now),
+                snapshots=self.outcome_rates.overlay(
+                    self.local.unqueued({e: s for e, s in self._snapshots.items() if e in ids}), ids, now
+                ),
                 health_marks=_newest_marks(self._shared_marks, self.health_marks),
                 context_tokens=context,
                 context_since_snapshot=recent,
@@ -242,7 +287,7 @@ class FleetView:
             now=now,
             matches=self.outcome_rates.discount(merge_matches(view.matches, routed)),
             inflight=inflight,
-            snapshots=self.outcome_rates.overlay(snapshots, ids, now),
+            snapshots=self.outcome_rates.overlay(self.local.unqueued(snapshots), ids, now),
             health_marks=_newest_marks(view.health_marks, self.health_marks),
             context_tokens=context,
             context_since_snapshot=recent,

@@ -348,7 +348,7 @@ class Lifecycle:
         seated = self.fleet.local.seat_since(rid)
         if outcome.ok and seated is not None:
             self.fleet.seat_tenure.observe(endpoint, self._clock() - seated)
-        self.fleet.local.release(rid)
+        self.fleet.local.release(rid, self._clock())
         self._learn(attempt, outcome)
         if outcome.kind.marks_unhealthy(outcome.status):
             reason = f"{outcome.kind.value}: {outcome.detail}" if outcome.detail else outcome.kind.value

@@ -133,6 +133,38 @@ async def test_mark_unhealthy_takes_effect_at_once_until_a_newer_healthy_scrape(
     assert (await replica.place(chat())).endpoint == A
 
 
+async def test_a_scrape_that_caught_the_last_turn_waiting_does_not_move_the_next_turn(
+    smollm2_dir: Path, store: Store
+) -> None:
+    """A sequential agent on B: the collector's scrape lands while turn 1 waits for its first step (``waiting=1``).
+    The router has seen turn 1 start and finish since, so B's queue is empty and turn 2 stays with its cache; a
+    queue the scrape saw after that (someone else's) still counts."""
+    config = make_config(smollm2_dir)
+    # A waiting request is priced at 4,096 prompt tokens (0.2 s here), well over what B's cache saves (~27 ms).
+    placement = config.placement.model_copy(update={"waiting_request_tokens": 4096})
+    router = Router(config.model_copy(update={"placement": placement}), store)
+    turn1 = await router.place(chat(candidates=[B]))
+    attempt = router.dispatch(turn1)
+    caught = time.time()
+    busy = {"mean_service_s": 2.0, "prefill_tokens_per_s": 20_000.0}
+    await store.put_snapshot(EndpointSnapshot(B, last_seen=caught, waiting=1, **busy))
+    await store.put_snapshot(EndpointSnapshot(A, last_seen=caught, **busy))
+    while time.time() <= caught:  # the first token comes after the scrape, on any clock resolution
+        await asyncio.sleep(0.001)
+    attempt.first_token()
+    attempt.finish(Outcome(OutcomeKind.COMPLETED))
+    await attempt.settled()
+
+    turn2 = await router.place(chat())
+    assert turn2.endpoint == B, turn2.explain()
+    assert turn2.predicted_cached_tokens > 0
+
+    # A later scrape shows a queue on B that none of ours explains: it is real, and the next turn goes to A.
+    await store.put_snapshot(EndpointSnapshot(B, last_seen=time.time() + 0.001, waiting=1, **busy))
+    turn3 = await router.place(chat())
+    assert turn3.endpoint == A, turn3.explain()
+
+
 async def test_mark_unhealthy_is_a_mark_and_leaves_the_snapshot_and_its_age_alone(
     config: CognitoraConfig, store: Store
 ) -> None:

@@ -130,9 +130,13 @@ def test_an_agent_session_stays_on_one_engine_through_envoy(stack: Stack, smollm
         client, stack.fleet.model, keys, served_by, "envoy-agent", list(stack.fleet.urls)
     )
     print("envoy agent session", session.engines, f"hit ratio {session.hit_ratio:.3f}")
-    assert len(session.turns) == 20 and len(session.engines) == 1, [t.engine for t in session.turns]
-    assert len(session.engines_reached) == 1, session.engines_reached  # the engines' own counters agree
-    assert session.hit_ratio >= 0.95, session.turns
+    try:
+        assert len(session.turns) == 20 and len(session.engines) == 1, [t.engine for t in session.turns]
+        assert len(session.engines_reached) == 1, session.engines_reached  # the engines' own counters agree
+        assert session.hit_ratio >= 0.95, session.turns
+    except AssertionError:
+        _log_on_failure(stack)
+        raise
 
 
 def test_a_messages_request_counts_against_the_team_through_envoy(stack: Stack) -> None:
