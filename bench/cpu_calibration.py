@@ -2,6 +2,8 @@
 
     python -m bench.cpu_calibration            # starts 3 real engines (tests/real_engines), measures, prints the fit
     python -m bench.real_engines --calibrate   # the same on the benchmark's own engines, before its seeds
+    python -m bench.cpu_calibration --from-requests bench/results/real_engines_seed*.requests.jsonl.gz
+                                               # no engines: the profile's slowdowns, fitted to a benchmark run
 
 What is measured (streamed completions, text of one-token words, so prompt lengths are exact):
 
@@ -127,13 +129,14 @@ async def measure(urls: Sequence[str], seed: int) -> dict[str, Any]:
     return out
 
 
-def _nonnegative_fit(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: the best of the fits over the subsets of the columns that keep the
-    per-token one, so noise cannot buy a better fit with a negative overhead or attention cost."""
+def _nonnegative_fit(a: np.ndarray, y: np.ndarray, keep: Sequence[int] = (1,)) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best of the fits over the subsets of the columns that keep
+    ``keep`` (by default the per-token one), so noise cannot buy a better fit with a negative overhead or attention
+    cost."""
     best, best_err = np.zeros(a.shape[1]), float("inf")
     for mask in range(1, 1 << a.shape[1]):
         cols = [i for i in range(a.shape[1]) if mask >> i & 1]
-        if 1 not in cols:  # the per-token cost is what a profile cannot do without (its compute rate)
+        if any(k not in cols for k in keep):  # e.g. the per-token cost: a profile cannot do without a compute rate
             continue
         sub, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
         if (sub < 0).any():
@@ -178,23 +181,49 @@ def fit(measured: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def fit_requests(rows: Sequence[dict[str, Any]], stage: str = "warmup") -> dict[str, float]:
-    """The prefill fit (overhead, compute rate, attention) over the benchmark's own requests of ``stage``: the
-    warm-up, which no table judges, on the engines under the load the benchmark met. Each request's prefill is its
-    prompt less its cached tokens, at an offset of the cached tokens; its TTFT includes whatever queueing the
-    warm-up's low rate caused (little: 0.3 requests a second over 3 engines)."""
-    done = [r for r in rows if r["stage"] == stage and r.get("ttft_s") and r.get("status") == 200]
-    pts = [(r["prompt_tokens"] - r["cached_tokens"], r["cached_tokens"], r["ttft_s"]) for r in done]
-    a = np.array([[1.0, n, n * (c + (n + 1) / 2)] for n, c, _ in pts])
-    y = np.array([t for *_, t in pts])
-    overhead, per_token, attn = (float(x) for x in _nonnegative_fit(a / y[:, None], np.ones_like(y)))
-    predicted = a @ np.array([overhead, per_token, attn])
+def isolated(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The answered requests of one run (one seed's file) that no other request of their target overlapped, from
+    arrival to last token: every engine otherwise idle, so the TTFT is one prefill step with no queue and the ITL is
+    one sequence's decode steps."""
+    done = [r for r in rows if r.get("status") == 200 and r.get("ttft_s") and r.get("itl_s") and r.get("end_s")]
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for r in done:
+        by_target.setdefault(r["target"], []).append(r)
+    return [
+        r
+        for group in by_target.values()
+        for r in group
+        if not any(o is not r and o["arrival_s"] < r["end_s"] and o["end_s"] > r["arrival_s"] for o in group)
+    ]
+
+
+def fit_slowdowns(requests: Sequence[dict[str, Any]], alone: dict[str, float]) -> dict[str, float]:
+    """Two factors on the calibration's fit ``alone`` that make it the benchmark's engines: ``prefill`` scales a
+    prefill's compute (``1 / compute_tokens_per_s`` and ``attn_s_per_pair``), ``step`` every step's fixed costs
+    (``overhead_s``, ``weights_read_s``, ``kv_read_s_per_token``). Least squares (relative) over ``requests``
+    (``isolated`` ones): each TTFT is one prefill step of its uncached tokens at the offset of its cached ones, each
+    ITL a decode step of one sequence at its context. One factor cannot do both: on the quiet machine prefill ran
+    ~5x faster than in the loaded calibration while a decode step did not (docs/sim.md)."""
+    o, w, kv = alone["overhead_s"], alone["weights_read_s"], alone["kv_read_s_per_token"]
+    per_token, attn = 1.0 / alone["compute_tokens_per_s"], alone["attn_s_per_pair"]
+    ttft_rows, itl_rows = [], []
+    for r in requests:
+        n, cached = r["prompt_tokens"] - r["cached_tokens"], r["cached_tokens"]
+        # a prefill of n >= 2 tokens is compute bound here (n / compute > weights_read), so linear in the factor
+        ttft_rows.append([o, n * per_token + n * (cached + (n + 1) / 2) * attn])
+        # one sequence's decode step is the weights floor (1 / compute < weights_read) plus its context's KV
+        itl_rows.append([o + w + (r["prompt_tokens"] + r["completion_tokens"] / 2) * kv, 0.0])
+    a = np.array(ttft_rows + itl_rows)
+    y = np.array([r["ttft_s"] for r in requests] + [r["itl_s"] for r in requests])
+    step, prefill = (float(x) for x in _nonnegative_fit(a / y[:, None], np.ones_like(y), keep=(0, 1)))
+    err = np.abs(a @ np.array([step, prefill]) - y) / y
+    half = len(requests)
     return {
-        "requests": len(pts),
-        "overhead_s": round(overhead, 4),
-        "compute_tokens_per_s": round(1.0 / per_token, 1) if per_token > 0 else 0.0,
-        "attn_s_per_pair": float(f"{attn:.3g}"),
-        "median_abs_error": round(float(np.median(np.abs(predicted - y) / y)), 3),
+        "requests": half,
+        "step_slowdown": round(step, 3),
+        "prefill_slowdown": round(prefill, 3),
+        "ttft_median_abs_error": round(float(np.median(err[:half])), 3),
+        "itl_median_abs_error": round(float(np.median(err[half:])), 3),
     }
 
 
@@ -251,15 +280,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--from-requests",
         nargs="+",
         type=Path,
-        help="fit the benchmark's warm-up requests instead (bench.real_engines' *.requests.jsonl.gz); no engines",
+        help="no engines: fit the cpu profile's slowdowns to the isolated requests of a benchmark run "
+        "(bench.real_engines' *.requests.jsonl.gz, one file per seed)",
     )
     args = p.parse_args(argv)
     if args.from_requests:
-        rows: list[dict[str, Any]] = []
-        for path in args.from_requests:
+        from cognitora_sim import profile_cpu
+
+        alone = {
+            "overhead_s": profile_cpu.ALONE_OVERHEAD_S,
+            "compute_tokens_per_s": profile_cpu.ALONE_COMPUTE_TOKENS_PER_S,
+            "attn_s_per_pair": profile_cpu.ALONE_ATTN_S_PER_PAIR,
+            "weights_read_s": profile_cpu.ALONE_WEIGHTS_READ_S,
+            "kv_read_s_per_token": profile_cpu.ALONE_KV_READ_S_PER_TOKEN,
+        }
+        requests: list[dict[str, Any]] = []
+        for path in args.from_requests:  # one run per file: requests of different seeds never overlap in time
             with gzip.open(path, "rt") as fh:
-                rows += [json.loads(line) for line in fh]
-        print(json.dumps(fit_requests(rows)))
+                requests += isolated([json.loads(line) for line in fh])
+        print(json.dumps(fit_slowdowns(requests, alone)))
         return 0
     from cognitora_sim.harness.real_engines.launch import start_engines
 

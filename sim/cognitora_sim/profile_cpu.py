@@ -21,9 +21,17 @@ ALONE_ATTN_S_PER_PAIR = 2.37e-6
 ALONE_WEIGHTS_READ_S = 0.0011
 ALONE_KV_READ_S_PER_TOKEN = 8.13e-6
 
-LOAD_SLOWDOWN = 3.8
-"""How much slower every step ran during the benchmark than in the calibration: the machine's load average was
-15-27 then (2 cores, 3 engines, other people's work). Measured on requests no table judges: the benchmark's warm-up
-(its first 30 s, 0.3 requests a second, all cold 1,134-token prompts) took 10.9 s median TTFT over the 15 of its
-first seed, where the profile alone predicts 2.87 s. A shared CPU slows a step's compute and its fixed costs
-alike, so one factor scales all of them; the measured stages agree (hits 3.1x, ITL 4.2x the unscaled sim's)."""
+# The benchmark's engines against that fit, refitted on 2026-12-06 to the quiet run in bench/results/real_engines.md
+# (`python -m bench.real_engines --rates 1,2,3 --warmup 1:20 --stage-duration 30`) by
+# `python -m bench.cpu_calibration --from-requests bench/results/real_engines_seed*.requests.jsonl.gz`: least squares
+# over the 96 requests that ran with no other request in flight (TTFT and ITL; median error 9% and 6%). Before, one
+# factor, LOAD_SLOWDOWN = 3.8, scaled every cost alike (fitted to an earlier run on a loaded machine).
+PREFILL_SLOWDOWN = 0.206
+"""Scales a prefill's compute (the compute rate's inverse, the attention cost). Below 1: the calibration ran on a
+machine at load average 10-13, the benchmark on a quiet one (load ~2 before each seed), where a cold 1,134-token
+prompt took 0.53-0.64 s alone, not the 2.85 s the calibration's fit gives."""
+STEP_SLOWDOWN = 0.837
+"""Scales every step's fixed costs (overhead, weights read, KV read). A decode step ran about as fast as in the
+calibration (ITL 45-48 ms alone at a 1,140-token context against 57 ms from the fit): per-step Python work, which
+the quiet machine sped up far less than prefill's matrix products. Under one factor for both, a fit to cold TTFT
+would make the sim decode 4x faster than the real engines."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.cpu_calibration import fit
+from bench.cpu_calibration import fit, fit_slowdowns, isolated
 from bench.real_engines import CPU_SHARED_PREFIX, compare, schedule_for
 from bench.report import Report, Slo, StageSummary, TargetRun
 
@@ -40,6 +40,47 @@ def test_fit_recovers_the_step_costs_it_was_made_from() -> None:
 def test_fit_never_returns_a_negative_cost_from_noisy_points() -> None:
     got = fit(_measured(0.0, 1 / 300, 0.0, noise=0.3))
     assert got["overhead_s"] >= 0 and got["attn_s_per_pair"] >= 0 and got["compute_tokens_per_s"] > 0
+
+
+_ALONE = {
+    "overhead_s": 0.05,
+    "compute_tokens_per_s": 1000.0,
+    "attn_s_per_pair": 2e-6,
+    "weights_read_s": 0.001,
+    "kv_read_s_per_token": 8e-6,
+}
+
+
+def _request(arrival: float, cached: int, step: float, prefill: float, target: str = "t") -> dict[str, Any]:
+    """A request of 1,134 prompt tokens (``cached`` of them cached) timed as the step model scaled by the factors."""
+    o, w, kv, a = (_ALONE[k] for k in ("overhead_s", "weights_read_s", "kv_read_s_per_token", "attn_s_per_pair"))
+    n = 1134 - cached
+    ttft = step * o + prefill * (n / _ALONE["compute_tokens_per_s"] + n * (cached + (n + 1) / 2) * a)
+    itl = step * (o + w + (1134 + 8) * kv)
+    end = arrival + ttft + 15 * itl
+    return {
+        "target": target,
+        "status": 200,
+        "arrival_s": arrival,
+        "end_s": end,
+        "ttft_s": ttft,
+        "itl_s": itl,
+        "prompt_tokens": 1134,
+        "cached_tokens": cached,
+        "completion_tokens": 16,
+    }
+
+
+def test_slowdown_fit_recovers_the_factors_from_the_requests_that_ran_alone() -> None:
+    alone = [_request(10.0 * i, cached, 0.8, 0.2) for i, cached in enumerate((0, 992, 992, 1120, 0, 992))]
+    # two requests in flight together (their times are off: queueing) and one of another target beside them
+    crowded = [_request(100.0, 0, 3.0, 3.0), _request(100.1, 992, 3.0, 3.0), _request(100.0, 0, 0.8, 0.2, "u")]
+    kept = isolated(alone + crowded)
+    assert len(kept) == len(alone) + 1
+    got = fit_slowdowns(kept, _ALONE)
+    assert got["step_slowdown"] == pytest.approx(0.8, rel=0.01)
+    assert got["prefill_slowdown"] == pytest.approx(0.2, rel=0.01)
+    assert got["ttft_median_abs_error"] < 0.01 and got["itl_median_abs_error"] < 0.01
 
 
 def test_the_workload_fits_the_engines_and_reuses_its_system_prompts() -> None:

@@ -13,9 +13,9 @@ BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 MAX_LINES = 300
 
 # A result named in prose or a link: `bench/results/NAME`, possibly with a glob or a {a,b} group. Not one read from
-# history (`git show <commit>:bench/results/...`), not where a command writes (`--out bench/results/...`) and not a
-# template a reader fills in (`node-agent-<gpu>.prom`).
-_CITED = re.compile(r"(?<!:)(?<!--out )bench/results/([\w.*{},/-]+)(?![\w.*{},/<-])")
+# history (`git show <commit>:bench/results/...`), not where a command writes (`--out bench/results/...`, `--sim-out
+# bench/results/...`: a prefix) and not a template a reader fills in (`node-agent-<gpu>.prom`).
+_CITED = re.compile(r"(?<!:)(?<!--out )(?<!--sim-out )bench/results/([\w.*{},/-]+)(?![\w.*{},/<-])")
 _EXTENSIONS = (".requests.jsonl.gz", ".json", ".md", ".png")
 _SEED_FILE = re.compile(r"^(?P<run>.+)_seed\d+\.(json|md|png|requests\.jsonl\.gz)$")
 _MERGED = re.compile(r"--merge (?:\S*/)?(?P<run>[\w.-]+)")
