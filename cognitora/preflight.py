@@ -73,9 +73,7 @@ _SOURCES: weakref.WeakKeyDictionary[PromptKeyer, KeyerSource] = weakref.WeakKeyD
 whether the keyer in force still fits the new config."""
 
 
-def prompt_keyers(
-    config: CognitoraConfig, reuse: Mapping[str, PromptKeyer] | None = None
-) -> dict[str, PromptKeyer]:
+def prompt_keyers(config: CognitoraConfig, reuse: Mapping[str, PromptKeyer] | None = None) -> dict[str, PromptKeyer]:
     """Each model's prompt keyer by model name, its tokenizer and chat template loaded and compiled now.
 
     ``reuse``: the keyers in force (a config reload). A model's keyer there is kept when it was built from the same
