@@ -6,7 +6,9 @@ references, that named files exist. What needs the world is checked here, by eac
 
 - ``prompt_keyers``: each model's ``tokenizer`` and ``chat_template`` load, and the template compiles. A file that
   cannot be read, is not a ``tokenizer.json``, or holds a template that does not compile is a ``ConfigError``
-  naming ``models[i].tokenizer`` / ``models[i].chat_template`` and the file (the Router builds its keyers here);
+  naming ``models[i].tokenizer`` / ``models[i].chat_template`` and the file (the Router builds its keyers here).
+  A config reload hands the keyers in force (``reuse``): a model whose keyer is built from the same settings and
+  the same files, unchanged on disk, keeps its keyer (tokenizer, template, caches) instead of loading it again;
 - ``resolve_engines``: every endpoint's host resolves, and no engine is listed twice under two spellings
   (``localhost:8001`` and ``127.0.0.1:8001`` are one engine: counted as two, its load and cache would be split).
   A duplicate is a ``ConfigError`` naming both entries; a host that does not resolve is reported naming the
@@ -21,7 +23,9 @@ references, that named files exist. What needs the world is checked here, by eac
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +40,9 @@ from kvstate.store import StoreRefused, StoreUnavailable
 __all__ = [
     "STORE_CHECK_TIMEOUT_S",
     "EngineAddress",
+    "KeyerSource",
     "check_store",
+    "keyer_source",
     "prompt_keyers",
     "resolve_engines",
     "unresolved_problems",
@@ -49,11 +55,65 @@ STORE_CHECK_TIMEOUT_S = 2.0
 # -- tokenizer and chat template ------------------------------------------------------------------------------
 
 
-def prompt_keyers(config: CognitoraConfig) -> dict[str, PromptKeyer]:
-    """Each model's prompt keyer by model name, its tokenizer and chat template loaded and compiled now."""
+Fingerprint = tuple[int, int, int] | None
+"""A file's (modification time, size, inode); None when it is absent."""
+
+
+@dataclass(frozen=True)
+class KeyerSource:
+    """What a model's keyer was built from: its settings and the files it read, as they were on disk then."""
+
+    settings: tuple[object, ...]
+    """Model name, block size, tokenizer and template paths, piece-cache and key-memo bounds."""
+    files: tuple[tuple[str, Fingerprint], ...]
+
+
+_SOURCES: weakref.WeakKeyDictionary[PromptKeyer, KeyerSource] = weakref.WeakKeyDictionary()
+"""Each keyer ``prompt_keyers`` built, and from what. Weak: it keeps no keyer alive, it only lets a reload tell
+whether the keyer in force still fits the new config."""
+
+
+def prompt_keyers(config: CognitoraConfig, reuse: Mapping[str, PromptKeyer] | None = None) -> dict[str, PromptKeyer]:
+    """Each model's prompt keyer by model name, its tokenizer and chat template loaded and compiled now.
+
+    ``reuse``: the keyers in force (a config reload). A model's keyer there is kept when it was built from the same
+    settings and its files are unchanged: a tokenizer loaded again per reload cost ~40 MiB of native memory that
+    the allocator did not give back (docs/operations.md, "Soak"), and its caches would start cold."""
     cache_bytes = config.limits.tokenizer_cache_bytes
     memo = config.limits.block_key_memo_bytes
-    return {m.name: prompt_keyer(m, i, cache_bytes, memo) for i, m in enumerate(config.models)}
+    keyers: dict[str, PromptKeyer] = {}
+    for i, m in enumerate(config.models):
+        # Read before loading: a file that changes while it loads then differs at the next reload, and loads again.
+        source = keyer_source(m, cache_bytes, memo)
+        previous = None if reuse is None else reuse.get(m.name)
+        if previous is not None and _SOURCES.get(previous) == source:
+            keyers[m.name] = previous
+            continue
+        keyer = prompt_keyer(m, i, cache_bytes, memo)
+        _SOURCES[keyer] = source
+        keyers[m.name] = keyer
+    return keyers
+
+
+def keyer_source(model: ModelConfig, cache_bytes: int, key_memo_bytes: int) -> KeyerSource:
+    """What ``prompt_keyer`` builds ``model``'s keyer from, the files fingerprinted now: the tokenizer, the named
+    template, and the two files beside the tokenizer that ``kvstate.chat_template.load_chat_template`` reads."""
+    settings = (model.name, model.block_size, model.tokenizer, model.chat_template, cache_bytes, key_memo_bytes)
+    paths: list[Path] = []
+    if model.tokenizer is not None:
+        paths.append(model.tokenizer)
+        paths += [model.tokenizer.parent / "tokenizer_config.json", model.tokenizer.parent / "chat_template.jinja"]
+    if model.chat_template is not None:
+        paths.append(model.chat_template)
+    return KeyerSource(settings, tuple((str(p), _fingerprint(p)) for p in paths))
+
+
+def _fingerprint(path: Path) -> Fingerprint:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def prompt_keyer(

@@ -103,10 +103,12 @@ class Keying:
         job.add_done_callback(report)
         return await asyncio.wrap_future(job)
 
-    def close(self) -> None:
-        """Stop the keying thread (a prompt still queued there is dropped: its request is gone with the core)."""
+    def close(self, *, drop_queued: bool = True) -> None:
+        """Stop the keying thread; it exits once its queue is empty. ``drop_queued``: a prompt still queued there is
+        dropped (its request is gone with the core); False when only this core goes, not the process's requests
+        (a config reload retiring it: a request placed on it just before the swap still waits for its keys)."""
         if self._key_thread is not None:
-            self._key_thread.shutdown(wait=False, cancel_futures=True)
+            self._key_thread.shutdown(wait=False, cancel_futures=drop_queued)
             self._key_thread = None
 
 

@@ -225,7 +225,7 @@ class Lifecycle:
         endpoint = attempt.endpoint
         params = self.config.placement
         now = self._clock()
-        self._prune_attempts(now)
+        self.prune_attempts(now)
         self._attempts[decision.request_id] = attempt
         if attempt.group is not None:
             self._groups.setdefault(attempt.group, set()).add(decision.request_id)
@@ -478,7 +478,10 @@ class Lifecycle:
             if attempt is not None:
                 attempt.finish(Outcome(OutcomeKind.ABANDONED, detail=why))
 
-    def _prune_attempts(self, now: float) -> None:
+    def prune_attempts(self, now: float) -> None:
+        """Finish (abandoned) every attempt open longer than ``placement.inflight_ttl_s``; at most once a minute.
+        Each dispatch calls it; a Router a reload replaced gets no dispatch, and its retirement calls it instead
+        (``cognitora.ops.reload``): one unreported attempt must not keep a retired Router alive for good."""
         # An attempt whose end no gateway hook ever reported: its store lease expires after the same age, so
         # finishing it here loses nothing and keeps the registry bounded.
         if now < self._next_attempt_prune:

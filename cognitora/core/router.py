@@ -409,6 +409,11 @@ class Router:
         """Attempts dispatched and not finished yet."""
         return self.lifecycle.open_attempts()
 
+    def expire_attempts(self) -> None:
+        """Finish the attempts whose end no gateway reported within ``placement.inflight_ttl_s`` (as a dispatch
+        does): a Router a reload retired dispatches nothing, and waits for its last attempt to end."""
+        self.lifecycle.prune_attempts(self._clock())
+
     def recent_outcomes(self) -> list[AttemptRecord]:
         """The last finished attempts, prediction beside achievement, oldest first."""
         return self.lifecycle.recent_outcomes()

@@ -3,9 +3,16 @@
 What can change live is everything the Router is built from: models and their endpoints, placement (priorities,
 weights), cost model, limits, budgets, burst, intent, disaggregation. A reload builds a whole new Router from the
 new file over the SAME store, and new requests are placed by it; requests already admitted finish on the Router that
-admitted them (their attempts hold it), which is retired once none is open. Validation comes first: the file must
-load (``cognitora.config``), its tokenizers and chat templates must load, and the adapter's own check must pass
+admitted them (their attempts hold it), which is retired once none is open (an attempt no gateway reported the end
+of is abandoned after ``placement.inflight_ttl_s``, as on the Router in force). Validation comes first: the file
+must load (``cognitora.config``), its tokenizers and chat templates must load, and the adapter's own check must pass
 (Envoy: every endpoint's host resolves); on any error the config in force stays, and the log says why.
+
+A model whose keyer settings and files (tokenizer, chat template) are unchanged keeps its keyer: the new Router
+shares it with the old (``cognitora.preflight.prompt_keyers``). A reload then allocates no tokenizer, whose native
+memory the allocator kept after the old one was freed (the LiteLLM proxy's RSS grew ~40 MiB a reload:
+docs/operations.md, "Soak"). Retiring the old Router stops what it alone owns: its keying thread, its pending
+store writes; never the store, the keyers or the flow-control leases, which the new Router holds too.
 
 What needs a restart, and is refused with that said: the store itself (``redis_url``, ``key_prefix``,
 ``redis_cluster``): the process holds its connections, and its in-flight counts live there.
@@ -177,7 +184,8 @@ class LiveRouter:
             changed = changed_sections(old.config, config)
             if not changed:
                 return ReloadOutcome(True, "nothing changed")
-            keyers = await asyncio.to_thread(prompt_keyers, config)  # tokenizers, chat templates: seconds, off-loop
+            # Tokenizers and chat templates: seconds, off-loop; an unchanged model's keyer is the one in force.
+            keyers = await asyncio.to_thread(prompt_keyers, config, old.keying.keyers)
             commit = None if self.prepare is None else await self.prepare(config)
             new = Router(config, old.store, keyers=keyers, counts=old)
         except ConfigError as exc:
@@ -193,6 +201,8 @@ class LiveRouter:
         return ReloadOutcome(True, "changed: " + ", ".join(changed), changed)
 
     def _retire_idle(self) -> None:
+        for router in self._retiring:
+            router.expire_attempts()  # a Router replaced dispatches nothing: its stale attempts expire here
         for router in [r for r in self._retiring if not r.open_attempts()]:
             self._retiring.remove(router)
             task = asyncio.ensure_future(_retire(router, self.current))
@@ -204,8 +214,11 @@ class LiveRouter:
 
 
 async def _retire(router: Router, current: Router | None = None) -> None:
-    """What ``Router.close`` does but close the store, which the Router in force shares. A ledger on the store's own
-    client, or in process, is left open by ``BudgetGate.close`` (it closes only a connection pool it opened)."""
+    """What ``Router.close`` does but close what the Router in force shares: the store, the keyers (the keying
+    thread is the old Router's own), the flow-control leases (carried over). A ledger on the store's own client, or
+    in process, is left open by ``BudgetGate.close`` (it closes only a connection pool it opened)."""
+    router.keying.close(drop_queued=False)
+    await router.lifecycle.close()  # its attempts' store writes land
     try:
         if router.budgets is not None:
             await router.budgets.close()
