@@ -19,14 +19,33 @@ from cognitora.config import CognitoraConfig
 from cognitora.ops.reload import ConfigSource
 from litellm_plugin.fleet import ARGS_KEY_CONFIG, Fleet, build_fleet
 
-__all__ = ["WATCH_INTERVAL_S", "config_source", "fleet_of"]
+__all__ = ["WATCH_INTERVAL_S", "ReloadedFleet", "config_source"]
 
 WATCH_INTERVAL_S = 2.0
 """Seconds between two looks at the file."""
 
 
-def config_source(router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None) -> ConfigSource | None:
-    """The watched file and the whole config's loader; None when the arguments name no ``config:`` file."""
+class ReloadedFleet:
+    """The Fleet built beside the config a reload's ``load`` returned last: what the strategy puts in force with it.
+    Only the latest is kept: a load refused or that changed nothing leaves its Fleet to be replaced, not hoarded."""
+
+    def __init__(self) -> None:
+        self._latest: tuple[CognitoraConfig, Fleet] | None = None
+
+    def keep(self, config: CognitoraConfig, fleet: Fleet) -> None:
+        self._latest = (config, fleet)
+
+    def take(self, config: CognitoraConfig) -> Fleet | None:
+        """The Fleet built with ``config`` (this very object), once; None for any other config."""
+        latest, self._latest = self._latest, None
+        return latest[1] if latest is not None and latest[0] is config else None
+
+
+def config_source(
+    router: Any, routing_strategy_args: Mapping[str, Any], base_dir: Path | None, reloaded: ReloadedFleet
+) -> ConfigSource | None:
+    """The watched file and the whole config's loader, which leaves each config's Fleet in ``reloaded``; None when
+    the arguments name no ``config:`` file."""
     path = routing_strategy_args.get(ARGS_KEY_CONFIG)
     if not isinstance(path, str):
         return None
@@ -38,16 +57,7 @@ def config_source(router: Any, routing_strategy_args: Mapping[str, Any], base_di
     def load() -> CognitoraConfig:
         # As at start, from the deployments the Router lists now; the Fleet rides along for the strategy's commit.
         fleet = build_fleet(list(router.model_list or []), args, base_dir)
-        _built[id(fleet.config)] = fleet
+        reloaded.keep(fleet.config, fleet)
         return fleet.config
 
     return ConfigSource(file_path, load)
-
-
-_built: dict[int, Fleet] = {}
-"""The Fleet of each config ``load`` returned, until ``fleet_of`` takes it."""
-
-
-def fleet_of(config: CognitoraConfig) -> Fleet | None:
-    """The Fleet ``load`` built with ``config`` (taken once)."""
-    return _built.pop(id(config), None)

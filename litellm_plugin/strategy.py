@@ -76,16 +76,17 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         self._callbacks = callbacks
         self._pages = pages
         self._managed_models = set(fleet.config.model_names())
+        self._reloaded = live.ReloadedFleet()
 
     def watch_config(self, fleet_args: Mapping[str, Any], base_dir: Path | None) -> None:
         """Reload the config when the ``config:`` file the arguments name changes (``litellm_plugin.live``)."""
-        source = live.config_source(self.router, fleet_args, base_dir)
+        source = live.config_source(self.router, fleet_args, base_dir, self._reloaded)
         if source is not None:
             self.host.reload = (source, self.prepare_reload)
 
     async def prepare_reload(self, config: CognitoraConfig) -> Commit:
         """``LiveRouter``'s adapter step: the new Fleet (deployment ids <-> endpoints) goes in force with it."""
-        fleet = live.fleet_of(config)
+        fleet = self._reloaded.take(config)
         if fleet is None:
             raise ConfigError("internal: the reloaded config came without its fleet")
 

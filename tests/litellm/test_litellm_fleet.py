@@ -20,6 +20,7 @@ import pytest
 
 from cognitora.config import ConfigError, EngineKind
 from litellm_plugin.fleet import build_fleet, merge_settings
+from litellm_plugin.live import ReloadedFleet, config_source
 
 
 def dep(group: str, model: str, api_base: str | None, id_: str, **info: Any) -> dict[str, Any]:
@@ -337,3 +338,24 @@ def test_inline_paths_in_the_proxy_are_relative_to_its_config_file(
         assert model.tokenizer == (tmp_path / "proxy" / "models" / "tokenizer.json").resolve()
     finally:
         router.update_settings(routing_strategy="simple-shuffle")
+
+
+# -- a reload's fleet --------------------------------------------------------------------------------------------
+
+
+def test_a_reload_puts_in_force_the_fleet_built_with_its_config_and_keeps_no_other(tmp_path: Path) -> None:
+    """The file watch's loader builds a Fleet beside each config; the strategy takes the one built with the config
+    in force next. A load that was refused, or changed nothing, leaves nothing behind for later."""
+    (tmp_path / "cognitora.yaml").write_text("placement: {tie_band_s: 0.01}\n")
+    router = types.SimpleNamespace(model_list=[dep("chat", "hosted_vllm/m", "http://127.0.0.1:8001/v1", "a")])
+    reloaded = ReloadedFleet()
+    source = config_source(router, {"config": "cognitora.yaml"}, tmp_path, reloaded)
+    assert source is not None and source.path == tmp_path / "cognitora.yaml"
+    first = source.load()
+    second = source.load()  # the first was refused, say: only the latest is kept
+    assert reloaded.take(first) is None
+    second_again = source.load()
+    fleet = reloaded.take(second_again)
+    assert fleet is not None and fleet.config is second_again and endpoints_of(fleet) == ["127.0.0.1:8001"]
+    assert reloaded.take(second_again) is None  # taken once
+    assert second is not second_again
