@@ -208,17 +208,16 @@ class FlowGate:
         return None if ceiling is None else priority_hold(decision, ceiling)
 
     def _isolated(self, band: str, flow: str, decision: Decision) -> Saturation | None:
-        """Held for team isolation: another team is active in ``band`` or above, and committing ``decision`` would
-        leave no eligible engine free of ``flow``'s in-flight prefill (``cognitora.flow.isolation``)."""
+        """Held for team isolation: another team is active in ``band`` and could use the engine, and committing
+        ``decision`` would leave no eligible engine free of ``flow``'s in-flight prefill
+        (``cognitora.flow.isolation``)."""
         if self.teams is None or self.prefill is None or decision.endpoint is None or decision.cloud is not None:
             return None
         busy = self.prefill.busy(flow)
         if not busy:  # the common case below saturation: nothing of this team's in flight, nothing to look up
             return None
-        rival = self.teams.rival(band, flow, lambda b: self.controller.waiting_flows(b, limit=2))
-        if rival is None:
-            return None
-        return isolation_hold(decision, flow, busy, rival, time.monotonic())
+        rivals = self.teams.rivals(band, flow, self.controller.waiting_flows(band))
+        return isolation_hold(decision, flow, busy, rivals, time.monotonic(), self.prefill.busy)
 
     def committed(self, request: RouteRequest, attempt: Attempt) -> None:
         """``attempt`` was dispatched to a local engine (placed at once or from the queue): its prefill is in flight

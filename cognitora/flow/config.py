@@ -95,17 +95,19 @@ class LeaseConfig(_Strict):
 
 
 class IsolationConfig(_Strict):
-    """Team isolation within a band (``cognitora.flow.isolation``): while another team is active in the same or a
-    higher band, a team's request is held if committing it would leave no eligible engine free of that team's
-    in-flight prefill. One team's long prompts then occupy every engine but one, and the other teams' short ones
-    land on the one left (inside an engine a long prefill runs before a short request that arrives during it, so
-    no queue order gives them that). Costs the busy team throughput (docs/flow_control.md, "Team isolation")."""
+    """Team isolation within a band (``cognitora.flow.isolation``): while another team is active in the same band,
+    a team's request is held if committing it would leave no eligible engine free of that team's in-flight prefill
+    (unless every other active team is backlogged here and would be held from that engine too). One team's long
+    prompts then occupy every engine but one, and the other teams' short ones land on the one left (inside an
+    engine a long prefill runs before a short request that arrives during it, so no queue order gives them that).
+    Across bands the priority hold applies instead. Costs the busy team throughput (docs/flow_control.md, "Team
+    isolation")."""
 
     enabled: bool = True
     """On by default whenever ``flow_control`` is."""
     window_s: float = Field(default=10.0, ge=0, le=3600)
-    """Another team counts as active while it has waiters in the same or a higher band, or for this long after its
-    last request there (0: only while it has waiters). 10 s covers the gaps of a team sending 0.5 requests a second
+    """Another team counts as active while it has waiters in the same band, or for this long after its last
+    request there (0: only while it has waiters). 10 s covers the gaps of a team sending 0.5 requests a second
     or more (Poisson: a gap over 10 s once in 150), and bounds what a team that went quiet costs the busy one."""
     prefill_margin: float = Field(default=1.5, ge=1.0, le=10.0)
     """A request's prefill counts as in flight on its engine from its placement until its first token or its end,

@@ -1,5 +1,6 @@
-"""Team isolation within a band: while another team is active in the same or a higher band, a team's request is
-held if committing it would leave no eligible engine free of that team's in-flight prefill.
+"""Team isolation within a band: while another team is active in the same band, a team's request is held if
+committing it would leave no eligible engine free of that team's in-flight prefill, unless no active team could
+use that engine.
 
 Why: the fair queue orders what leaves the gateway, not what is inside an engine. Once team A's long prompts are
 committed to every engine, team B's short prompt waits behind an A prefill wherever it lands (an engine runs the
@@ -17,9 +18,23 @@ predicted TTFT is the lowest).
 - ``TeamActivity``: which teams were seen lately per band (``window_s``), for "another team is active".
 - ``isolation_hold``: the rule on one decision; pure.
 
+**Same band only.** Across bands the priority hold (``cognitora.flow.priority``) is the rule: it caps what a lower
+band commits by an active higher band's objective, and holds only while every engine holds that much work, so
+engines stay busy. Isolation across bands kept an engine free of a lower band's prefill for a higher band whose
+next request could be a second away, while the lower band waited and timed out at the gateway (on the flow
+bench's overload stage, dropping it served 45% of ``batch`` instead of 28%, for ``default``'s p99 5.6 s instead
+of 4.1 s; docs/flow_control.md, "Measured end to end").
+
+**Work-conserving.** The engine kept free is kept for the other teams; it is not kept when none of them could
+take it: when every other active team has requests waiting here (it is backlogged, the fair queue decides whose
+turn it is) and would itself be held from that engine (its own prefill is on every other eligible engine). Else
+two backlogged teams, each holding its prefill on one engine, would each keep the idle other engine for the other,
+and nobody would take it. A team that is active but not waiting (a light team, placed as its requests come) keeps
+the hold: its next request is the one the free engine is for.
+
 The rule never holds on a fleet of one eligible engine (nothing to keep free), nor a request the anti-starvation
 rule dispatches (the caller skips it, as for ``cognitora.flow.priority``). What it costs: the busy team's
-throughput while another team is active (its prefills take every engine but one), and, below saturation, a team's
+throughput while a light team is active (its prefills take every engine but one), and, below saturation, a team's
 second concurrent long prefill may wait for its first (one prefill) when placement would have put it on the one
 free engine.
 """
@@ -50,7 +65,7 @@ class Busy:
 
 @dataclass(frozen=True)
 class Rival:
-    """Another team active in the same or a higher band: why a team's request keeps an engine free."""
+    """Another team active in the same band: why a team's request may keep an engine free."""
 
     band: str
     flow: str
@@ -123,11 +138,10 @@ class TeamActivity:
     """When each team last sent a request in each band (see ``IsolationConfig.window_s``)."""
 
     def __init__(self, bands: Sequence[str], window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """``bands``: highest first (``plan_bands``' order)."""
-        self._bands = list(bands)
+        """``bands``: the bands' names (a class that is not one is not tracked)."""
         self._window_s = window_s
         self._clock = clock
-        self._seen: dict[str, OrderedDict[str, float]] = {b: OrderedDict() for b in self._bands}
+        self._seen: dict[str, OrderedDict[str, float]] = {b: OrderedDict() for b in bands}
         """Band -> flow -> last seen, oldest first (so a read stops at the first stale one)."""
 
     def saw(self, band: str, flow: str) -> None:
@@ -143,37 +157,49 @@ class TeamActivity:
                 break
             del seen[oldest]
 
-    def rival(self, band: str, flow: str, waiting: Callable[[str], Collection[str]]) -> Rival | None:
-        """Another team than ``flow`` active in ``band`` or a higher one: with waiters (``waiting(band)``: the
-        flows waiting there), or seen within the window. None: ``flow`` is alone. O(bands above) amortized."""
+    def rivals(self, band: str, flow: str, waiting: Collection[str]) -> list[Rival]:
+        """The other teams than ``flow`` active in ``band``: those with waiters (``waiting``: the flows waiting in
+        ``band``) first, then those seen within the window. Empty: ``flow`` is alone. Another band's teams do not
+        count (the module doc, "Same band only"). O(teams of the band seen within the window)."""
+        out = [Rival(band, f, True) for f in waiting if f != flow]
+        seen = self._seen.get(band)
+        if seen is None:
+            return out
         now = self._clock()
-        for name in self._bands:
-            queued = next((f for f in waiting(name) if f != flow), None)
-            if queued is not None:
-                return Rival(name, queued, True)
-            for other, at in reversed(self._seen[name].items()):
-                if now - at > self._window_s:
-                    break
-                if other != flow:
-                    return Rival(name, other, False)
-            if name == band:
+        queued = set(waiting)
+        for other, at in reversed(seen.items()):
+            if now - at > self._window_s:
                 break
-        return None
+            if other != flow and other not in queued:
+                out.append(Rival(band, other, False))
+        return out
 
 
 def isolation_hold(
-    decision: Decision, flow: str, busy: Mapping[str, Busy], rival: Rival, now: float
+    decision: Decision,
+    flow: str,
+    busy: Mapping[str, Busy],
+    rivals: Sequence[Rival],
+    now: float,
+    busy_of: Callable[[str], Mapping[str, Busy]],
 ) -> Saturation | None:
-    """Hold ``decision``'s request of ``flow`` (another team, ``rival``, being active) when committing it would
-    leave no eligible engine free of ``flow``'s in-flight prefill (``busy``: ``TeamPrefill.busy(flow)``). None on a
-    fleet of one eligible engine, or for a decision placed nowhere or in a cloud."""
-    if decision.endpoint is None or decision.cloud is not None:
+    """Hold ``decision``'s request of ``flow`` when committing it would leave no eligible engine free of ``flow``'s
+    in-flight prefill (``busy``: ``TeamPrefill.busy(flow)``) and one of the other active teams (``rivals``) could
+    use that engine: it is not waiting (its next request comes and wants a free engine), or it waits and has an
+    eligible engine besides that one free of its own prefill (``busy_of(team)``), so this rule would not hold it
+    from that engine. None on a fleet of one eligible engine, for a decision placed nowhere or in a cloud, or with
+    no rival."""
+    if decision.endpoint is None or decision.cloud is not None or not rivals:
         return None
     eligible = list(dict.fromkeys(c.endpoint for c in decision.candidates if c.excluded is None))
     if len(eligible) < 2:
         return None
     chosen = prefill_endpoint(decision)
-    if any(e != chosen and e not in busy for e in eligible):
+    others = [e for e in eligible if e != chosen]
+    if any(e not in busy for e in others):
+        return None
+    rival = next((r for r in rivals if not r.waiting or _could_take(others, busy_of(r.flow))), None)
+    if rival is None:  # every other team is backlogged here and held from that engine too: the queue's order decides
         return None
     held = sorted((e for e in eligible if e in busy), key=lambda e: busy[e].until)
     where = "; ".join(
@@ -186,3 +212,9 @@ def isolation_hold(
         f"would leave no engine free of {flow}'s in-flight prefill ({where})",
         label="isolation",
     )
+
+
+def _could_take(others: Sequence[str], its_busy: Mapping[str, Busy]) -> bool:
+    """A waiting team's request on the engine in question would not be held by this rule: one of the ``others``
+    (every eligible engine but that one) is free of its own prefill."""
+    return any(e not in its_busy for e in others)

@@ -155,3 +155,45 @@ async def test_a_finished_prefill_frees_its_engine_for_its_team() -> None:
     a1.finish(Outcome(OutcomeKind.COMPLETED))
     decision, attempt = await asyncio.wait_for(a2, 3)
     assert attempt is not None, decision.explain()
+
+
+def in_batch(request: RouteRequest) -> RouteRequest:
+    return replace(request, identity=replace(request.identity, priority="batch"))
+
+
+async def test_a_team_of_a_lower_band_is_not_held_for_an_active_higher_bands_team() -> None:
+    """Team c is active in `default`, team d in `batch` has a long prefill in flight on one engine: d's second
+    long prompt takes the other engine at once (the engines hold far less than default's 2 s objective, so the
+    priority hold lets it go too). Isolation is within a band: across bands an engine kept free of d for c's next
+    request would sit idle while d waits."""
+    router = await fleet({})
+    d1 = await placed(router, in_batch(req("d1", "d")))
+    c1 = await placed(router, short("c1", "c"))
+    assert c1.endpoint != d1.endpoint
+    d2 = await placed(router, in_batch(req("d2", "d")))
+    assert d2.endpoint != d1.endpoint and d1.first_token_at is None  # d1's prefill is still in flight
+    assert router.flow is not None and ("admission", "isolation") not in router.flow.telemetry.holds
+
+
+async def test_backlogged_teams_do_not_keep_an_engine_idle_for_each_other() -> None:
+    """a and b each have a long prefill in flight on engine A (B was down when they came), B is back and idle. a2
+    waits (B is the last engine free of a's prefill, and b is active). b2 would take that same last engine free of
+    b's prefill; before, it waited too, each team keeping B free for the other while B sat idle. Now b2 is placed on
+    B at once: the one it is held for, a, waits here and would itself be held from B."""
+    router = await fleet({})
+    assert router.flow is not None
+    store = router.store
+    await store.put_snapshot(EndpointSnapshot(endpoint=B, last_seen=time.time(), healthy=False))
+    a1 = await placed(router, req("a1", "a"))
+    b1 = await placed(router, req("b1", "b"))
+    assert a1.endpoint == b1.endpoint == A  # one eligible engine: never held
+    await store.put_snapshot(EndpointSnapshot(endpoint=B, last_seen=time.time(), prefill_tokens_per_s=10_000.0))
+    a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
+    await until(lambda: waiting(router) == 1)
+    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1)
+    b2 = await placed(router, req("b2", "b"))
+    assert b2.endpoint == B and not a2.done()  # no engine idle while a waits: b took it
+    assert a1.first_token_at is None and b1.first_token_at is None
+    a1.first_token()  # a's prefill on A is done: no engine holds a's prefill, and a2 goes
+    decision, attempt = await asyncio.wait_for(a2, 3)
+    assert attempt is not None, decision.explain()
