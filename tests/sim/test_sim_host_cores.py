@@ -113,3 +113,12 @@ async def test_a_step_in_progress_slows_when_another_engine_turns_busy() -> None
         await a.stop()
         await b.stop()
         ctx.destroy(linger=0)
+
+
+def test_the_fleet_refuses_a_host_without_cores(capsys: pytest.CaptureFixture[str]) -> None:
+    from cognitora_sim.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["fleet", "--engines", "2", "--base-port", "1", "--host-cores", "0"])
+    assert exc.value.code == 2
+    assert "--host-cores must be at least 1" in capsys.readouterr().err
