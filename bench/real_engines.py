@@ -2,6 +2,7 @@
 
     python -m bench.real_engines                      # 3 real engines, every target, 3 seeds (about 45 min here)
     python -m bench.real_engines --sim                # the same schedules on `cognitora sim fleet --profile cpu`
+                                                      # --host-cores 2 (the real run's 3 engines shared 2 cores)
     python -m bench.real_engines --compare            # sim against real: TTFT error per target, router ranking
     python -m bench.real_engines --calibrate          # first measure the engines for the sim's profile
 
@@ -58,6 +59,8 @@ KV_BLOCKS = 128
 MAX_NUM_SEQS = 128
 """vLLM 0.32's CPU default ``--max-num-seqs`` for the API server (the engines run with it), told to Cognitora."""
 SIM_PROFILE = "cpu"
+HOST_CORES = 2
+"""The cores the real run's 3 engines shared (this machine's 2): ``--sim`` gives the simulated fleet the same."""
 SEEDS = (20251130, 20251201, 20251202)
 TARGETS = ("cognitora-envoy", "cognitora-litellm", "envoy-rr", "sglang-cache-aware", "vllm-cache-aware")
 
@@ -274,6 +277,9 @@ def _err(sim: float | None, real: float | None) -> str:
 
 def compare(real: Sequence[Report], sim: Sequence[Report], command: str) -> str:
     r, s = _medians(real), _medians(sim)
+    sim_args = [str(a) for a in sim[0].fleet.get("sim_args", [])]
+    host = sim_args[sim_args.index("--host-cores") + 1] if "--host-cores" in sim_args else None
+    shared = f" --host-cores {host}`, its engines sharing {host} cores as the real ones did" if host else "`"
     stages = [st["label"] for st in real[0].stages if st.get("measured", True)]
     lines = [
         "# The simulator against real vLLM engines (CPU, SmolLM2-135M)",
@@ -283,7 +289,7 @@ def compare(real: Sequence[Report], sim: Sequence[Report], command: str) -> str:
         "```",
         "",
         f"The same schedules ({real[0].description}; seeds {len(real)} real, {len(sim)} sim) in front of 3 real "
-        f"vLLM 0.32 CPU engines and in front of `cognitora sim fleet --profile {SIM_PROFILE}`. Each cell is the "
+        f"vLLM 0.32 CPU engines and in front of `cognitora sim fleet --profile {SIM_PROFILE}{shared}. Each cell is the "
         "median over the seeds; error = (sim - real) / real.",
         "",
         "| stage | target | TTFT p50 real | sim | error | TTFT p90 real | sim | error | goodput real | sim "
@@ -365,6 +371,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--drain", type=float, default=90.0, help="seconds to wait for in-flight requests after the last")
     p.add_argument("--time-scale", type=float, default=1.0, help="--sim only: sim seconds per wall second")
+    p.add_argument(
+        "--host-cores",
+        type=int,
+        default=HOST_CORES,
+        help="--sim only: the simulated engines share a host of this many cores, as the real ones did "
+        "(`cognitora sim fleet --host-cores`); 0: each engine has its own",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "real_engines")
     p.add_argument("--sim-out", type=Path, help="the sim's results prefix (default: --out + '_sim')")
     args = p.parse_args(argv)
@@ -379,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every process started from here inherits it: a crash in native code (a LiteLLM proxy once segfaulted inside
     # CPython here) then leaves each thread's Python stack in that process's log.
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+    if args.sim and not any(a == "--host-cores" or a.startswith("--host-cores=") for a in argv):
+        argv.extend(["--host-cores", str(args.host_cores)])  # the results say which host the sim modelled
     command = shlex.join(["python", "-m", "bench.real_engines", *argv])
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     real_prefix = args.out
@@ -429,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         1,
         TOKENIZER,
         block_size=BLOCK_SIZE,
-        sim_args=("--disable-scale-out",),
+        sim_args=("--disable-scale-out", *(("--host-cores", str(args.host_cores)) if args.host_cores > 0 else ())),
     )
     reports: list[Report] = []
     if args.sim:

@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     fleet = sub.add_parser("fleet", help="N engines in one process on ports P..P+N-1")
     fleet.add_argument("--engines", type=int, required=True)
     fleet.add_argument("--base-port", type=int, required=True)
+    fleet.add_argument(
+        "--host-cores",
+        type=int,
+        default=None,
+        help="the engines share a host of this many cores: while k of them are busy, each step takes max(1, k/N) "
+        "times as long (processor sharing, cognitora_sim.host_cores); default: each engine has its own",
+    )
     _add_common(fleet)
     sub.add_parser("cloud", help="a simulated cloud provider (`cognitora sim cloud --help`)", add_help=False)
     engine = sub.add_parser("engine", help="one engine")
@@ -149,6 +156,9 @@ def main(argv: list[str]) -> int:
         parser.error("--engines must be at least 1")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    host_cores = getattr(args, "host_cores", None)  # fleet only
+    if host_cores is not None and host_cores < 1:
+        parser.error("--host-cores must be at least 1")
     if args.block_size < 1:
         parser.error("--block-size must be at least 1")
     if args.cpu_offload_tokens < 0 or args.cpu_offload_gb_per_s <= 0:
@@ -217,6 +227,7 @@ def main(argv: list[str]) -> int:
         accept_any_model=args.accept_any_model,
         admin_port=args.admin_port,
         pd=pd,
+        host_cores=host_cores,
     )
     try:
         import uvloop  # optional: a cheaper event loop when installed

@@ -29,6 +29,7 @@ import zmq.asyncio
 
 from cognitora_sim.block_hash import BlockHasher
 from cognitora_sim.engine_kinds import surface
+from cognitora_sim.host_cores import HostCores
 from cognitora_sim.kv_cache import PrefixCache
 from cognitora_sim.kv_events import KvEventPublisher, topic_for
 from cognitora_sim.metrics import EngineMetrics, observe_many
@@ -115,9 +116,17 @@ class EngineDown(RuntimeError):
 
 class SimEngine:
     def __init__(
-        self, config: EngineConfig, tokenizer: SimTokenizer, zmq_ctx: zmq.asyncio.Context, clock: EngineTime
+        self,
+        config: EngineConfig,
+        tokenizer: SimTokenizer,
+        zmq_ctx: zmq.asyncio.Context,
+        clock: EngineTime,
+        host: HostCores | None = None,
     ) -> None:
         self.config = config
+        self.host = host
+        """The cores this engine shares with the fleet's others (``cognitora_sim.host_cores``); None: its own."""
+        self._busy_seen = False
         self.profile = config.profile
         self.tokenizer = tokenizer
         self.clock = clock
@@ -151,6 +160,8 @@ class SimEngine:
         self.steps = 0
         self.http_requests: dict[str, int] = {}
         """HTTP requests received, by path (``/sim/`` excluded), for ``/sim/state``."""
+        if host is not None:
+            host.join(self)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +248,7 @@ class SimEngine:
         )
         self.scheduler.add(req)
         self._wake()
+        self._note_busy()
         return req
 
     def _output_seed(self, prompt_ids: list[int]) -> int:
@@ -249,12 +261,29 @@ class SimEngine:
             self.scheduler.abort(req)
             self._publish()
             self._wake()
+            self._note_busy()
 
     def _wake(self) -> None:
         self._interrupted_at = self.clock.now()
         fut = self._interrupt
         if fut is not None and not fut.done():
             fut.set_result(True)
+
+    # ---- the host's cores (cognitora_sim.host_cores) --------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return not self.crashed and not self.hung and self.scheduler.has_work()
+
+    def host_changed(self) -> None:
+        self._wake()
+
+    def _note_busy(self) -> None:
+        """Tell the host's other engines when this one turns busy or idle: their shares of the cores change."""
+        busy = self.busy
+        if busy != self._busy_seen:
+            self._busy_seen = busy
+            if self.host is not None:
+                self.host.changed(self)
 
     # ---- faults ---------------------------------------------------------------------------------------------
     def set_slow(self, factor: float) -> None:
@@ -265,6 +294,7 @@ class SimEngine:
     def hang(self) -> None:
         self.hung = True
         self._resume.clear()
+        self._note_busy()
 
     async def wait_unhung(self) -> None:
         await self._resume.wait()
@@ -374,8 +404,10 @@ class SimEngine:
         vt = self.clock.now()
         while True:
             try:
+                self._note_busy()
                 if self.hung:
                     await self._resume.wait()
+                    self._note_busy()
                 if self.crashed or not self.scheduler.has_work():
                     await self._wait_for_work()
                     continue
@@ -415,14 +447,17 @@ class SimEngine:
             return start
         limit = self.config.stream_chunk_tokens if any(r.stream for r, _ in step.work) else NO_STREAM_RUN
         k = sched.decode_run_length(step, limit)
-        ends = self._step_ends(step, start, k)
+        share = self.host.factor() if self.host is not None else 1.0
+        ends = self._step_ends(step, start, k, share)
         epoch = self._epoch
         done = k
-        if k > 1 and await self._sleep_until(ends[-1], interruptible=True):
+        if k == 1 and self.host is not None:
+            ends[0] = await self._shared_step(start, ends[0], share)
+        elif k > 1 and await self._sleep_until(ends[-1], interruptible=True):
             # the step running when the interrupting request arrived completes; later ones are replanned
             done = min(bisect.bisect_left(ends, self._interrupted_at), k - 1) + 1
             await self._sleep_until(ends[done - 1], interruptible=False)
-        elif k == 1:
+        elif k == 1 and self.host is None:
             await self._sleep_until(ends[0], interruptible=False)
         if epoch != self._epoch:  # restarted or crashed while the step ran
             return self.clock.now()
@@ -434,8 +469,25 @@ class SimEngine:
             t = ends[i]
         return t
 
-    def _step_ends(self, step: ScheduledStep, start: float, k: int) -> list[float]:
-        p, slow = self.profile, self.slow_factor
+    async def _shared_step(self, start: float, end: float, share: float) -> float:
+        """Sleep through one step on shared cores; its end moves whenever the share does. Returns the end.
+
+        Processor sharing: at each wake-up (an engine of the host turned busy or idle, or a request arrived here),
+        the step's remaining work, ``(end - t) / share``, runs from ``t`` at the share of that moment.
+        """
+        assert self.host is not None
+        while await self._sleep_until(end, interruptible=True):
+            t = max(self._interrupted_at, start)
+            if t >= end:
+                break
+            now = self.host.factor()
+            end = t + (end - t) * now / share
+            share = now
+        return end
+
+    def _step_ends(self, step: ScheduledStep, start: float, k: int, share: float = 1.0) -> list[float]:
+        """When each of a run of ``k`` steps ends; ``share``: the host's slowdown (``cognitora_sim.host_cores``)."""
+        p, slow = self.profile, self.slow_factor * share
         b = len(step.work)
         ends: list[float] = []
         t = start

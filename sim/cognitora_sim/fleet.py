@@ -21,6 +21,7 @@ from aiohttp import web
 
 from cognitora_sim.disagg import SIM_KV_BYTES_PER_TOKEN, KvLink, PdEngine
 from cognitora_sim.engine import EngineConfig, EngineTime, SimEngine
+from cognitora_sim.host_cores import HostCores
 from cognitora_sim.http_json import error_response, read_json
 from cognitora_sim.server import FAULT_KINDS, EngineServer
 from cognitora_sim.tokenizer import SimTokenizer
@@ -45,6 +46,7 @@ class Fleet:
         accept_any_model: bool = False,
         admin_port: int | None = None,
         pd: PdSettings | None = None,
+        host_cores: int | None = None,
     ) -> None:
         self.configs = configs
         self.tokenizer = tokenizer
@@ -52,6 +54,8 @@ class Fleet:
         self.accept_any_model = accept_any_model
         self.admin_port = admin_port
         self.pd = pd or PdSettings()
+        self.host = HostCores(host_cores) if host_cores is not None else None
+        """All engines on one host of that many cores (``cognitora_sim.host_cores``); None: each has its own."""
         self.members: list[_Member] = []
         self._zmq: zmq.asyncio.Context | None = None
         self._admin: web.AppRunner | None = None
@@ -59,7 +63,7 @@ class Fleet:
     async def start(self) -> None:
         self._zmq = zmq.asyncio.Context()
         for cfg in self.configs:
-            engine = SimEngine(cfg, self.tokenizer, self._zmq, self.clock)
+            engine = SimEngine(cfg, self.tokenizer, self._zmq, self.clock, self.host)
             server = EngineServer(engine, self.fault, self.accept_any_model, self.pd.engine(engine))
             member = _Member(engine, server)
             self.members.append(member)

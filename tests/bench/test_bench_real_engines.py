@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.cpu_calibration import fit, fit_slowdowns, isolated
-from bench.real_engines import CPU_SHARED_PREFIX, compare, schedule_for
+from bench.real_engines import CPU_SHARED_PREFIX, compare, parse_args, schedule_for
 from bench.report import Report, Slo, StageSummary, TargetRun
 
 
@@ -92,7 +92,7 @@ def test_the_workload_fits_the_engines_and_reuses_its_system_prompts() -> None:
     assert schedule.reuse_bound("0.6 rps") > 0.8
 
 
-def _report(ttft: dict[str, tuple[float, float]]) -> Report:
+def _report(ttft: dict[str, tuple[float, float]], fleet: dict[str, Any] | None = None) -> Report:
     runs = []
     for target, (p50, p90) in ttft.items():
         stage = StageSummary(
@@ -100,7 +100,7 @@ def _report(ttft: dict[str, tuple[float, float]]) -> Report:
         )
         runs.append(TargetRun(target=target, settings="", stages=[stage]))
     stages = [{"label": "1 rps", "rate": 1.0, "duration_s": 10.0, "measured": True}]
-    return Report("cmd", "w", "desc", "now", 1.0, Slo(), {}, stages, {"1 rps": 0.9}, runs=runs)
+    return Report("cmd", "w", "desc", "now", 1.0, Slo(), fleet or {}, stages, {"1 rps": 0.9}, runs=runs)
 
 
 def test_compare_reports_errors_and_whether_the_ranking_holds() -> None:
@@ -115,3 +115,14 @@ def test_compare_reports_errors_and_whether_the_ranking_holds() -> None:
     text = compare([real], [flipped], "cmd")
     assert "| 1 rps | ttft_p90 | cognitora-envoy, envoy-rr | envoy-rr, cognitora-envoy | no |" in text
     assert "within 25% of the real engines: 0 of 4" in text
+
+
+def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
+    assert parse_args(["--sim"]).host_cores == 2  # the real run's 3 engines on this machine's 2 cores
+    assert parse_args(["--sim", "--host-cores", "0"]).host_cores == 0
+    real = _report({"cognitora-envoy": (1.0, 2.0)})
+    shared = _report({"cognitora-envoy": (1.0, 2.0)}, {"sim_args": ["--disable-scale-out", "--host-cores", "2"]})
+    assert "`cognitora sim fleet --profile cpu --host-cores 2`, its engines sharing 2 cores" in compare(
+        [real], [shared], "c"
+    )
+    assert "`cognitora sim fleet --profile cpu`. Each cell" in compare([real], [real], "c")
