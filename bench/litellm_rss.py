@@ -1,5 +1,6 @@
-"""Whose memory grows in the LiteLLM proxy: LiteLLM's own or Cognitora's plugin? The soak (``bench/results/
-soak_seed1.md``) saw the proxy's RSS grow 107 MiB in 30 minutes; this short run attributes Python allocations.
+"""Whose memory grows in the LiteLLM proxy: LiteLLM's own or Cognitora's plugin? The soak's seed 1, before issue
+44's reload fix (``git show 0489970:bench/results/soak_seed1.md``), saw the proxy's RSS grow 107 MiB in 30
+minutes; this short run attributes Python allocations.
 
     python -m bench.litellm_rss --duration-s 480 --rps 3
 
