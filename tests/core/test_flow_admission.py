@@ -21,6 +21,7 @@ from cognitora.identity import Identity, IdentitySource
 from cognitora.request import RouteRequest
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
+from tests.support.flow_core import until, waiting
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 PRIORITIES = {
@@ -59,24 +60,6 @@ async def saturated(config: CognitoraConfig) -> tuple[Router, list[Attempt]]:
 def req(rid: str, priority: str = "default", team: str | None = None) -> RouteRequest:
     who = Identity(team=team, priority=priority, source=IdentitySource.CALLER)
     return RouteRequest(model="m", prompt=f"prompt of {rid}", request_id=rid, identity=who)
-
-
-async def until(condition: Any, timeout_s: float = 10.0) -> None:
-    """Wait on the loop for ``condition()`` (a bool, or an awaitable of one), up to a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
-def waiting(router: Router) -> int:
-    assert router.flow is not None
-    return router.flow.controller.snapshot().waiting
 
 
 async def test_without_the_section_a_saturated_request_is_placed_at_once_as_before() -> None:

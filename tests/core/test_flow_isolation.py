@@ -22,6 +22,7 @@ from cognitora.metrics.families import RouterFamilies
 from cognitora.request import RouteRequest
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
+from tests.support.flow_core import until, waiting
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 PRIORITIES = {"default": {"ttft_slo_s": 2}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
@@ -56,25 +57,13 @@ async def placed(router: Router, request: RouteRequest) -> Attempt:
     return attempt
 
 
-async def until(condition: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
-def waiting(router: Router) -> int:
-    assert router.flow is not None
-    return router.flow.controller.snapshot().waiting
-
-
 async def test_a_teams_second_long_prompt_waits_for_its_first_while_another_team_is_active() -> None:
     router = await fleet({})
     a1 = await placed(router, req("a1", "a"))
     b1 = await placed(router, short("b1", "b"))
     assert b1.endpoint != a1.endpoint  # the engine without a's prefill: the lowest predicted TTFT
     a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
-    await until(lambda: waiting(router) == 1)
+    await until(lambda: waiting(router) == 1, timeout_s=5.0)
     assert router.flow is not None
     asked = req("asked", "a")
     why = router.flow.should_wait(asked, await router.place(asked))
@@ -83,7 +72,7 @@ async def test_a_teams_second_long_prompt_waits_for_its_first_while_another_team
         f"held for team isolation: team:b sent a request lately in band 'default', and placing this on {b1.endpoint} "
         f"would leave no engine free of team:a's in-flight prefill ({a1.endpoint}: 1 in flight, done in ~"
     )
-    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1)
+    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1, timeout_s=5.0)
     b2 = await placed(router, short("b2", "b"))  # not behind a's held request: placed at once, not queued
     assert b2.endpoint == b1.endpoint and not a2.done()
     a1.first_token()  # a's first prefill is done: its engine is free of a again
@@ -139,7 +128,7 @@ async def test_without_a_first_token_the_prefill_ends_at_its_estimate() -> None:
     await placed(router, short("b1", "b"))
     started = time.monotonic()
     a2 = asyncio.ensure_future(router.admit(req("a2", "a", words=8_000)))
-    await until(lambda: waiting(router) == 1)
+    await until(lambda: waiting(router) == 1, timeout_s=5.0)
     decision, attempt = await asyncio.wait_for(a2, 4)
     assert attempt is not None, decision.explain()
     assert time.monotonic() - started >= 0.5 * a1.decision.predicted_ttft_s
@@ -151,7 +140,7 @@ async def test_a_finished_prefill_frees_its_engine_for_its_team() -> None:
     a1 = await placed(router, req("a1", "a"))
     await placed(router, short("b1", "b"))
     a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
-    await until(lambda: waiting(router) == 1)
+    await until(lambda: waiting(router) == 1, timeout_s=5.0)
     a1.finish(Outcome(OutcomeKind.COMPLETED))
     decision, attempt = await asyncio.wait_for(a2, 3)
     assert attempt is not None, decision.explain()
@@ -189,8 +178,8 @@ async def test_backlogged_teams_do_not_keep_an_engine_idle_for_each_other() -> N
     assert a1.endpoint == b1.endpoint == A  # one eligible engine: never held
     await store.put_snapshot(EndpointSnapshot(endpoint=B, last_seen=time.time(), prefill_tokens_per_s=10_000.0))
     a2 = asyncio.ensure_future(router.admit(req("a2", "a")))
-    await until(lambda: waiting(router) == 1)
-    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1)
+    await until(lambda: waiting(router) == 1, timeout_s=5.0)
+    await until(lambda: router.flow is not None and router.flow.controller.snapshot().held_tries >= 1, timeout_s=5.0)
     b2 = await placed(router, req("b2", "b"))
     assert b2.endpoint == B and not a2.done()  # no engine idle while a waits: b took it
     assert a1.first_token_at is None and b1.first_token_at is None

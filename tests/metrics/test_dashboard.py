@@ -601,7 +601,8 @@ def test_the_page_shows_the_gateway_queue_per_band_and_team() -> None:
     from cognitora.core.outcome import Outcome, OutcomeKind
     from cognitora.metrics.exporter import Exporter
     from cognitora.metrics.serve import MetricsServer
-    from tests.core.test_flow_admission import fleet, req, saturated, until, waiting
+    from tests.core.test_flow_admission import fleet, req, saturated
+    from tests.support.flow_core import until, waiting
 
     async def run() -> dict[str, Any]:
         router, holders = await saturated(fleet({"classes": {"batch": {"max_wait_s": 0.2}}}))
