@@ -81,7 +81,8 @@ class ManagedProcess:
             self.argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            # A crash in native code prints every thread's Python stack into the log instead of dying silently.
+            env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
             cwd=cwd,
             start_new_session=True,
         )
@@ -108,12 +109,15 @@ class ManagedProcess:
             time.sleep(0.1)
 
     def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` of the log; if the process has ended, a last line says how (a negative code is the
+        signal that ended it: -11 is a segfault)."""
+        ended = "" if self.alive() else f"\n[{Path(self.argv[0]).name} exited with {self.proc.returncode}]"
         if not self._log.closed:  # read after stop() too: a failed stop's assertion shows the log
             self._log.flush()
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]) + ended
         except OSError:
-            return ""
+            return ended
 
     def signal(self, sig: int) -> None:
         if self.alive():
