@@ -28,6 +28,7 @@ from cognitora.config import CognitoraConfig
 from cognitora.core.core import CollectorPlace, Core, Prepared
 from cognitora.core.lifecycle import Attempt
 from cognitora.core.router import Router
+from cognitora.ops.gc_pacing import GcPacer
 from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter, Prepare
 from litellm_plugin.live import WATCH_INTERVAL_S
 
@@ -54,9 +55,12 @@ class CoreHost:
         loop: asyncio.AbstractEventLoop | None = None,
         prepared: Prepared | None = None,
         in_process_collector: bool = False,
+        *,
+        pace_gc: bool = False,
     ) -> None:
         """``prepared``: the models' prompt keyers and the intent source, loaded at install
-        (``litellm_plugin.strategy.preflight``); absent, the core loads them when it starts."""
+        (``litellm_plugin.strategy.preflight``); absent, the core loads them when it starts. ``pace_gc``: in a
+        LiteLLM proxy, garbage collections run from the core's loop once it starts (``limits.gc_pacing_s``)."""
         self.config = config
         self.prepared = prepared
         self.in_process_collector = in_process_collector
@@ -71,6 +75,8 @@ class CoreHost:
         self.reload: tuple[ConfigSource, Prepare | None] | None = None
         """Set by the strategy when the arguments name a ``config:`` file: the core then reloads on its change."""
         self._watch: ConfigWatch | None = None
+        self.pace_gc = pace_gc
+        self._gc_pacer: GcPacer | None = None
 
     @classmethod
     def for_current_context(
@@ -78,13 +84,15 @@ class CoreHost:
         config: CognitoraConfig,
         prepared: Prepared | None = None,
         in_process_collector: bool = False,
+        *,
+        pace_gc: bool = False,
     ) -> CoreHost:
         """On the running loop if there is one (the proxy), else on a private loop thread (an SDK script)."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        return cls(config, loop, prepared, in_process_collector)
+        return cls(config, loop, prepared, in_process_collector, pace_gc=pace_gc)
 
     @property
     def mode(self) -> str:
@@ -165,8 +173,19 @@ class CoreHost:
             if self.reload is not None:
                 self._watch = _go_live(core, *self.reload)
             self._core = core
+            self._pace_gc()
             log.info("cognitora core started (%s mode)", self.mode)
         return core
+
+    def _pace_gc(self) -> None:
+        # LiteLLM's context variables and CPython's collector can crash the proxy (cognitora.ops.gc_pacing): from
+        # here on, the proxy collects garbage only from the core's loop. Not in an SDK script: its process is not
+        # ours to change.
+        interval_s = self.config.limits.gc_pacing_s
+        if self.pace_gc and interval_s > 0 and self._gc_pacer is None:
+            pacer = GcPacer(interval_s)
+            if pacer.start(asyncio.get_running_loop()):
+                self._gc_pacer = pacer
 
     def _open(self) -> Awaitable[Core]:
         # Embedded mode always feeds its own store (the core's deployment rule: an in-process store needs this
@@ -201,6 +220,12 @@ class CoreHost:
             return
         core, self._core = self._core, None
         watch, self._watch = self._watch, None
+        pacer, self._gc_pacer = self._gc_pacer, None
+        if pacer is not None:
+            if _running_loop() is loop or not loop.is_running():
+                pacer.stop()
+            else:
+                loop.call_soon_threadsafe(pacer.stop)
         if _running_loop() is loop:
             if core is not None:
                 loop.create_task(_close(core, watch))

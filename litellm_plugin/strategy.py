@@ -115,7 +115,7 @@ class CognitoraRoutingStrategy(CustomRoutingStrategyBase):
         else:
             jsonlog.redact_every_handler()  # an SDK script's logging is its own: only redacted
         prepared = preflight(fleet)
-        host = CoreHost.for_current_context(fleet.config, prepared, in_process_collector)
+        host = CoreHost.for_current_context(fleet.config, prepared, in_process_collector, pace_gc=in_proxy())
         # Deduplicated by LiteLLM: one instance serves every Router in the process.
         litellm.logging_callback_manager.add_litellm_callback(callbacks)
         callbacks.watch(host)

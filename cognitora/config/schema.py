@@ -433,6 +433,10 @@ class LimitsConfig(_Strict):
     then have the store walk only the blocks after it, once a few block strings show that the prompt's holders have
     not changed (kvstate/store.py, ``MatchCheckpoint``); a block lost inside the prompt, or moved between tiers, goes
     unseen for at most this long. 0 turns it off."""
+    gc_pacing_s: float = Field(default=0.05, ge=0)
+    """In a LiteLLM proxy: Python's garbage collections run from the core's event loop every this many seconds
+    instead of at arbitrary allocations, which can crash the proxy (a CPython bug that LiteLLM's context variables
+    reach: docs/litellm.md, "Garbage collection"). Read when the core starts. 0 leaves Python's collector as it is."""
     tokenizer_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Bound of each model tokenizer's piece cache (bytes, as Python holds the text and token ids); a piece larger
     than a sixteenth of it is encoded but not kept. 0 turns the cache off."""

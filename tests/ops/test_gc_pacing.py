@@ -1,0 +1,142 @@
+"""``GcPacer``: while it runs, every garbage collection starts from its loop callback (never inside a
+``ContextVar.set``, where CPython can crash: python/cpython#148891), garbage is still collected, and stopping it gives
+the process its automatic collector back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import sys
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cognitora.ops.gc_pacing import GcPacer
+
+VAR: contextvars.ContextVar[int] = contextvars.ContextVar("test_gc_pacing", default=0)
+
+
+@pytest.fixture(autouse=True)
+def collector_restored() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    yield
+    if was_enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def started_by_pacer() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is GcPacer.collect_due.__code__:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class Cycle:
+    """Garbage only the cycle collector frees; its finalizer sets a context variable, as LiteLLM's coroutines do."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        VAR.set(VAR.get() + 1)
+
+
+async def churn(seconds: float) -> list[weakref.ref[Cycle]]:
+    """Allocates cycles and sets a context variable in a tight loop, yielding to the loop now and then."""
+    refs: list[weakref.ref[Cycle]] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        for i in range(2_000):
+            refs.append(weakref.ref(Cycle()))
+            VAR.set(i)
+        await asyncio.sleep(0)
+    return refs
+
+
+def test_every_collection_starts_from_the_pacer_and_garbage_is_still_collected() -> None:
+    starts: list[bool] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            starts.append(started_by_pacer())
+
+    async def scenario() -> list[weakref.ref[Cycle]]:
+        pacer = GcPacer(0.01)
+        assert pacer.start(asyncio.get_running_loop())
+        gc.callbacks.append(on_gc)
+        try:
+            refs = await churn(0.5)
+            deadline = asyncio.get_running_loop().time() + 5
+            while any(r() is not None for r in refs):
+                assert asyncio.get_running_loop().time() < deadline, "the pacer left garbage uncollected"
+                await asyncio.sleep(0.01)
+        finally:
+            gc.callbacks.remove(on_gc)
+            pacer.stop()
+        assert sum(pacer.collections) == len(starts)
+        return refs
+
+    refs = asyncio.run(scenario())
+    assert len(refs) > 10_000
+    assert starts, "no collection ran"
+    assert all(starts), f"{starts.count(False)} of {len(starts)} collections started at an allocation"
+    assert gc.isenabled()
+
+
+def test_without_the_pacer_collections_start_at_allocations() -> None:
+    """The check above can fail: the same churn with Python's own collector starts collections anywhere."""
+    starts: list[bool] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            starts.append(started_by_pacer())
+
+    gc.enable()
+    gc.callbacks.append(on_gc)
+    try:
+        asyncio.run(churn(0.2))
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert starts and not any(starts)
+
+
+def test_a_process_whose_collector_is_off_keeps_it_off() -> None:
+    gc.disable()
+
+    async def scenario() -> None:
+        pacer = GcPacer(0.01)
+        assert not pacer.start(asyncio.get_running_loop())
+        pacer.stop()
+
+    asyncio.run(scenario())
+    assert not gc.isenabled()
+
+
+def test_one_pacer_per_process_and_stop_is_idempotent() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        first, second = GcPacer(0.01), GcPacer(0.01)
+        assert first.start(loop)
+        assert not second.start(loop)
+        second.stop()
+        assert not gc.isenabled(), "a pacer that never started turned the collector back on"
+        first.stop()
+        first.stop()
+        assert gc.isenabled()
+        assert second.start(loop), "the first pacer's stop let another start"
+        second.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_nonpositive_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="interval_s must be positive"):
+        GcPacer(0)
