@@ -140,3 +140,25 @@ def test_one_pacer_per_process_and_stop_is_idempotent() -> None:
 def test_a_nonpositive_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s must be positive"):
         GcPacer(0)
+
+
+def test_garbage_that_reached_the_oldest_generation_is_collected_once_it_grew_by_a_quarter() -> None:
+    async def scenario() -> tuple[int, list[int]]:
+        pacer = GcPacer(0.005)
+        assert pacer.start(asyncio.get_running_loop())
+        try:
+            old = [Cycle() for _ in range(max(50_000, len(gc.get_objects(generation=2)) // 2))]
+            refs = [weakref.ref(c) for c in old[:: len(old) // 100]]
+            gc.collect(1)  # what survives a collection of the middle generation moves to the oldest
+            del old
+            deadline = asyncio.get_running_loop().time() + 30
+            while any(r() is not None for r in refs):
+                assert asyncio.get_running_loop().time() < deadline, f"no full collection: {pacer.collections}"
+                await churn(0.05)
+            return len(refs), pacer.collections
+        finally:
+            pacer.stop()
+
+    freed, collections = asyncio.run(scenario())
+    assert freed >= 100
+    assert collections[2] >= 1
