@@ -107,6 +107,20 @@ def main(argv: list[str] | None = None) -> int:
         help="MALLOC_ARENA_MAX for the proxy: glibc's malloc arenas (8 per core by default) hold freed native "
         "memory per thread; 2 tells fragmentation apart from a leak",
     )
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=None,
+        help="each simulated engine's KV cache (default: the h100 profile's 400,000 tokens, which this load does not "
+        "fill in 30 minutes: nothing is evicted, and every map of cached blocks grows the whole run)",
+    )
+    p.add_argument(
+        "--trace-collector",
+        type=Path,
+        default=None,
+        help="also run the collector under tracemalloc (bench/harness/traced_main.py): its sites that grew most, "
+        "every minute, as JSON lines to this file",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
@@ -116,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     run = Run()
     procs: dict[str, ManagedProcess] = {}
     samples = work / "probe.jsonl"
-    with start_fleet(2, tokenizer=tokenizer, time_scale=10.0, log_dir=work) as fleet:
+    with start_fleet(
+        2, tokenizer=tokenizer, time_scale=10.0, log_dir=work, kv_capacity_tokens=args.kv_capacity_tokens
+    ) as fleet:
         config: dict[str, Any] = {
             "redis_url": f"redis://127.0.0.1:{redis_port}/0",
             "key_prefix": "rss",
@@ -128,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         (work / "rss_probe.py").write_text(PROBE)
         try:
             cli = [sys.executable, "-m", "cognitora.cli"]
-            procs["collector"] = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "c.log")
+            collector = [*cli, "collector", "--config", str(config_path)]
+            collector_env = None
+            if args.trace_collector is not None:
+                collector = [sys.executable, "-m", "bench.harness.traced_main", "cognitora.cli", *collector[3:]]
+                path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                collector_env = {"TRACED_OUT": str(args.trace_collector.resolve()), "PYTHONPATH": path}
+            procs["collector"] = ManagedProcess(collector, work / "c.log", env=collector_env)
             litellm_config = proxy_config(fleet, config_path, tokenizer, ["rss_probe.probe"])
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-rss-" + secrets.token_hex(8)
@@ -204,6 +226,8 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
         f"Command: `python -m bench.litellm_rss --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
         f"--rps {args.rps:g} --frames {args.frames}"
         f"{'' if args.malloc_arena_max is None else f' --malloc-arena-max {args.malloc_arena_max}'}"
+        f"{'' if args.kv_capacity_tokens is None else f' --kv-capacity-tokens {args.kv_capacity_tokens}'}"
+        f"{'' if args.trace_collector is None else f' --trace-collector {args.trace_collector}'}"
         f"{'' if args.out == OUT else f' --out {args.out}'}` (one worker, tracemalloc from the config load on; "
         f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
         f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",

@@ -184,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycle-s", type=float, default=120.0, help="seconds between two faults (default 120)")
     p.add_argument("--rps", type=float, default=3.0, help="requests a second per gateway (default 3)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=None,
+        help="each simulated engine's KV cache in tokens (default: the h100 profile's 400,000, which this load does "
+        "not fill in 30 minutes, so the engines and the collector hold every block ever cached and grow the whole "
+        "run; 4096 fills it in about two minutes and the run measures the steady state)",
+    )
     args = p.parse_args(argv)
     random.seed(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cognitora-soak-"))
@@ -193,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     run = Run()
     procs: dict[str, ManagedProcess] = {}
     envoy = None
-    with start_fleet(2, tokenizer=tokenizer, time_scale=10.0, log_dir=work) as fleet:
+    with start_fleet(
+        2, tokenizer=tokenizer, time_scale=10.0, log_dir=work, kv_capacity_tokens=args.kv_capacity_tokens
+    ) as fleet:
         settings = {
             "redis_url": f"redis://127.0.0.1:{redis_port}/0",
             "key_prefix": "soak",
@@ -319,7 +329,8 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         )
     data = {
         "command": f"python -m bench.soak --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
-        f"--rps {args.rps:g} --seed {args.seed}",
+        f"--rps {args.rps:g} --seed {args.seed}"
+        + ("" if args.kv_capacity_tokens is None else f" --kv-capacity-tokens {args.kv_capacity_tokens}"),
         "requests": by_gateway,
         "errors_total": len(errors),
         "errors_outside_fault_windows": len(outside),

@@ -331,6 +331,7 @@ class Collector:
             "event_poll_failures": sum(p.stats.failures for p in self.trtllm_pollers.values()),
             "blocks_stored": blocks.get("blocks_stored", 0),
             "blocks_removed": blocks.get("blocks_removed", 0),
+            "blocks_tracked": sum(ingestor.tracked_total() for ingestor in self.ingestors.values()),
             "blocks_skipped": blocks.get("unknown_parent", 0)
             + blocks.get("block_size_mismatch", 0)
             + blocks.get("inconsistent", 0),

@@ -146,6 +146,12 @@ class EventIngestor:
         """Engine hashes currently mapped for ``endpoint`` (all dp ranks)."""
         return sum(len(m.blocks) for (ep, _), m in self._maps.items() if ep == endpoint)
 
+    def tracked_total(self) -> int:
+        """Engine hashes currently mapped, every endpoint: what this ingestor holds in memory. An engine that evicts
+        (``BlockRemoved``) keeps it at its cache's block count; one that never fills its cache grows it until it
+        does (docs/operations.md, "Soak")."""
+        return sum(len(m.blocks) for m in self._maps.values())
+
     def staged(self, endpoint: str) -> int:
         """Batches staged for ``endpoint`` and not flushed yet."""
         pending = self._pending.get(endpoint)

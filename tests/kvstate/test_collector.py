@@ -215,6 +215,7 @@ async def test_collector_process_feeds_redis_and_stops_on_sigterm(
     assert "collector started" in messages and "collector stopped" in messages
     stats = [r for r in records if r["msg"] == "collector stats"][-1]
     assert stats["events_applied"] >= 2 and stats["blocks_stored"] == 2 and stats["blocks_removed"] == 1
+    assert stats["blocks_tracked"] == 1  # what the engine still caches, not what it ever cached
     assert stats["scrape_rounds"] > 0 and stats["healthy_endpoints"] == 1
 
 

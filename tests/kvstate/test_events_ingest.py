@@ -6,10 +6,16 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
+import msgpack
 import pytest
 
+from cognitora_sim.block_hash import BlockHasher
+from cognitora_sim.kv_cache import PrefixCache
+from cognitora_sim.kv_events import encode_event
+from cognitora_sim.scheduler import Scheduler, SimRequest
 from kvstate.events.ingest import EventIngestor
 from kvstate.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from kvstate.events.vllm import decode_batch
 from kvstate.keys import BlockKey, chain_block_keys, root_key
 from kvstate.memory_store import MemoryStore
 from kvstate.store import Store, Tier
@@ -178,3 +184,33 @@ async def test_a_hash_announced_again_for_other_tokens_replaces_its_old_block(st
     assert await held(store, A) == 0 and await held(store, other) == 1
     await ingest.apply(E, batch(BlockRemoved((1,), "GPU")))
     assert await held(store, other) == 0
+
+
+# -- memory: the hash map follows the engine's cache, it does not grow with traffic -----------------------------------
+def _serve(s: Scheduler, req: SimRequest) -> None:
+    s.add(req)
+    t = 0.0
+    while not req.finished:
+        t += 1
+        s.commit(s.schedule(), t)
+
+
+async def test_the_hash_map_stays_at_the_engines_cache_size_under_endless_new_prompts() -> None:
+    """A soak's collector grew for 30 minutes because its engines never filled their caches (nothing evicted); once
+    an engine evicts, every block it drops leaves the map, so the map is bounded by the engine's block count."""
+    capacity = 32
+    cache = PrefixCache(num_blocks=capacity, block_size=BS)
+    engine = Scheduler(cache, BlockHasher(BS), [(900, " x")], max_num_seqs=4, max_num_batched_tokens=256)
+    ingest = EventIngestor(MemoryStore(), M, BS)
+    shared = list(range(1000, 1000 + 3 * BS))  # a system prompt every request repeats
+    sizes = []
+    for i in range(400):  # 400 prompts, each with 2 blocks of its own: 800 distinct blocks in a 32-block cache
+        tail = list(range(10_000 + i * 2 * BS, 10_000 + (i + 1) * 2 * BS))
+        _serve(engine, SimRequest(rid=f"r{i}", tokens=shared + tail + [7], prompt_len=5 * BS + 1, max_tokens=1,
+                                  arrival=0.0))  # fmt: skip
+        wire = [encode_event(e, legacy=False) for e in cache.drain()]
+        await ingest.apply(E, decode_batch(msgpack.packb([float(i), wire, 0])))
+        sizes.append(ingest.tracked_total())
+    assert ingest.stats.blocks_removed > 700  # the engine evicted, and said so
+    assert max(sizes) <= capacity
+    assert ingest.tracked_total() == ingest.tracked_blocks(E) == cache.cached_blocks
