@@ -2,11 +2,12 @@
 
 Why: CPython can crash with a segfault when a collection starts inside ``ContextVar.set`` (the context's HAMT
 allocates a node, the allocation starts a collection) and a finalizer of the collected garbage sets a variable of the
-same context: the HAMT being copied is freed under it (python/cpython#148891, open at the time of writing; every
-version from 3.9 on). The LiteLLM proxy sets context variables on every request (``litellm._internal_context``,
-hundreds of call sites) and its abandoned coroutines reset them when collected. Under load, a LiteLLM proxy running
-Cognitora died this way about once in 20 runs of ``tests/e2e/test_litellm_e2e.py::test_proxy_embedded_mode`` (the
-faulthandler's stack: the event loop's thread in ``ContextVar.set``, ``-11``), and once in a benchmark.
+same context: the HAMT being copied is freed under it (python/cpython#148891, reported on 3.12; the same crash on 3.9
+in #122529; its fix, #148928, was still under review). The LiteLLM proxy sets context variables on every request
+(``litellm._internal_context``, hundreds of call sites) and its abandoned coroutines reset them when collected.
+Under load, a LiteLLM proxy running Cognitora died in ``ContextVar.set`` about once in 20 runs of
+``tests/e2e/test_litellm_e2e.py::test_proxy_embedded_mode`` (``-11``; the faulthandler's stack: the event loop's
+thread in ``service_target`` -> ``ContextVar.set``), and once in a benchmark.
 
 A collection started from a loop callback is never inside ``ContextVar.set`` on any thread (``_PyHamt_Assoc`` holds the
 GIL from start to end), so ``GcPacer`` turns the automatic collector off and, every ``interval_s``, runs the
