@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 from cognitora.burst.policy import BurstPolicy
 from cognitora.config import CognitoraConfig
-from cognitora.core.fleet_view import FleetView, LocalRequest
+from cognitora.core.fleet_view import FleetView
+from cognitora.core.local_inflight import LocalRequest
 from cognitora.core.outcome import AttemptRecord, Outcome, OutcomeKind
 from cognitora.decision import Decision
 from cognitora.flow.outcome import WakeReason

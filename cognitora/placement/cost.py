@@ -13,7 +13,7 @@
   that explains, ``waiting x waiting_request_tokens`` (traffic that bypassed the router). The max, not the sum:
   ``waiting`` includes the routers' own requests. The per-request figure is a prior: the snapshot has no request
   counter to learn the engine's mean uncached prompt from. ``waiting`` is the scraped count less the requests this
-  router has seen leave that queue since the scrape (``core.fleet_view.LocalInflight.unqueued``).
+  router has seen leave that queue since the scrape (``core.local_inflight.LocalInflight.unqueued``).
 - ``prefill_rate(e)``: learned from the engine's metrics and pooled with the engines of its hardware class
   (``rate_pooling``), else the endpoint's configured prior, else its class's median learned rate, else the
   default.
