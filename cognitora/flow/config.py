@@ -157,11 +157,12 @@ class FlowControlConfig(_Strict):
     while every seat is taken (per waiting flow of the top band while heads are held for ``kv`` or ``slo``: each
     flow is tried once per wake-up), while a freed seat waits at most this long for its next request."""
     priority_window_s: float = Field(default=60.0, ge=0, le=3600)
-    """Strict priority at admission: for this long after a request of a band (and while it has waiters), a lower
-    band's request is held, not placed, where committing it would leave no engine with room for that band's next
-    request within its TTFT objective, unless the engine it would go to is idle (so a lax class cannot fill the
-    engines ahead of a strict one; ``cognitora.flow.priority``). 0: only while the higher band has waiters. The
-    anti-starvation rule (``aged_after_s``) still dispatches aged requests."""
+    """Strict priority at admission: while a band has waiters, and after its last request for 5 of its mean gaps
+    between requests but at most this long (this long until it has a mean gap), a lower band's request is held,
+    not placed, where committing it would leave no engine with room for that band's next request within its TTFT
+    objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
+    while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
+    requests."""
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     """Team isolation within a band: while another team is active, no team's prefill takes every engine (on by
     default; docs/flow_control.md, "Team isolation")."""

@@ -83,14 +83,18 @@ def test_held_unless_an_engine_keeps_room_for_the_higher_bands_next_request() ->
     assert priority_hold(refused, ceiling) is None  # not saturation: never waits
 
 
-def test_an_idle_engine_always_takes_one_lower_band_request() -> None:
-    """Engines must not idle while the lower band waits: an engine with no prefill queued or running takes one,
-    even where that leaves the higher band's next request no room (a fleet of one engine is never starved)."""
+def test_an_idle_engine_waits_for_the_higher_band_only_where_room_is_possible() -> None:
+    """Two engines, a idle and b busy: batch on a would leave no room for default's next request, so a stays idle
+    for it. Where no engine could keep room anyway (one engine; or default's own TTFT alone is over 2 s), the idle
+    engine takes it: the rule would only starve batch."""
     ceiling = Ceiling("default", 2.0, own_ttft_s=1.2)
-    assert priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 15_000)), ceiling) is None
-    assert priority_hold(decision(cand("a", 0, own_s=1.96)), ceiling) is None
-    busy = priority_hold(decision(cand("a", 2_000, own_s=1.96)), ceiling)
-    assert busy is not None  # its one engine is busy: batch waits for it to finish its prefill
+    held = priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 15_000)), ceiling)
+    assert held is not None and held.kind == "priority"
+    assert priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 0)), ceiling) is None  # b keeps the room
+    assert priority_hold(decision(cand("a", 0, own_s=1.96)), ceiling) is None  # one engine: not starved
+    assert priority_hold(decision(cand("a", 2_000, own_s=1.96)), ceiling) is not None  # busy: waits for its prefill
+    too_long = Ceiling("default", 2.0, own_ttft_s=2.5)
+    assert priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 15_000)), too_long) is None
 
 
 def test_the_room_kept_is_the_higher_bands_average_own_ttft() -> None:
@@ -102,3 +106,21 @@ def test_the_room_kept_is_the_higher_bands_average_own_ttft() -> None:
     activity.saw("default", None)  # unknown: not averaged in
     ceiling = activity.ceiling("batch", {})
     assert ceiling is not None and abs(ceiling.own_ttft_s - 1.2) < 1e-9
+
+
+def test_a_steady_band_stays_active_for_five_of_its_gaps_then_lets_the_lower_band_go() -> None:
+    """`default` at one request a second: `batch` is capped until ~5 s after its last request, not for the whole
+    60 s window (a band seen once keeps the window: its rate is unknown)."""
+    clock = Clock()
+    activity = BandActivity(BANDS, window_s=60.0, clock=clock)
+    activity.saw("default", 1.0)
+    clock.now += 30
+    assert activity.ceiling("batch", {}) is not None  # one request: the window
+    for _ in range(20):
+        clock.now += 1.0
+        activity.saw("default", 1.0)
+    clock.now += 4.0
+    assert activity.ceiling("batch", {}) is not None
+    clock.now += 4.0  # 8 s: past 5 mean gaps (~1.3 s: the first 30 s gap still weighs a little)
+    assert activity.ceiling("batch", {}) is None
+    assert activity.ceiling("batch", {"default": 1}) is not None  # waiters: active whatever the gap
