@@ -47,9 +47,9 @@ PRIORITY_HEADER = "x-bench-priority"
 CLASS_SLO_S = {"default": 2.0, "batch": 30.0}
 """Cognitora's default priority classes (placement.priorities): the TTFT objective each is judged by."""
 
-DEFAULT_TARGETS = (
-    "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,cognitora-envoy@flow_control.default_max_wait_s=5"
-)
+DEFAULT_TARGETS = "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,cognitora-envoy@flow_control={}"
+"""Cognitora without flow control, and with ``flow_control: {}`` (its defaults: each class's wait follows its
+objective), what an operator turns on."""
 
 
 @dataclass(frozen=True)

@@ -735,15 +735,23 @@ COST_MODEL_PREFIX = "cost_model."
 
 FLOW_CONTROL_PREFIX = "flow_control."
 """An override key with this prefix sets ``flow_control`` (and turns the gateway queue on):
-``cognitora-envoy@flow_control.default_max_wait_s=20``."""
+``cognitora-envoy@flow_control.default_max_wait_s=20``; ``cognitora-envoy@flow_control={}`` turns it on with its
+defaults (``flow_control: {}``, what an operator writes)."""
 
 
 def flow_control_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Split ``flow_control.*`` keys off ``split_target``'s overrides: (the rest, the nested section or None)."""
+    """Split ``flow_control.*`` keys (and ``flow_control={}``) off ``split_target``'s overrides: (the rest, the
+    nested section or None)."""
+    section = FLOW_CONTROL_PREFIX.rstrip(".")
     flow = {k.removeprefix(FLOW_CONTROL_PREFIX): v for k, v in overrides.items() if k.startswith(FLOW_CONTROL_PREFIX)}
-    rest = {k: v for k, v in overrides.items() if not k.startswith(FLOW_CONTROL_PREFIX)}
+    rest = {k: v for k, v in overrides.items() if not k.startswith(FLOW_CONTROL_PREFIX) and k != section}
+    whole = overrides.get(section)
+    if whole is not None and whole != {}:
+        raise TargetUnavailable(
+            f"{section}= takes only {{}} (its defaults); set keys as {FLOW_CONTROL_PREFIX}key=value"
+        )
     if not flow:
-        return rest, None
+        return rest, None if whole is None else {}
     _, nested = cost_model_overrides({f"{COST_MODEL_PREFIX}{k}": v for k, v in flow.items()})
     return rest, nested
 

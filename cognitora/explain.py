@@ -106,9 +106,7 @@ async def wait_line(router: Router, request: RouteRequest, decision: Decision) -
     names = list(bands)
     index = names.index(why.band)
     above = sum(depth.get(name, 0) for name in names[:index])
-    limits = router.config.flow_control.class_config(why.band) if router.config.flow_control else None
-    max_wait = limits.max_wait_s if limits is not None else 0.0
-    return wait_explanation(why.band, depth.get(why.band, 0), above, why.saturation, max_wait)
+    return wait_explanation(why.band, depth.get(why.band, 0), above, why.saturation, why.max_wait_s)
 
 
 def describe_store(router: Router) -> str:

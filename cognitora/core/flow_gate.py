@@ -36,7 +36,7 @@ from cognitora.flow.isolation import TeamActivity, TeamPrefill, isolation_hold, 
 from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
 from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
 from cognitora.flow.priority import BandActivity, priority_hold
-from cognitora.flow.saturation import Saturation, request_cost, saturation_of
+from cognitora.flow.saturation import Saturation, own_ttft_s, request_cost, saturation_of
 from cognitora.flow.telemetry import FlowTelemetry
 from cognitora.request import RouteRequest
 from kvstate.store import StoreUnavailable
@@ -57,6 +57,9 @@ class Waiting:
     flow: str
     cost: float
     saturation: Saturation | None
+    max_wait_s: float
+    """How long it may wait (``Band.wait_bound_s``: its class's ``max_wait_s``, else what its objective leaves
+    after its own predicted TTFT)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class FlowGate:
         self.leases = leases if leases is not None else (MemoryLeases() if flow.leases.enabled else None)
         slos = {name: p.ttft_slo_s for name, p in config.placement.priorities.items()}
         bands = plan_bands(flow, slos)
+        self.bands = {b.name: b for b in bands}
         self.controller: FlowController[_Queued, Placed] = FlowController(
             flow, bands, self, observer=self.telemetry.departed
         )
@@ -146,7 +150,8 @@ class FlowGate:
         if pclass is None:
             return None
         flow = flow_of(request)
-        self.activity.saw(priority)
+        own = own_ttft_s(decision)
+        self.activity.saw(priority, own)
         if self.teams is not None:
             self.teams.saw(priority, flow)
         saturation = (
@@ -159,7 +164,7 @@ class FlowGate:
         elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
-        return Waiting(priority, flow, cost, saturation)
+        return Waiting(priority, flow, cost, saturation, self.bands[priority].wait_bound_s(own))
 
     async def wait(
         self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
@@ -181,6 +186,7 @@ class FlowGate:
             cost=why.cost,
             saturation=why.saturation,
             give_back=give_back,
+            max_wait_s=why.max_wait_s,
         )
         if self.leases is None:
             return await waiting

@@ -324,8 +324,9 @@ class Router:
         on_wait: Callable[[float], Awaitable[None]] | None,
     ) -> tuple[Decision, Attempt | None]:
         """The fleet is saturated for ``request`` (or its band queues already): it waits in the gateway queue and
-        is placed when it leaves it; refused (its class's ``max_wait_s``, a full queue), the burst policy may take
-        it, else the queue's 429 with Retry-After. The first decision is counted once, as the final one."""
+        is placed when it leaves it; refused (its wait bound, ``Waiting.max_wait_s``; a full queue), the burst
+        policy may take it, else the queue's 429 with Retry-After. The first decision is counted once, as the final
+        one."""
         assert self.flow is not None
         if decision.rejection is None:
             self.stats.placed -= 1
@@ -333,7 +334,7 @@ class Router:
             self.stats.rejected -= 1
         if on_wait is not None:
             try:
-                await on_wait(self.flow.flow.class_config(waiting.band).max_wait_s)
+                await on_wait(waiting.max_wait_s)
             except BaseException:
                 if hold is not None and self.budgets is not None:
                     self.budgets.give_back_later(hold)

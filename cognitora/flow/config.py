@@ -58,18 +58,22 @@ class FairnessCost(StrEnum):
 class FlowClassConfig(_Strict):
     """One priority class's limits in the gateway queue."""
 
-    max_wait_s: float = Field(gt=0, le=3600)
-    """The longest a request of this class waits in the queue. Past it: 429 with Retry-After, unless the burst
-    policy sends it to a cloud target. Envoy's ext_proc ``message_timeout`` must cover the longest of these
-    (docs/flow_control.md, "Envoy")."""
+    max_wait_s: float | None = Field(default=None, gt=0, le=3600)
+    """The longest a request of this class waits in the queue: an operator's fixed bound. Past it: 429 with
+    Retry-After, unless the burst policy sends it to a cloud target. None (the default): the wait follows the
+    class's TTFT objective, per request: it waits while leaving the queue could still meet ``ttft_slo_s``, that
+    is ``ttft_slo_s`` less its own predicted TTFT on an unloaded engine (a request that misses the objective even
+    there waits at most ``ttft_slo_s``). Envoy's ext_proc ``message_timeout`` must cover the longest wait
+    (docs/flow_control.md, "Leaving the queue" and "Envoy")."""
     aged_after_s: float | None = Field(default=None, gt=0)
     """Anti-starvation: once this class's oldest waiter has waited this long, its band may take one dispatch in
     every ``1 / aged_share`` ahead of busier higher bands. None: strictly below the bands above it. Must be shorter
-    than ``max_wait_s`` (else the bound never applies)."""
+    than ``max_wait_s`` (else the bound never applies), or, with a wait that follows the objective, than what that
+    leaves."""
 
     @model_validator(mode="after")
     def _aged_before_timeout(self) -> FlowClassConfig:
-        if self.aged_after_s is not None and self.aged_after_s >= self.max_wait_s:
+        if self.aged_after_s is not None and self.max_wait_s is not None and self.aged_after_s >= self.max_wait_s:
             raise ValueError(
                 f"aged_after_s ({self.aged_after_s:g} s) must be shorter than max_wait_s ({self.max_wait_s:g} s): "
                 "a request times out before it would age"
@@ -124,8 +128,9 @@ class FlowControlConfig(_Strict):
     classes' ``ttft_slo_s``, tightest first."""
     classes: dict[str, FlowClassConfig] = Field(default_factory=dict)
     """Per class limits; a class not listed waits up to ``default_max_wait_s``, strictly below the bands above."""
-    default_max_wait_s: float = Field(default=10.0, gt=0, le=3600)
-    """``max_wait_s`` of a class without an entry in ``classes``."""
+    default_max_wait_s: float | None = Field(default=None, gt=0, le=3600)
+    """``max_wait_s`` of a class without an entry in ``classes``. None (the default): its wait follows its TTFT
+    objective (see ``FlowClassConfig.max_wait_s``)."""
     hold_on: list[HoldReason] = Field(default_factory=lambda: [HoldReason.SEATS, HoldReason.KV, HoldReason.SLO])
     """Which saturation signals make a request wait (``seats``, ``kv``, ``slo``)."""
     fairness: FairnessCost = FairnessCost.UNCACHED_TOKENS
@@ -152,8 +157,9 @@ class FlowControlConfig(_Strict):
     while every seat is taken (per waiting flow of the top band while heads are held for ``kv`` or ``slo``: each
     flow is tried once per wake-up), while a freed seat waits at most this long for its next request."""
     priority_window_s: float = Field(default=60.0, ge=0, le=3600)
-    """Strict priority at admission: for this long after a request of a band (and while it has waiters), a lower
-    band's request is held, not placed, while every engine already holds more queued work than that band's TTFT
+    """Strict priority at admission: while a band has waiters, and after its last request for 5 of its mean gaps
+    between requests but at most this long (this long until it has a mean gap), a lower band's request is held,
+    not placed, where committing it would leave no engine with room for that band's next request within its TTFT
     objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
     while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
     requests."""
@@ -207,12 +213,24 @@ class FlowControlConfig(_Strict):
         return out
 
     def class_config(self, name: str) -> FlowClassConfig:
-        """The limits of class ``name`` (its entry, else the defaults)."""
-        return self.classes.get(name) or FlowClassConfig(max_wait_s=self.default_max_wait_s)
+        """The limits of class ``name``: its entry, its ``max_wait_s`` else ``default_max_wait_s`` (None: the wait
+        follows the class's objective)."""
+        entry = self.classes.get(name)
+        if entry is None:
+            return FlowClassConfig(max_wait_s=self.default_max_wait_s)
+        if entry.max_wait_s is None and self.default_max_wait_s is not None:
+            return entry.model_copy(update={"max_wait_s": self.default_max_wait_s})
+        return entry
 
-    def longest_wait_s(self, priorities: Mapping[str, object]) -> float:
-        """The longest any class may wait: what Envoy's ext_proc ``message_timeout`` must exceed."""
-        return max(self.class_config(name).max_wait_s for name in priorities)
+    def longest_wait_s(self, ttft_slo_s: Mapping[str, float]) -> float:
+        """The longest any class may wait (``ttft_slo_s``: class -> its TTFT objective, ``placement.priorities``):
+        its ``max_wait_s``, else its objective (the most a wait that follows it lasts). What Envoy's ext_proc
+        ``max_message_timeout`` must exceed."""
+        return max(_or(self.class_config(name).max_wait_s, slo) for name, slo in ttft_slo_s.items())
 
     def weight(self, flow: str) -> float:
         return self.team_weights.get(flow, 1.0)
+
+
+def _or(value: float | None, fallback: float) -> float:
+    return fallback if value is None else value

@@ -20,7 +20,8 @@ the next wake-up, not sooner than ``retry_spacing_s`` later. Wake-ups that arriv
 merged into one. So a storm of finishes costs at most one placement per dispatch plus one per spacing, whatever
 the number of waiters; and the queue's own work per dispatch is O(log flows).
 
-**Leaving.** A waiter leaves without being placed when its class's ``max_wait_s`` runs out (a ``QueueRefusal``
+**Leaving.** A waiter leaves without being placed when its wait bound runs out (its class's ``max_wait_s``, else
+what its TTFT objective leaves after its own predicted TTFT: ``Band.wait_bound_s``; a ``QueueRefusal``
 with 429 and Retry-After: how long the requests ahead take to drain at the recent rate), when its client goes
 away (its task is cancelled: the entry is removed at once, O(1)), or when the queue was full on arrival. Each
 time the budget hold it brought is given back (``give_back``, called once). A waiter that leaves while the
@@ -46,7 +47,7 @@ from cognitora.flow.saturation import Saturation
 from cognitora.flow.shared_served import SharedServed
 from cognitora.flow.snapshot import BandView, FlowCounters, FlowView, QueueSnapshot, wait_explanation
 
-__all__ = ["FlowController", "Ticket"]
+__all__ = ["FlowController", "Ticket", "timeout_message"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,20 @@ R = TypeVar("R")
 YIELD_EVERY = 32
 """Dispatches in a row before the dispatcher yields to the loop, when the placer answered without suspending:
 a burst that drains at once never holds the loop for more than this many placements."""
+
+
+def timeout_message(band: Band, waited_s: float) -> str:
+    """The 429's message for a request of ``band`` that waited ``waited_s`` (its bound) unplaced."""
+    if band.max_wait_s is not None:
+        return (
+            f"waited {waited_s:g} s (flow_control max_wait_s of class {band.name!r}) and the fleet is still "
+            "saturated; retry later"
+        )
+    return (
+        f"waited {waited_s:.3g} s and the fleet is still saturated: placed any later, this request would miss class "
+        f"{band.name!r}'s {band.ttft_slo_s:g} s TTFT objective (the wait follows it; flow_control max_wait_s "
+        "overrides); retry later"
+    )
 
 
 class _State(Enum):
@@ -153,16 +168,20 @@ class FlowController(Generic[T, R]):
         cost: float,
         saturation: Saturation | None,
         give_back: Callable[[], None] | None = None,
+        max_wait_s: float | None = None,
     ) -> R | QueueRefusal:
         """Queue ``item`` and wait until the ``Placer`` places it (its result), or it leaves unplaced (a
         ``QueueRefusal``). ``saturation``: why it waits (None: only because others wait ahead, ``must_queue``).
+        ``max_wait_s``: how long it may wait (``Band.wait_bound_s`` of its own predicted TTFT); None: its band's
+        longest wait.
         ``give_back``: called once if it leaves unplaced (its budget hold). Cancelling the caller's task removes it
         at once (and re-raises). Raises what the placer raised for it."""
         loop = asyncio.get_running_loop()
         index = self._queue.band_index(band)
         limits = self._queue.bands[index]
+        limit = limits.longest_wait_s if max_wait_s is None else max_wait_s
         now = loop.time()
-        refused = self._refused_at_door(index, flow, limits, now)
+        refused = self._refused_at_door(index, flow, limit, now)
         if refused is not None:
             if give_back is not None:
                 give_back()
@@ -177,7 +196,7 @@ class FlowController(Generic[T, R]):
         if saturation is None:
             self.wake(WakeReason.ARRIVAL)
         future = ticket.future
-        deadline = asyncio.timeout_at(now + limits.max_wait_s)
+        deadline = asyncio.timeout_at(now + limit)
         try:
             async with deadline:
                 return cast("R | QueueRefusal", await future)
@@ -188,12 +207,8 @@ class FlowController(Generic[T, R]):
                 return cast("R | QueueRefusal", future.result())  # placed just as its time ran out
             self._leave(ticket, Left.TIMEOUT, loop.time())
             ahead = self._queue.waiting_at_or_above(index)
-            message = (
-                f"waited {limits.max_wait_s:g} s (flow_control max_wait_s of class {band!r}) and the fleet is still "
-                "saturated; retry later"
-            )
-            retry = retry_after_s(ahead, self._rate.per_s(loop.time()), limits.max_wait_s)
-            return QueueRefusal(Left.TIMEOUT, Rejection(429, message, retry), limits.max_wait_s)
+            retry = retry_after_s(ahead, self._rate.per_s(loop.time()), limit)
+            return QueueRefusal(Left.TIMEOUT, Rejection(429, timeout_message(limits, limit), retry), limit)
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
                 result = future.result()
@@ -229,7 +244,7 @@ class FlowController(Generic[T, R]):
         index = self._queue.band_index(band)
         above = self._queue.waiting_at_or_above(index) - self._queue.depth(index)
         ahead = self._queue.ahead_in_band(index, flow)
-        return wait_explanation(band, ahead, above, saturation, self._queue.bands[index].max_wait_s)
+        return wait_explanation(band, ahead, above, saturation, self._queue.bands[index].longest_wait_s)
 
     def snapshot(self) -> QueueSnapshot:
         now = asyncio.get_running_loop().time()
@@ -243,7 +258,7 @@ class FlowController(Generic[T, R]):
                     band=band.name,
                     waiting=self._queue.depth(i),
                     oldest_wait_s=0.0 if oldest is None else now - oldest,
-                    max_wait_s=band.max_wait_s,
+                    max_wait_s=band.longest_wait_s,
                     flows=flows,
                     queued=c.queued[band.name],
                     left={how: n for (b, how), n in c.left.items() if b == band.name},
@@ -272,7 +287,7 @@ class FlowController(Generic[T, R]):
                 self._observe(Departure(ticket.band, ticket.flow, Left.CLOSED, waited))
 
     # -- inside ---------------------------------------------------------------------------------------------------
-    def _refused_at_door(self, band: int, flow: str, limits: Band, now: float) -> QueueRefusal | None:
+    def _refused_at_door(self, band: int, flow: str, limit_s: float, now: float) -> QueueRefusal | None:
         if self._closed:
             message = "the gateway is shutting down; retry on another replica"
             return QueueRefusal(Left.CLOSED, Rejection(503, message, 1), 0.0)
@@ -282,7 +297,7 @@ class FlowController(Generic[T, R]):
             what = f"{flow} already has {self._per_flow} requests waiting (flow_control max_queued_per_flow)"
         else:
             return None
-        retry = retry_after_s(self._queue.waiting_at_or_above(band), self._rate.per_s(now), limits.max_wait_s)
+        retry = retry_after_s(self._queue.waiting_at_or_above(band), self._rate.per_s(now), limit_s)
         return QueueRefusal(Left.FULL, Rejection(429, f"{what}; retry later", retry), 0.0)
 
     def _start(self) -> None:

@@ -18,12 +18,12 @@ predicted TTFT is the lowest).
 - ``TeamActivity``: which teams were seen lately per band (``window_s``), for "another team is active".
 - ``isolation_hold``: the rule on one decision; pure.
 
-**Same band only.** Across bands the priority hold (``cognitora.flow.priority``) is the rule: it caps what a lower
-band commits by an active higher band's objective, and holds only while every engine holds that much work, so
-engines stay busy. Isolation across bands kept an engine free of a lower band's prefill for a higher band whose
-next request could be a second away, while the lower band waited and timed out at the gateway (on the flow
-bench's overload stage, dropping it served 45% of ``batch`` instead of 28%, for ``default``'s p99 5.6 s instead
-of 4.1 s; docs/flow_control.md, "Measured end to end").
+**Same band only.** Across bands the priority hold (``cognitora.flow.priority``) is the rule: a lower band commits
+only what leaves an active higher band's next request room within its objective. Isolation across bands kept a
+whole engine free of a lower band's prefill for a higher band whose next request could be a second away, while
+the lower band waited and timed out at the gateway (on the flow bench's overload stage, with a fixed 10 s wait,
+dropping it served 45% of ``batch`` instead of 28%, for ``default``'s p99 5.6 s instead of 4.1 s;
+docs/flow_control.md, "Team isolation").
 
 **Work-conserving.** The engine kept free is kept for the other teams; it is not kept when none of them could
 take it: when every other active team has requests waiting here (it is backlogged, the fair queue decides whose

@@ -1,20 +1,38 @@
 """Strict priority at admission, not only in the queue's order: while a higher band is active, a lower band's
-request is not committed to engines that already hold more queued work than that band's objective.
+request is committed to an engine only if a request of that band arriving next could still meet its objective.
 
 Why: the hold rule (``cognitora.flow.saturation``) holds a request when every engine misses *its own* class's
 objective. A lax class (``batch``, 30 s) is then placed until the engines hold ~30 s of work, and a strict class
 (``default``, 2 s) that arrives finds no engine under 2 s: it waits behind that backlog, which the queue's band
-order cannot undo (it is already inside the engines). So a request of band k is also held when, for the strictest
-objective S among the *active* bands above k, every eligible engine's load (``load_s``: its queued prefill, seat
-and KV waits, what it slows by its resident context and decode) is over S. A band is active while it has waiters
-in this process's queue, or for ``flow_control.priority_window_s`` after its last request here (a steady stream of
-``default`` keeps ``batch`` under the 2 s ceiling even between its arrivals; an hour without ``default`` lets
-``batch`` use the 30 s it is allowed). The engines stay busy (S seconds of queued work is enough to keep them
-batching); the lower band waits at the gateway instead, where it is shed first (its ``max_wait_s``, then 429).
+order cannot undo (it is already inside the engines). So a request of band k is also held, while a band above it
+with a stricter objective S is *active*, unless one of these holds for the engine placement chose:
 
-Bounds: the committed work may exceed S by one lower-band request's prefill (the check reads the load before the
-request is added); a request dispatched by the anti-starvation rule (``Ticket.aged``) is not held by it, so the
-documented aged share still reaches the lower bands.
+- **room**: once this request is committed there, some eligible engine still has room for the higher band's
+  next request: its load (``load_s``; on the chosen engine, this request's predicted TTFT: its load and its own
+  prefill) plus that band's typical own TTFT (an average of its recent requests' predicted TTFT with the load
+  taken away, ``own_ttft_s``) is within S;
+- **no room possible**: the chosen engine has no prefill queued or running (no queued prefill tokens, no seat or
+  KV wait) and no engine could keep room anyway: it is the only eligible engine, or the higher band's typical own
+  TTFT alone is over S. Then the rule would only starve the lower band beside an idle engine.
+
+So on a fleet of several engines, one may idle for the higher band's next request while the lower band waits
+(with two engines, the second takes a lower-band prefill only once the first's is nearly done); that idle time is
+the price of the higher band's objective, and it lasts only while that band is active. A band is active while it
+has waiters in this process's queue, or while its next request is likely: within ``LIKELY_GAPS`` (5) of its mean
+gap between requests after its last one (a Poisson stream is that quiet once in ~150 gaps), and never longer than
+``flow_control.priority_window_s`` (60 s; the bound too until it has sent two requests). A steady stream of
+``default`` at one request a second keeps room for its next one between its arrivals; 5 s after it stops,
+``batch`` uses the engines as its own 30 s allows. The lower band waits at the gateway instead, where it is placed
+on whichever engine frees first, or shed when its own objective can no longer be met (``Band.wait_bound_s``).
+
+Measured (docs/flow_control.md, "Measured end to end"): the rule it replaces held a lower band only while every
+engine's load was over S, so each engine could hold S plus one lower-band prefill (~4 s with 2 s of ``default``
+and 2 s ``batch`` prefills) ahead of the higher band's next request: ``default``'s p99 5.6 s against its 2 s.
+Bounds: the room is for one typical request of the higher band: two of them arriving within one prefill, or one
+much longer than its band's average, may still miss S; a burst of the higher band after a quiet spell longer
+than 5 of its mean gaps finds the lower band's work in the engines. A
+request dispatched by the anti-starvation rule (``Ticket.aged``) is not held by it, so the documented aged share
+still reaches the lower bands.
 """
 
 from __future__ import annotations
@@ -23,11 +41,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from cognitora.decision import Decision
+from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import HoldReason
 from cognitora.flow.saturation import Saturation, load_s
 
 __all__ = ["BandActivity", "Ceiling", "priority_hold"]
+
+
+OWN_TTFT_WEIGHT = 0.2
+"""Weight of a band's newest request in its average own TTFT and its average gap: ~the last 5 requests count."""
+LIKELY_GAPS = 5.0
+"""A band with a known mean gap between its requests stays active this many mean gaps after its last one (if
+shorter than ``priority_window_s``): a Poisson stream goes that long without a request once in ~150 gaps."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +61,8 @@ class Ceiling:
 
     band: str
     slo_s: float
+    own_ttft_s: float = 0.0
+    """The typical predicted TTFT of that band's requests on an unloaded engine: the room its next one needs."""
 
 
 class BandActivity:
@@ -52,10 +79,23 @@ class BandActivity:
         self._window_s = window_s
         self._clock = clock
         self._seen: dict[str, float] = {}
+        self._own: dict[str, float] = {}
+        """Band -> the moving average of its requests' own TTFT (``own_ttft_s``)."""
+        self._gap: dict[str, float] = {}
+        """Band -> the moving average of the time between its requests (from its second request)."""
 
-    def saw(self, band: str) -> None:
-        """A request of ``band`` arrived (placed at once or queued)."""
-        self._seen[band] = self._clock()
+    def saw(self, band: str, own_ttft_s: float | None = None) -> None:
+        """A request of ``band`` arrived (placed at once or queued); ``own_ttft_s``: its predicted TTFT with the
+        load taken away (None: unknown, not averaged)."""
+        now = self._clock()
+        before_at = self._seen.get(band)
+        self._seen[band] = now
+        if before_at is not None:
+            gap = self._gap.get(band)
+            self._gap[band] = now - before_at if gap is None else gap + OWN_TTFT_WEIGHT * (now - before_at - gap)
+        if own_ttft_s is not None:
+            before = self._own.get(band)
+            self._own[band] = own_ttft_s if before is None else before + OWN_TTFT_WEIGHT * (own_ttft_s - before)
 
     def ceiling(self, band: str, waiting: Mapping[str, int]) -> Ceiling | None:
         """The strictest objective among the active bands above ``band`` (``waiting``: waiters per band), when it
@@ -68,29 +108,49 @@ class BandActivity:
         for name, slo in self._bands:
             if name == band:
                 break
-            seen = self._seen.get(name)
-            active = waiting.get(name, 0) > 0 or (seen is not None and now - seen <= self._window_s)
+            active = waiting.get(name, 0) > 0 or self._likely(name, now)
             if active and slo < own and (best is None or slo < best.slo_s):
-                best = Ceiling(name, slo)
+                best = Ceiling(name, slo, self._own.get(name, 0.0))
         return best
+
+    def _likely(self, band: str, now: float) -> bool:
+        """``band``'s next request is likely soon: within ``LIKELY_GAPS`` of its mean gap (once it has one), and
+        never longer than the window after its last request."""
+        seen = self._seen.get(band)
+        if seen is None:
+            return False
+        gap = self._gap.get(band)
+        horizon = self._window_s if gap is None else min(self._window_s, LIKELY_GAPS * gap)
+        return now - seen <= horizon
+
+
+def _idle(c: CandidateScore) -> bool:
+    """No prefill queued or running on it, no seat or KV to wait for: it would idle without this request."""
+    return c.queued_prefill_tokens <= 0 and c.slot_wait_s <= 0 and c.kv_pressure_s <= 0
 
 
 def priority_hold(decision: Decision, ceiling: Ceiling) -> Saturation | None:
-    """Hold ``decision``'s request for the higher band of ``ceiling``: every eligible engine's load is over that
-    band's objective (see the module doc). None when one engine has room under it, or the decision is refused for
-    anything but saturation."""
+    """Hold ``decision``'s request for the higher band of ``ceiling``: committing it to the engine placement chose
+    would leave no eligible engine with room for that band's next request (see the module doc). None when it may
+    go, or the decision is refused for anything but saturation."""
     if decision.rejection is not None and not decision.saturated:
         return None
     eligible = [c for c in decision.candidates if c.excluded is None]
     if not eligible:
         return None
-    loads = [(load_s(c), c.endpoint) for c in eligible]
-    least, endpoint = min(loads)
-    if least <= ceiling.slo_s:
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), None)
+    if chosen is None:
+        chosen = min(eligible, key=lambda c: c.predicted_ttft_s)
+    if _idle(chosen) and (len(eligible) == 1 or ceiling.own_ttft_s >= ceiling.slo_s):
+        return None  # no engine could keep room for it: the engine is not left idle
+    after = [((c.predicted_ttft_s if c is chosen else load_s(c)) + ceiling.own_ttft_s, c.endpoint) for c in eligible]
+    best, endpoint = min(after)
+    if best <= ceiling.slo_s:
         return None
     return Saturation(
         HoldReason.SLO,
-        f"held for band {ceiling.band!r}: every engine holds more queued work than its {ceiling.slo_s:g} s "
-        f"objective (the least, {endpoint}, {least:.2f} s)",
+        f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it would leave no engine where that band's "
+        f"next request (~{ceiling.own_ttft_s:.2f} s of its own) meets its {ceiling.slo_s:g} s objective (the best, "
+        f"{endpoint}, {best:.2f} s)",
         label="priority",
     )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import FairnessCost, HoldReason
 
-__all__ = ["Saturation", "load_s", "request_cost", "saturation_of"]
+__all__ = ["Saturation", "load_s", "own_ttft_s", "request_cost", "saturation_of", "uncached_tokens"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,21 @@ def load_s(c: CandidateScore) -> float:
 
 def _eligible(decision: Decision) -> list[CandidateScore]:
     return [c for c in decision.candidates if c.excluded is None]
+
+
+def own_ttft_s(decision: Decision) -> float | None:
+    """The request's predicted TTFT on its best eligible engine with that engine's load taken away: what it takes
+    once it leaves the gateway queue onto an engine that has room (``Band.wait_bound_s``). None: no candidate."""
+    eligible = _eligible(decision)
+    if not eligible:
+        return None
+    return min(max(0.0, c.predicted_ttft_s - load_s(c)) for c in eligible)
+
+
+def uncached_tokens(decision: Decision) -> float:
+    """Its prompt tokens less the most any eligible engine holds: the prefill it adds wherever it goes."""
+    cached = max((c.cached_tokens for c in _eligible(decision)), default=0.0)
+    return max(0.0, float(decision.prompt_tokens) - cached)
 
 
 def saturation_of(
@@ -92,8 +107,5 @@ def request_cost(decision: Decision, fairness: FairnessCost, min_cost_tokens: in
     """What ``decision``'s request costs its flow under ``fairness`` (see the module doc)."""
     if fairness is FairnessCost.REQUESTS or fairness is FairnessCost.FIFO:
         return 1.0
-    prompt = float(decision.prompt_tokens)
-    if fairness is FairnessCost.UNCACHED_TOKENS:
-        cached = max((c.cached_tokens for c in _eligible(decision)), default=0.0)
-        prompt = max(0.0, prompt - cached)
+    prompt = uncached_tokens(decision) if fairness is FairnessCost.UNCACHED_TOKENS else float(decision.prompt_tokens)
     return max(float(min_cost_tokens), prompt)

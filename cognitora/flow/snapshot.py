@@ -85,6 +85,6 @@ def wait_explanation(
     above = f" ({ahead_above} in higher bands)" if ahead_above else ""
     why = saturation.detail if saturation is not None else "requests of its band or higher are already waiting"
     return (
-        f"would wait: {ahead_in_band} ahead in band {band!r}{above}; {why}; at most {max_wait_s:g} s, then 429 "
+        f"would wait: {ahead_in_band} ahead in band {band!r}{above}; {why}; at most {max_wait_s:.3g} s, then 429 "
         "with Retry-After (or a cloud target, where the burst policy allows)"
     )

@@ -122,8 +122,9 @@ async def test_an_aged_request_is_not_held_by_isolation() -> None:
 
 async def test_without_a_first_token_the_prefill_ends_at_its_estimate() -> None:
     """a1 (~1 s predicted) never reports a first token: with `prefill_margin: 1`, its engine is free of a again
-    ~1 s after its dispatch, and a2 goes then (the queue's periodic re-check)."""
-    router = await fleet({"isolation": {"prefill_margin": 1.0}})
+    ~1 s after its dispatch, and a2 goes then (the queue's periodic re-check). An explicit wait: a2 must outwait
+    a1's estimate (~1 s), longer than what its 2 s objective leaves its own ~1.2 s (0.8 s, then 429)."""
+    router = await fleet({"isolation": {"prefill_margin": 1.0}, "default_max_wait_s": 5})
     a1 = await placed(router, req("a1", "a", words=8_000))
     await placed(router, short("b1", "b"))
     started = time.monotonic()

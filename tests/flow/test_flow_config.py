@@ -17,7 +17,28 @@ def test_defaults_are_valid_and_order_bands_by_slo() -> None:
     config = FlowControlConfig()
     assert config.hold_on == [HoldReason.SEATS, HoldReason.KV, HoldReason.SLO]
     assert [b.name for b in plan_bands(config, SLOS)] == ["interactive", "default", "batch"]
-    assert all(b.max_wait_s == 10.0 and b.aged_after_s is None for b in plan_bands(config, SLOS))
+    bands = plan_bands(config, SLOS)
+    assert all(b.max_wait_s is None and b.aged_after_s is None for b in bands)
+    assert [b.longest_wait_s for b in bands] == [0.5, 2.0, 30.0]  # each class's objective bounds its waits
+
+
+def test_by_default_a_wait_lasts_while_leaving_could_still_meet_the_objective() -> None:
+    batch = plan_bands(FlowControlConfig(), SLOS)[2]
+    assert batch.wait_bound_s(2.0) == 28.0  # a 2 s prefill must leave by 28 s to make 30 s
+    assert batch.wait_bound_s(0.0) == 30.0
+    assert batch.wait_bound_s(45.0) == 30.0  # misses it anyway: the objective bounds the delay
+    assert batch.wait_bound_s(None) == 30.0
+
+
+def test_an_explicit_max_wait_overrides_the_objective() -> None:
+    config = FlowControlConfig.model_validate(
+        {"default_max_wait_s": 5, "classes": {"batch": {"max_wait_s": 120}, "default": {"aged_after_s": 1}}}
+    )
+    interactive, default, batch = plan_bands(config, SLOS)
+    assert (interactive.wait_bound_s(0.1), default.wait_bound_s(1.5), batch.wait_bound_s(2.0)) == (5.0, 5.0, 120.0)
+    assert default.aged_after_s == 1.0
+    assert config.longest_wait_s(SLOS) == 120.0
+    assert FlowControlConfig().longest_wait_s(SLOS) == 30.0
 
 
 def test_the_shipped_priorities_make_bands() -> None:
@@ -34,9 +55,9 @@ def test_explicit_bands_and_class_limits() -> None:
         }
     )
     assert plan_bands(config, SLOS) == (
-        Band("default", 5.0, None),
-        Band("interactive", 5.0, None),
-        Band("batch", 120.0, 20.0),
+        Band("default", 5.0, None, 2.0),
+        Band("interactive", 5.0, None, 0.5),
+        Band("batch", 120.0, 20.0, 30.0),
     )
     assert config.longest_wait_s(SLOS) == 120.0
 

@@ -1,5 +1,6 @@
 """Strict priority at admission (``cognitora.flow.priority``): which higher band's objective caps a lower band, for
-how long after its last request, and when every engine's load is over it. A fake clock: no sleeps."""
+how long after its last request, and when a lower band's request would leave that band's next one no room. A fake
+clock: no sleeps."""
 
 from __future__ import annotations
 
@@ -40,13 +41,14 @@ def test_a_zero_window_means_only_waiters_hold_lower_bands() -> None:
     assert later.ceiling("batch", {}) is None and BandActivity(BANDS, 0.0).ceiling("batch", {"default": 1})
 
 
-def cand(endpoint: str, queued_tokens: float) -> CandidateScore:
+def cand(endpoint: str, queued_tokens: float, own_s: float = 0.1) -> CandidateScore:
+    """An engine holding ``queued_tokens`` of prefill (10k tokens/s), where the request's own prefill is ``own_s``."""
     return CandidateScore(
         endpoint=endpoint,
         cached_tokens=0.0,
         queued_prefill_tokens=queued_tokens,
         prefill_tokens_per_s=10_000.0,
-        predicted_ttft_s=queued_tokens / 10_000 + 0.1,
+        predicted_ttft_s=queued_tokens / 10_000 + own_s,
     )
 
 
@@ -62,13 +64,63 @@ def decision(*candidates: CandidateScore, rejection: Rejection | None = None) ->
     )
 
 
-def test_held_only_while_every_engine_is_loaded_past_the_ceiling() -> None:
-    ceiling = Ceiling("default", 2.0)
-    held = priority_hold(decision(cand("a", 50_000), cand("b", 30_000)), ceiling)
-    assert held is not None and held.reason is HoldReason.SLO
+def test_held_unless_an_engine_keeps_room_for_the_higher_bands_next_request() -> None:
+    """`default` (2 s) sends ~1.2 s prompts: a `batch` request goes only where, once it is there, some engine still
+    has the 0.8 s of load that leaves a `default` request its 2 s."""
+    ceiling = Ceiling("default", 2.0, own_ttft_s=1.2)
+    # a holds 0.5 s of queued prefill; this batch request (1.1 s there) would take it to 1.6 s, b holds 1.5 s
+    held = priority_hold(decision(cand("a", 5_000, own_s=1.1), cand("b", 15_000)), ceiling)
+    assert held is not None and held.reason is HoldReason.SLO and held.kind == "priority"
     assert held.detail == (
-        "held for band 'default': every engine holds more queued work than its 2 s objective (the least, b, 3.00 s)"
+        "held for band 'default': placed on a, it would leave no engine where that band's next request (~1.20 s of "
+        "its own) meets its 2 s objective (the best, b, 2.70 s)"
     )
-    assert priority_hold(decision(cand("a", 50_000), cand("b", 10_000)), ceiling) is None  # b has room under 2 s
+    # b holds only 0.7 s: once batch is on a, b still leaves default 1.9 s, so it goes
+    assert priority_hold(decision(cand("a", 5_000, own_s=1.1), cand("b", 7_000)), ceiling) is None
+    # the old rule (an engine under 2 s of load) let it go here: a had room under 2 s, default's next one did not
+    assert priority_hold(decision(cand("a", 19_000), cand("b", 19_000)), Ceiling("default", 2.0, 1.2)) is not None
     refused = decision(cand("a", 50_000), rejection=Rejection(404, "unknown model"))
     assert priority_hold(refused, ceiling) is None  # not saturation: never waits
+
+
+def test_an_idle_engine_waits_for_the_higher_band_only_where_room_is_possible() -> None:
+    """Two engines, a idle and b busy: batch on a would leave no room for default's next request, so a stays idle
+    for it. Where no engine could keep room anyway (one engine; or default's own TTFT alone is over 2 s), the idle
+    engine takes it: the rule would only starve batch."""
+    ceiling = Ceiling("default", 2.0, own_ttft_s=1.2)
+    held = priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 15_000)), ceiling)
+    assert held is not None and held.kind == "priority"
+    assert priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 0)), ceiling) is None  # b keeps the room
+    assert priority_hold(decision(cand("a", 0, own_s=1.96)), ceiling) is None  # one engine: not starved
+    assert priority_hold(decision(cand("a", 2_000, own_s=1.96)), ceiling) is not None  # busy: waits for its prefill
+    too_long = Ceiling("default", 2.0, own_ttft_s=2.5)
+    assert priority_hold(decision(cand("a", 0, own_s=1.96), cand("b", 15_000)), too_long) is None
+
+
+def test_the_room_kept_is_the_higher_bands_average_own_ttft() -> None:
+    clock = Clock()
+    activity = BandActivity(BANDS, window_s=60.0, clock=clock)
+    activity.saw("default", 1.0)
+    assert activity.ceiling("batch", {}) == Ceiling("default", 2.0, 1.0)
+    activity.saw("default", 2.0)
+    activity.saw("default", None)  # unknown: not averaged in
+    ceiling = activity.ceiling("batch", {})
+    assert ceiling is not None and abs(ceiling.own_ttft_s - 1.2) < 1e-9
+
+
+def test_a_steady_band_stays_active_for_five_of_its_gaps_then_lets_the_lower_band_go() -> None:
+    """`default` at one request a second: `batch` is capped until ~5 s after its last request, not for the whole
+    60 s window (a band seen once keeps the window: its rate is unknown)."""
+    clock = Clock()
+    activity = BandActivity(BANDS, window_s=60.0, clock=clock)
+    activity.saw("default", 1.0)
+    clock.now += 30
+    assert activity.ceiling("batch", {}) is not None  # one request: the window
+    for _ in range(20):
+        clock.now += 1.0
+        activity.saw("default", 1.0)
+    clock.now += 4.0
+    assert activity.ceiling("batch", {}) is not None
+    clock.now += 4.0  # 8 s: past 5 mean gaps (~1.3 s: the first 30 s gap still weighs a little)
+    assert activity.ceiling("batch", {}) is None
+    assert activity.ceiling("batch", {"default": 1}) is not None  # waiters: active whatever the gap
