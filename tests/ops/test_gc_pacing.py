@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import signal
+import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +169,24 @@ def test_garbage_that_reached_the_oldest_generation_is_collected_once_it_grew_by
     freed, collections = asyncio.run(scenario())
     assert freed >= 100
     assert collections[2] >= 1
+
+
+@pytest.mark.parametrize("mode", ["plain", "paced"])
+def test_the_crash_it_prevents(mode: str) -> None:
+    """The churn that segfaults this CPython with its own collector (every run here: 8 of 8) runs to the end paced.
+    If a CPython release fixes python/cpython#148891, the plain run survives and this test says so: the pacing can
+    then go for that version."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.ops.contextvar_gc_crash", mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if mode == "paced":
+        assert run.returncode == 0 and "survived" in run.stdout, (run.returncode, run.stderr[-2000:])
+    else:
+        assert run.returncode == -signal.SIGSEGV, (
+            f"the plain churn exited {run.returncode} instead of crashing: has {sys.version.split()[0]} fixed "
+            "python/cpython#148891? Then GcPacer is not needed on it"
+        )
