@@ -223,6 +223,62 @@ def real_fleet_context(engines: int, log_dir: Path, nice: int = ENGINE_NICE) -> 
     return start_engines(engines, log_dir, kv_blocks=KV_BLOCKS, nice=nice)
 
 
+def gateway_times(report: Report, requests: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per target, (the client's mean TTFT, the engines' own mean TTFT) over the whole run, warm-up included (the
+    engines' ``vllm:time_to_first_token_seconds`` covers every request they served for it): the difference is the
+    time the gateway added, before the engine and after its first token. Targets the engines did not time are left
+    out."""
+    client: dict[str, list[float]] = {}
+    for r in requests:
+        if r.get("ttft_s") is not None:
+            client.setdefault(str(r["target"]), []).append(float(r["ttft_s"]))
+    out: dict[str, tuple[float, float]] = {}
+    for run in report.runs:
+        count = sum(e.ttft_count for e in run.engines)
+        if count and client.get(run.target):
+            ttfts = client[run.target]
+            out[run.target] = (sum(ttfts) / len(ttfts), sum(e.ttft_sum_s for e in run.engines) / count)
+    return out
+
+
+def gateway_section(per_seed: Sequence[dict[str, tuple[float, float]]]) -> str:
+    """The markdown section of ``gateway_times`` over the seeds: median [min-max]."""
+    targets = sorted({t for seed in per_seed for t in seed})
+    if not targets:
+        return ""
+
+    def spread(values: list[float]) -> str:
+        mid = _median(values)
+        return "-" if mid is None else f"{mid:.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+    lines = [
+        "",
+        "## The gateway's share of TTFT",
+        "",
+        "Mean TTFT over every request of the run (warm-up included), as the client saw it and as the engines timed it "
+        "(vLLM's own `vllm:time_to_first_token_seconds`, from the request's arrival at the engine): the difference "
+        "is what the gateway added, before the engine and after its first token. Median [min-max] over the seeds.",
+        "",
+        "| target | client | engines | gateway |",
+        "|---|---|---|---|",
+    ]
+    for t in targets:
+        pairs = [seed[t] for seed in per_seed if t in seed]
+        lines.append(
+            f"| {t} | {spread([c for c, _ in pairs])} | {spread([e for _, e in pairs])} | "
+            f"{spread([c - e for c, e in pairs])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _requests_of(prefix: Path) -> list[dict[str, Any]]:
+    path = prefix.with_suffix(".requests.jsonl.gz")
+    if not path.exists():
+        return []
+    with gzip.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Sim against real
 
@@ -452,7 +508,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     st.router_cpu_share = cpu.get((run.target, st.stage))
             write_report(report, out)
             redone.append(report)
-        prefix.with_suffix(".md").write_text(aggregate(redone, f"{redone[0].command}\n{command}"))
+        gateway = [
+            gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
+            for rep, seed in zip(redone, seeds, strict=True)
+        ]
+        text = aggregate(redone, f"{redone[0].command}\n{command}") + gateway_section(gateway)
+        prefix.with_suffix(".md").write_text(text)
         print(prefix.with_suffix(".md"))
         return 0
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -496,7 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_report(report, out)
                 reports.append(report)
     summary = prefix.with_suffix(".md")
-    summary.write_text(aggregate(reports, command))
+    gateway = [
+        gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
+        for rep, seed in zip(reports, seeds, strict=True)
+    ]
+    summary.write_text(aggregate(reports, command) + gateway_section(gateway))
     print(summary)
     return 1 if any(why_unusable(run) for rep in reports for run in rep.runs) else 0
 
