@@ -1,6 +1,7 @@
 """Routers side by side in front of real vLLM engines (CPU, SmolLM2-135M), and the same schedule on the simulator.
 
     python -m bench.real_engines                      # 3 real engines, every target, 3 seeds (about 45 min here)
+                                                      # (the engines at --engine-nice 10: below the routers)
     python -m bench.real_engines --sim                # the same schedules on `cognitora sim fleet --profile cpu`
                                                       # --host-cores 2 (the real run's 3 engines shared 2 cores)
     python -m bench.real_engines --compare            # sim against real: TTFT error per target, router ranking
@@ -62,7 +63,18 @@ SIM_PROFILE = "cpu"
 HOST_CORES = 2
 """The cores the real run's 3 engines shared (this machine's 2): ``--sim`` gives the simulated fleet the same."""
 SEEDS = (20251130, 20251201, 20251202)
-TARGETS = ("cognitora-envoy", "cognitora-litellm", "envoy-rr", "sglang-cache-aware", "vllm-cache-aware")
+TARGETS = (
+    "cognitora-envoy",
+    "cognitora-litellm",
+    "envoy-rr",
+    "litellm-shuffle",
+    "sglang-cache-aware",
+    "vllm-cache-aware",
+)
+"""``litellm-shuffle`` is cognitora-litellm's same-gateway peer: the LiteLLM proxy with its default strategy, so what
+the proxy itself costs on these cores is in the table beside what Cognitora adds to it."""
+ENGINE_NICE = 10
+"""The engines run this much nicer than the benchmark (``--engine-nice``): see ``real_fleet_context``."""
 
 CPU_SHARED_PREFIX = wl.SharedPrefixProfile(
     name="cpu-shared-prefix",
@@ -165,7 +177,9 @@ def run_seed(
         started_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         time_scale=spec.time_scale,
         slo=slo,
-        fleet=spec.as_dict() | {"kv_tokens_per_engine": KV_BLOCKS * BLOCK_SIZE},
+        fleet=spec.as_dict()
+        | {"kv_tokens_per_engine": KV_BLOCKS * BLOCK_SIZE}
+        | ({} if args.sim else {"engine_nice": args.engine_nice}),
         stages=[
             {"label": s.label, "rate": s.rate, "duration_s": s.duration_s, "measured": s.measured}
             for s in schedule.stages
@@ -197,11 +211,72 @@ def run_seed(
     return report
 
 
-def real_fleet_context(engines: int, log_dir: Path) -> Any:
+def real_fleet_context(engines: int, log_dir: Path, nice: int = ENGINE_NICE) -> Any:
+    """The engines, ``nice`` steps of CPU priority below the routers and the load generator. On these 2 cores the
+    engines' own threads (vLLM's CPU worker spins between steps) kept the load average at 12-17, and a router that
+    waits its turn for a core behind them measures the machine, not itself: the LiteLLM proxy's one event loop took
+    ~0.4 s (median) to reach a request it had received, 0.05-0.08 s with the engines niced (docs/real_engines.md,
+    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own."""
     # The harness lives with the tests (it provisions and launches for them too); imported only when run.
     from cognitora_sim.harness.real_engines.launch import start_engines
 
-    return start_engines(engines, log_dir, kv_blocks=KV_BLOCKS)
+    return start_engines(engines, log_dir, kv_blocks=KV_BLOCKS, nice=nice)
+
+
+def gateway_times(report: Report, requests: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per target, (the client's mean TTFT, the engines' own mean TTFT) over the whole run, warm-up included (the
+    engines' ``vllm:time_to_first_token_seconds`` covers every request they served for it): the difference is the
+    time the gateway added, before the engine and after its first token. Targets the engines did not time are left
+    out."""
+    client: dict[str, list[float]] = {}
+    for r in requests:
+        if r.get("ttft_s") is not None:
+            client.setdefault(str(r["target"]), []).append(float(r["ttft_s"]))
+    out: dict[str, tuple[float, float]] = {}
+    for run in report.runs:
+        count = sum(e.ttft_count for e in run.engines)
+        if count and client.get(run.target):
+            ttfts = client[run.target]
+            out[run.target] = (sum(ttfts) / len(ttfts), sum(e.ttft_sum_s for e in run.engines) / count)
+    return out
+
+
+def gateway_section(per_seed: Sequence[dict[str, tuple[float, float]]]) -> str:
+    """The markdown section of ``gateway_times`` over the seeds: median [min-max]."""
+    targets = sorted({t for seed in per_seed for t in seed})
+    if not targets:
+        return ""
+
+    def spread(values: list[float]) -> str:
+        mid = _median(values)
+        return "-" if mid is None else f"{mid:.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+    lines = [
+        "",
+        "## The gateway's share of TTFT",
+        "",
+        "Mean TTFT over every request of the run (warm-up included), as the client saw it and as the engines timed it "
+        "(vLLM's own `vllm:time_to_first_token_seconds`, from the request's arrival at the engine): the difference "
+        "is what the gateway added, before the engine and after its first token. Median [min-max] over the seeds.",
+        "",
+        "| target | client | engines | gateway |",
+        "|---|---|---|---|",
+    ]
+    for t in targets:
+        pairs = [seed[t] for seed in per_seed if t in seed]
+        lines.append(
+            f"| {t} | {spread([c for c, _ in pairs])} | {spread([e for _, e in pairs])} | "
+            f"{spread([c - e for c, e in pairs])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _requests_of(prefix: Path) -> list[dict[str, Any]]:
+    path = prefix.with_suffix(".requests.jsonl.gz")
+    if not path.exists():
+        return []
+    with gzip.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -361,6 +436,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     p.add_argument("--engines", type=int, default=3)
+    p.add_argument(
+        "--engine-nice",
+        type=int,
+        default=ENGINE_NICE,
+        help="the real engines run this much nicer than the routers and the load generator (0: the same priority)",
+    )
     p.add_argument("--rates", type=_floats, default=[0.3, 0.6], help="measured stages, requests per second")
     p.add_argument("--stage-duration", type=float, default=45.0, help="seconds per measured stage")
     p.add_argument("--warmup", default="0.3:30", help="RATE:SECONDS unmeasured warm-up")
@@ -427,7 +508,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     st.router_cpu_share = cpu.get((run.target, st.stage))
             write_report(report, out)
             redone.append(report)
-        prefix.with_suffix(".md").write_text(aggregate(redone, f"{redone[0].command}\n{command}"))
+        gateway = [
+            gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
+            for rep, seed in zip(redone, seeds, strict=True)
+        ]
+        text = aggregate(redone, f"{redone[0].command}\n{command}") + gateway_section(gateway)
+        prefix.with_suffix(".md").write_text(text)
         print(prefix.with_suffix(".md"))
         return 0
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -454,10 +540,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"real-engines-bench-{os.getpid()}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        with real_fleet_context(args.engines, log_dir) as fleet:
+        with real_fleet_context(args.engines, log_dir, args.engine_nice) as fleet:
             shared = RealBenchFleet(fleet)
             rss = ", ".join(f"{fleet.rss_mb(i):.0f}" for i in range(len(fleet.engines)))
-            print(f"engines ready ({rss} MiB RSS); {machine_load()}", file=sys.stderr, flush=True)
+            nice = f"nice {fleet.nice_of(0)}, the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}"
+            print(f"engines ready ({rss} MiB RSS, {nice}); {machine_load()}", file=sys.stderr, flush=True)
             if args.calibrate:
                 from bench.cpu_calibration import calibrate
 
@@ -466,11 +553,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in seeds:
                 out = prefix.with_name(f"{prefix.name}_seed{seed}")
                 report = run_seed(seed, targets, args, spec, shared.fresh, out, command)
-                report.notes.append(f"engine RSS (MiB, API server + engine core + worker): {rss}")
+                report.notes.append(f"engine RSS (MiB, API server + engine core + worker): {rss}; engines at {nice}")
                 write_report(report, out)
                 reports.append(report)
     summary = prefix.with_suffix(".md")
-    summary.write_text(aggregate(reports, command))
+    gateway = [
+        gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
+        for rep, seed in zip(reports, seeds, strict=True)
+    ]
+    summary.write_text(aggregate(reports, command) + gateway_section(gateway))
     print(summary)
     return 1 if any(why_unusable(run) for rep in reports for run in rep.runs) else 0
 

@@ -85,6 +85,10 @@ class EngineStats:
     max_waiting: float = 0.0
     max_running: float = 0.0
     max_kv_usage: float = 0.0
+    ttft_sum_s: float = 0.0
+    ttft_count: int = 0
+    """The engine's own TTFT histogram over the run (vLLM's ``vllm:time_to_first_token_seconds``: from the request's
+    arrival at the engine to its first token): the client's TTFT minus this is the gateway's time."""
 
     @property
     def hit_rate(self) -> float:

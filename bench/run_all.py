@@ -179,6 +179,12 @@ _COUNTERS = {
 }
 
 
+_ENGINE_TTFT = {
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum_s",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
+}
+
+
 def _scrape(url: str) -> dict[str, float]:
     """Counters and gauges of one engine's /metrics, summed over label sets; energy in joules. An engine of another
     kind (``--engine-kind``: no vLLM page) is read from the simulator's own ``/sim/state`` counters instead."""
@@ -196,6 +202,8 @@ def _scrape(url: str) -> dict[str, float]:
                 out["energy_j"] = out.get("energy_j", 0.0) + s.value / 1000.0
             elif name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
                 out[name] = s.value
+            elif s.name in _ENGINE_TTFT:
+                out[_ENGINE_TTFT[s.name]] = out.get(_ENGINE_TTFT[s.name], 0.0) + s.value
     return out
 
 
@@ -244,6 +252,8 @@ class EngineSampler:
             st.cached_tokens = int(delta("cached_tokens"))
             st.generation_tokens = int(delta("generation_tokens"))
             st.energy_j = delta("energy_j")
+            st.ttft_sum_s = delta("ttft_sum_s")
+            st.ttft_count = int(delta("ttft_count"))
         return self.stats
 
 

@@ -126,3 +126,30 @@ def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
         [real], [shared], "c"
     )
     assert "`cognitora sim fleet --profile cpu`. Each cell" in compare([real], [real], "c")
+
+
+def test_the_gateway_share_is_the_clients_ttft_minus_the_engines_own() -> None:
+    from bench.real_engines import gateway_section, gateway_times
+    from bench.report import EngineStats
+
+    report = _report({"cognitora-litellm": (1.0, 2.0), "cognitora-envoy": (1.0, 2.0), "sim-only": (1.0, 2.0)})
+    timed = {"cognitora-litellm": [(3.0, 2), (1.0, 1)], "cognitora-envoy": [(2.4, 3)]}  # (sum s, count) per engine
+    for run in report.runs:
+        run.engines = [
+            EngineStats(url=f"e{i}", ttft_sum_s=s, ttft_count=n) for i, (s, n) in enumerate(timed.get(run.target, []))
+        ]
+    requests = [
+        *({"target": "cognitora-litellm", "ttft_s": t} for t in (2.0, 3.0, 4.0)),
+        {"target": "cognitora-litellm", "ttft_s": None},  # no first token: not in the client's mean
+        *({"target": "cognitora-envoy", "ttft_s": t} for t in (0.8, 0.9, 1.0)),
+        {"target": "sim-only", "ttft_s": 1.0},  # the engines did not time it: left out
+    ]
+    seed = gateway_times(report, requests)
+    assert seed["cognitora-litellm"] == pytest.approx((3.0, 4.0 / 3))
+    assert seed["cognitora-envoy"] == pytest.approx((0.9, 0.8))
+    assert "sim-only" not in seed
+    other = {"cognitora-litellm": (5.0, 2.0), "cognitora-envoy": (1.0, 0.9)}
+    text = gateway_section([seed, other, {"cognitora-litellm": (4.0, 2.0), "cognitora-envoy": (1.2, 1.0)}])
+    assert "| cognitora-litellm | 4.00 [3.00-5.00] | 2.00 [1.33-2.00] | 2.00 [1.67-3.00] |" in text
+    assert "| cognitora-envoy | 1.00 [0.90-1.20] | 0.90 [0.80-1.00] | 0.10 [0.10-0.20] |" in text
+    assert gateway_section([{}]) == ""

@@ -25,6 +25,12 @@ An embedding engine adds vLLM 0.32's pooling runner with its embedding adapter (
 embed``; older versions spelled it ``--task embed``): the decoder's last hidden state at the last token, normalised,
 is the vector ``/v1/embeddings`` returns (576 numbers for SmolLM2-135M); the rest of the command line is the same.
 
+``nice``: once ready, every process and thread of the engine runs that many steps of CPU niceness below the launcher
+(``setpriority`` on its process group; capped at 19), so a benchmark's router and load generator are not queued
+behind the engines on shared cores: vLLM's CPU worker spins (``sched_yield``) for a second after each step, which
+kept the 2-core machine at a load average of 12-17 and left a Python gateway's one event loop waiting for a core
+(docs/real_engines.md, "What the LiteLLM proxy costs"). In a deployment the engines never share the gateway's cores.
+
 Ready means ``GET /health`` answers 200 before a deadline; an engine that exits first fails at once with its log tail.
 Stop sends SIGTERM to the engine's process group (API server, engine core, worker), then SIGKILL after a grace time.
 """
@@ -32,6 +38,7 @@ Stop sends SIGTERM to the engine's process group (API server, engine core, worke
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -148,6 +155,8 @@ class RealEngineFleet:
     kv_events: bool = True
     extra_args: tuple[str, ...] = ()
     served_names: tuple[str, ...] = (MODEL,)
+    nice: int = 0
+    """Every engine process runs this much nicer than the launcher once it is ready (0: as the launcher)."""
 
     @property
     def model(self) -> str:
@@ -205,6 +214,7 @@ class RealEngineFleet:
                 try:
                     if httpx.get(f"{engine.url}/health", timeout=2.0).status_code == 200:
                         engine.started_s = round(time.monotonic() - engine.started_s, 1)
+                        self._lower_priority(engine)
                         del pending[i]
                 except httpx.HTTPError:
                     pass
@@ -212,6 +222,16 @@ class RealEngineFleet:
                 tails = "\n".join(f"--- engine {i}:\n{e.process.log_tail(30)}" for i, e in pending.items())
                 raise TimeoutError(f"real vLLM engines {sorted(pending)} not ready after {timeout_s:.0f} s\n{tails}")
             time.sleep(0.5)
+
+    def _lower_priority(self, engine: RealEngine) -> None:
+        # The whole process group, every thread of it (API server, engine core, worker: vLLM has started them all by
+        # the time it answers /health); threads started later inherit it from their parent.
+        if self.nice:
+            os.setpriority(os.PRIO_PGRP, engine.process.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice))
+
+    def nice_of(self, index: int) -> int:
+        """The niceness engine ``index``'s API server runs at."""
+        return os.getpriority(os.PRIO_PROCESS, self.engines[index].process.pid)
 
     def kill(self, index: int) -> None:
         """SIGKILL the engine's whole process group (API server, engine core, worker): a crash, not a shutdown."""
@@ -268,8 +288,10 @@ def start_engines(
     served_names: Sequence[str] = (MODEL,),
     install: RealEngineInstall | None = None,
     timeout_s: float = STARTUP_TIMEOUT_S,
+    nice: int = 0,
 ) -> Iterator[RealEngineFleet]:
-    """``n`` real vLLM engines, ready; stopped on exit. Provisions first (``ProvisionError`` says why it cannot)."""
+    """``n`` real vLLM engines, ready; stopped on exit. Provisions first (``ProvisionError`` says why it cannot).
+    ``nice``: the engines run this much nicer than the caller once ready (see the module docstring)."""
     fleet = RealEngineFleet(
         install or provision(),
         log_dir,
@@ -277,6 +299,7 @@ def start_engines(
         kv_events=kv_events,
         extra_args=tuple(extra_args),
         served_names=tuple(served_names),
+        nice=nice,
     )
     try:
         fleet.start(n, timeout_s)
