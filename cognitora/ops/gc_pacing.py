@@ -58,10 +58,6 @@ class GcPacer:
         self._long_lived = 0
         self._next_full_check = 0.0
 
-    @property
-    def active(self) -> bool:
-        return self._loop is not None
-
     def start(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Take over the collections on ``loop``; False (and nothing changed) when the process's collector is
         already off or another pacer runs."""

@@ -21,7 +21,7 @@ from cognitora.identity import Identity, IdentitySource
 from cognitora.request import RouteRequest
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
-from tests.support.flow_core import until, waiting
+from tests.support.flow_core import take_seats, until, waiting
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 PRIORITIES = {
@@ -49,12 +49,7 @@ async def saturated(config: CognitoraConfig) -> tuple[Router, list[Attempt]]:
     router = Router(config, store)
     for e in (A, B):
         await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), mean_service_s=10.0))
-    holders = []
-    for i in range(2):
-        decision, attempt = await router.admit(RouteRequest(model="m", prompt=f"holder {i}", request_id=f"h{i}"))
-        assert attempt is not None, decision.explain()
-        holders.append(attempt)
-    return router, holders
+    return router, await take_seats(router, 2)
 
 
 def req(rid: str, priority: str = "default", team: str | None = None) -> RouteRequest:

@@ -21,7 +21,7 @@ from cognitora.identity import Identity, IdentitySource
 from cognitora.request import RouteRequest
 from kvstate.memory_store import MemoryStore
 from kvstate.store import EndpointSnapshot
-from tests.support.flow_core import until, waiting
+from tests.support.flow_core import take_seats, until, waiting
 
 A, B = "127.0.0.1:8001", "127.0.0.1:8002"
 RATE = 10_000.0
@@ -44,12 +44,7 @@ async def seats_taken(priorities: dict[str, Any], flow: dict[str, Any]) -> tuple
         snap = EndpointSnapshot(endpoint=e, last_seen=time.time(), mean_service_s=10.0, prefill_tokens_per_s=RATE)
         await store.put_snapshot(snap)
     router = Router(config, store)
-    holders = []
-    for i in range(2):
-        decision, attempt = await router.admit(RouteRequest(model="m", prompt=f"holder {i}", request_id=f"h{i}"))
-        assert attempt is not None, decision.explain()
-        holders.append(attempt)
-    return router, holders
+    return router, await take_seats(router, 2)
 
 
 LAX = {"default": {"ttft_slo_s": 0.5}, "batch": {"ttft_slo_s": 0.8, "sheddable": True}}

@@ -1,4 +1,5 @@
-"""Waiting on a Router's flow control in-process (tests/core, tests/metrics): a deadline, never a bare sleep."""
+"""Driving a Router's flow control in-process (tests/core, tests/metrics): its seats taken by the router's own
+dispatches, and waits with a deadline, never a bare sleep."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import asyncio
 import time
 from typing import Any
 
+from cognitora.core.lifecycle import Attempt
 from cognitora.core.router import Router
+from cognitora.request import RouteRequest
 
 
 async def until(condition: Any, timeout_s: float = 10.0) -> None:
@@ -26,3 +29,14 @@ def waiting(router: Router) -> int:
     """Requests waiting in ``router``'s flow-control queue now."""
     assert router.flow is not None
     return router.flow.controller.snapshot().waiting
+
+
+async def take_seats(router: Router, count: int, model: str = "m") -> list[Attempt]:
+    """``count`` requests the router admits and dispatches (each must be placed): they hold their engines' seats
+    until a test finishes them."""
+    holders = []
+    for i in range(count):
+        decision, attempt = await router.admit(RouteRequest(model=model, prompt=f"holder {i}", request_id=f"h{i}"))
+        assert attempt is not None, decision.explain()
+        holders.append(attempt)
+    return holders
