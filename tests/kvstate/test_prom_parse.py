@@ -1,9 +1,10 @@
-"""The lean /metrics parse gives exactly what prometheus_client's parser gives, on a real-shaped vLLM page."""
+"""The lean /metrics parse gives exactly what prometheus_client's parser gives, on real and real-shaped vLLM pages."""
 
 from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, generate_latest
@@ -11,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cognitora_sim.metrics import EngineMetrics
 from kvstate.engines import ENGINES, MetricsParseError, parse_prometheus_text
+
+REAL_PAGE = Path(__file__).resolve().parent.parent / "data" / "vllm_0.32_metrics.txt"  # see tests/data/PROVENANCE.md
 
 
 def vllm_page() -> str:
@@ -50,6 +53,14 @@ def test_real_shaped_page_parses_as_prometheus_client_does() -> None:
     assert parsed["vllm:prompt_tokens_total"] == [({"model_name": "smollm2", "engine": "0"}, 123_456.0)]
     load = ENGINES.get("vllm").load_from(parse_prometheus_text(page))
     assert load.running == 3 and load.prompt_tokens_total == 123_456
+
+
+def test_real_vllm_page_parses_as_prometheus_client_does() -> None:
+    page = REAL_PAGE.read_text()
+    assert as_dict(page) == reference(page)
+    load = ENGINES.get("vllm").load_from(parse_prometheus_text(page))
+    assert load.prompt_tokens_total is not None and load.prompt_tokens_total > 0
+    assert load.running == 0 and load.waiting == 0
 
 
 @pytest.mark.parametrize(
