@@ -16,6 +16,7 @@ can tell "the engine does not expose this" from "it is zero".
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -101,28 +102,54 @@ class MetricSamples:
         return None
 
 
-def _without_unread_lines(text: str) -> str:
-    """Drop what no engine module reads: histogram buckets, ``_created`` timestamps, HELP/TYPE comments.
+def _unread(line: str) -> bool:
+    """What no engine module reads: histogram buckets, ``_created`` timestamps, HELP/TYPE comments.
 
-    Buckets are most of a vLLM page; skipping them makes a scrape about 7x cheaper to parse (2 ms instead of 15 ms
-    for the simulator's 25 kB page), which matters on a collector serving a large fleet from one event loop.
-    Sample names do not depend on the comments: lookups are by sample name, and ``counter()`` accepts both
-    spellings.
+    Buckets are most of a vLLM page; skipping them makes a scrape about 7x cheaper to parse. Sample names do not
+    depend on the comments: lookups are by sample name, and ``counter()`` accepts both spellings.
     """
-    return "\n".join(
-        line
-        for line in text.splitlines()
-        if not line.startswith("#") and "_bucket{" not in line and "_created{" not in line
-    )
+    return line.startswith("#") or "_bucket{" in line or "_created{" in line
 
 
-def parse_prometheus_text(text: str, *, keep_buckets: bool = False) -> MetricSamples:
-    """Parse a /metrics body. Raises ``MetricsParseError`` (with the parser's reason) when it is not Prometheus text.
+# One plain sample line: ``name{labels} value [timestamp]``. Label values with a backslash (escapes) are left to
+# prometheus_client, as is every line this does not match.
+_LABEL_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
+_SAMPLE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"
+    rf"(?:\{{((?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?)?)\}})?"
+    r"[ \t]+([^\s_]+)(?:[ \t]+-?[0-9]+)?[ \t]*"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 
-    Histogram buckets, ``_created`` samples and comments are skipped unless ``keep_buckets``.
+
+def _parse_plain(lines: list[str]) -> dict[str, list[tuple[Labels, float]]] | None:
+    """The lean parse of plain sample lines, or None at the first line it does not handle (the caller then
+    parses the whole body with prometheus_client, so both give the same samples or the same error).
+
+    Why: the embedded collector parses every engine's page every second on a thread of the gateway's process
+    (LiteLLM's proxy), where its CPU is the proxy's; prometheus_client's parser costs ~3 us per line in Python
+    string handling, this ~1 us (a C regex per line and per label set).
     """
     index: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
-    body = text if keep_buckets else _without_unread_lines(text)
+    match_sample = _SAMPLE.fullmatch
+    find_labels = _LABEL.findall
+    isfinite = math.isfinite
+    for line in lines:
+        m = match_sample(line)
+        if m is None:
+            return None
+        name, label_text, raw = m.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        if isfinite(value):
+            index[name].append((dict(find_labels(label_text)) if label_text else {}, value))
+    return index
+
+
+def _parse_full(body: str, text: str) -> dict[str, list[tuple[Labels, float]]]:
+    index: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
     try:
         for family in text_string_to_metric_families(body):
             for sample in family.samples:
@@ -132,4 +159,19 @@ def parse_prometheus_text(text: str, *, keep_buckets: bool = False) -> MetricSam
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         snippet = text[:80].replace("\n", "\\n")
         raise MetricsParseError(f"not Prometheus text exposition ({exc}); body starts {snippet!r}") from exc
+    return index
+
+
+def parse_prometheus_text(text: str, *, keep_buckets: bool = False) -> MetricSamples:
+    """Parse a /metrics body. Raises ``MetricsParseError`` (with the parser's reason) when it is not Prometheus text.
+
+    Histogram buckets, ``_created`` samples and comments are skipped unless ``keep_buckets``. Plain sample lines
+    (every line of the engines' pages) take a lean path; anything else, the whole body through prometheus_client.
+    """
+    if keep_buckets:
+        return MetricSamples(dict(_parse_full(text, text)))
+    lines = [line for line in text.splitlines() if line and not line.isspace() and not _unread(line)]
+    index = _parse_plain(lines)
+    if index is None:
+        index = _parse_full("\n".join(lines), text)
     return MetricSamples(dict(index))
