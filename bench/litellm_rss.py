@@ -31,13 +31,27 @@ from typing import Any
 import yaml
 
 from bench.harness.redis_server import free_port
-from bench.soak import FAULTS, LITELLM, ROOT, SMOLLM2_DIR, Run, load, proxy_config, start_redis
+from bench.soak import (
+    FAULTS,
+    LITELLM,
+    ROOT,
+    SMOLLM2_DIR,
+    Run,
+    load,
+    proc_sample,
+    proxy_config,
+    slope_per_hour,
+    start_redis,
+)
 from cognitora_sim.harness.process import ManagedProcess
 from cognitora_sim.launch import start_fleet
 
 OUT = Path(__file__).parent / "results" / "litellm_rss.md"
 SAMPLE_S = 60.0
 WARMUP_S = 90.0
+RSS_SAMPLE_S = 10.0
+RSS_WARMUP_S = 120.0
+"""The RSS slope is fitted from here on: the proxy's first requests load what it keeps (tokenizer, pools)."""
 
 PROBE = '''
 """Tracemalloc probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT."""
@@ -121,6 +135,26 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the collector under tracemalloc (bench/harness/traced_main.py): its sites that grew most, "
         "every minute, as JSON lines to this file",
     )
+    p.add_argument(
+        "--tracemalloc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trace the proxy's Python allocations (default on); --no-tracemalloc samples RSS only, without "
+        "tracemalloc's own tables, which grow with what they trace and distort the RSS slope",
+    )
+    p.add_argument(
+        "--router",
+        choices=("cognitora", "simple-shuffle"),
+        default="cognitora",
+        help="the proxy's routing strategy: cognitora (with Cognitora's callback, the default) or LiteLLM's own "
+        "simple-shuffle with no Cognitora code loaded, to tell LiteLLM's growth from Cognitora's",
+    )
+    p.add_argument(
+        "--gc-pacing-s",
+        type=float,
+        default=None,
+        help="limits.gc_pacing_s in the config (default: the schema's 0.05; 0 leaves CPython's own collector on)",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
@@ -139,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             "scrape": {"interval_s": 1.0},
             "models": [fleet.model_config(tokenizer)],
         }
+        if args.gc_pacing_s is not None:
+            config["limits"] = {"gc_pacing_s": args.gc_pacing_s}
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
         (work / "rss_probe.py").write_text(PROBE)
@@ -151,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                 path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
                 collector_env = {"TRACED_OUT": str(args.trace_collector.resolve()), "PYTHONPATH": path}
             procs["collector"] = ManagedProcess(collector, work / "c.log", env=collector_env)
-            litellm_config = proxy_config(fleet, config_path, tokenizer, ["rss_probe.probe"])
+            litellm_config = proxy_config(
+                fleet, config_path, tokenizer, ["rss_probe.probe"] if args.tracemalloc else []
+            )
+            if args.router == "simple-shuffle":
+                litellm_config["router_settings"] = {"routing_strategy": "simple-shuffle"}
+                litellm_config["litellm_settings"]["callbacks"] = ["rss_probe.probe"] if args.tracemalloc else []
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-rss-" + secrets.token_hex(8)
             proxy_port = free_port()
@@ -173,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             procs["litellm"].wait_http(f"http://127.0.0.1:{proxy_port}/health/liveliness", timeout_s=300)
             proxy_url = f"http://127.0.0.1:{proxy_port}"
+            proxy_pid = procs["litellm"].pid
 
             async def drive() -> None:
                 nonlocal redis_proc
@@ -180,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                 stop = asyncio.Event()
                 auth = {"Authorization": f"Bearer {key}"}
                 loader = asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop))
-                next_fault, n_fault = 0.0, 0
+                next_fault, n_fault, next_sample = 0.0, 0, 0.0
                 while (now := time.monotonic() - t0) < args.duration_s:
+                    if now >= next_sample:
+                        got = proc_sample(proxy_pid)
+                        if got is not None:
+                            run.samples.setdefault("litellm", []).append((now, got[0], got[1]))
+                        next_sample += RSS_SAMPLE_S
                     if now >= next_fault + args.cycle_s:
                         next_fault += args.cycle_s
                         kind = FAULTS[n_fault % len(FAULTS)]
@@ -201,12 +248,74 @@ def main(argv: list[str] | None = None) -> int:
                 await loader
 
             asyncio.run(drive())
-            report(args, run, samples)
+            if args.tracemalloc:
+                report(args, run, samples)
+            else:
+                report_rss(args, run)
         finally:
             for proc in procs.values():
                 proc.stop(grace_s=2)  # (the proxy ignores SIGTERM: SIGKILL after 2 s)
             redis_proc.kill()
     return 0
+
+
+def command(args: argparse.Namespace) -> str:
+    flags = [
+        f"--duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} --rps {args.rps:g} --frames {args.frames}",
+        "" if args.tracemalloc else "--no-tracemalloc",
+        "" if args.router == "cognitora" else f"--router {args.router}",
+        "" if args.gc_pacing_s is None else f"--gc-pacing-s {args.gc_pacing_s:g}",
+        "" if args.malloc_arena_max is None else f"--malloc-arena-max {args.malloc_arena_max}",
+        "" if args.kv_capacity_tokens is None else f"--kv-capacity-tokens {args.kv_capacity_tokens}",
+        "" if args.trace_collector is None else f"--trace-collector {args.trace_collector}",
+        "" if args.out == OUT else f"--out {args.out}",
+    ]
+    return "python -m bench.litellm_rss " + " ".join(f for f in flags if f)
+
+
+def rss_rows(run: Run) -> list[str]:
+    """The proxy's RSS sampled from outside every RSS_SAMPLE_S: least-squares slopes after the warm-up and over each
+    half of it (a leak keeps its slope; a cache or fragmentation levels off), then the samples a minute apart."""
+    points = [(t, r) for t, r, _ in run.samples.get("litellm", [])]
+    steady = [p for p in points if p[0] >= RSS_WARMUP_S]
+    if len(steady) < 4:
+        return ["Too few RSS samples after the warm-up."]
+    mid = (steady[0][0] + steady[-1][0]) / 2
+    halves = [p for p in steady if p[0] < mid], [p for p in steady if p[0] >= mid]
+    out = [
+        "| RSS from (s) | to (s) | first MiB | last MiB | fitted slope MiB/h |",
+        "|---|---|---|---|---|",
+    ]
+    for part in (steady, *halves):
+        out.append(
+            f"| {part[0][0]:.0f} | {part[-1][0]:.0f} | {part[0][1]:.1f} | {part[-1][1]:.1f} | "
+            f"{slope_per_hour(part):+.1f} |"
+        )
+    out += ["", "RSS samples (s: MiB), one a minute:", ""]
+    out.append(", ".join(f"{t:.0f}: {r:.1f}" for i, (t, r) in enumerate(points) if i % 6 == 0))
+    return out
+
+
+def answered(run: Run) -> str:
+    statuses: dict[int, int] = {}
+    for _, _, s in run.answers:
+        statuses[s] = statuses.get(s, 0) + 1
+    return f"Requests answered 200: {statuses.get(200, 0)} of {len(run.answers)} (statuses {statuses})"
+
+
+def report_rss(args: argparse.Namespace, run: Run) -> None:
+    load_avg = os.getloadavg()
+    out = [
+        "# LiteLLM proxy memory: RSS only",
+        "",
+        f"Command: `{command(args)}` (one worker, no tracemalloc; bench/litellm_rss.py). {answered(run)}; faults: "
+        f"{', '.join(k for _, k in run.faults)}. Load average at the end: {load_avg[0]:.1f} / {load_avg[1]:.1f} / "
+        f"{load_avg[2]:.1f}.",
+        "",
+        *rss_rows(run),
+    ]
+    args.out.write_text("\n".join(out) + "\n")
+    print("\n".join(out))
 
 
 def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
@@ -223,12 +332,7 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
     out = [
         "# LiteLLM proxy memory: whose allocations grow",
         "",
-        f"Command: `python -m bench.litellm_rss --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
-        f"--rps {args.rps:g} --frames {args.frames}"
-        f"{'' if args.malloc_arena_max is None else f' --malloc-arena-max {args.malloc_arena_max}'}"
-        f"{'' if args.kv_capacity_tokens is None else f' --kv-capacity-tokens {args.kv_capacity_tokens}'}"
-        f"{'' if args.trace_collector is None else f' --trace-collector {args.trace_collector}'}"
-        f"{'' if args.out == OUT else f' --out {args.out}'}` (one worker, tracemalloc from the config load on; "
+        f"Command: `{command(args)}` (one worker, tracemalloc from the config load on; "
         f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
         f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",
         "",
