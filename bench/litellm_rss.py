@@ -54,8 +54,9 @@ RSS_WARMUP_S = 120.0
 """The RSS slope is fitted from here on: the proxy's first requests load what it keeps (tokenizer, pools)."""
 
 PROBE = '''
-"""Tracemalloc probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT."""
-import json, os, threading, time, tracemalloc
+"""Memory probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT. With PROBE_TRACE=0, no
+tracemalloc: glibc's malloc counters and Python's allocated blocks only, which cost nothing."""
+import ctypes, json, os, sys, threading, time, tracemalloc
 from litellm.integrations.custom_logger import CustomLogger
 
 OURS = ("/litellm_plugin/", "/cognitora/", "/kvstate/")
@@ -89,14 +90,38 @@ def sample():
         out.write(json.dumps(line) + "\\n")
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def light_sample():
+    # arena: bytes malloc took from the system with brk/its heaps; hblkhd: in mmapped blocks; uordblks: in use;
+    # fordblks: free but kept. Python's own objects live in pymalloc's mmapped arenas, outside these.
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    with open(f"/proc/{os.getpid()}/status") as f:
+        status = dict(l.split(":", 1) for l in f if ":" in l)
+    line = {"t": time.time(), "rss": int(status["VmRSS"].split()[0]) * 1024, "threads": int(status["Threads"]),
+            "malloc_arena": m.arena, "malloc_mmapped": m.hblkhd, "malloc_in_use": m.uordblks + m.hblkhd,
+            "malloc_free": m.fordblks, "py_blocks": sys.getallocatedblocks()}
+    with open(os.environ["PROBE_OUT"], "a") as out:
+        out.write(json.dumps(line) + "\\n")
+
+
+TRACE = os.environ.get("PROBE_TRACE", "1") == "1"
+
+
 def loop():
     while True:
         time.sleep(float(os.environ.get("PROBE_EVERY_S", "60")))
-        sample()
+        sample() if TRACE else light_sample()
 
 
 # Started here, once the proxy has imported itself: tracing its imports took minutes on 2 busy cores.
-tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
+if TRACE:
+    tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
 threading.Thread(target=loop, daemon=True, name="rss-probe").start()
 
 
@@ -155,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="limits.gc_pacing_s in the config (default: the schema's 0.05; 0 leaves CPython's own collector on)",
     )
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another limits.NAME in the config (repeatable), e.g. tokenizer_cache_bytes=0 turns the piece cache off",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
@@ -173,8 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             "scrape": {"interval_s": 1.0},
             "models": [fleet.model_config(tokenizer)],
         }
+        limits: dict[str, Any] = {name: yaml.safe_load(value) for name, value in (x.split("=", 1) for x in args.limit)}
         if args.gc_pacing_s is not None:
-            config["limits"] = {"gc_pacing_s": args.gc_pacing_s}
+            limits["gc_pacing_s"] = args.gc_pacing_s
+        if limits:
+            config["limits"] = limits
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
         (work / "rss_probe.py").write_text(PROBE)
@@ -187,12 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
                 collector_env = {"TRACED_OUT": str(args.trace_collector.resolve()), "PYTHONPATH": path}
             procs["collector"] = ManagedProcess(collector, work / "c.log", env=collector_env)
-            litellm_config = proxy_config(
-                fleet, config_path, tokenizer, ["rss_probe.probe"] if args.tracemalloc else []
-            )
+            litellm_config = proxy_config(fleet, config_path, tokenizer, ["rss_probe.probe"])
             if args.router == "simple-shuffle":
                 litellm_config["router_settings"] = {"routing_strategy": "simple-shuffle"}
-                litellm_config["litellm_settings"]["callbacks"] = ["rss_probe.probe"] if args.tracemalloc else []
+                litellm_config["litellm_settings"]["callbacks"] = ["rss_probe.probe"]
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-rss-" + secrets.token_hex(8)
             proxy_port = free_port()
@@ -205,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 "PROBE_OUT": str(samples),
                 "PROBE_EVERY_S": str(SAMPLE_S),
                 "PROBE_FRAMES": str(args.frames),
+                "PROBE_TRACE": "1" if args.tracemalloc else "0",
             }
             if args.malloc_arena_max is not None:
                 env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
@@ -251,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.tracemalloc:
                 report(args, run, samples)
             else:
-                report_rss(args, run)
+                report_rss(args, run, samples)
         finally:
             for proc in procs.values():
                 proc.stop(grace_s=2)  # (the proxy ignores SIGTERM: SIGKILL after 2 s)
@@ -265,6 +299,7 @@ def command(args: argparse.Namespace) -> str:
         "" if args.tracemalloc else "--no-tracemalloc",
         "" if args.router == "cognitora" else f"--router {args.router}",
         "" if args.gc_pacing_s is None else f"--gc-pacing-s {args.gc_pacing_s:g}",
+        *(f"--limit {x}" for x in args.limit),
         "" if args.malloc_arena_max is None else f"--malloc-arena-max {args.malloc_arena_max}",
         "" if args.kv_capacity_tokens is None else f"--kv-capacity-tokens {args.kv_capacity_tokens}",
         "" if args.trace_collector is None else f"--trace-collector {args.trace_collector}",
@@ -303,7 +338,38 @@ def answered(run: Run) -> str:
     return f"Requests answered 200: {statuses.get(200, 0)} of {len(run.answers)} (statuses {statuses})"
 
 
-def report_rss(args: argparse.Namespace, run: Run) -> None:
+def probe_rows(samples: Path) -> list[str]:
+    """The light probe's counters inside the proxy, fitted from RSS_WARMUP_S on: where the RSS slope goes."""
+    lines = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()] if samples.exists() else []
+    if len(lines) < 4:
+        return []
+    t0 = lines[0]["t"] - SAMPLE_S
+    steady = [x for x in lines if x["t"] - t0 >= RSS_WARMUP_S] or lines
+    mib = 1 / 2**20
+    out = [
+        "",
+        f"Inside the proxy (the probe callback, every {SAMPLE_S:g} s), fitted from {RSS_WARMUP_S:g} s on:",
+        "",
+        "| counter | first | last | fitted slope per hour |",
+        "|---|---|---|---|",
+    ]
+    names = {
+        "rss": "RSS MiB",
+        "malloc_in_use": "glibc malloc, in use MiB (Rust/C libraries, Python's large objects)",
+        "malloc_free": "glibc malloc, free but kept MiB (fragmentation)",
+        "malloc_arena": "glibc malloc, arena bytes from the system MiB",
+        "malloc_mmapped": "glibc malloc, mmapped blocks MiB",
+        "py_blocks": "Python allocated blocks (thousands)",
+        "threads": "threads",
+    }
+    for key, name in names.items():
+        scale = mib if key.startswith(("rss", "malloc")) else (1e-3 if key == "py_blocks" else 1.0)
+        pts = [(x["t"] - t0, x[key] * scale) for x in steady]
+        out.append(f"| {name} | {pts[0][1]:.1f} | {pts[-1][1]:.1f} | {slope_per_hour(pts):+.1f} |")
+    return out
+
+
+def report_rss(args: argparse.Namespace, run: Run, samples: Path) -> None:
     load_avg = os.getloadavg()
     out = [
         "# LiteLLM proxy memory: RSS only",
@@ -313,6 +379,7 @@ def report_rss(args: argparse.Namespace, run: Run) -> None:
         f"{load_avg[2]:.1f}.",
         "",
         *rss_rows(run),
+        *probe_rows(samples),
     ]
     args.out.write_text("\n".join(out) + "\n")
     print("\n".join(out))
