@@ -13,6 +13,11 @@ traceback that lies in ``litellm_plugin``/``cognitora``/``kvstate`` (Cognitora),
 (LiteLLM), else to "other" (the standard library and other packages called from neither). Writes
 ``bench/results/litellm_rss.md``: RSS and traced bytes per owner at the first sample after the warm-up and at the
 end, and the 10 sites that grew most.
+
+tracemalloc's own tables grow with what it traces, so its RSS is not the proxy's: ``--no-tracemalloc`` samples RSS
+from outside every 10 s and fits its slope after the warm-up, with glibc's malloc counters and Python's allocated
+blocks from inside; ``--router simple-shuffle`` runs LiteLLM with no Cognitora code, ``--malloc-arena-max``,
+``--gc-pacing-s`` and ``--limit NAME=VALUE`` change one thing at a time (``bench/results/memory_growth.md``).
 """
 
 from __future__ import annotations
