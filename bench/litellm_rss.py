@@ -13,6 +13,11 @@ traceback that lies in ``litellm_plugin``/``cognitora``/``kvstate`` (Cognitora),
 (LiteLLM), else to "other" (the standard library and other packages called from neither). Writes
 ``bench/results/litellm_rss.md``: RSS and traced bytes per owner at the first sample after the warm-up and at the
 end, and the 10 sites that grew most.
+
+tracemalloc's own tables grow with what it traces, so its RSS is not the proxy's: ``--no-tracemalloc`` samples RSS
+from outside every 10 s and fits its slope after the warm-up, with glibc's malloc counters and Python's allocated
+blocks from inside; ``--router simple-shuffle`` runs LiteLLM with no Cognitora code, ``--malloc-arena-max``,
+``--gc-pacing-s`` and ``--limit NAME=VALUE`` change one thing at a time (``bench/results/memory_growth.md``).
 """
 
 from __future__ import annotations
@@ -31,17 +36,32 @@ from typing import Any
 import yaml
 
 from bench.harness.redis_server import free_port
-from bench.soak import FAULTS, LITELLM, ROOT, SMOLLM2_DIR, Run, load, proxy_config, start_redis
+from bench.soak import (
+    FAULTS,
+    LITELLM,
+    ROOT,
+    SMOLLM2_DIR,
+    Run,
+    load,
+    proc_sample,
+    proxy_config,
+    slope_per_hour,
+    start_redis,
+)
 from cognitora_sim.harness.process import ManagedProcess
 from cognitora_sim.launch import start_fleet
 
 OUT = Path(__file__).parent / "results" / "litellm_rss.md"
 SAMPLE_S = 60.0
 WARMUP_S = 90.0
+RSS_SAMPLE_S = 10.0
+RSS_WARMUP_S = 120.0
+"""The RSS slope is fitted from here on: the proxy's first requests load what it keeps (tokenizer, pools)."""
 
 PROBE = '''
-"""Tracemalloc probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT."""
-import json, os, threading, time, tracemalloc
+"""Memory probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT. With PROBE_TRACE=0, no
+tracemalloc: glibc's malloc counters and Python's allocated blocks only, which cost nothing."""
+import ctypes, json, os, sys, threading, time, tracemalloc
 from litellm.integrations.custom_logger import CustomLogger
 
 OURS = ("/litellm_plugin/", "/cognitora/", "/kvstate/")
@@ -75,14 +95,38 @@ def sample():
         out.write(json.dumps(line) + "\\n")
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def light_sample():
+    # arena: bytes malloc took from the system with brk/its heaps; hblkhd: in mmapped blocks; uordblks: in use;
+    # fordblks: free but kept. Python's own objects live in pymalloc's mmapped arenas, outside these.
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    with open(f"/proc/{os.getpid()}/status") as f:
+        status = dict(l.split(":", 1) for l in f if ":" in l)
+    line = {"t": time.time(), "rss": int(status["VmRSS"].split()[0]) * 1024, "threads": int(status["Threads"]),
+            "malloc_arena": m.arena, "malloc_mmapped": m.hblkhd, "malloc_in_use": m.uordblks + m.hblkhd,
+            "malloc_free": m.fordblks, "py_blocks": sys.getallocatedblocks()}
+    with open(os.environ["PROBE_OUT"], "a") as out:
+        out.write(json.dumps(line) + "\\n")
+
+
+TRACE = os.environ.get("PROBE_TRACE", "1") == "1"
+
+
 def loop():
     while True:
         time.sleep(float(os.environ.get("PROBE_EVERY_S", "60")))
-        sample()
+        sample() if TRACE else light_sample()
 
 
 # Started here, once the proxy has imported itself: tracing its imports took minutes on 2 busy cores.
-tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
+if TRACE:
+    tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
 threading.Thread(target=loop, daemon=True, name="rss-probe").start()
 
 
@@ -121,6 +165,33 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the collector under tracemalloc (bench/harness/traced_main.py): its sites that grew most, "
         "every minute, as JSON lines to this file",
     )
+    p.add_argument(
+        "--tracemalloc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trace the proxy's Python allocations (default on); --no-tracemalloc samples RSS only, without "
+        "tracemalloc's own tables, which grow with what they trace and distort the RSS slope",
+    )
+    p.add_argument(
+        "--router",
+        choices=("cognitora", "simple-shuffle"),
+        default="cognitora",
+        help="the proxy's routing strategy: cognitora (with Cognitora's callback, the default) or LiteLLM's own "
+        "simple-shuffle with no Cognitora code loaded, to tell LiteLLM's growth from Cognitora's",
+    )
+    p.add_argument(
+        "--gc-pacing-s",
+        type=float,
+        default=None,
+        help="limits.gc_pacing_s in the config (default: the schema's 0.05; 0 leaves CPython's own collector on)",
+    )
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another limits.NAME in the config (repeatable), e.g. tokenizer_cache_bytes=0 turns the piece cache off",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
@@ -139,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             "scrape": {"interval_s": 1.0},
             "models": [fleet.model_config(tokenizer)],
         }
+        limits: dict[str, Any] = {name: yaml.safe_load(value) for name, value in (x.split("=", 1) for x in args.limit)}
+        if args.gc_pacing_s is not None:
+            limits["gc_pacing_s"] = args.gc_pacing_s
+        if limits:
+            config["limits"] = limits
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
         (work / "rss_probe.py").write_text(PROBE)
@@ -152,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                 collector_env = {"TRACED_OUT": str(args.trace_collector.resolve()), "PYTHONPATH": path}
             procs["collector"] = ManagedProcess(collector, work / "c.log", env=collector_env)
             litellm_config = proxy_config(fleet, config_path, tokenizer, ["rss_probe.probe"])
+            if args.router == "simple-shuffle":
+                litellm_config["router_settings"] = {"routing_strategy": "simple-shuffle"}
+                litellm_config["litellm_settings"]["callbacks"] = ["rss_probe.probe"]
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-rss-" + secrets.token_hex(8)
             proxy_port = free_port()
@@ -164,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 "PROBE_OUT": str(samples),
                 "PROBE_EVERY_S": str(SAMPLE_S),
                 "PROBE_FRAMES": str(args.frames),
+                "PROBE_TRACE": "1" if args.tracemalloc else "0",
             }
             if args.malloc_arena_max is not None:
                 env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
@@ -173,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             procs["litellm"].wait_http(f"http://127.0.0.1:{proxy_port}/health/liveliness", timeout_s=300)
             proxy_url = f"http://127.0.0.1:{proxy_port}"
+            proxy_pid = procs["litellm"].pid
 
             async def drive() -> None:
                 nonlocal redis_proc
@@ -180,8 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                 stop = asyncio.Event()
                 auth = {"Authorization": f"Bearer {key}"}
                 loader = asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop))
-                next_fault, n_fault = 0.0, 0
+                next_fault, n_fault, next_sample = 0.0, 0, 0.0
                 while (now := time.monotonic() - t0) < args.duration_s:
+                    if now >= next_sample:
+                        got = proc_sample(proxy_pid)
+                        if got is not None:
+                            run.samples.setdefault("litellm", []).append((now, got[0], got[1]))
+                        next_sample += RSS_SAMPLE_S
                     if now >= next_fault + args.cycle_s:
                         next_fault += args.cycle_s
                         kind = FAULTS[n_fault % len(FAULTS)]
@@ -201,12 +287,107 @@ def main(argv: list[str] | None = None) -> int:
                 await loader
 
             asyncio.run(drive())
-            report(args, run, samples)
+            if args.tracemalloc:
+                report(args, run, samples)
+            else:
+                report_rss(args, run, samples)
         finally:
             for proc in procs.values():
                 proc.stop(grace_s=2)  # (the proxy ignores SIGTERM: SIGKILL after 2 s)
             redis_proc.kill()
     return 0
+
+
+def command(args: argparse.Namespace) -> str:
+    flags = [
+        f"--duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} --rps {args.rps:g} --frames {args.frames}",
+        "" if args.tracemalloc else "--no-tracemalloc",
+        "" if args.router == "cognitora" else f"--router {args.router}",
+        "" if args.gc_pacing_s is None else f"--gc-pacing-s {args.gc_pacing_s:g}",
+        *(f"--limit {x}" for x in args.limit),
+        "" if args.malloc_arena_max is None else f"--malloc-arena-max {args.malloc_arena_max}",
+        "" if args.kv_capacity_tokens is None else f"--kv-capacity-tokens {args.kv_capacity_tokens}",
+        "" if args.trace_collector is None else f"--trace-collector {args.trace_collector}",
+        "" if args.out == OUT else f"--out {args.out}",
+    ]
+    return "python -m bench.litellm_rss " + " ".join(f for f in flags if f)
+
+
+def rss_rows(run: Run) -> list[str]:
+    """The proxy's RSS sampled from outside every RSS_SAMPLE_S: least-squares slopes after the warm-up and over each
+    half of it (a leak keeps its slope; a cache or fragmentation levels off), then the samples a minute apart."""
+    points = [(t, r) for t, r, _ in run.samples.get("litellm", [])]
+    steady = [p for p in points if p[0] >= RSS_WARMUP_S]
+    if len(steady) < 4:
+        return ["Too few RSS samples after the warm-up."]
+    mid = (steady[0][0] + steady[-1][0]) / 2
+    halves = [p for p in steady if p[0] < mid], [p for p in steady if p[0] >= mid]
+    out = [
+        "| RSS from (s) | to (s) | first MiB | last MiB | fitted slope MiB/h |",
+        "|---|---|---|---|---|",
+    ]
+    for part in (steady, *halves):
+        out.append(
+            f"| {part[0][0]:.0f} | {part[-1][0]:.0f} | {part[0][1]:.1f} | {part[-1][1]:.1f} | "
+            f"{slope_per_hour(part):+.1f} |"
+        )
+    out += ["", "RSS samples (s: MiB), one a minute:", ""]
+    out.append(", ".join(f"{t:.0f}: {r:.1f}" for i, (t, r) in enumerate(points) if i % 6 == 0))
+    return out
+
+
+def answered(run: Run) -> str:
+    statuses: dict[int, int] = {}
+    for _, _, s in run.answers:
+        statuses[s] = statuses.get(s, 0) + 1
+    return f"Requests answered 200: {statuses.get(200, 0)} of {len(run.answers)} (statuses {statuses})"
+
+
+def probe_rows(samples: Path) -> list[str]:
+    """The light probe's counters inside the proxy, fitted from RSS_WARMUP_S on: where the RSS slope goes."""
+    lines = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()] if samples.exists() else []
+    if len(lines) < 4:
+        return []
+    t0 = lines[0]["t"] - SAMPLE_S
+    steady = [x for x in lines if x["t"] - t0 >= RSS_WARMUP_S] or lines
+    mib = 1 / 2**20
+    out = [
+        "",
+        f"Inside the proxy (the probe callback, every {SAMPLE_S:g} s), fitted from {RSS_WARMUP_S:g} s on:",
+        "",
+        "| counter | first | last | fitted slope per hour |",
+        "|---|---|---|---|",
+    ]
+    names = {
+        "rss": "RSS MiB",
+        "malloc_in_use": "glibc malloc, in use MiB (Rust/C libraries, Python's large objects)",
+        "malloc_free": "glibc malloc, free but kept MiB (fragmentation)",
+        "malloc_arena": "glibc malloc, arena bytes from the system MiB",
+        "malloc_mmapped": "glibc malloc, mmapped blocks MiB",
+        "py_blocks": "Python allocated blocks (thousands)",
+        "threads": "threads",
+    }
+    for key, name in names.items():
+        scale = mib if key.startswith(("rss", "malloc")) else (1e-3 if key == "py_blocks" else 1.0)
+        pts = [(x["t"] - t0, x[key] * scale) for x in steady]
+        out.append(f"| {name} | {pts[0][1]:.1f} | {pts[-1][1]:.1f} | {slope_per_hour(pts):+.1f} |")
+    return out
+
+
+def report_rss(args: argparse.Namespace, run: Run, samples: Path) -> None:
+    load_avg = os.getloadavg()
+    out = [
+        "# LiteLLM proxy memory: RSS only",
+        "",
+        f"Command: `{command(args)}` (one worker, no tracemalloc; bench/litellm_rss.py). {answered(run)}; faults: "
+        f"{', '.join(k for _, k in run.faults)}. Load average at the end: {load_avg[0]:.1f} / {load_avg[1]:.1f} / "
+        f"{load_avg[2]:.1f}.",
+        "",
+        *rss_rows(run),
+        *probe_rows(samples),
+    ]
+    args.out.write_text("\n".join(out) + "\n")
+    print("\n".join(out))
 
 
 def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
@@ -223,12 +404,7 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
     out = [
         "# LiteLLM proxy memory: whose allocations grow",
         "",
-        f"Command: `python -m bench.litellm_rss --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
-        f"--rps {args.rps:g} --frames {args.frames}"
-        f"{'' if args.malloc_arena_max is None else f' --malloc-arena-max {args.malloc_arena_max}'}"
-        f"{'' if args.kv_capacity_tokens is None else f' --kv-capacity-tokens {args.kv_capacity_tokens}'}"
-        f"{'' if args.trace_collector is None else f' --trace-collector {args.trace_collector}'}"
-        f"{'' if args.out == OUT else f' --out {args.out}'}` (one worker, tracemalloc from the config load on; "
+        f"Command: `{command(args)}` (one worker, tracemalloc from the config load on; "
         f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
         f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",
         "",

@@ -48,6 +48,9 @@ LITELLM = Path(sys.executable).parent / "litellm"
 FAULT_WINDOW_S = 30.0
 SAMPLE_S = 10.0
 FAULTS = ("engine-restart", "redis-restart", "config-reload")
+WARMUP_S = 300.0
+"""Slopes are also fitted from here on: the first minutes load what a process keeps (tokenizers, pools, the engines'
+caches filling up to ``--kv-capacity-tokens``), a step a leak does not have."""
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Run:
     faults: list[tuple[float, str]] = field(default_factory=list)
     samples: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
     """Process -> (seconds, RSS MiB, open FDs)."""
+    load: list[float] = field(default_factory=list)
+    """The machine's 1-minute load average at each sample (other work shares the cores)."""
 
 
 def proc_sample(pid: int) -> tuple[float, int] | None:
@@ -266,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_fault = 0
                 while (now := time.monotonic() - t0) < args.duration_s:
                     if now >= next_sample:
+                        run.load.append(os.getloadavg()[0])
                         for name, pid in pids.items():
                             got = proc_sample(pid)
                             if got is not None:
@@ -316,6 +322,7 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
             "rss_mib_first": round(points[0][1], 1),
             "rss_mib_last": round(points[-1][1], 1),
             "rss_mib_per_hour": round(slope_per_hour([(t, r) for t, r, _ in points]), 2),
+            "rss_mib_per_hour_after_warmup": round(slope_per_hour([(t, r) for t, r, _ in points if t >= WARMUP_S]), 2),
             "fds_first": points[0][2],
             "fds_last": points[-1][2],
             "fds_per_hour": round(slope_per_hour([(t, float(f)) for t, _, f in points]), 2),
@@ -327,6 +334,11 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         cycles.append(
             {"from_s": start, "decisions": len(window), "p99_ms": None if value is None else round(value * 1e3, 2)}
         )
+    load_avg = {
+        "min": round(min(run.load, default=0.0), 2),
+        "mean": round(sum(run.load) / max(1, len(run.load)), 2),
+        "max": round(max(run.load, default=0.0), 2),
+    }
     data = {
         "command": f"python -m bench.soak --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
         f"--rps {args.rps:g} --seed {args.seed}"
@@ -338,6 +350,7 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         "faults": run.faults,
         "processes": procs,
         "p99_decision_ms_per_cycle": cycles,
+        "load_average_1m": load_avg,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"soak_seed{args.seed}"
@@ -348,14 +361,19 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         f"Command: `{data['command']}` (one machine, loopback; see bench/soak.py for the stack).",
         "",
         f"Requests: {by_gateway}; errors {len(errors)}, of which {len(outside)} outside the {FAULT_WINDOW_S:g} s "
-        f"after a fault. Faults: {len(run.faults)} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s).",
+        f"after a fault. Faults: {len(run.faults)} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s). "
+        f"The machine's 1-minute load average over the run (2 cores shared with other work): "
+        f"{load_avg['min']} min, {load_avg['mean']} mean, {load_avg['max']} max.",
         "",
-        "| process | RSS MiB first | last | slope MiB/h | FDs first | last | slope FDs/h |",
-        "|---|---|---|---|---|---|---|",
+        f"Slopes are least-squares fits over all samples (every {SAMPLE_S:g} s), and from {WARMUP_S:g} s on.",
+        "",
+        f"| process | RSS MiB first | last | slope MiB/h | from {WARMUP_S:g} s | FDs first | last | slope FDs/h |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in procs.items():
         lines.append(
             f"| {name} | {row['rss_mib_first']} | {row['rss_mib_last']} | {row['rss_mib_per_hour']} | "
+            f"{row['rss_mib_per_hour_after_warmup']} | "
             f"{row['fds_first']} | {row['fds_last']} | {row['fds_per_hour']} |"
         )
     lines += ["", "| cycle from (s) | decisions | p99 decision (ms) |", "|---|---|---|"]

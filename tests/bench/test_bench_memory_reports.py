@@ -1,0 +1,64 @@
+"""The soak's and bench.litellm_rss's reports: slopes after the warm-up, and the command that reproduces a probe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import litellm_rss, soak
+
+
+def test_the_soak_reports_a_warm_up_step_apart_from_the_steady_slope(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that loads 50 MiB in its first two minutes, then stays flat: the fit over the whole run says it
+    # grows, the fit from the warm-up on says it does not.
+    monkeypatch.setattr(soak, "RESULTS", tmp_path)
+    run = soak.Run()
+    run.samples["proxy"] = [(t, 300.0 + min(t, 120.0) / 120.0 * 50.0, 20) for t in range(0, 1800, 10)]
+    run.load = [2.0, 4.0, 6.0]
+    args = argparse.Namespace(duration_s=1800, cycle_s=120, rps=3, seed=99, kv_capacity_tokens=16384)
+    soak.report(args, run, [])
+    data = json.loads((tmp_path / "soak_seed99.json").read_text())
+    proxy = data["processes"]["proxy"]
+    assert proxy["rss_mib_per_hour"] > 10
+    assert proxy["rss_mib_per_hour_after_warmup"] == 0.0
+    assert data["load_average_1m"] == {"min": 2.0, "mean": 4.0, "max": 6.0}
+    md = (tmp_path / "soak_seed99.md").read_text()
+    assert "--kv-capacity-tokens 16384" in md
+    assert "| proxy | 300.0 | 350.0 |" in md
+    assert "4.0 mean" in md
+
+
+def test_an_rss_only_probe_report_names_its_flags_and_where_the_growth_went(tmp_path: Path) -> None:
+    out = tmp_path / "probe.md"
+    args = argparse.Namespace(
+        duration_s=600.0, cycle_s=120.0, rps=1.0, frames=4, tracemalloc=False, router="simple-shuffle",
+        gc_pacing_s=None, limit=["tokenizer_cache_bytes=0"], malloc_arena_max=2, kv_capacity_tokens=4096,
+        trace_collector=None, out=out,
+    )  # fmt: skip
+    run = soak.Run()
+    run.answers = [(1.0, "litellm", 200)] * 600
+    # 36 MiB an hour from the outside, steadily.
+    run.samples["litellm"] = [(float(t), 400.0 + t / 100.0, 16) for t in range(0, 600, 10)]
+    samples = tmp_path / "probe.jsonl"
+    mib = 2**20
+    lines = [
+        {"t": 1000.0 + t, "rss": (400 + t / 100) * mib, "threads": 8, "malloc_arena": 120 * mib,
+         "malloc_mmapped": 4 * mib, "malloc_in_use": 100 * mib, "malloc_free": 20 * mib, "py_blocks": 2_000_000 + t}
+        for t in range(0, 600, 60)
+    ]  # fmt: skip
+    samples.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    litellm_rss.report_rss(args, run, samples)
+    text = out.read_text()
+    assert (
+        "`python -m bench.litellm_rss --duration-s 600 --cycle-s 120 --rps 1 --frames 4 --no-tracemalloc --router "
+        "simple-shuffle --limit tokenizer_cache_bytes=0 --malloc-arena-max 2 --kv-capacity-tokens 4096 --out "
+    ) in text
+    assert "Requests answered 200: 600 of 600" in text
+    assert "| 120 | 590 | 401.2 | 405.9 | +36.0 |" in text
+    assert "| RSS MiB |" in text and "| +36.0 |" in text
+    assert "| glibc malloc, arena bytes from the system MiB | 120.0 | 120.0 | +0.0 |" in text
