@@ -21,12 +21,13 @@ ALONE_ATTN_S_PER_PAIR = 2.37e-6
 ALONE_WEIGHTS_READ_S = 0.0011
 ALONE_KV_READ_S_PER_TOKEN = 8.13e-6
 
-# The benchmark's engines against that fit, refitted on 2026-12-06 to the quiet run of commit 523ee39 (another machine;
-# `git show 523ee39:bench/results/real_engines.md`, `python -m bench.real_engines --rates 1,2,3 --warmup 1:20
-# --stage-duration 30`) by `python -m bench.cpu_calibration --from-requests bench/results/real_engines_seed*.requests.jsonl.gz`
-# on that commit's files (the committed run is now one on a slower AMD host, docs/sim.md): least squares
-# over the 96 requests that ran with no other request in flight (TTFT and ITL; median error 9% and 6%). Before, one
-# factor, LOAD_SLOWDOWN = 3.8, scaled every cost alike (fitted to an earlier run on a loaded machine).
+# The benchmark's engines against that fit, refitted on 2026-12-06 to the quiet run of commit 523ee39 (another
+# machine; `git show 523ee39:bench/results/real_engines.md`, `python -m bench.real_engines --rates 1,2,3 --warmup 1:20
+# --stage-duration 30`) by `python -m bench.cpu_calibration --from-requests
+# bench/results/real_engines_seed*.requests.jsonl.gz` on that commit's files (the committed run is now one on a slower
+# AMD host, docs/sim.md): least squares over the 96 requests that ran with no other request in flight (TTFT and ITL;
+# median error 9% and 6%). Before, one factor, LOAD_SLOWDOWN = 3.8, scaled every cost alike (fitted to an earlier run
+# on a loaded machine).
 PREFILL_SLOWDOWN = 0.206
 """Scales a prefill's compute (the compute rate's inverse, the attention cost). Below 1: the calibration ran on a
 machine at load average 10-13, the benchmark on a quiet one (load ~2 before each seed), where a cold 1,134-token
