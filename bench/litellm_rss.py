@@ -340,7 +340,10 @@ def answered(run: Run) -> str:
     statuses: dict[int, int] = {}
     for _, _, s in run.answers:
         statuses[s] = statuses.get(s, 0) + 1
-    return f"Requests answered 200: {statuses.get(200, 0)} of {len(run.answers)} (statuses {statuses})"
+    return (
+        f"Requests answered 200: {statuses.get(200, 0)} of {len(run.answers)} (statuses {statuses}, -1: transport "
+        "error or timeout)"
+    )
 
 
 def probe_rows(samples: Path) -> list[str]:
@@ -397,16 +400,11 @@ def report(args: argparse.Namespace, run: Run, samples: Path) -> None:
     last = lines[-1]
     mib = 1 / 2**20
     span_h = (last["t"] - first["t"]) / 3600 or 1.0
-    ok = sum(1 for _, _, s in run.answers if s == 200)
-    statuses: dict[int, int] = {}
-    for _, _, s in run.answers:
-        statuses[s] = statuses.get(s, 0) + 1
     out = [
         "# LiteLLM proxy memory: whose allocations grow",
         "",
         f"Command: `{command(args)}` (one worker, tracemalloc from the config load on; "
-        f"bench/litellm_rss.py). Requests answered 200: {ok} of {len(run.answers)} (statuses {statuses}, -1: "
-        f"transport error or timeout); faults: {', '.join(k for _, k in run.faults)}.",
+        f"bench/litellm_rss.py). {answered(run)}; faults: {', '.join(k for _, k in run.faults)}.",
         "",
         f"From the sample at {first['t'] - lines[0]['t'] + SAMPLE_S:.0f} s to the last at "
         f"{last['t'] - lines[0]['t'] + SAMPLE_S:.0f} s:",

@@ -13,7 +13,6 @@ cell shows the mean and the range (min-max) across runs.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shlex
 import statistics
@@ -21,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.report import read_requests
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -37,14 +38,12 @@ def summarize(prefix: Path) -> dict[str, dict[str, Any]]:
     """Per target: J/output token, TTFT and E2E p50/p90, requests per engine."""
     report = json.loads(prefix.with_suffix(".json").read_text())
     rows: dict[str, dict[str, list[float]]] = {}
-    with gzip.open(prefix.with_suffix(".requests.jsonl.gz"), "rt") as fh:
-        for line in fh:
-            r = json.loads(line)
-            if not r["measured"] or r["status"] != 200 or r.get("censored"):
-                continue
-            got = rows.setdefault(r["target"], {"ttft": [], "e2e": []})
-            got["ttft"].append(r["ttft_s"])
-            got["e2e"].append(r["e2e_s"])
+    for r in read_requests(prefix):
+        if not r["measured"] or r["status"] != 200 or r.get("censored"):
+            continue
+        got = rows.setdefault(r["target"], {"ttft": [], "e2e": []})
+        got["ttft"].append(r["ttft_s"])
+        got["e2e"].append(r["e2e_s"])
     out: dict[str, dict[str, Any]] = {}
     for run in report["runs"]:
         name = run["target"]

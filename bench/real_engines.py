@@ -45,7 +45,7 @@ import httpx
 from bench import workloads as wl
 from bench.capacity_bound import capacity_bounds
 from bench.protocol import aggregate
-from bench.report import Report, Slo, load_report, rerender, why_unusable, write_report
+from bench.report import Report, Slo, load_report, read_requests, rerender, why_unusable, write_report
 from bench.run_all import BenchFleet, FleetSpec, run_target
 from bench.targets import process_group_cpu_seconds
 from cognitora_sim.harness.process import wait_until
@@ -271,12 +271,15 @@ def gateway_section(per_seed: Sequence[dict[str, tuple[float, float]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _requests_of(prefix: Path) -> list[dict[str, Any]]:
-    path = prefix.with_suffix(".requests.jsonl.gz")
-    if not path.exists():
-        return []
-    with gzip.open(path, "rt") as fh:
-        return [json.loads(line) for line in fh]
+def summary_text(reports: Sequence[Report], seeds: Sequence[int], prefix: Path, command: str) -> str:
+    """``<prefix>.md``: the protocol's table over the seeds, then the gateway's share of TTFT from each seed's kept
+    requests (a seed whose requests were not kept is left out of that section)."""
+    gateway = []
+    for report, seed in zip(reports, seeds, strict=True):
+        seed_prefix = prefix.with_name(f"{prefix.name}_seed{seed}")
+        kept = seed_prefix.with_suffix(".requests.jsonl.gz").exists()
+        gateway.append(gateway_times(report, read_requests(seed_prefix) if kept else []))
+    return aggregate(reports, command) + gateway_section(gateway)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -508,12 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     st.router_cpu_share = cpu.get((run.target, st.stage))
             write_report(report, out)
             redone.append(report)
-        gateway = [
-            gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
-            for rep, seed in zip(redone, seeds, strict=True)
-        ]
-        text = aggregate(redone, f"{redone[0].command}\n{command}") + gateway_section(gateway)
-        prefix.with_suffix(".md").write_text(text)
+        prefix.with_suffix(".md").write_text(summary_text(redone, seeds, prefix, f"{redone[0].command}\n{command}"))
         print(prefix.with_suffix(".md"))
         return 0
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -557,11 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_report(report, out)
                 reports.append(report)
     summary = prefix.with_suffix(".md")
-    gateway = [
-        gateway_times(rep, _requests_of(prefix.with_name(f"{prefix.name}_seed{seed}")))
-        for rep, seed in zip(reports, seeds, strict=True)
-    ]
-    summary.write_text(aggregate(reports, command) + gateway_section(gateway))
+    summary.write_text(summary_text(reports, seeds, prefix, command))
     print(summary)
     return 1 if any(why_unusable(run) for rep in reports for run in rep.runs) else 0
 

@@ -21,6 +21,7 @@ Definitions (engine seconds throughout; see bench/loadgen.py for the time scale)
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -487,16 +488,19 @@ def _fill_max_tokens(report: Report, raw: dict[str, list[RequestResult]]) -> Non
             r.max_tokens = r.max_tokens or by_index.get(r.index, 0)
 
 
+def read_requests(prefix: Path) -> list[dict[str, Any]]:
+    """Every request of a run, as the runner kept them in ``<prefix>.requests.jsonl.gz`` (one JSON object a line,
+    with its ``target``)."""
+    with gzip.open(prefix.with_suffix(".requests.jsonl.gz"), "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
 def rerender(prefix: Path) -> list[Path]:
     """Recompute every summary of ``<prefix>.json`` from the raw ``<prefix>.requests.jsonl.gz`` and write again."""
-    import gzip
-
     report = load_report(json.loads(prefix.with_suffix(".json").read_text()))
     raw: dict[str, list[RequestResult]] = {}
-    with gzip.open(prefix.with_suffix(".requests.jsonl.gz"), "rt") as fh:
-        for line in fh:
-            row = json.loads(line)
-            raw.setdefault(row.pop("target"), []).append(RequestResult(**row))
+    for row in read_requests(prefix):
+        raw.setdefault(row.pop("target"), []).append(RequestResult(**row))
     _fill_max_tokens(report, raw)
     bounds = report.reuse_bound
     for run in report.runs:
