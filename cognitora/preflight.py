@@ -283,7 +283,7 @@ def check_store(config: CognitoraConfig, timeout_s: float = STORE_CHECK_TIMEOUT_
     url = config.redis_url
     if url is None:
         return None
-    from kvstate.redis_store import probe
+    from kvstate.redis_client import probe
 
     try:
         probe(url, cluster=config.redis_cluster, timeout_s=timeout_s)

@@ -28,7 +28,7 @@ from cognitora.config import CognitoraConfig
 from cognitora.doctor.checks import Check, fail, ok, warn
 from cognitora.redaction import redact_url
 from kvstate.open import open_store
-from kvstate.redis_store import probe
+from kvstate.redis_client import probe
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = [

@@ -41,7 +41,7 @@ from cognitora.flow import redis_scripts
 from cognitora.flow.config import LeaseConfig
 from cognitora.flow.leases import FairCharge, LeaseGrant
 from cognitora.flow.redis_keys import FlowKeys
-from kvstate.redis_store import Client
+from kvstate.redis_client import Client
 from kvstate.store import StoreUnavailable
 
 __all__ = ["SERVED_KEEP_S", "RedisLeases"]
@@ -49,7 +49,7 @@ __all__ = ["SERVED_KEEP_S", "RedisLeases"]
 log = logging.getLogger(__name__)
 
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
-"""Errors that mean Redis cannot serve now (the store's list, ``kvstate.redis_store``); any other is a bug to show."""
+"""Errors that mean Redis cannot serve now (the store's list, ``kvstate.redis_client``); any other is a bug to show."""
 
 SERVED_KEEP_S = 86_400.0
 """A band's shared fairness counters are dropped after a day without a dispatch in it."""
@@ -64,7 +64,7 @@ class _Lua:
 
     async def __call__(self, client: Client, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if isinstance(client, RedisCluster):
-            await client.initialize()  # route by slot from the first call (kvstate.redis_store._ready says why)
+            await client.initialize()  # route by slot from the first call (kvstate.redis_client.ScriptRunner.ready)
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:

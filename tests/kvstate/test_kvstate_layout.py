@@ -78,3 +78,20 @@ def test_the_public_store_names_still_import() -> None:
     # A block held on CPU and on disk reloads from the faster of the two.
     both = tiers.tier_bit(tiers.Tier.CPU) | tiers.tier_bit(tiers.Tier.DISK)
     assert tiers.mask_weights(None)[both] == tiers.DEFAULT_TIER_WEIGHTS[tiers.Tier.CPU]
+
+
+def test_the_redis_store_parts_sit_below_it() -> None:
+    """``redis_store`` puts ``redis_client``, ``redis_index`` and ``redis_fleet`` together: no part imports it, and
+    the two halves share only the client; the names callers imported from ``redis_store`` before the split still
+    import from there."""
+    files = module_files()
+    parts = {"kvstate.redis_client", "kvstate.redis_index", "kvstate.redis_fleet"}
+    for part in parts:
+        imports = imported_modules(part, files[part], files)
+        assert "kvstate.redis_store" not in imports, part
+        assert not imports & (parts - {part, "kvstate.redis_client"}), part
+    from kvstate import redis_client, redis_store
+
+    assert redis_store.Client is redis_client.Client
+    assert redis_store.ScriptCall is redis_client.ScriptCall
+    assert redis_store.probe is redis_client.probe
