@@ -129,7 +129,7 @@ class FirstEndpointCore:
 def serve_trivial_extproc(port: int, endpoint: str, profile: Path | None) -> None:
     import signal
 
-    from envoy_extproc.processor import AddressBook
+    from envoy_extproc.addresses import AddressBook
     from envoy_extproc.server import start_server
     from envoy_extproc.settings import ExtprocSettings
 

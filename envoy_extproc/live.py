@@ -14,8 +14,8 @@ from cognitora.config import CognitoraConfig
 from cognitora.metrics.serve import MetricsServer
 from cognitora.ops.reload import Commit, LiveRouter
 from cognitora.preflight import EngineAddress, resolve_engines
+from envoy_extproc.addresses import AddressBook
 from envoy_extproc.metrics import start_worker_metrics
-from envoy_extproc.processor import AddressBook
 from envoy_extproc.settings import ExtprocSettings
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class LiveParts:
         self.metrics: MetricsServer | None = None
         self._errors = errors
         self._make_book = make_book
-        """``server.address_book``: a ``ConfigError`` naming each endpoint whose host does not resolve."""
+        """``addresses.address_book``: a ``ConfigError`` naming each endpoint whose host does not resolve."""
         self._pending: set[asyncio.Task[object]] = set()
 
     async def start_metrics(self) -> None:

@@ -18,7 +18,7 @@ is the core's ``Attempt``; this module only translates Envoy's messages onto it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from cognitora.core.outcome import Outcome, OutcomeKind
@@ -29,6 +29,7 @@ from cognitora.stream_usage import StreamUsageReader, stream_usage_reader, usage
 from cognitora.surface_entry import SurfaceReader
 from cognitora.tracing import TRACEPARENT, TRACESTATE, UNTRACED, Tracing
 from envoy_extproc import headers, protocol
+from envoy_extproc.addresses import AddressBook, fallback_order
 from envoy_extproc.answers import remember_body, remember_stream
 from envoy_extproc.identity_metadata import identity_from_metadata
 from envoy_extproc.openai_body import BadRequest, ParsedBody, parse_body, rewrite_body
@@ -36,7 +37,7 @@ from envoy_extproc.response import ResponseRead
 from envoy_extproc.settings import ExtprocSettings
 from envoy_extproc.usage import SseUsageScanner, usage_from_json
 
-__all__ = ["WAIT_MARGIN_S", "AddressBook", "Exchange", "PlacedAttempt", "PlacementCore", "fallback_order"]
+__all__ = ["WAIT_MARGIN_S", "Exchange", "PlacedAttempt", "PlacementCore"]
 
 WAIT_MARGIN_S = 2.0
 """Beyond a queued request's ``max_wait_s``, the time its placement and answer may take (the example's
@@ -88,38 +89,6 @@ def surface_reader(core: PlacementCore) -> SurfaceReader | None:
     chat and completions only: other surfaces are then refused with a 400, never placed blind)."""
     reader = getattr(core, "surfaces", None)
     return reader if isinstance(reader, SurfaceReader) else None
-
-
-class AddressBook:
-    """Endpoint ids (the store's names) <-> the literal ``IP:port`` Envoy needs (it resolves no names here).
-
-    Ids without an entry are already literal addresses (the default id of an endpoint is its ``host:port``).
-    """
-
-    def __init__(self, addresses: Mapping[str, str], cloud_keys: Mapping[str, str] | None = None) -> None:
-        self.addresses = dict(addresses)
-        self.cloud_keys = dict(cloud_keys or {})
-        """Cloud target -> API key the service injects (``burst.targets[].credential_env``); never logged."""
-        self._endpoints = {address: endpoint for endpoint, address in self.addresses.items()}
-
-    def address(self, endpoint: str) -> str:
-        return self.addresses.get(endpoint, endpoint)
-
-    def update(self, other: AddressBook) -> None:
-        """Take ``other``'s entries (a config reload): one assignment each, so a stream reading meanwhile sees the
-        old book or the new one, never a mix within one lookup."""
-        self._endpoints = dict(other._endpoints)
-        self.cloud_keys = dict(other.cloud_keys)
-        self.addresses = dict(other.addresses)
-
-    def endpoint(self, address: str) -> str:
-        return self._endpoints.get(address, address)
-
-
-def fallback_order(decision: Decision, count: int) -> list[str]:
-    """The pick, then up to ``count`` of the core's fallbacks, in the core's order."""
-    assert decision.endpoint is not None
-    return [decision.endpoint, *decision.fallbacks[:count]]
 
 
 class Exchange:

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -26,16 +26,17 @@ from cognitora.failsafe import RateLimitedLog
 from cognitora.metrics.cors import CorsPolicy
 from cognitora.ops.drain import drain
 from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter
-from cognitora.preflight import EngineAddress, check_store, resolve_engines, unresolved_problems
+from cognitora.preflight import check_store, resolve_engines
 from cognitora.tracing import Tracing
 from envoy_extproc import protocol
+from envoy_extproc.addresses import AddressBook, address_book
 from envoy_extproc.health import ExtprocHealth, add_health
 from envoy_extproc.live import LiveParts
 from envoy_extproc.metrics import SupervisorMetrics
-from envoy_extproc.processor import AddressBook, Exchange, PlacementCore
+from envoy_extproc.processor import Exchange, PlacementCore
 from envoy_extproc.settings import ExtprocSettings, parse_settings
 
-__all__ = ["ExtProcServer", "ExtProcService", "address_book", "blind_start_problem", "main", "start_server"]
+__all__ = ["ExtProcServer", "ExtProcService", "blind_start_problem", "main", "start_server"]
 
 log = logging.getLogger("cognitora.extproc")
 
@@ -174,32 +175,6 @@ async def start_server(
     await server.start()
     await health.serving()
     return ExtProcServer(server, service, port, health)
-
-
-def address_book(engines: Mapping[str, EngineAddress]) -> AddressBook:
-    """Endpoint id -> literal ``IP:port``, from the engines as their hosts resolved at start
-    (``cognitora.preflight.resolve_engines``): Envoy's ORIGINAL_DST and override_host take only literal addresses.
-
-    Raises ``ConfigError`` naming each endpoint whose host did not resolve, and the host."""
-    problems = unresolved_problems(engines)
-    if problems:
-        detail = (
-            problems[0]
-            if len(problems) == 1
-            else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
-        raise ConfigError(
-            f"{detail}\nEnvoy is handed literal addresses, so this service resolves each engine's host once, at "
-            "start: fix the name (or its DNS), or write the engine's IP address in the url"
-        )
-    addresses: dict[str, str] = {}
-    for engine in engines.values():
-        address = engine.socket_address
-        assert address is not None  # (resolved: checked above)
-        if engine.host not in engine.addresses:
-            log.info("endpoint %s: %s resolved to %s (resolved once, at start)", engine.endpoint, engine.host, address)
-        addresses[engine.endpoint] = address
-    return AddressBook(addresses)
 
 
 async def _run(settings: ExtprocSettings) -> int:

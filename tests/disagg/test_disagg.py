@@ -291,7 +291,8 @@ async def test_envoy_drops_a_clients_prefill_header_and_sets_the_pairs() -> None
     from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-    from envoy_extproc.processor import AddressBook, Exchange
+    from envoy_extproc.addresses import AddressBook
+    from envoy_extproc.processor import Exchange
     from envoy_extproc.settings import parse_settings
 
     def header_map(**values: str) -> Any:

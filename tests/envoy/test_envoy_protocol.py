@@ -27,7 +27,7 @@ from cognitora.request import RouteRequest
 from cognitora.surface_entry import SurfaceReader
 from cognitora_sim.harness.envoy_launch import render_config, start_envoy
 from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
-from envoy_extproc.processor import AddressBook
+from envoy_extproc.addresses import AddressBook
 from envoy_extproc.server import start_server
 from envoy_extproc.settings import ExtprocSettings
 

@@ -14,7 +14,8 @@ from cognitora.core.outcome import Outcome
 from cognitora.decision import CloudPick, Decision
 from cognitora.intent.rewrite import Rewrite
 from cognitora.request import RouteRequest
-from envoy_extproc.processor import AddressBook, Exchange
+from envoy_extproc.addresses import AddressBook
+from envoy_extproc.processor import Exchange
 from envoy_extproc.settings import parse_settings
 
 ENGINE = "10.0.0.1:8000"

@@ -9,8 +9,7 @@ import pytest
 from cognitora.config import ConfigError, config_from_dict
 from cognitora.decision import Decision
 from cognitora.preflight import EngineAddress, resolve_engines
-from envoy_extproc.processor import AddressBook, fallback_order
-from envoy_extproc.server import address_book
+from envoy_extproc.addresses import AddressBook, address_book, fallback_order
 from envoy_extproc.settings import parse_settings
 
 

@@ -17,7 +17,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from cognitora.config import config_from_dict
 from cognitora.core.router import Router
 from cognitora.identity import Identity
-from envoy_extproc.processor import AddressBook, Exchange
+from envoy_extproc.addresses import AddressBook
+from envoy_extproc.processor import Exchange
 from envoy_extproc.settings import parse_settings
 from kvstate.memory_store import MemoryStore
 
