@@ -45,8 +45,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from cognitora_sim.disagg import PdEngine, PdSide, TransferFailed, classify
 from cognitora_sim.embeddings import embeddings_response
 from cognitora_sim.engine import EngineDown, RequestRejected, SimEngine
-from cognitora_sim.engine_kinds import PAGES, IterationStats, llamacpp_slots, surface
+from cognitora_sim.engine_kinds import surface
 from cognitora_sim.http_json import cut_connection, error_response, read_json
+from cognitora_sim.kind_pages import PAGES, IterationStats, llamacpp_slots
 from cognitora_sim.scheduler import SimRequest
 from cognitora_sim.surface_server import SurfaceEndpoints
 from kvstate.prompt import ChatPrompt, ChatTokenizer, PromptError, PromptTokenizer
