@@ -20,9 +20,10 @@ and ``uninstall()`` puts both back:
    through ``set_custom_routing_strategy``, and one switching away has its strategy closed. ``__init__`` is left
    alone: its signature, which the proxy reads to pick ``router_settings`` keys, stays LiteLLM's own.
 
-Inside the proxy, the strategy also reads two facts the proxy leaves for its workers: the LiteLLM config's path
-(relative paths in ``routing_strategy_args`` are relative to its folder) and the worker count (embedded mode is
-refused under ``--num_workers`` > 1: each worker would keep a store and a collector of its own).
+Inside the proxy, the strategy also reads two facts the proxy leaves for its workers (``litellm_plugin.proxy``):
+the LiteLLM config's path (relative paths in ``routing_strategy_args`` are relative to its folder) and the worker
+count (embedded mode is refused under ``--num_workers`` > 1: each worker would keep a store and a collector of its
+own).
 
 Every LiteLLM internal touched here is pinned by tests/litellm/test_litellm_contract.py.
 """
@@ -32,19 +33,17 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from cognitora.config import CognitoraConfig, ConfigError
+from litellm_plugin.proxy import PROXY_WORKERS_ENV, in_proxy, litellm_config_dir, proxy_workers
 
 if TYPE_CHECKING:
-    from litellm_plugin.callbacks import CognitoraCallbacks
+    from litellm_plugin.hooks import CognitoraCallbacks
     from litellm_plugin.metrics import MetricsPages
     from litellm_plugin.strategy import CognitoraRoutingStrategy
 
@@ -75,10 +74,6 @@ _UPGRADE_HINT = (
     "cognitora-router[litellm] extra), or see docs/litellm.md ('What breaks on upgrade')"
 )
 
-_PROXY_MODULE = "litellm.proxy.proxy_server"
-"""Imported in every proxy worker (it is the app), and by nothing an SDK script needs."""
-PROXY_WORKERS_ENV = "NUM_WORKERS"
-"""Set by ``litellm`` (proxy_cli) to ``--num_workers`` before it starts the workers, which inherit it."""
 _ROUTING_GROUPS_MODULES = (
     "litellm.router_utils.routing_groups",  # 1.108.x
     "litellm.litellm_core_utils.routing_groups",  # 1.110.x moved it here
@@ -117,7 +112,7 @@ class Plugin:
     """
 
     def __init__(self) -> None:
-        from litellm_plugin.callbacks import CognitoraCallbacks
+        from litellm_plugin.hooks import CognitoraCallbacks
         from litellm_plugin.metrics import MetricsPages
 
         self.callbacks: CognitoraCallbacks = CognitoraCallbacks()
@@ -308,34 +303,6 @@ def _build_strategy(router: Any, routing_strategy_args: dict[str, Any], plugin: 
     )
     strategy.watch_config(fleet_args, litellm_config_dir())  # the config: file reloads when it changes
     return strategy
-
-
-def litellm_config_dir() -> Path | None:
-    """The folder of the config the LiteLLM proxy was started with (``litellm --config PATH``); None in an SDK
-    script, or when the proxy's config is not a local file (a bucket): relative paths then use the current directory.
-    """
-    proxy = sys.modules.get(_PROXY_MODULE)
-    path = getattr(proxy, "user_config_file_path", None)  # set by the proxy's load_config before the Router exists
-    if not path:
-        return None
-    file = Path(str(path)).expanduser()
-    return file.resolve().parent if file.is_file() else None
-
-
-def in_proxy() -> bool:
-    """Whether this process is a LiteLLM proxy (its app module is imported), not an SDK script."""
-    return _PROXY_MODULE in sys.modules
-
-
-def proxy_workers(environ: Mapping[str, str] | None = None) -> int:
-    """How many worker processes serve this LiteLLM proxy (1 outside the proxy)."""
-    if _PROXY_MODULE not in sys.modules:
-        return 1
-    value = (os.environ if environ is None else environ).get(PROXY_WORKERS_ENV, "1")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        return 1
 
 
 def embedded_mode_problem(config: CognitoraConfig, workers: int) -> str | None:

@@ -9,7 +9,7 @@ Per attempt (LiteLLM calls the strategy again for each retry of a request):
    id so a retry finishes the attempts before it that no callback reported).
 3. The strategy returns the deployment whose endpoint is the Decision's, or raises the LiteLLM error that matches
    a Rejection's status. The attempt's id goes into the request metadata for the callbacks
-   (``litellm_plugin.callbacks``), which translate LiteLLM's hooks onto the core's ``Attempt``.
+   (``litellm_plugin.hooks``), which translate LiteLLM's hooks onto the core's ``Attempt``.
 
 A model group with no engine of the fleet (only hosted providers) is not Cognitora's to place: LiteLLM's default
 (``simple-shuffle``) picks there, as it would without the plugin.
@@ -40,10 +40,10 @@ from cognitora.request import InvalidRequest
 from cognitora.surface_entry import SurfaceReader
 from cognitora.tracing import process_tracing
 from litellm_plugin import live
-from litellm_plugin.callbacks import CognitoraCallbacks
 from litellm_plugin.fleet import Fleet, deployment_id, endpoint_id
+from litellm_plugin.hooks import CognitoraCallbacks
 from litellm_plugin.metrics import MetricsPages, MetricsSettings
-from litellm_plugin.register import in_proxy
+from litellm_plugin.proxy import in_proxy
 from litellm_plugin.runtime import CoreHost
 from litellm_plugin.translate import (
     PLACEMENT_KEY,

@@ -384,19 +384,19 @@ def _function_source(source: str, header: str) -> str:
 
 
 def test_proxy_workers_inherit_the_worker_count() -> None:
-    # register.proxy_workers reads NUM_WORKERS: embedded mode under --num_workers > 1 is refused from it.
+    # proxy.proxy_workers reads NUM_WORKERS: embedded mode under --num_workers > 1 is refused from it.
     source = _proxy_source("litellm.proxy.proxy_cli")
     set_at = source.find('os.environ["NUM_WORKERS"] = str(num_workers)')
     start_at = source.find("uvicorn.run(")
     _requires(
         set_at != -1 and start_at != -1 and set_at < start_at,
         "litellm/proxy/proxy_cli.py no longer sets os.environ['NUM_WORKERS'] to --num_workers before it starts the "
-        "workers: update litellm_plugin.register.proxy_workers (embedded mode under several workers goes unnoticed)",
+        "workers: update litellm_plugin.proxy.proxy_workers (embedded mode under several workers goes unnoticed)",
     )
 
 
 def test_proxy_names_its_config_file_before_it_builds_the_router() -> None:
-    # register.litellm_config_dir reads proxy_server.user_config_file_path: inline relative paths hang on it.
+    # proxy.litellm_config_dir reads proxy_server.user_config_file_path: inline relative paths hang on it.
     source = _proxy_source("litellm.proxy.proxy_server")
     from_file = _function_source(source, "    async def _get_config_from_file(")
     get_config = _function_source(source, "    async def get_config(")
@@ -408,7 +408,7 @@ def test_proxy_names_its_config_file_before_it_builds_the_router() -> None:
         < load_config.find("await self.get_config(config_file_path=config_file_path)")
         < load_config.find("router = litellm.Router(\n            **router_params"),
         "litellm/proxy/proxy_server.py no longer records user_config_file_path before load_config builds the Router: "
-        "update litellm_plugin.register.litellm_config_dir (relative paths would fall back to the proxy's cwd)",
+        "update litellm_plugin.proxy.litellm_config_dir (relative paths would fall back to the proxy's cwd)",
     )
 
 
