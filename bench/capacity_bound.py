@@ -25,12 +25,15 @@ prints, per stage, the reuse bound, the capacity bound and the pooled LRU figure
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench import workloads as wl
+from bench.run_args import BLOCK_SIZE, build_schedule, fleet_kv_tokens, parse_args
 from bench.workloads import BenchRequest
 
 __all__ = ["CapacityBound", "capacity_bounds"]
@@ -145,9 +148,12 @@ def _lru_leading_hits(chains: Sequence[Sequence[int]], slots: int) -> list[int]:
     return hits
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from bench.run_all import build_schedule, fleet_capacity_bounds, parse_args
+def fleet_capacity_bounds(schedule: wl.Schedule, args: argparse.Namespace) -> CapacityBound:
+    """Both bounds for a run's schedule on the fleet its ``bench.run_all`` arguments describe (``bench.run_args``)."""
+    return capacity_bounds(schedule.requests, fleet_kv_tokens(args), BLOCK_SIZE)
 
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     schedule = build_schedule(args)
     bound = fleet_capacity_bounds(schedule, args)

@@ -37,7 +37,8 @@ from typing import Any
 
 from bench import workloads as wl
 from bench.report import Slo, why_unusable
-from bench.run_all import RESULTS, SMOLLM2_TOKENIZER, FleetSpec, run_target
+from bench.run_all import RESULTS, FleetSpec, run_target
+from bench.run_args import SMOLLM2_TOKENIZER
 from bench.targets import CognitoraEnvoyTarget, Target
 
 __all__ = ["FlowWorkload", "flow_schedule", "main", "summarize"]

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import run_all
+from bench.capacity_bound import fleet_capacity_bounds
 from bench.report import Report, StageSummary, load_report
+from bench.run_args import build_schedule, parse_args
 
 DEFAULT_SEEDS = (20251130, 20251201, 20251202, 20251203, 20251204)
 
@@ -279,11 +281,11 @@ def fill_capacity_bound(report: Report) -> bool:
     argv = shlex.split(report.command)
     if argv[:3] != ["python", "-m", "bench.run_all"]:
         return False
-    args = run_all.parse_args(argv[3:])
+    args = parse_args(argv[3:])
     if args.trace is not None and not Path(args.trace).exists():
         return False
-    schedule = run_all.build_schedule(args)
-    bound = run_all.fleet_capacity_bounds(schedule, args)
+    schedule = build_schedule(args)
+    bound = fleet_capacity_bounds(schedule, args)
     report.capacity_bound, report.pooled_lru_bound = bound.capacity, bound.pooled_lru
     return True
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.loadgen import HarnessHealth, RequestResult
+from bench.run_args import build_schedule, parse_args
 
 
 @dataclass(frozen=True)
@@ -476,12 +478,8 @@ def _fill_max_tokens(report: Report, raw: dict[str, list[RequestResult]]) -> Non
     """Older raw files lack max_tokens: rebuild the schedule from the command at the top of the report."""
     if all(r.max_tokens for results in raw.values() for r in results):
         return
-    import shlex
-
-    from bench import run_all
-
     argv = shlex.split(report.command.split("#")[0])[3:]
-    schedule = run_all.build_schedule(run_all.parse_args(argv))
+    schedule = build_schedule(parse_args(argv))
     by_index = {r.index: r.max_tokens for r in schedule.requests}
     for results in raw.values():
         for r in results:

@@ -37,10 +37,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 from bench import workloads as wl
-from bench.capacity_bound import CapacityBound, capacity_bounds
+from bench.capacity_bound import fleet_capacity_bounds
 from bench.cpu_timeline import CpuTimeline
 from bench.loadgen import LoadResult, RequestResult, run_load
-from bench.long_context import LongContextProfile, long_context_schedule
 from bench.report import (
     EngineStats,
     Report,
@@ -51,6 +50,7 @@ from bench.report import (
     why_unusable,
     write_report,
 )
+from bench.run_args import BLOCK_SIZE, build_schedule, parse_args
 from bench.targets import (
     COGNITORA_TARGETS,
     PEER_TARGETS,
@@ -63,19 +63,9 @@ from bench.targets import (
     split_target,
 )
 from cognitora_sim.harness.process import ManagedProcess, free_port_block, wait_until
-from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SMOLLM2_TOKENIZER = SMOLLM2_DIR / "tokenizer.json"
-# The published B2B ladder (llm-d guide): 3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60 QPS.
-DEFAULT_RATES = {
-    "b2b-saas": "3,10,20,30,45,60",
-    "shared-prefix-32x32": "5,10,20,40",
-    "multi-turn-chat": "2,5,10",
-    # 8 h100x2 engines prefill ~7 requests/s of the profile's ~13k-token prompts: past that, every router queues.
-    "long-context": "2,4,6,8",
-}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -91,7 +81,7 @@ class FleetSpec:
     stream_chunk_tokens: int
     tokenizer: str
     """``builtin`` or a tokenizer.json path (Cognitora's config then names the same file)."""
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     engine_kind: str = "vllm"
     """``cognitora sim --engine-kind``: what each engine shows (a comma list cycles over the engines)."""
     sim_args: tuple[str, ...] = ()
@@ -391,38 +381,6 @@ def run_target(
 # CLI
 
 
-def build_schedule(args: argparse.Namespace) -> wl.Schedule:
-    if args.trace is not None or args.workload == "mooncake":
-        if args.trace is None:
-            # The trace is not shipped (1 MB of someone else's data): the user names the copy they fetched.
-            raise SystemExit(
-                "--workload mooncake needs --trace FILE: a Mooncake-format JSONL trace, e.g. "
-                "FAST25-release/traces/synthetic_trace.jsonl from https://github.com/kvcache-ai/Mooncake"
-            )
-        return wl.mooncake_schedule(Path(args.trace), speed=args.speed, max_requests=args.max_requests)
-    rates = [float(x) for x in (args.rates or DEFAULT_RATES[args.workload]).split(",") if x.strip()]
-    warmup_rate, warmup_s = (float(x) for x in args.warmup.split(":")) if args.warmup else (0.0, 0.0)
-    stages = wl.ladder(rates, args.stage_duration, warmup_rate, warmup_s)
-    if args.workload == "long-context":
-        return long_context_schedule(LongContextProfile(), stages, seed=args.seed)
-    if args.workload == "multi-turn-chat":
-        return wl.multi_turn_schedule(wl.MultiTurnProfile(), stages, seed=args.seed)
-    profile = wl.PROFILES[args.workload].scaled_to(args.engines, args.kv_tokens_per_engine)
-    return wl.shared_prefix_schedule(profile, stages, seed=args.seed)
-
-
-def fleet_kv_tokens(args: argparse.Namespace) -> int:
-    """The KV cache of the whole simulated fleet, in tokens (each engine's profile's capacity)."""
-    from cognitora_sim.profiles import profiles_for_fleet
-
-    return sum(p.kv_capacity_tokens for p in profiles_for_fleet(args.profile, args.engines))
-
-
-def fleet_capacity_bounds(schedule: wl.Schedule, args: argparse.Namespace) -> CapacityBound:
-    """``bench.capacity_bound`` for this run's schedule on the fleet its arguments describe."""
-    return capacity_bounds(schedule.requests, fleet_kv_tokens(args), FleetSpec.block_size)
-
-
 def pick_time_scale(schedule: wl.Schedule, requested: str, max_wall_rps: float) -> float:
     if requested != "auto":
         return float(requested)
@@ -444,55 +402,6 @@ def _peak_rate(requests: Sequence[wl.BenchRequest], window_s: float = 10.0) -> f
             j += 1
         best = max(best, i - j + 1)
     return best / window_s
-
-
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.run_all", description=__doc__.split("\n")[0])
-    workloads = [*wl.PROFILES, "multi-turn-chat", "long-context", "mooncake"]
-    p.add_argument("--workload", default="b2b-saas", choices=workloads)
-    p.add_argument("--rates", help="ladder of offered loads, requests per engine second (default per workload)")
-    p.add_argument("--stage-duration", type=float, default=20.0, help="engine seconds per ladder stage")
-    p.add_argument("--warmup", default="15:20", help="RATE:SECONDS unmeasured warm-up ('' for none)")
-    p.add_argument(
-        "--targets",
-        default="all",
-        help="comma list, 'all' or 'peers' (a Cognitora target takes placement overrides: "
-        "'cognitora-envoy@power_ttft_slack_s=0;tie_band_s=0.01'); known: " + ", ".join(all_targets()),
-    )
-    p.add_argument("--duration", type=float, help="stop sending after this many wall seconds per target")
-    p.add_argument("--max-requests", type=int, help="send at most this many requests per target")
-    p.add_argument("--time-scale", default="auto", help="sim time scale X (engine time = X * wall time) or 'auto'")
-    p.add_argument("--max-wall-rps", type=float, default=4.0, help="with --time-scale auto: wall req/s ceiling")
-    p.add_argument("--trace", help="Mooncake-format JSONL trace to replay (implies --workload mooncake)")
-    p.add_argument("--speed", type=float, default=1.0, help="trace replay speed factor (timestamps / speed)")
-    p.add_argument("--engines", type=int, default=8)
-    p.add_argument("--profile", default="h100x2", help="sim hardware profile (sim/cognitora_sim/profiles.py)")
-    p.add_argument(
-        "--engine-kind",
-        default="vllm",
-        help="sim engine kinds, a comma list cycled over engines (vllm, sglang, llamacpp, mlx, trtllm)",
-    )
-    p.add_argument("--kv-tokens-per-engine", type=int, default=300_000, help="used to scale shared-prefix groups")
-    p.add_argument("--model", default="sim-qwen3-32b", help="served model name")
-    p.add_argument(
-        "--tokenizer",
-        default=str(SMOLLM2_TOKENIZER),
-        help="tokenizer.json shared by the sim and Cognitora (default SmolLM2's), or 'builtin'",
-    )
-    p.add_argument("--stream-chunk-tokens", type=int, default=32, help="tokens per SSE chunk from the sim")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="engine seconds")
-    p.add_argument(
-        "--drain",
-        type=float,
-        default=180.0,
-        help="engine seconds to wait for requests still running after the last one was sent; then they are cut",
-    )
-    p.add_argument("--slo-ttft", type=float, default=2.0)
-    p.add_argument("--slo-itl", type=float, default=0.100)
-    p.add_argument("--seed", type=int, default=20251130)
-    p.add_argument("--out", help="output prefix (default bench/results/side_by_side_<workload>)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p.parse_args(list(argv))
 
 
 def resolve_targets(spec: str) -> list[str]:
