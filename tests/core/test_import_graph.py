@@ -1,4 +1,5 @@
-"""No import circle in the product's packages: ``cognitora/`` (the simulator aside) and ``kvstate/``.
+"""No import circle in the repository's packages: the product's (``cognitora/``, ``kvstate/``), its adapters
+(``litellm_plugin/``, ``envoy_extproc/``), the simulator (``sim/cognitora_sim/``) and the benchmarks (``bench/``).
 
 Read from the source (``ast``), not by importing: every import counts, at module level, inside a function and under
 ``TYPE_CHECKING`` alike (a type-only import is still an arrow a reader follows back). A circle is reported with
@@ -12,7 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("cognitora", "kvstate")
+PACKAGES = (
+    ("", "cognitora"),
+    ("", "kvstate"),
+    ("", "litellm_plugin"),
+    ("", "envoy_extproc"),
+    ("", "bench"),
+    ("sim", "cognitora_sim"),
+)
+"""(the folder on the import path, relative to the root; the package in it)."""
 EXCLUDED = ("cognitora/sim",)
 """The simulator, where a checkout still has it there: a harness, not the product (its own distribution: sim/)."""
 
@@ -24,12 +33,12 @@ cut on w40store, the core's on w40core)."""
 def _module_files() -> dict[str, str]:
     """Dotted module name -> repository-relative path, for every module of the checked packages."""
     out: dict[str, str] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for source, package in PACKAGES:
+        for path in sorted((ROOT / source / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             if any(rel == e or rel.startswith(f"{e}/") for e in EXCLUDED):
                 continue
-            parts = rel[: -len(".py")].split("/")
+            parts = path.relative_to(ROOT / source).as_posix()[: -len(".py")].split("/")
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = rel
@@ -128,6 +137,10 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     graph = _graph()
     assert "cognitora/budgets/gate.py" in graph["cognitora/burst/ledger_spend.py"]
     assert "kvstate/store.py" in graph["kvstate/memory_store.py"]
+    assert "litellm_plugin/register.py" in graph["litellm_plugin/__init__.py"]
+    assert "sim/cognitora_sim/engine_kinds.py" in graph["sim/cognitora_sim/engine.py"]
+    assert "bench/workloads.py" in graph["bench/run_all.py"]  # ``from bench import workloads``: the module
+    assert "kvstate/redis_client.py" in graph["cognitora/flow/redis_leases.py"]  # across packages too
 
 
 def test_the_product_packages_have_no_import_circle() -> None:
