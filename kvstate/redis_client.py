@@ -45,6 +45,7 @@ from kvstate.store import StoreRefused, StoreUnavailable
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT_S",
     "MAX_CONCURRENT_CALLS",
+    "UNAVAILABLE_ERRORS",
     "Call",
     "Client",
     "Script",
@@ -52,6 +53,7 @@ __all__ = [
     "ScriptRunner",
     "connect",
     "probe",
+    "run_script",
     "text",
 ]
 
@@ -62,12 +64,13 @@ MAX_CONCURRENT_CALLS = 48
 """Store calls in flight at once per store; the rest wait their turn. redis-py's pools hold 100 connections (per
 node on a Cluster) and raise past that, rather than wait: 300 concurrent placements failed 200 of their reads
 (the Cluster client's pipelines even raised AttributeError). With the budget ledger's 48 beside it, a Cluster node
-sees at most 96. A wait counts against the router's ``store_timeout_s`` like the call itself."""
+sees at most 96 (the ledger's runner, ``cognitora.budgets.redis_ledger``, has this same cap). A wait counts against
+the router's ``store_timeout_s`` like the call itself."""
 
 Client = aioredis.Redis | RedisCluster
 """The two clients a ``RedisStore`` runs on: one Redis, or a Redis Cluster."""
 
-_UNAVAILABLE = (
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
     OSError,
@@ -76,6 +79,9 @@ _UNAVAILABLE = (
     TryAgainError,
     SlotNotCoveredError,
 )
+"""Redis's errors that mean it cannot serve now: every Redis user (the store, flow leases, the budget ledger) turns
+them into ``StoreUnavailable``, as it does a ``RedisClusterException`` caused by one; any other error is a bug to
+show."""
 
 
 class Script:
@@ -166,12 +172,12 @@ def probe(url: str, *, cluster: bool = False, timeout_s: float = 2.0) -> None:
         cause = exc.__cause__
         if isinstance(cause, AuthenticationError):
             raise StoreRefused(_refused_credentials(url, cause)) from None
-        if isinstance(cause, _UNAVAILABLE):
+        if isinstance(cause, UNAVAILABLE_ERRORS):
             raise StoreUnavailable(
                 f"no node of the Redis Cluster answered ({cause.__class__.__name__}: {cause})"
             ) from None
         raise StoreRefused(f"not a Redis Cluster node ({exc}): set redis_cluster: false for a single Redis") from None
-    except _UNAVAILABLE as exc:
+    except UNAVAILABLE_ERRORS as exc:
         raise StoreUnavailable(f"Redis did not answer ({exc.__class__.__name__}: {exc})") from None
     finally:
         if client is not None:
@@ -183,6 +189,24 @@ def _refused_credentials(url: str, exc: AuthenticationError) -> str:
     if parts.password is None and not parts.username:
         return f"Redis asks for a password and the URL has none ({exc}); add the password to the URL"
     return f"Redis refused the user or password in the URL ({exc}); fix it there (or the server's ACL)"
+
+
+async def run_script(client: Client, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """One script call on ``client`` by SHA, loaded when the server does not know it (first use, a restart, a Cluster
+    node new to the store); on a Cluster each command waits until the client knows the slots (``ScriptRunner.ready``).
+    No cap on calls in flight: ``ScriptRunner.run`` is this under a store's cap; flow leases call it as it is."""
+    cluster = client if isinstance(client, RedisCluster) else None
+
+    async def ready() -> Client:
+        if cluster is not None:
+            await cluster.initialize()
+        return client
+
+    try:
+        return await (await ready()).evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await (await ready()).script_load(script.source)
+        return await (await ready()).evalsha(script.sha, len(keys), *keys, *args)
 
 
 class ScriptRunner:
@@ -204,7 +228,7 @@ class ScriptRunner:
             yield
         except AuthenticationError as exc:
             raise StoreRefused(f"{self._where} refused the credentials ({what}: {exc}); fix redis_url") from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable(
                 f"{self._where} did not answer ({what}: {exc.__class__.__name__}: {exc}); "
                 "check that redis-server is running and that the configured redis URL points at it"
@@ -212,7 +236,7 @@ class ScriptRunner:
         except RedisClusterException as exc:
             # The cluster client wraps "no node reachable" in its own exception; the same class also reports
             # client-side misuse (keys of one call in several slots), which is a bug to show as it is.
-            if not isinstance(exc.__cause__, _UNAVAILABLE):
+            if not isinstance(exc.__cause__, UNAVAILABLE_ERRORS):
                 raise
             raise StoreUnavailable(
                 f"{self._where} did not answer ({what}: {exc}); check that the cluster's nodes are running and "
@@ -244,14 +268,7 @@ class ScriptRunner:
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script call by SHA; loads the script when the server does not know it (first use, restart)."""
         async with self._calls:
-            return await self._evalsha(script, keys, args)
-
-    async def _evalsha(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return await (await self.ready()).evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await (await self.ready()).script_load(script.source)
-            return await (await self.ready()).evalsha(script.sha, len(keys), *keys, *args)
+            return await run_script(self.client, script, keys, args)
 
     async def run_many(self, calls: Sequence[Call], then: Sequence[tuple[str, ...]] = ()) -> list[Any]:
         """Script calls, then plain commands, in one pipelined round trip (on a Cluster: one pipeline per node,
@@ -263,7 +280,7 @@ class ScriptRunner:
         async with self._calls:
             if len(calls) == 1 and not then:
                 script, keys, args = calls[0]
-                return [await self._evalsha(script, keys, args)]  # no pipeline object for one call
+                return [await run_script(self.client, script, keys, args)]  # no pipeline object for one call
             for attempt in range(2):
                 pipe = (await self.ready()).pipeline(transaction=False)
                 for script, keys, args in calls:

@@ -16,11 +16,9 @@ commands per request):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import functools
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,43 +26,26 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import (
-    AuthenticationError,
-    ClusterDownError,
-    NoScriptError,
-    RedisClusterException,
-    SlotNotCoveredError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from cognitora.budgets import redis_scripts
 from cognitora.budgets.ledger import DONE_TTL_S, REAP_BATCH, Refusal, SettleResult, StoreSlow
 from cognitora.budgets.plan import CounterPlan, Reservation, Usage, row_field
+from kvstate.redis_client import MAX_CONCURRENT_CALLS, UNAVAILABLE_ERRORS, Script, ScriptRunner
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = ["RedisLedger", "budget_key_base"]
 
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
 DAY_MS = 86_400_000
 SOCKET_TIMEOUT_S = 1.0
 """Connect and read timeout of the ledger's connections. A connect that times out means unreachable (a host that
 drops packets; under load the pool's few connections are already open, so a busy gateway never connects anew);
 a read that times out means slow (retried, and bounded by ``budgets.reserve_timeout_s``: never fail-open)."""
-MAX_CONCURRENT_CALLS = 48
-"""Budget scripts in flight at once per ledger: redis-py's pools hold 100 connections and raise (not wait) past
-that, and the ledger usually shares the store's pool; the rest wait here for their turn."""
 
 
 def budget_key_base(prefix: str) -> str:
     return f"{prefix}:budget:{{{prefix}.budget}}:"
-
-
-class _Script:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
 class RedisLedger:
@@ -76,10 +57,12 @@ class RedisLedger:
         self._owns = owns_client
         self.base = budget_key_base(prefix)
         self._history_ms = history_days * DAY_MS
-        self._reserve = _Script(redis_scripts.RESERVE)
-        self._settle = _Script(redis_scripts.SETTLE)
-        self._counters = _Script(redis_scripts.COUNTERS)
-        self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
+        self._reserve = Script(redis_scripts.RESERVE)
+        self._settle = Script(redis_scripts.SETTLE)
+        self._counters = Script(redis_scripts.COUNTERS)
+        # Budget scripts in flight at once: at most MAX_CONCURRENT_CALLS (a runner of the ledger's own, so store calls
+        # do not count), the rest wait their turn; redis-py's pools raise rather than wait past their size.
+        self._scripts = ScriptRunner(client)
 
     @classmethod
     def from_url(
@@ -94,7 +77,7 @@ class RedisLedger:
         if cluster:
             client = RedisCluster.from_url(url, **options)
         else:
-            # A full pool waits for a connection (the default pool raises); the semaphore keeps it from filling.
+            # A full pool waits for a connection (the default pool raises); the runner's cap keeps it from filling.
             pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONCURRENT_CALLS + 8, **options)
             client = aioredis.Redis(connection_pool=pool)
         return cls(client, prefix, history_days, owns_client=True)
@@ -146,23 +129,16 @@ class RedisLedger:
             if _connecting(exc):
                 raise StoreUnavailable(f"the budget store did not answer ({what}: {exc})") from exc
             raise StoreSlow(f"the budget store is slow to answer ({what}: {exc})") from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable(f"the budget store did not answer ({what}: {type(exc).__name__}: {exc})") from exc
         except RedisClusterException as exc:
-            if not isinstance(exc.__cause__, _UNAVAILABLE):
+            if not isinstance(exc.__cause__, UNAVAILABLE_ERRORS):
                 raise
             raise StoreUnavailable(f"the budget store's cluster did not answer ({what}: {exc})") from exc
 
-    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any], what: str) -> Any:
-        async with self._slots, contextlib.AsyncExitStack() as stack:
-            stack.enter_context(self._unavailable(what))
-            if self._cluster is not None:
-                await self._cluster.initialize()
-            try:
-                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                await self._client.script_load(script.source)
-                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[Any], what: str) -> Any:
+        with self._unavailable(what):
+            return await self._scripts.run(script, keys, args)
 
     async def reserve(self, reservation: Reservation, now_ms: int) -> Refusal | None:
         [verdict] = await self.reserve_many([reservation], now_ms)

@@ -20,56 +20,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import (
-    ClusterDownError,
-    NoScriptError,
-    RedisClusterException,
-    SlotNotCoveredError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisClusterException
 
 from cognitora.flow import redis_scripts
 from cognitora.flow.config import LeaseConfig
 from cognitora.flow.leases import FairCharge, LeaseGrant
 from cognitora.flow.redis_keys import FlowKeys
-from kvstate.redis_client import Client
+from kvstate.redis_client import UNAVAILABLE_ERRORS, Client, Script, run_script, text
 from kvstate.store import StoreUnavailable
 
 __all__ = ["SERVED_KEEP_S", "RedisLeases"]
 
 log = logging.getLogger(__name__)
 
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError, TryAgainError, SlotNotCoveredError)
-"""Errors that mean Redis cannot serve now (the store's list, ``kvstate.redis_client``); any other is a bug to show."""
-
 SERVED_KEEP_S = 86_400.0
 """A band's shared fairness counters are dropped after a day without a dispatch in it."""
-
-
-class _Lua:
-    """A script, run by SHA and loaded when the server does not know it (first use, a restart, a failover)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    async def __call__(self, client: Client, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if isinstance(client, RedisCluster):
-            await client.initialize()  # route by slot from the first call (kvstate.redis_client.ScriptRunner.ready)
-        try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
 
 
 class RedisLeases:
@@ -86,22 +56,22 @@ class RedisLeases:
         self._beat_s = config.replica_ttl_s / 3
         self._depth: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
-        self._acquire = _Lua(redis_scripts.ACQUIRE)
-        self._charge = _Lua(redis_scripts.CHARGE)
-        self._release = _Lua(redis_scripts.RELEASE)
-        self._heartbeat = _Lua(redis_scripts.HEARTBEAT)
-        self._leave = _Lua(redis_scripts.LEAVE)
-        self._held = _Lua(redis_scripts.HELD)
-        self._queued = _Lua(redis_scripts.QUEUED)
+        self._acquire = Script(redis_scripts.ACQUIRE)
+        self._charge = Script(redis_scripts.CHARGE)
+        self._release = Script(redis_scripts.RELEASE)
+        self._heartbeat = Script(redis_scripts.HEARTBEAT)
+        self._leave = Script(redis_scripts.LEAVE)
+        self._held = Script(redis_scripts.HELD)
+        self._queued = Script(redis_scripts.QUEUED)
 
     @contextlib.contextmanager
     def _unavailable(self, what: str) -> Iterator[None]:
         try:
             yield
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable(f"flow-control leases: Redis did not answer ({what}: {exc})") from exc
         except RedisClusterException as exc:
-            if not isinstance(exc.__cause__, _UNAVAILABLE):
+            if not isinstance(exc.__cause__, UNAVAILABLE_ERRORS):
                 raise  # client-side misuse (keys of several slots in one call): a bug to show as it is
             raise StoreUnavailable(f"flow-control leases: the cluster did not answer ({what}: {exc})") from exc
 
@@ -117,26 +87,29 @@ class RedisLeases:
             keys.append(k.served(charge.band))
             args += [charge.flow, repr(float(charge.cost)), int(SERVED_KEEP_S * 1000), *charge.peers]
         with self._unavailable("acquire"):
-            granted, held, served = await self._acquire(self._client, keys, args)
+            granted, held, served = await run_script(self._client, self._acquire, keys, args)
         return LeaseGrant(bool(granted), int(held), capacity, _served(charge, served))
 
     async def release(self, endpoint: str, lease_id: str) -> None:
         with self._unavailable("release"):
-            await self._release(
-                self._client, [self.keys.leases(endpoint), self.keys.held(self.replica)], [self.replica, lease_id]
+            await run_script(
+                self._client,
+                self._release,
+                [self.keys.leases(endpoint), self.keys.held(self.replica)],
+                [self.replica, lease_id],
             )
 
     async def charge(self, charge: FairCharge) -> dict[str, float]:
         args = [charge.flow, repr(float(charge.cost)), int(SERVED_KEEP_S * 1000), *charge.peers]
         with self._unavailable("charge"):
-            served = await self._charge(self._client, [self.keys.served(charge.band)], args)
+            served = await run_script(self._client, self._charge, [self.keys.served(charge.band)], args)
         return _served(charge, served)
 
     async def held(self, endpoints: Sequence[str]) -> dict[str, int]:
         """Live leases per endpoint (a dead replica's no longer count, even before they are released)."""
         keys = [self.keys.replicas(), *(self.keys.leases(e) for e in endpoints)]
         with self._unavailable("held"):
-            counts = await self._held(self._client, keys, [])
+            counts = await run_script(self._client, self._held, keys, [])
         return {e: int(n) for e, n in zip(endpoints, counts, strict=True)}
 
     # -- the replica's heartbeat and queue depth ------------------------------------------------------------------
@@ -147,7 +120,7 @@ class RedisLeases:
         for band, n in self._depth.items():
             args += [band, n]
         with self._unavailable("heartbeat"):
-            await self._heartbeat(self._client, [k.replicas(), k.depth()], args)
+            await run_script(self._client, self._heartbeat, [k.replicas(), k.depth()], args)
         self._depth = {band: n for band, n in self._depth.items() if n > 0}
 
     async def publish_depth(self, waiting: Mapping[str, int]) -> None:
@@ -156,8 +129,8 @@ class RedisLeases:
 
     async def queued(self) -> dict[str, int]:
         with self._unavailable("queued"):
-            flat = await self._queued(self._client, [self.keys.replicas(), self.keys.depth()], [])
-        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+            flat = await run_script(self._client, self._queued, [self.keys.replicas(), self.keys.depth()], [])
+        return {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def start(self) -> None:
         """Renew the heartbeat every third of ``replica_ttl_s`` on the running loop, until ``close``."""
@@ -180,15 +153,13 @@ class RedisLeases:
             self._task = None
         k = self.keys
         with self._unavailable("leave"):
-            await self._leave(self._client, [k.replicas(), k.depth()], [self.replica, k.leases_base(), k.held_base()])
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+            await run_script(
+                self._client, self._leave, [k.replicas(), k.depth()], [self.replica, k.leases_base(), k.held_base()]
+            )
 
 
 def _served(charge: FairCharge | None, values: Sequence[Any]) -> dict[str, float]:
     if charge is None or not values:
         return {}
     flows = (charge.flow, *charge.peers)
-    return {flow: float(_text(v)) for flow, v in zip(flows, values, strict=True)}
+    return {flow: float(text(v)) for flow, v in zip(flows, values, strict=True)}
