@@ -195,18 +195,18 @@ async def run_script(client: Client, script: Script, keys: Sequence[str], args: 
     """One script call on ``client`` by SHA, loaded when the server does not know it (first use, a restart, a Cluster
     node new to the store); on a Cluster each command waits until the client knows the slots (``ScriptRunner.ready``).
     No cap on calls in flight: ``ScriptRunner.run`` is this under a store's cap; flow leases call it as it is."""
-    cluster = client if isinstance(client, RedisCluster) else None
-
-    async def ready() -> Client:
-        if cluster is not None:
-            await cluster.initialize()
-        return client
-
     try:
-        return await (await ready()).evalsha(script.sha, len(keys), *keys, *args)
+        return await (await _ready(client)).evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        await (await ready()).script_load(script.source)
-        return await (await ready()).evalsha(script.sha, len(keys), *keys, *args)
+        await (await _ready(client)).script_load(script.source)
+        return await (await _ready(client)).evalsha(script.sha, len(keys), *keys, *args)
+
+
+async def _ready(client: Client) -> Client:
+    """``client``, on a Cluster once it knows the slots (``ScriptRunner.ready`` says why)."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+    return client
 
 
 class ScriptRunner:
@@ -215,7 +215,6 @@ class ScriptRunner:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self._cluster_client = client if isinstance(client, RedisCluster) else None
         self.url = url_of(client)
         """The URL of the client's Redis (of a Cluster: one node's), without credentials."""
         self._where = describe(client)
@@ -255,9 +254,7 @@ class ScriptRunner:
         cluster, and a ``put_snapshot`` that had run was run again, its version token over a newer snapshot's.
         ``initialize()`` discovers the topology once (concurrent callers wait for it) and returns at once after.
         """
-        if self._cluster_client is not None:
-            await self._cluster_client.initialize()
-        return self.client
+        return await _ready(self.client)
 
     @contextlib.asynccontextmanager
     async def pipeline(self) -> AsyncIterator[Pipeline | ClusterPipeline]:
