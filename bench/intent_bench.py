@@ -151,7 +151,7 @@ def evaluate(name: str, rows: list[dict[str, str]], prompt: RouteRequest, args: 
     correct = sum(d.intent == label for d, label in zip(decided, labels, strict=True))
     result: dict[str, Any] = {"accuracy": correct / len(rows), "fit_s": fit_s}
     result["how"] = dict(Counter(d.how for d in decided))
-    classifier = rewriter._classifier
+    classifier = rewriter.classifier
     if classifier is not None:
         predicted = [classifier.predict(r["text"]) for r in rows]
         right = [p.intent == r["intent"] for p, r in zip(predicted, rows, strict=True)]

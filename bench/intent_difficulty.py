@@ -113,10 +113,10 @@ def auc(scores: list[float], hard: list[bool]) -> float:
 
 
 def evaluate(r: Rewriter, rows: list[Row]) -> dict[str, Any]:
-    assert r._difficulty is not None
+    assert r.difficulty is not None
     routed = [r.decide(row.request).model for row in rows]
     right = [(m == "large") == row.hard for m, row in zip(routed, rows, strict=True)]
-    scores = [r._difficulty.score(row.user, row.chars) for row in rows]
+    scores = [r.difficulty.score(row.user, row.chars) for row in rows]
     return {"right": right, "accuracy": sum(right) / len(right), "auc": auc(scores, [row.hard for row in rows])}
 
 
@@ -151,7 +151,7 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 
 def cost(r: Rewriter, calls: int) -> dict[str, float]:
-    assert r._difficulty is not None
+    assert r.difficulty is not None
     eval_rows = [json.loads(line) for line in (ROOT / "bench/intent_eval/eval.jsonl").read_text().splitlines()]
     text = ""
     for row in eval_rows:

@@ -41,6 +41,16 @@ class Rewriter:
         """Compile and fit (raises ``ClassifierUnavailable``/``ExamplesError`` for the operator)."""
         return cls(policy, build_classifier(policy), build_difficulty_model(policy))
 
+    @property
+    def classifier(self) -> Classifier | None:
+        """The fitted intent classifier (what the bench scores); None when the policy has no ``classifier``."""
+        return self._classifier
+
+    @property
+    def difficulty(self) -> DifficultyModel | None:
+        """The fitted difficulty model (what the bench scores); None when the policy has no ``difficulty``."""
+        return self._difficulty
+
     def rewrites(self, model: str) -> bool:
         return self._any or model in self._names
 

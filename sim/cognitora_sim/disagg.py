@@ -335,7 +335,7 @@ class PdEngine:
         bs = cache.block_size
         cache.commit_full(table, have, hashes[have:], token_ids[have * bs :], hashes[have - 1] if have else None)
         cache.free(table)
-        engine._publish()
+        engine.publish_kv_events()
         return have, new
 
     def _failed(self, reason: str) -> None:

@@ -259,7 +259,7 @@ class SimEngine:
     def abort(self, req: SimRequest) -> None:
         if not req.finished and not req.aborted:
             self.scheduler.abort(req)
-            self._publish()
+            self.publish_kv_events()
             self._wake()
             self._note_busy()
 
@@ -301,7 +301,7 @@ class SimEngine:
 
     def clear_cache(self) -> None:
         self.cache.reset([r.table for r in self.scheduler.running])
-        self._publish()
+        self.publish_kv_events()
 
     def restart(self) -> None:
         """A process restart without downtime: requests dropped, cache empty, events restart at sequence 0."""
@@ -438,7 +438,7 @@ class SimEngine:
     async def _one_round(self, start: float) -> float:
         sched = self.scheduler
         step = sched.schedule(start)
-        self._publish()  # evictions made room for this step before it ran
+        self.publish_kv_events()  # evictions made room for this step before it ran
         for r in step.admitted:
             if r.first_scheduled is None:
                 r.first_scheduled = start
@@ -506,7 +506,7 @@ class SimEngine:
         batched = step.batched_tokens
         result = self.scheduler.commit(step, end)
         self.meter.add_step(start, end, self.profile.step_power(batched, (end - start) / self.slow_factor))
-        self._publish()
+        self.publish_kv_events()
         lab(m.iteration_tokens).observe(batched)
         lab(m.generation_tokens).inc(len(result.sampled))
         itl_counts: dict[float, int] = {}
@@ -556,7 +556,9 @@ class SimEngine:
         c = self.config
         return TrtllmEventBuffer(c.num_blocks, c.cpu_offload_tokens // c.block_size, self.profile.max_model_len)
 
-    def _publish(self) -> None:
+    def publish_kv_events(self) -> None:
+        """Send the KV cache's pending block events (stored, removed) to the ZMQ publisher and the TRT-LLM buffer.
+        Called after every change to the cache: the engine's own steps and a disaggregated transfer's commit."""
         events = self.cache.drain()
         if events and self.publisher is not None:
             self.publisher.publish(events)

@@ -68,8 +68,7 @@ def _hist(r: _Reader, vllm_name: str) -> tuple[float, float]:
 
 
 def _with_power(engine: SimEngine, page: bytes) -> bytes:
-    dcgm = engine.metrics._dcgm
-    return page if dcgm is None else page + dcgm.exposition()
+    return page + engine.metrics.power_exposition()
 
 
 def sglang_page(engine: SimEngine) -> bytes:

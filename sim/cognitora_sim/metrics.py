@@ -286,9 +286,12 @@ class EngineMetrics:
 
     _dcgm: _DcgmPower | None = None
 
+    def power_exposition(self) -> bytes:
+        """The DCGM exporter's power lines (after ``add_power``), else nothing: every kind's page ends with them."""
+        return self._dcgm.exposition() if self._dcgm is not None else b""
+
     def exposition(self) -> bytes:
-        text = generate_latest(self.registry)
-        return text + self._dcgm.exposition() if self._dcgm is not None else text
+        return generate_latest(self.registry) + self.power_exposition()
 
 
 def observe_many(histogram: Histogram, value: float, count: int) -> None:

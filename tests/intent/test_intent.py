@@ -174,7 +174,7 @@ def test_the_classifier_reaches_90_percent_on_the_held_out_set_and_matches_sciki
     assert sum(d.intent == row["intent"] for d, row in zip(found, rows, strict=True)) / len(rows) >= 0.9
     assert all(d.how in (How.CLASSIFIER, How.DEFAULT) and d.score is not None for d in found)
     # The fast path gives the fitted scikit-learn model's own logits (then divided by the calibrated temperature).
-    model = r._classifier
+    model = r.classifier
     assert isinstance(model, TfidfClassifier)
     texts = [row["text"] for row in rows[::25]]
     import numpy as np

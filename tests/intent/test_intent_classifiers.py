@@ -166,7 +166,7 @@ def embeddings_policy(fleet: SimFleet, **endpoint: Any) -> IntentPolicy:
 def test_the_embeddings_kind_classifies_by_the_endpoints_vectors_and_caches_per_prompt(embedder: SimFleet) -> None:
     before = embeddings_calls(embedder)
     r = Rewriter.build(embeddings_policy(embedder, batch_size=4))
-    assert isinstance(r._classifier, EmbeddingsClassifier)
+    assert isinstance(r.classifier, EmbeddingsClassifier)
     assert embeddings_calls(embedder) - before == 3  # the 10 examples, 4 at a time, at start-up
 
     async def scenario() -> None:
@@ -215,7 +215,7 @@ def test_past_its_budget_the_local_classifier_decides_and_the_late_answer_fills_
             assert waited < 1.0  # the budget, not the endpoint, bounds the wait
         finally:
             embedder.fault(0, "recover")
-        classifier = r._classifier
+        classifier = r.classifier
         assert isinstance(classifier, EmbeddingsClassifier)
         deadline = time.monotonic() + 10
         while classifier._pending and time.monotonic() < deadline:  # the late call finishes in the background
