@@ -86,7 +86,7 @@ class LedgerSpend(HoldingSpend):
 
     async def refresh(self, team: str) -> None:
         """Read the team's spend from the ledger unless it was read within ``SPEND_FRESH_S`` (or it has no limit)."""
-        limit = self._limit_of(team)
+        limit = self.limit_usd(team)
         if limit is None:
             return
         known = self._known.setdefault(team, _Known())
@@ -125,7 +125,7 @@ class LedgerSpend(HoldingSpend):
             cost_usd=spend.cost_usd,
         )
         reservation, usage = charge_reservation(self._gate.planner, charge, now)
-        limit = self._limit_of(spend.team)
+        limit = self.limit_usd(spend.team)
         counter = spend_counter(self._gate, spend.team, 0.0 if limit is None else limit, now)
         self._gate.charge_later(replace(reservation, counters=(*reservation.counters, counter)), usage)
         known = self._known.setdefault(spend.team, _Known())

@@ -107,6 +107,10 @@ class HoldingSpend(ABC):
         self._limit_of = limit_of
         self.holds = Holds()
 
+    def limit_usd(self, team: str) -> float | None:
+        """``team``'s cloud spend limit this month (``burst.team_spend_limit_usd``); None: no limit."""
+        return self._limit_of(team)
+
     @abstractmethod
     def spent_usd(self, team: str) -> float:
         """What ``team`` spent on the cloud, as this gate knows it."""
