@@ -60,7 +60,7 @@ _READ_BUFFERED_BODY = protocol.response_headers(BUFFERED, _REMOVE_FROM_RESPONSE)
 
 
 class PlacedAttempt(Protocol):
-    """What the adapter needs of one dispatched request (``cognitora.core.lifecycle.Attempt`` implements it)."""
+    """What the adapter needs of one dispatched request (``cognitora.core.attempt.Attempt`` implements it)."""
 
     @property
     def endpoint(self) -> str: ...

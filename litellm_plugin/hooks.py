@@ -32,7 +32,7 @@ from typing import Any
 from litellm.constants import RETURN_RAW_MODEL_NAME_METADATA_KEY
 from litellm.integrations.custom_logger import CustomLogger
 
-from cognitora.core.lifecycle import Attempt
+from cognitora.core.attempt import Attempt
 from cognitora.core.outcome import Outcome, cancelled_stream
 from cognitora.core.router import Router
 from cognitora.intent import Rewrite

@@ -25,8 +25,8 @@ from typing import TypeVar, cast
 
 from cognitora.collector import Collector
 from cognitora.config import CognitoraConfig
+from cognitora.core.attempt import Attempt
 from cognitora.core.core import CollectorPlace, Core, Prepared
-from cognitora.core.lifecycle import Attempt
 from cognitora.core.router import Router
 from cognitora.ops.gc_pacing import GcPacer
 from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter, Prepare

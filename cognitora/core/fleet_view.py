@@ -4,7 +4,7 @@ It fetches the fleet's state from the store in one call (``Store.fleet_view``: p
 snapshots; one round trip on Redis) and keeps a little of its own: in-flight counts for what this process
 dispatched, the last snapshots it read, the endpoints a gateway saw die, and what the learners
 (``ttft_feedback``, ``outcome_rates``, ``seat_tenure``, ``routed_prefixes``) know. The lifecycle
-(``cognitora.core.lifecycle``) feeds those; this module only reads them.
+(``cognitora.core.lifecycle``, ``cognitora.core.learning``) feeds those; this module only reads them.
 
 When the store fails (``StoreUnavailable``, or slower than ``placement.store_timeout_s``), ``state`` still answers
 from that local state, flagged ``degraded``; ``guarded`` logs and carries on. Nothing here raises because Redis is

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from cognitora.config import CognitoraConfig
-from cognitora.core.lifecycle import Attempt
+from cognitora.core.attempt import Attempt
 from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.decision import Decision
 from cognitora.flow.bands import plan_bands

@@ -1,39 +1,27 @@
-"""The request's lifecycle: ``Attempt`` (one placed request's life on its endpoint, the same in every gateway) and
-``Lifecycle`` (what counts it, redispatches it, feeds the learners from its end, settles its budget and forgets it).
+"""The lifecycle of dispatched requests: ``Lifecycle`` counts each ``Attempt`` (``cognitora.core.attempt``) it
+makes, redispatches it, feeds the learners from its end, settles its budget and forgets it.
 
-    decision, attempt = await router.admit(request)   # placed and counted as dispatched in one step
-    attempt.first_token()                             # once: its prefill no longer queues ahead of others
-    attempt.finish(Outcome(OutcomeKind.COMPLETED, prompt_tokens=..., cached_tokens=...))   # once
-
-An adapter only translates its gateway's hooks onto these calls. The attempt guarantees the rest:
-
-- **order and once**: the dispatch is counted before ``admit`` returns (no await between the pick and its count);
-  ``first_token`` and ``finish`` take effect once each, whichever hook calls first, and a ``finish`` makes any later
-  ``first_token`` a no-op. The shared store's writes for one attempt run in one background chain, in that order, so
-  a release never overtakes its dispatch and no gateway waits on a store round trip.
-- **any thread**: each method may be called from any thread (LiteLLM runs sync callbacks on worker threads); the
-  work always runs on the router's loop.
+- **counted at once**: a dispatch is counted in this process before ``Router.admit`` returns (its in-flight work
+  and its prefix, speculative), and in the shared store in the background, on the attempt's chain of writes;
 - **health from the outcome**: the core, not the adapter, decides whether an outcome means the endpoint is gone
-  (``OutcomeKind.marks_unhealthy``).
-- **no lost end**: a first token that is never reported stops counting as queued prefill after a deadline derived
-  from the predicted TTFT; an attempt whose end is never reported is finished as ``ABANDONED`` after
-  ``placement.inflight_ttl_s``.
+  (``OutcomeKind.marks_unhealthy``);
+- **no lost end**: an attempt whose end is never reported is finished as ``ABANDONED`` after
+  ``placement.inflight_ttl_s``; a cloud attempt, after its target's ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cognitora.burst.policy import BurstPolicy
 from cognitora.config import CognitoraConfig
+from cognitora.core.attempt import Attempt
 from cognitora.core.fleet_view import FleetView
+from cognitora.core.learning import RECENT_OUTCOMES, OutcomeLearning
 from cognitora.core.local_inflight import LocalRequest
 from cognitora.core.outcome import AttemptRecord, Outcome, OutcomeKind
 from cognitora.decision import Decision
@@ -41,129 +29,17 @@ from cognitora.flow.outcome import WakeReason
 from cognitora.kv_event_sources import reports_kv_events
 from cognitora.telemetry import RouterStats, Telemetry
 from cognitora.token_agreement import TokenAgreement
-from cognitora.ttft_feedback import raw_ttft_s
 from kvstate.store import Store
 
 if TYPE_CHECKING:
-    from cognitora.budgets.gate import BudgetGate, Hold
+    from cognitora.budgets.gate import BudgetGate
 
 __all__ = ["RECENT_OUTCOMES", "Attempt", "Lifecycle"]
 
-log = logging.getLogger("cognitora.router")
-
-RECENT_OUTCOMES = 256
-"""How many finished attempts the lifecycle keeps for ``cognitora explain`` and metrics."""
-
-
-class Attempt:
-    """One dispatch of a placed request to ``decision.endpoint``. Made by ``Lifecycle.dispatch`` (through
-    ``Router.admit``) only."""
-
-    def __init__(
-        self, lifecycle: Lifecycle, decision: Decision, group: str | None, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        assert decision.endpoint is not None, "only a placed decision is dispatched"
-        self.decision = decision
-        self.endpoint: str = decision.endpoint
-        self.group = group
-        """The gateway's id for the logical request (LiteLLM's trace id): its attempts are retries of one another."""
-        self.dispatched_at = time.monotonic()
-        self.first_token_at: float | None = None
-        self.outcome: Outcome | None = None
-        self._lifecycle = lifecycle
-        self._loop = loop
-        self._prefill_pending = True
-        self._overdue: asyncio.TimerHandle | None = None
-        self._writes: list[tuple[Callable[[], Awaitable[object]], str]] = []
-        self._writer: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()
-        self._first_token_claimed = False
-        self._finish_claimed = False
-        self.budget_hold: Hold | None = None
-        """The request's budget reservation (``cognitora.budgets``): settled by the finish, once."""
-
-    @property
-    def request_id(self) -> str:
-        return self.decision.request_id
-
-    # -- what adapters call (any thread) ----------------------------------------------------------------------
-    def first_token(self) -> None:
-        """The first token came back. Once; ignored after ``finish``."""
-        now = time.monotonic()
-        with self._lock:
-            if self._first_token_claimed or self._finish_claimed:
-                return
-            self._first_token_claimed = True
-        self._on_loop(lambda: self._record_first_token(now))
-
-    def finish(self, outcome: Outcome) -> None:
-        """The attempt is over, however it ended. Once: the first call wins, later ones are ignored."""
-        with self._lock:
-            if self._finish_claimed:
-                return
-            self._finish_claimed = True
-        self._on_loop(lambda: self._lifecycle._finished(self, outcome))
-
-    def rerouted(self, endpoint: str, outcome: Outcome) -> Attempt:
-        """The gateway served this request on ``endpoint`` instead (Envoy retried on a fallback): this attempt ends
-        with ``outcome`` (``CONNECT_FAILED`` when the pick could not be reached), and a new one, on ``endpoint``, is
-        counted in its place. Call on the core's loop."""
-        hold, self.budget_hold = self.budget_hold, None  # the request goes on: its reservation moves with it
-        self.finish(outcome)
-        new = self._lifecycle.redispatch(self, endpoint)
-        new.budget_hold = hold
-        return new
-
-    async def settled(self) -> None:
-        """On the router's loop: wait until every store write this attempt made so far has landed (or failed)."""
-        while self._writer is not None and not self._writer.done():
-            await asyncio.shield(self._writer)
-
-    # -- the router's side -------------------------------------------------------------------------------------
-    def _record_first_token(self, at: float) -> None:
-        if self.outcome is not None:
-            return
-        self.first_token_at = at
-        self._prefill_finished()
-
-    def _prefill_finished(self) -> None:
-        """The prefill is over (a first token, or its deadline): stop counting it as queued, once."""
-        if not self._prefill_pending:
-            return
-        self._prefill_pending = False
-        self._cancel_overdue()
-        self._lifecycle._prefill_done(self)
-
-    def _cancel_overdue(self) -> None:
-        if self._overdue is not None:
-            self._overdue.cancel()
-            self._overdue = None
-
-    def _watch_prefill(self, deadline_s: float) -> None:
-        self._overdue = self._loop.call_later(deadline_s, self._prefill_finished)
-
-    def _write(self, call: Callable[[], Awaitable[object]], what: str) -> None:
-        """Queue a store write; writes of one attempt run in order, in the background."""
-        self._writes.append((call, what))
-        if self._writer is None or self._writer.done():
-            self._writer = self._loop.create_task(self._drain())
-            self._lifecycle._track(self._writer)
-
-    async def _drain(self) -> None:
-        while self._writes:
-            call, what = self._writes.pop(0)
-            await self._lifecycle.fleet.guarded(call(), what)
-
-    def _on_loop(self, fn: Callable[[], None]) -> None:
-        if _running_loop() is self._loop:
-            fn()
-        elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(fn)
-
 
 class Lifecycle:
-    """Every open attempt of one core, and what their ends teach. Call on the core's loop (an ``Attempt`` brings
-    its adapters' calls there)."""
+    """Every open attempt of one core, and what their ends teach (``learning``). Call on the core's loop (an
+    ``Attempt`` brings its adapters' calls there)."""
 
     def __init__(
         self,
@@ -185,11 +61,10 @@ class Lifecycle:
         self.telemetry = telemetry
         self.budgets = budgets
         self.burst = burst
-        self.token_agreement = TokenAgreement()
-        """The router's prompt-token counts against the engines' own (``usage.prompt_tokens``)."""
+        self.learning = OutcomeLearning(config, fleet, clock=clock, stats=stats, telemetry=telemetry)
+        """What finished attempts teach: stats, records, TTFT feedback, outcome rates, token agreement."""
         self._attempts: dict[str, Attempt] = {}
         self._groups: dict[str, set[str]] = {}
-        self._outcomes: deque[AttemptRecord] = deque(maxlen=RECENT_OUTCOMES)
         self._writers: set[asyncio.Task[None]] = set()
         self._next_attempt_prune = 0.0
         self._cloud_deadlines: dict[str, asyncio.TimerHandle] = {}
@@ -218,8 +93,22 @@ class Lifecycle:
         return list(self._attempts.values())
 
     def recent_outcomes(self) -> list[AttemptRecord]:
-        """The last ``RECENT_DECISIONS`` finished attempts, prediction beside achievement, oldest first."""
-        return list(self._outcomes)
+        """The last ``RECENT_OUTCOMES`` finished attempts, prediction beside achievement, oldest first."""
+        return self.learning.recent_outcomes()
+
+    def ttft_bias_factors(self) -> dict[str, float]:
+        """Each endpoint's learned TTFT feedback factor (those with enough samples), for metrics."""
+        return self.fleet.feedback.known()
+
+    @property
+    def token_agreement(self) -> TokenAgreement:
+        """The router's prompt-token counts against the engines' own (``usage.prompt_tokens``); a reload's new
+        Router takes its predecessor's (``Router``), so that they accumulate across configs."""
+        return self.learning.token_agreement
+
+    @token_agreement.setter
+    def token_agreement(self, agreement: TokenAgreement) -> None:
+        self.learning.token_agreement = agreement
 
     def _count(self, attempt: Attempt) -> None:
         decision = attempt.decision
@@ -262,10 +151,10 @@ class Lifecycle:
             self.fleet.routed.add(self._key_space(decision), endpoint, decision.keys, now, now + ttl)
         # Without a first-token report (LiteLLM's SDK streams have no per-chunk hook) the prefill would count as
         # queued until the stream ends: past a deadline well beyond the prediction, it is taken as done.
-        attempt._watch_prefill(
+        attempt.watch_prefill(
             max(params.prefill_report_min_s, params.prefill_report_factor * decision.predicted_ttft_s)
         )
-        attempt._write(lambda: self._share_dispatch(decision, endpoint, prefill, ttl), "record a dispatch")
+        attempt.queue_write(lambda: self._share_dispatch(decision, endpoint, prefill, ttl), "record a dispatch")
 
     async def _share_dispatch(self, decision: Decision, endpoint: str, prefill: int, ttl: float) -> None:
         leg, lease = decision.prefill, self.config.placement.inflight_ttl_s
@@ -299,13 +188,13 @@ class Lifecycle:
             return params.routing_history_ttl_s
         return params.speculative_ttl_s
 
-    def _prefill_done(self, attempt: Attempt) -> None:
-        """From the attempt: its prefill is over (first token, or its deadline passed)."""
+    def attempt_prefill_done(self, attempt: Attempt) -> None:
+        """From the attempt only: its prefill is over (first token, or its deadline passed)."""
         if self._attempts.get(attempt.request_id) is not attempt or attempt.decision.cloud is not None:
             return
         self.fleet.local.prefill_done(attempt.request_id, self._clock())
         endpoint, rid = attempt.endpoint, attempt.request_id
-        attempt._write(lambda: self.store.inflight_prefill_done(endpoint, rid), "record a first token")
+        attempt.queue_write(lambda: self.store.inflight_prefill_done(endpoint, rid), "record a first token")
         self._release_prefill_leg(attempt)
         if self.on_freed is not None:
             self.on_freed(attempt, WakeReason.FIRST_TOKEN)
@@ -317,14 +206,14 @@ class Lifecycle:
         if leg is None or not self.fleet.local.has(leg_id):
             return
         self.fleet.local.release(leg_id)
-        attempt._write(lambda: self.store.inflight_release(leg.endpoint, leg_id), "release a prefill leg")
+        attempt.queue_write(lambda: self.store.inflight_release(leg.endpoint, leg_id), "release a prefill leg")
 
-    def _finished(self, attempt: Attempt, outcome: Outcome) -> None:
-        """From the attempt, once: release its work, learn from it, and decide what it says of the endpoint."""
+    def attempt_finished(self, attempt: Attempt, outcome: Outcome) -> None:
+        """From the attempt only, once: release its work, learn from it, and decide what it says of the endpoint."""
         if attempt.outcome is not None:
             return
         attempt.outcome = outcome
-        attempt._cancel_overdue()
+        attempt.cancel_overdue()
         rid, endpoint = attempt.request_id, attempt.endpoint
         hold, attempt.budget_hold = attempt.budget_hold, None
         if hold is not None and self.budgets is not None:
@@ -342,7 +231,7 @@ class Lifecycle:
             first = None if attempt.first_token_at is None else attempt.first_token_at - attempt.dispatched_at
             who = None if hold is None else hold.reservation.identity
             self.burst.finished(attempt.decision, outcome, first_token_s=first, group=attempt.group, identity=who)
-            self._learn(attempt, outcome)
+            self.learning.learn(attempt, outcome)
             return
         if self.burst.probes.active:  # a local probe of a class in burst (cognitora.burst.probes)
             self.burst.local_finished(rid, _achieved_s(attempt, outcome))
@@ -350,12 +239,12 @@ class Lifecycle:
         if outcome.ok and seated is not None:
             self.fleet.seat_tenure.observe(endpoint, self._clock() - seated)
         self.fleet.local.release(rid, self._clock())
-        self._learn(attempt, outcome)
+        self.learning.learn(attempt, outcome)
         if outcome.kind.marks_unhealthy(outcome.status):
             reason = f"{outcome.kind.value}: {outcome.detail}" if outcome.detail else outcome.kind.value
             self.fleet.note_unhealthy(endpoint, reason)
-            attempt._write(lambda: self.fleet.share_unhealthy(endpoint, reason), "share an unhealthy mark")
-        attempt._write(lambda: self.store.inflight_release(endpoint, rid), "release in-flight work")
+            attempt.queue_write(lambda: self.fleet.share_unhealthy(endpoint, reason), "share an unhealthy mark")
+        attempt.queue_write(lambda: self.store.inflight_release(endpoint, rid), "release in-flight work")
         if self.on_freed is not None:
             self.on_freed(attempt, WakeReason.FINISHED)
 
@@ -379,88 +268,6 @@ class Lifecycle:
         new = self.dispatch(moved, group=attempt.group)
         new.dispatched_at = attempt.dispatched_at
         return new
-
-    def _learn(self, attempt: Attempt, outcome: Outcome) -> None:
-        decision = attempt.decision
-        stats = self.stats
-        if outcome.ok:
-            stats.finished_ok += 1
-        else:
-            stats.finished_error += 1
-        stats.finished_by_kind[outcome.kind.value] = stats.finished_by_kind.get(outcome.kind.value, 0) + 1
-        if outcome.cached_tokens is not None:
-            stats.hit_reports += 1
-            stats.predicted_cached_tokens += decision.predicted_cached_tokens
-            stats.achieved_cached_tokens += outcome.cached_tokens
-        achieved_ttft = outcome.ttft_s
-        if attempt.first_token_at is not None:
-            achieved_ttft = attempt.first_token_at - attempt.dispatched_at
-        if achieved_ttft is not None:
-            stats.ttft_reports += 1
-            stats.predicted_ttft_s += decision.predicted_ttft_s
-            stats.achieved_ttft_s += achieved_ttft
-            self._feed_back(attempt, achieved_ttft)
-        if outcome.ok and attempt.endpoint in self.fleet.outcome_rates:
-            self._learn_rates(attempt, outcome, achieved_ttft)
-        engine_tokens, cloud = outcome.prompt_tokens, decision.cloud
-        at_engine = cloud is None or cloud.target != attempt.endpoint  # a cloud's model counts its own way
-        if engine_tokens is not None and decision.exact_keys and at_engine:
-            self.token_agreement.observe(decision.model, attempt.endpoint, decision.prompt_tokens, engine_tokens)
-        runner_up = decision.runner_up
-        self._outcomes.append(
-            AttemptRecord(
-                request_id=decision.request_id,
-                model=decision.model,
-                endpoint=attempt.endpoint,
-                kind=outcome.kind,
-                status=outcome.status,
-                prompt_tokens=outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                predicted_cached_tokens=decision.predicted_cached_tokens,
-                achieved_cached_tokens=outcome.cached_tokens,
-                predicted_ttft_s=decision.predicted_ttft_s,
-                achieved_ttft_s=achieved_ttft,
-                runner_up=None if runner_up is None else runner_up.endpoint,
-                runner_up_predicted_ttft_s=None if runner_up is None else runner_up.predicted_ttft_s,
-                finished_at=self._clock(),
-            )
-        )
-        self.telemetry.finished(self._outcomes[-1])
-        if not outcome.ok and outcome.kind is not OutcomeKind.CLIENT_CANCELLED:
-            log.info(
-                "request %s on %s ended %s%s",
-                decision.request_id,
-                attempt.endpoint,
-                outcome.kind.value,
-                f": {outcome.detail}" if outcome.detail else "",
-            )
-
-    def _learn_rates(self, attempt: Attempt, outcome: Outcome, ttft_s: float | None) -> None:
-        """An engine without metrics: its rates and cache reuse come from what its attempts achieved."""
-        decision = attempt.decision
-        score = next((c for c in decision.candidates if c.endpoint == attempt.endpoint), None)
-        self.fleet.outcome_rates.observe(
-            attempt.endpoint,
-            queued_prefill_tokens=0.0 if score is None else score.queued_prefill_tokens,
-            prompt_tokens=outcome.prompt_tokens if outcome.prompt_tokens is not None else decision.prompt_tokens,
-            predicted_cached_tokens=decision.predicted_cached_tokens,
-            cached_tokens=outcome.cached_tokens,
-            ttft_s=ttft_s,
-            completion_tokens=outcome.completion_tokens,
-            e2e_s=time.monotonic() - attempt.dispatched_at,
-        )
-
-    def _feed_back(self, attempt: Attempt, achieved_ttft_s: float) -> None:
-        """Teach the TTFT feedback what the model predicted for this endpoint before any correction."""
-        decision = attempt.decision
-        score = next((c for c in decision.candidates if c.endpoint == attempt.endpoint), None)
-        factor = 1.0 if score is None else score.ttft_bias_factor
-        raw = raw_ttft_s(decision.predicted_ttft_s, factor, self.config.cost_model.feedback.floor_s)
-        self.fleet.feedback.observe(attempt.endpoint, raw, achieved_ttft_s, self._clock())
-
-    def ttft_bias_factors(self) -> dict[str, float]:
-        """Each endpoint's learned TTFT feedback factor (those with enough samples), for metrics."""
-        return self.fleet.feedback.known()
 
     def _forget(self, attempt: Attempt) -> None:
         rid = attempt.request_id
@@ -493,7 +300,8 @@ class Lifecycle:
         for attempt in [a for a in self._attempts.values() if a.dispatched_at < oldest]:
             attempt.finish(Outcome(OutcomeKind.ABANDONED, detail="no end reported within placement.inflight_ttl_s"))
 
-    def _track(self, task: asyncio.Task[None]) -> None:
+    def track_writer(self, task: asyncio.Task[None]) -> None:
+        """From the attempt: a chain of its store writes, which ``close`` waits for."""
         self._writers.add(task)
         task.add_done_callback(self._writers.discard)
 
@@ -505,13 +313,6 @@ class Lifecycle:
     def _endpoint_url(self, endpoint_id: str) -> str | None:
         endpoint = self.config.endpoint(endpoint_id)
         return None if endpoint is None else endpoint.url
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _prefill_leg_id(request_id: str) -> str:

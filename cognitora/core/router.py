@@ -6,9 +6,10 @@
 
 ``place`` alone decides without side effects (``cognitora explain``). The router only decides: the prompt's keys
 come from ``cognitora.core.keying``, the fleet's state from ``cognitora.core.fleet_view``, the pick from the pure
-``cognitora.placement``, and the dispatched attempt belongs to ``cognitora.core.lifecycle`` (order, once, any
-thread, health, learning, settling). Build one with ``cognitora.core.core.Core.open`` (the deployment rules, the
-collector) or directly over a store (tests, ``cognitora explain``).
+``cognitora.placement``, and the dispatched attempt is a ``cognitora.core.attempt.Attempt`` (order, once, any
+thread) that ``cognitora.core.lifecycle`` counts, learns from (``cognitora.core.learning``) and settles. Build one
+with ``cognitora.core.core.Core.open`` (the deployment rules, the collector) or directly over a store (tests,
+``cognitora explain``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from cognitora.budgets.gate import BudgetGate, Hold, gate_for
 from cognitora.burst.ledger_spend import ledger_spend_for
 from cognitora.burst.policy import BurstPolicy
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig
+from cognitora.core.attempt import Attempt
 from cognitora.core.fleet_view import FleetView
 from cognitora.core.flow_gate import FlowGate, Placed, Waiting
 from cognitora.core.keying import Keying, PromptTooLarge, invalid_unicode
-from cognitora.core.lifecycle import Attempt, Lifecycle
+from cognitora.core.lifecycle import Lifecycle
 from cognitora.core.outcome import AttemptRecord
 from cognitora.decision import Decision, Rejection
 from cognitora.disagg import place_with_pairs, uses_pairs

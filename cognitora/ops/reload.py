@@ -37,7 +37,7 @@ from cognitora.config import CognitoraConfig, ConfigError, load_config
 from cognitora.preflight import prompt_keyers
 
 if TYPE_CHECKING:
-    from cognitora.core.lifecycle import Attempt
+    from cognitora.core.attempt import Attempt
     from cognitora.core.router import Router
     from cognitora.decision import Decision
     from cognitora.request import RouteRequest
