@@ -91,11 +91,11 @@ KEY_MEMO_BYTES = 32 << 20
 """Default bound of a keyer's block-key memo (``kvstate.key_memo``), in bytes: ~600 distinct 8k-token prefixes."""
 PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
-them): ~7M cached tokens of English (~4 characters and 4 bytes of ids a token)."""
+them): ~1.5M cached tokens of English."""
 
 PROBATION_SHARE = 64
 """The piece cache's probation segment, for pieces seen once, is this fraction of its bytes (1 MiB of the default
-64): at a unique-prompt load it is all the cache holds, full after ~400 requests of ~2.6 KiB pieces."""
+64): at a unique-prompt load it is all the cache holds, full after ~1,000 of the soak's prompts (~1 KiB packed)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
 """Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
@@ -253,11 +253,12 @@ class ChatTokenizer:
         self._prefix: list[int] | None
         self._suffix: list[int] | None
         self._prefix, self._suffix = self._special_affixes()
-        self._cache: OrderedDict[str, tuple[array[int], int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
         """piece -> (its token ids, the entry's size in bytes), least recently used first."""
         self._max_piece_bytes = cache_bytes // 16 if max_piece_bytes is None else min(max_piece_bytes, cache_bytes)
         self._probation: OrderedDict[str, tuple[array[int], int]] = OrderedDict()
-        """Pieces seen once, oldest first: a hit moves one into ``_cache``."""
+        """Pieces seen once, oldest first, their ids packed 4 bytes each (a list of ints takes 36, and most of these
+        are never read): a hit moves one into ``_cache``, as a list (hits there must not pay for unpacking)."""
         self._probation_bytes = cache_bytes // PROBATION_SHARE if second_sighting else 0
         self._probation_held = 0
         self._main_bytes = cache_bytes - self._probation_bytes
@@ -368,35 +369,35 @@ class ChatTokenizer:
         if hit is not None:
             with contextlib.suppress(KeyError):
                 cache.move_to_end(piece)
-            return hit[0].tolist()
-        hit = self._probation.get(piece)
-        if hit is not None:  # seen a second time: into the cache proper
+            return hit[0]
+        waiting = self._probation.get(piece)
+        if waiting is not None:  # seen a second time: into the cache proper
+            ids = waiting[0].tolist()
             with self._lock:
                 if self._probation.pop(piece, None) is not None:  # unless another thread moved it meanwhile
-                    self._probation_held -= hit[1]
-                    self._keep(piece, hit)
-            return hit[0].tolist()
+                    self._probation_held -= waiting[1]
+                    self._keep(piece, (ids, _entry_bytes(piece, ids)))
+            return ids
         ids = self._encode_raw(piece, False)
-        size = _entry_bytes(piece, len(ids))
+        size = _entry_bytes(piece, ids)
         if size > self._max_piece_bytes:
             return ids
-        entry = (array("I", ids), size)
         with self._lock:
             if self._seen_before(piece):
-                self._keep(piece, entry)
-            elif size <= self._probation_bytes:
+                self._keep(piece, (ids, size))
+            elif (packed := _packed_bytes(piece, ids)) <= self._probation_bytes:
                 probation = self._probation
                 old = probation.pop(piece, None)
                 if old is not None:
                     self._probation_held -= old[1]
-                probation[piece] = entry
-                self._probation_held += size
+                probation[piece] = (array("I", ids), packed)
+                self._probation_held += packed
                 while self._probation_held > self._probation_bytes:
                     _, (_, dropped) = probation.popitem(last=False)
                     self._probation_held -= dropped
         return ids
 
-    def _keep(self, piece: str, entry: tuple[array[int], int]) -> None:
+    def _keep(self, piece: str, entry: tuple[list[int], int]) -> None:
         """Into the cache proper, the least recently used out past its bound. Called holding the lock."""
         cache = self._cache
         old = cache.pop(piece, None)  # another thread may have cached it meanwhile
@@ -432,14 +433,21 @@ class ChatTokenizer:
         return self._probation_bytes
 
 
-_ENTRY_OVERHEAD_BYTES = 160 + sys.getsizeof(array("I"))
-"""The cache's own per-entry cost: the ``OrderedDict`` slot and link, the tuple, the array's header."""
+_INT_BYTES = sys.getsizeof(1 << 20)
+"""A token id above CPython's small-int cache is an object of its own (28 bytes), beside its slot in the list."""
+_ENTRY_OVERHEAD_BYTES = 160
+"""The cache's own per-entry cost: the ``OrderedDict`` slot and link, the tuple."""
+_ARRAY_BYTES = sys.getsizeof(array("I"))
 
 
-def _entry_bytes(piece: str, n_ids: int) -> int:
-    """A cache entry's size in bytes, as Python holds it: the piece and its ids, 4 bytes each in an ``array`` (a
-    list of ints took 36 bytes a token, most of a cached piece's size)."""
-    return sys.getsizeof(piece) + 4 * n_ids + _ENTRY_OVERHEAD_BYTES
+def _entry_bytes(piece: str, ids: list[int]) -> int:
+    """A cache entry's size in bytes, as Python holds it (an upper bound: small ids are shared objects)."""
+    return sys.getsizeof(piece) + sys.getsizeof(ids) + _INT_BYTES * len(ids) + _ENTRY_OVERHEAD_BYTES
+
+
+def _packed_bytes(piece: str, ids: list[int]) -> int:
+    """A probation entry's size in bytes: the piece, and its ids in an ``array`` of 4 bytes each."""
+    return sys.getsizeof(piece) + _ARRAY_BYTES + 4 * len(ids) + _ENTRY_OVERHEAD_BYTES
 
 
 # -- token ids -> block keys ----------------------------------------------------------------------------------
