@@ -8,7 +8,8 @@
 
 ``--workload soak`` is the soak's load (bench/soak.py): each user message new (a conversation of 20, a shared text, a
 question number). ``b2b-saas`` and ``multi-turn-chat`` are bench.workloads' schedules (one of 150 system prompts
-and a question; ``--chats`` / 8 users in 8-turn chats, each turn resending the whole history), in arrival order.
+and a question; ``--users`` users, by default ``--chats`` / 8 in 8-turn chats, each turn resending the whole
+history; a user's next turn comes ``--users`` prompts later), in arrival order.
 Every ``--every`` prompts: RSS, the cache's accounted bytes, and over those prompts the share of characters found
 cached (``ChatTokenizer.uncached_chars`` before each prompt) and the CPU time keying took
 (bench/results/memory_growth.md).
@@ -37,8 +38,8 @@ def rss_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def chats(workload: str, n: int) -> Iterator[list[Message]]:
-    """``n`` chats of ``workload``, in arrival order."""
+def chats(workload: str, n: int, users: int | None = None) -> Iterator[list[Message]]:
+    """``n`` chats of ``workload``, in arrival order (``users``: multi-turn-chat's, default ``n / TURNS``)."""
     if workload == "soak":
         rng = random.Random(1)
         for i in range(1, n + 1):
@@ -50,9 +51,10 @@ def chats(workload: str, n: int) -> Iterator[list[Message]]:
     if workload == "b2b-saas":
         schedule = shared_prefix_schedule(B2B_SAAS, stages)
     else:
-        # As many users as make each one's chat TURNS turns long (the profile's 32 would grow histories without end).
-        users = max(1, n // TURNS // MultiTurnProfile.groups)
-        schedule = multi_turn_schedule(MultiTurnProfile(users_per_group=users), stages)
+        # As many users as make each one's chat TURNS turns long (the profile's 32 would grow histories without end);
+        # fewer users come back sooner (a user's next turn is ``users`` prompts later) and chat for longer.
+        per_group = max(1, (users or n // TURNS) // MultiTurnProfile.groups)
+        schedule = multi_turn_schedule(MultiTurnProfile(users_per_group=per_group), stages)
     bank = TextBank(schedule.params["seed"])
     for request in schedule.requests[:n]:
         yield [{"role": m.role, "content": bank.text(m.segments)} for m in request.messages]
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workload", choices=WORKLOADS, default="soak")
     p.add_argument("--chats", type=int, default=30_000)
+    p.add_argument("--users", type=int, default=None, help=f"multi-turn-chat's users (default chats / {TURNS})")
     p.add_argument("--every", type=int, default=5_000)
     args = p.parse_args(argv)
     tokenizer = ChatTokenizer(
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     keyer = PromptKeyer("smollm2", 16, tokenizer)
     chars = missed = 0  # since the last line
     cpu = 0.0
-    for i, messages in enumerate(chats(args.workload, args.chats), start=1):
+    for i, messages in enumerate(chats(args.workload, args.chats, args.users), start=1):
         prompt = ChatPrompt(messages)
         text = tokenizer.render_chat(prompt)
         chars += len(text)
