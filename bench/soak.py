@@ -25,6 +25,7 @@ import json
 import os
 import random
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -184,7 +185,7 @@ def proxy_config(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=1800.0)
     p.add_argument("--cycle-s", type=float, default=120.0, help="seconds between two faults (default 120)")
@@ -220,7 +221,21 @@ def main(argv: list[str] | None = None) -> int:
         help="a limits.NAME in the config (repeatable), e.g. tokenizer_cache_bytes=0 turns the piece cache off",
     )
     p.add_argument("--out", type=Path, default=None, help="the report's path without suffix (default soak_seed<seed>)")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--rerender",
+        type=Path,
+        default=None,
+        metavar="STEM",
+        help="run nothing: rewrite STEM.md (and .json) from STEM.json, with this version's report",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.rerender is not None:
+        rerender(args.rerender)
+        return 0
     random.seed(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cognitora-soak-"))
     tokenizer = SMOLLM2_DIR / "tokenizer.json"
@@ -371,6 +386,26 @@ def steps_at_faults(points: list[tuple[float, float, int]], faults: list[float])
     return {"rss_mib_gained_at_faults": round(at_faults, 1), "rss_mib_gained_between_faults": round(between, 1)}
 
 
+FLAT_MIB_PER_HOUR = 3.0
+"""An RSS slope under this (about 1.5 MiB over the soak's 30 minutes) is called flat."""
+
+
+def rss_verdict(row: dict[str, Any]) -> str:
+    """What a process's RSS did after the warm-up, in words, from its slopes and where its RSS was gained."""
+    after, second = row["rss_mib_per_hour_after_warmup"], row["rss_mib_per_hour_second_half"]
+    at_faults, between = row["rss_mib_gained_at_faults"], row["rss_mib_gained_between_faults"]
+    if abs(after) < FLAT_MIB_PER_HOUR:
+        return f"flat ({after:+g} MiB/h from {WARMUP_S:g} s)"
+    words = f"{after:+g} MiB/h from {WARMUP_S:g} s, {second:+g} over the second half"
+    if abs(second) < FLAT_MIB_PER_HOUR:
+        words += ": levelled off"
+    elif second < after / 2:
+        words += ": slowing"
+    if at_faults > 0 and between < at_faults / 3:
+        words += f"; {at_faults:+g} MiB gained in the {STEP_WINDOW_S:g} s after faults, {between:+g} at other times"
+    return words
+
+
 def command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run."""
     out = (
@@ -385,16 +420,13 @@ def command(args: argparse.Namespace) -> str:
     return out + ("" if args.out is None else f" --out {args.out}")
 
 
-def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, float]], stem: Path) -> None:
-    def in_fault(t: float) -> bool:
-        return any(0 <= t - f <= FAULT_WINDOW_S for f, _ in run.faults)
-
-    errors = [(t, g, s) for t, g, s in run.answers if s != 200]
-    outside = [e for e in errors if not in_fault(e[0])]
-    by_gateway = {g: sum(1 for _, gg, _ in run.answers if gg == g) for g in ("envoy", "litellm")}
+def process_rows(
+    samples: dict[str, list[tuple[float, float, int]]], faults: list[float], duration_s: float
+) -> dict[str, dict[str, Any]]:
+    """Per process: RSS and FD first and last values, slopes, and the RSS gained at faults and between them."""
     procs = {}
-    half = args.duration_s / 2
-    for name, points in sorted(run.samples.items()):
+    half = duration_s / 2
+    for name, points in sorted(samples.items()):
         procs[name] = {
             "rss_mib_first": round(points[0][1], 1),
             "rss_mib_last": round(points[-1][1], 1),
@@ -402,11 +434,20 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
             "rss_mib_per_hour_after_warmup": round(slope_per_hour([(t, r) for t, r, _ in points if t >= WARMUP_S]), 2),
             "rss_mib_per_hour_second_half": round(slope_per_hour([(t, r) for t, r, _ in points if t >= half]), 2),
             "rss_mib_at_warmup": round(next((r for t, r, _ in points if t >= WARMUP_S), points[-1][1]), 1),
-            **steps_at_faults(points, [f for f, _ in run.faults]),
+            **steps_at_faults(points, faults),
             "fds_first": points[0][2],
             "fds_last": points[-1][2],
             "fds_per_hour": round(slope_per_hour([(t, float(f)) for t, _, f in points]), 2),
         }
+    return procs
+
+
+def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, float]], stem: Path) -> None:
+    def in_fault(t: float) -> bool:
+        return any(0 <= t - f <= FAULT_WINDOW_S for f, _ in run.faults)
+
+    errors = [(t, g, s) for t, g, s in run.answers if s != 200]
+    outside = [e for e in errors if not in_fault(e[0])]
     cycles = []
     for start in range(0, int(args.duration_s), int(args.cycle_s)):
         window = [d for t, d in decisions if start <= t < start + args.cycle_s]
@@ -414,40 +455,55 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         cycles.append(
             {"from_s": start, "decisions": len(window), "p99_ms": None if value is None else round(value * 1e3, 2)}
         )
-    load_avg = {
-        "min": round(min(run.load, default=0.0), 2),
-        "mean": round(sum(run.load) / max(1, len(run.load)), 2),
-        "max": round(max(run.load, default=0.0), 2),
-    }
     data = {
         "command": command(args),
-        "requests": by_gateway,
+        "requests": {g: sum(1 for _, gg, _ in run.answers if gg == g) for g in ("envoy", "litellm")},
         "errors_total": len(errors),
         "errors_outside_fault_windows": len(outside),
         "errors_outside_sample": outside[:10],
         "faults": run.faults,
-        "processes": procs,
+        "processes": process_rows(run.samples, [f for f, _ in run.faults], args.duration_s),
         "p99_decision_ms_per_cycle": cycles,
-        "load_average_1m": load_avg,
+        "load_average_1m": {
+            "min": round(min(run.load, default=0.0), 2),
+            "mean": round(sum(run.load) / max(1, len(run.load)), 2),
+            "max": round(max(run.load, default=0.0), 2),
+        },
         "samples": {
             name: [[round(t, 1), round(r, 2), f] for t, r, f in points] for name, points in run.samples.items()
         },
     }
+    write(args, data, stem)
+
+
+def rerender(stem: Path) -> None:
+    """Rewrite ``stem``'s report from its .json (the processes' rows recomputed from the RSS samples kept there)."""
+    data = json.loads(stem.with_suffix(".json").read_text())
+    args = _parser().parse_args(shlex.split(data["command"])[3:])
+    samples = {name: [(t, r, int(f)) for t, r, f in points] for name, points in data["samples"].items()}
+    data["processes"] = process_rows(samples, [f for f, _ in data["faults"]], args.duration_s)
+    write(args, data, stem)
+
+
+def write(args: argparse.Namespace, data: dict[str, Any], stem: Path) -> None:
+    """The .json and the .md of a run."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    procs, cycles, load_avg = data["processes"], data["p99_decision_ms_per_cycle"], data["load_average_1m"]
     lines = [
         f"# Soak, seed {args.seed}",
         "",
         f"Command: `{data['command']}` (one machine, loopback; see bench/soak.py for the stack).",
         "",
-        f"Requests: {by_gateway}; errors {len(errors)}, of which {len(outside)} outside the {FAULT_WINDOW_S:g} s "
-        f"after a fault. Faults: {len(run.faults)} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s). "
+        f"Requests: {data['requests']}; errors {data['errors_total']}, of which "
+        f"{data['errors_outside_fault_windows']} outside the {FAULT_WINDOW_S:g} s after a fault. Faults: "
+        f"{len(data['faults'])} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s). "
         f"The machine's 1-minute load average over the run (2 cores shared with other work): "
         f"{load_avg['min']} min, {load_avg['mean']} mean, {load_avg['max']} max.",
         "",
         f"Slopes are least-squares fits over all samples (every {SAMPLE_S:g} s), from {WARMUP_S:g} s on, and over "
-        f"the second half (from {half:g} s): a bounded structure filling up shows as a slope that falls from one to "
-        "the next, a leak as one that does not. From the warm-up on, the RSS gained is also split: in the "
+        f"the second half (from {args.duration_s / 2:g} s): a bounded structure filling up shows as a slope that falls "
+        "from one to the next, a leak as one that does not. From the warm-up on, the RSS gained is also split: in the "
         f"{STEP_WINDOW_S:g} s after each fault (steps: a resync's replay, reconnections) and at other times (what "
         "grows with the requests). The RSS samples are in the .json.",
         "",
@@ -462,6 +518,14 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
             f"{row['rss_mib_per_hour_second_half']} | {row['rss_mib_gained_at_faults']} | "
             f"{row['rss_mib_gained_between_faults']} | {row['fds_first']} | {row['fds_last']} | {row['fds_per_hour']} |"
         )
+    lines += ["", "RSS after the warm-up:", ""]
+    lines += [f"- {name}: {rss_verdict(row)}" for name, row in procs.items()]
+    lines += [
+        "",
+        "What grows and its bound (bench/results/memory_growth.md): the tokenizer's piece cache, 1 MiB of probation "
+        "at this load (kvstate/prompt.py); the extprocs' last 256 decisions and outcomes; the collector's high-water "
+        "from resyncs, which replay an engine's buffer (at most 10,000 batches) at Redis restarts and reloads.",
+    ]
     lines += ["", "| cycle from (s) | decisions | p99 decision (ms) |", "|---|---|---|"]
     lines += [f"| {c['from_s']} | {c['decisions']} | {c['p99_ms']} |" for c in cycles]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
