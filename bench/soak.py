@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -183,7 +185,7 @@ def proxy_config(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration-s", type=float, default=1800.0)
     p.add_argument("--cycle-s", type=float, default=120.0, help="seconds between two faults (default 120)")
@@ -197,7 +199,43 @@ def main(argv: list[str] | None = None) -> int:
         "not fill in 30 minutes, so the engines and the collector hold every block ever cached and grow the whole "
         "run; 4096 fills it in about two minutes and the run measures the steady state)",
     )
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--gateways",
+        choices=("both", "envoy", "litellm"),
+        default="both",
+        help="which gateways get load (default both); one alone halves the CPU a probe of the other's processes takes",
+    )
+    p.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        choices=("collector", "extproc0"),
+        help="run this process under tracemalloc (bench/harness/traced_main.py, repeatable): the allocation sites "
+        "that grew most, every minute, as JSON lines beside the report (its RSS then counts tracemalloc's tables)",
+    )
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a limits.NAME in the config (repeatable), e.g. tokenizer_cache_bytes=0 turns the piece cache off",
+    )
+    p.add_argument("--out", type=Path, default=None, help="the report's path without suffix (default soak_seed<seed>)")
+    p.add_argument(
+        "--rerender",
+        type=Path,
+        default=None,
+        metavar="STEM",
+        help="run nothing: rewrite STEM.md (and .json) from STEM.json, with this version's report",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.rerender is not None:
+        rerender(args.rerender)
+        return 0
     random.seed(args.seed)
     work = Path(tempfile.mkdtemp(prefix="cognitora-soak-"))
     tokenizer = SMOLLM2_DIR / "tokenizer.json"
@@ -214,17 +252,32 @@ def main(argv: list[str] | None = None) -> int:
             "key_prefix": "soak",
             "scrape": {"interval_s": 1.0},
         }
-        config = {**settings, "models": [fleet.model_config(tokenizer)]}
+        config: dict[str, Any] = {**settings, "models": [fleet.model_config(tokenizer)]}
+        limits = {name: yaml.safe_load(value) for name, value in (x.split("=", 1) for x in args.limit)}
+        if limits:
+            config["limits"] = limits
         config_path = work / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        cli = [sys.executable, "-m", "cognitora.cli"]
+        pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+        def cli(name: str) -> tuple[list[str], dict[str, str] | None]:
+            if name not in args.trace:
+                return [sys.executable, "-m", "cognitora.cli"], None
+            env = {"TRACED_OUT": str(work / f"{name}.trace.jsonl"), "PYTHONPATH": pythonpath}
+            return [sys.executable, "-m", "bench.harness.traced_main", "cognitora.cli"], env
+
         try:
-            procs["collector"] = ManagedProcess([*cli, "collector", "--config", str(config_path)], work / "c.log")
+            argv_c, env_c = cli("collector")
+            procs["collector"] = ManagedProcess(
+                [*argv_c, "collector", "--config", str(config_path)], work / "c.log", env=env_c
+            )
             ports = [free_port(), free_port()]
             for i, port in enumerate(ports):
-                argv_x = [*cli, "extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"]
-                procs[f"extproc{i}"] = ManagedProcess(argv_x, work / f"extproc{i}.log")
-                wait_listening(port, procs[f"extproc{i}"])
+                argv_x, env_x = cli(f"extproc{i}")
+                argv_x += ["extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"]
+                procs[f"extproc{i}"] = ManagedProcess(argv_x, work / f"extproc{i}.log", env=env_x)
+                # Tracing its imports takes a traced extproc minutes on a busy machine.
+                wait_listening(port, procs[f"extproc{i}"], timeout_s=300 if env_x else 30)
             listen, admin = free_port(), free_port()
 
             def two(envoy_config: dict[str, Any]) -> None:
@@ -242,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
             (work / "litellm.yaml").write_text(yaml.safe_dump(litellm_config))
             key = "sk-soak-" + secrets.token_hex(8)
             proxy_port = free_port()
-            pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
             env = {
                 "LITELLM_MASTER_KEY": key,
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -262,10 +314,14 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 stop = asyncio.Event()
                 auth = {"Authorization": f"Bearer {key}"}
-                loads = [
-                    asyncio.create_task(load(envoy_url, "envoy", {}, fleet.model, args.rps, run, t0, stop)),
-                    asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop)),
-                ]
+                loads = []
+                if args.gateways in ("both", "envoy"):
+                    loads.append(
+                        asyncio.create_task(load(envoy_url, "envoy", {}, fleet.model, args.rps, run, t0, stop))
+                    )
+                if args.gateways in ("both", "litellm"):
+                    gateway = load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop)
+                    loads.append(asyncio.create_task(gateway))
                 nonlocal redis_proc
                 next_sample = next_fault = 0.0
                 n_fault = 0
@@ -299,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             started_wall = time.time()
             asyncio.run(soak())
             logs = [work / "extproc0.log", work / "extproc1.log", work / "litellm.log"]
-            report(args, run, decision_seconds(logs, started_wall))
+            stem = args.out if args.out is not None else RESULTS / f"soak_seed{args.seed}"
+            report(args, run, decision_seconds(logs, started_wall), stem)
+            for name in args.trace:
+                shutil.copy(work / f"{name}.trace.jsonl", stem.parent / f"{stem.name}.{name}.trace.jsonl")
         finally:
             if envoy is not None:
                 envoy.stop()
@@ -309,24 +368,86 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, float]]) -> None:
-    def in_fault(t: float) -> bool:
-        return any(0 <= t - f <= FAULT_WINDOW_S for f, _ in run.faults)
+STEP_WINDOW_S = 60.0
+"""RSS gained within this long after a fault counts as the fault's step (a resync's replay, reconnections)."""
 
-    errors = [(t, g, s) for t, g, s in run.answers if s != 200]
-    outside = [e for e in errors if not in_fault(e[0])]
-    by_gateway = {g: sum(1 for _, gg, _ in run.answers if gg == g) for g in ("envoy", "litellm")}
+
+def steps_at_faults(points: list[tuple[float, float, int]], faults: list[float]) -> dict[str, float]:
+    """From the warm-up on, the RSS gained in the ``STEP_WINDOW_S`` after each fault and the RSS gained at other
+    times (net, MiB): what steps at faults and settles is not what grows with every request."""
+    at_faults = between = 0.0
+    for (t0, r0, _), (t1, r1, _) in itertools.pairwise(points):
+        if t0 < WARMUP_S:
+            continue
+        if any(f <= t1 and t0 < f + STEP_WINDOW_S for f in faults):
+            at_faults += r1 - r0
+        else:
+            between += r1 - r0
+    return {"rss_mib_gained_at_faults": round(at_faults, 1), "rss_mib_gained_between_faults": round(between, 1)}
+
+
+FLAT_MIB_PER_HOUR = 3.0
+"""An RSS slope under this (about 1.5 MiB over the soak's 30 minutes) is called flat."""
+
+
+def rss_verdict(row: dict[str, Any]) -> str:
+    """What a process's RSS did after the warm-up, in words, from its slopes and where its RSS was gained."""
+    after, second = row["rss_mib_per_hour_after_warmup"], row["rss_mib_per_hour_second_half"]
+    at_faults, between = row["rss_mib_gained_at_faults"], row["rss_mib_gained_between_faults"]
+    if abs(after) < FLAT_MIB_PER_HOUR:
+        return f"flat ({after:+g} MiB/h from {WARMUP_S:g} s)"
+    words = f"{after:+g} MiB/h from {WARMUP_S:g} s, {second:+g} over the second half"
+    if abs(second) < FLAT_MIB_PER_HOUR:
+        words += ": levelled off"
+    elif second < after / 2:
+        words += ": slowing"
+    if at_faults > 0 and between < at_faults / 3:
+        words += f"; {at_faults:+g} MiB gained in the {STEP_WINDOW_S:g} s after faults, {between:+g} at other times"
+    return words
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run."""
+    out = (
+        f"python -m bench.soak --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
+        f"--rps {args.rps:g} --seed {args.seed}"
+    )
+    if args.kv_capacity_tokens is not None:
+        out += f" --kv-capacity-tokens {args.kv_capacity_tokens}"
+    if args.gateways != "both":
+        out += f" --gateways {args.gateways}"
+    out += "".join(f" --trace {name}" for name in args.trace) + "".join(f" --limit {x}" for x in args.limit)
+    return out + ("" if args.out is None else f" --out {args.out}")
+
+
+def process_rows(
+    samples: dict[str, list[tuple[float, float, int]]], faults: list[float], duration_s: float
+) -> dict[str, dict[str, Any]]:
+    """Per process: RSS and FD first and last values, slopes, and the RSS gained at faults and between them."""
     procs = {}
-    for name, points in sorted(run.samples.items()):
+    half = duration_s / 2
+    for name, points in sorted(samples.items()):
         procs[name] = {
             "rss_mib_first": round(points[0][1], 1),
             "rss_mib_last": round(points[-1][1], 1),
             "rss_mib_per_hour": round(slope_per_hour([(t, r) for t, r, _ in points]), 2),
             "rss_mib_per_hour_after_warmup": round(slope_per_hour([(t, r) for t, r, _ in points if t >= WARMUP_S]), 2),
+            "rss_mib_per_hour_second_half": round(slope_per_hour([(t, r) for t, r, _ in points if t >= half]), 2),
+            "rss_mib_at_warmup": round(next((r for t, r, _ in points if t >= WARMUP_S), points[-1][1]), 1),
+            **steps_at_faults(points, faults),
             "fds_first": points[0][2],
             "fds_last": points[-1][2],
             "fds_per_hour": round(slope_per_hour([(t, float(f)) for t, _, f in points]), 2),
         }
+    return procs
+
+
+def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, float]], stem: Path) -> None:
+    def in_fault(t: float) -> bool:
+        return any(0 <= t - f <= FAULT_WINDOW_S for f, _ in run.faults)
+
+    errors = [(t, g, s) for t, g, s in run.answers if s != 200]
+    outside = [e for e in errors if not in_fault(e[0])]
     cycles = []
     for start in range(0, int(args.duration_s), int(args.cycle_s)):
         window = [d for t, d in decisions if start <= t < start + args.cycle_s]
@@ -334,48 +455,77 @@ def report(args: argparse.Namespace, run: Run, decisions: list[tuple[float, floa
         cycles.append(
             {"from_s": start, "decisions": len(window), "p99_ms": None if value is None else round(value * 1e3, 2)}
         )
-    load_avg = {
-        "min": round(min(run.load, default=0.0), 2),
-        "mean": round(sum(run.load) / max(1, len(run.load)), 2),
-        "max": round(max(run.load, default=0.0), 2),
-    }
     data = {
-        "command": f"python -m bench.soak --duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} "
-        f"--rps {args.rps:g} --seed {args.seed}"
-        + ("" if args.kv_capacity_tokens is None else f" --kv-capacity-tokens {args.kv_capacity_tokens}"),
-        "requests": by_gateway,
+        "command": command(args),
+        "requests": {g: sum(1 for _, gg, _ in run.answers if gg == g) for g in ("envoy", "litellm")},
         "errors_total": len(errors),
         "errors_outside_fault_windows": len(outside),
         "errors_outside_sample": outside[:10],
         "faults": run.faults,
-        "processes": procs,
+        "processes": process_rows(run.samples, [f for f, _ in run.faults], args.duration_s),
         "p99_decision_ms_per_cycle": cycles,
-        "load_average_1m": load_avg,
+        "load_average_1m": {
+            "min": round(min(run.load, default=0.0), 2),
+            "mean": round(sum(run.load) / max(1, len(run.load)), 2),
+            "max": round(max(run.load, default=0.0), 2),
+        },
+        "samples": {
+            name: [[round(t, 1), round(r, 2), f] for t, r, f in points] for name, points in run.samples.items()
+        },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"soak_seed{args.seed}"
+    write(args, data, stem)
+
+
+def rerender(stem: Path) -> None:
+    """Rewrite ``stem``'s report from its .json (the processes' rows recomputed from the RSS samples kept there)."""
+    data = json.loads(stem.with_suffix(".json").read_text())
+    args = _parser().parse_args(shlex.split(data["command"])[3:])
+    samples = {name: [(t, r, int(f)) for t, r, f in points] for name, points in data["samples"].items()}
+    data["processes"] = process_rows(samples, [f for f, _ in data["faults"]], args.duration_s)
+    write(args, data, stem)
+
+
+def write(args: argparse.Namespace, data: dict[str, Any], stem: Path) -> None:
+    """The .json and the .md of a run."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    procs, cycles, load_avg = data["processes"], data["p99_decision_ms_per_cycle"], data["load_average_1m"]
     lines = [
         f"# Soak, seed {args.seed}",
         "",
         f"Command: `{data['command']}` (one machine, loopback; see bench/soak.py for the stack).",
         "",
-        f"Requests: {by_gateway}; errors {len(errors)}, of which {len(outside)} outside the {FAULT_WINDOW_S:g} s "
-        f"after a fault. Faults: {len(run.faults)} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s). "
+        f"Requests: {data['requests']}; errors {data['errors_total']}, of which "
+        f"{data['errors_outside_fault_windows']} outside the {FAULT_WINDOW_S:g} s after a fault. Faults: "
+        f"{len(data['faults'])} ({', '.join(FAULTS)} in turn, every {args.cycle_s:g} s). "
         f"The machine's 1-minute load average over the run (2 cores shared with other work): "
         f"{load_avg['min']} min, {load_avg['mean']} mean, {load_avg['max']} max.",
         "",
-        f"Slopes are least-squares fits over all samples (every {SAMPLE_S:g} s), and from {WARMUP_S:g} s on.",
+        f"Slopes are least-squares fits over all samples (every {SAMPLE_S:g} s), from {WARMUP_S:g} s on, and over "
+        f"the second half (from {args.duration_s / 2:g} s): a bounded structure filling up shows as a slope that falls "
+        "from one to the next, a leak as one that does not. From the warm-up on, the RSS gained is also split: in the "
+        f"{STEP_WINDOW_S:g} s after each fault (steps: a resync's replay, reconnections) and at other times (what "
+        "grows with the requests). The RSS samples are in the .json.",
         "",
-        f"| process | RSS MiB first | last | slope MiB/h | from {WARMUP_S:g} s | FDs first | last | slope FDs/h |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| process | RSS MiB first | at {WARMUP_S:g} s | last | slope MiB/h | from {WARMUP_S:g} s | second half "
+        "| MiB gained at faults | between | FDs first | last | slope FDs/h |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in procs.items():
         lines.append(
-            f"| {name} | {row['rss_mib_first']} | {row['rss_mib_last']} | {row['rss_mib_per_hour']} | "
-            f"{row['rss_mib_per_hour_after_warmup']} | "
-            f"{row['fds_first']} | {row['fds_last']} | {row['fds_per_hour']} |"
+            f"| {name} | {row['rss_mib_first']} | {row['rss_mib_at_warmup']} | {row['rss_mib_last']} | "
+            f"{row['rss_mib_per_hour']} | {row['rss_mib_per_hour_after_warmup']} | "
+            f"{row['rss_mib_per_hour_second_half']} | {row['rss_mib_gained_at_faults']} | "
+            f"{row['rss_mib_gained_between_faults']} | {row['fds_first']} | {row['fds_last']} | {row['fds_per_hour']} |"
         )
+    lines += ["", "RSS after the warm-up:", ""]
+    lines += [f"- {name}: {rss_verdict(row)}" for name, row in procs.items()]
+    lines += [
+        "",
+        "What grows and its bound (bench/results/memory_growth.md): the tokenizer's piece cache, 1 MiB of probation "
+        "at this load (kvstate/prompt.py); the extprocs' last 256 decisions and outcomes; the collector's high-water "
+        "from resyncs, which replay an engine's buffer (at most 10,000 batches) at Redis restarts and reloads.",
+    ]
     lines += ["", "| cycle from (s) | decisions | p99 decision (ms) |", "|---|---|---|"]
     lines += [f"| {c['from_s']} | {c['decisions']} | {c['p99_ms']} |" for c in cycles]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -29,6 +29,13 @@ split the text before BPE runs, so each piece between them tokenizes independent
 the long shared system prompts Cognitora routes for nearly free to re-tokenize. The cache is bounded in bytes, and a
 piece too large for it is not cached (one huge prompt must not hold, or flush, everyone's system prompts).
 
+A piece seen once is held in a small probation segment (2Q's "A1in": ``PROBATION_SHARE``), and only a piece seen
+again enters the cache proper: most user messages are seen once, and cached at first sight they filled the cache to
+its bound with text never asked for again, a gateway's RSS growing for hours at a unique-prompt load
+(``bench/results/memory_growth.md``). A chat's next turn finds its history in probation; a piece seen again after it
+left probation (a fixed table of hashes remembers ~65k pieces seen once, TinyLFU's "doorkeeper") is tokenized a
+second time and cached then.
+
 What tokenizing costs is known before it is paid (``ChatTokenizer.uncached_chars``, ``PromptKeyer.keys_inline``),
 so a gateway can key cheap prompts on its event loop and the others on a worker thread: a ``ChatTokenizer`` may be
 used from several threads at once, and long texts are encoded with the GIL released (HF ``Tokenizer.encode`` holds
@@ -41,6 +48,7 @@ import contextlib
 import re
 import sys
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,6 +92,10 @@ KEY_MEMO_BYTES = 32 << 20
 PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
 them): ~1.5M cached tokens of English."""
+
+PROBATION_SHARE = 64
+"""The piece cache's probation segment, for pieces seen once, is this fraction of its bytes (1 MiB of the default
+64): at a unique-prompt load it is all the cache holds, full after ~1,000 of the soak's prompts (~1 KiB packed)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
 """Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
@@ -210,7 +222,9 @@ class ChatTokenizer:
     """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring). Thread-safe.
 
     ``cache_bytes`` bounds the piece cache; a piece whose entry would take more than ``max_piece_bytes`` (default a
-    sixteenth of the cache) is encoded but not kept.
+    sixteenth of the cache) is encoded but not kept. With ``second_sighting`` (the default) a piece seen once waits
+    in a probation segment of ``cache_bytes / PROBATION_SHARE`` and enters the cache proper when seen again (see
+    the module docstring); without, every piece enters the cache proper at once.
     """
 
     def __init__(
@@ -219,6 +233,7 @@ class ChatTokenizer:
         template_path: Path | None = None,
         cache_bytes: int = PIECE_CACHE_BYTES,
         max_piece_bytes: int | None = None,
+        second_sighting: bool = True,
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.template: ChatTemplate | None = load_chat_template(tokenizer_path, template_path)
@@ -240,9 +255,19 @@ class ChatTokenizer:
         self._prefix, self._suffix = self._special_affixes()
         self._cache: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
         """piece -> (its token ids, the entry's size in bytes), least recently used first."""
-        self._cache_bytes = cache_bytes
         self._max_piece_bytes = cache_bytes // 16 if max_piece_bytes is None else min(max_piece_bytes, cache_bytes)
+        self._probation: OrderedDict[str, tuple[array[int], int]] = OrderedDict()
+        """Pieces seen once, oldest first, their ids packed 4 bytes each (a list of ints takes 36, and most of these
+        are never read): a hit moves one into ``_cache``, as a list (hits there must not pay for unpacking)."""
+        self._probation_bytes = cache_bytes // PROBATION_SHARE if second_sighting else 0
+        self._probation_held = 0
+        self._main_bytes = cache_bytes - self._probation_bytes
         self._cached_bytes = 0
+        # Pieces seen once, as hashes, one per slot, a newer one taking the slot: one seen again after it left
+        # probation goes into the cache proper. A fixed array, allocated once (512 KiB for the default cache).
+        slots = 1 << max(8, min(16, (cache_bytes // 512).bit_length() - 1)) if second_sighting and cache_bytes else 0
+        self._sightings = array("q", bytes(8 * slots))
+        self._sightings_mask = slots - 1
         # Held while the cache and its byte count change (a miss), never while encoding: a worker thread keying a
         # long prompt must not make the event loop's cheap lookups wait.
         self._lock = threading.Lock()
@@ -324,8 +349,8 @@ class ChatTokenizer:
         return [text] if self._split is None else self._split.split(text)
 
     def _uncached(self, pieces: list[str]) -> int:
-        added, cache = self._added_ids, self._cache
-        return sum(len(p) for p in pieces if p not in added and p not in cache)
+        added, cache, probation = self._added_ids, self._cache, self._probation
+        return sum(len(p) for p in pieces if p not in added and p not in cache and p not in probation)
 
     def encode_chat(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """A chat's token ids with vLLM's defaults."""
@@ -345,36 +370,84 @@ class ChatTokenizer:
             with contextlib.suppress(KeyError):
                 cache.move_to_end(piece)
             return hit[0]
+        waiting = self._probation.get(piece)
+        if waiting is not None:  # seen a second time: into the cache proper
+            ids = waiting[0].tolist()
+            with self._lock:
+                if self._probation.pop(piece, None) is not None:  # unless another thread moved it meanwhile
+                    self._probation_held -= waiting[1]
+                    self._keep(piece, (ids, _entry_bytes(piece, ids)))
+            return ids
         ids = self._encode_raw(piece, False)
         size = _entry_bytes(piece, ids)
         if size > self._max_piece_bytes:
             return ids
         with self._lock:
-            old = cache.pop(piece, None)  # another thread may have cached it meanwhile
-            if old is not None:
-                self._cached_bytes -= old[1]
-            cache[piece] = (ids, size)
-            self._cached_bytes += size
-            while self._cached_bytes > self._cache_bytes:
-                _, (_, dropped) = cache.popitem(last=False)
-                self._cached_bytes -= dropped
+            if self._seen_before(piece):
+                self._keep(piece, (ids, size))
+            elif (packed := _packed_bytes(piece, ids)) <= self._probation_bytes:
+                probation = self._probation
+                old = probation.pop(piece, None)
+                if old is not None:
+                    self._probation_held -= old[1]
+                probation[piece] = (array("I", ids), packed)
+                self._probation_held += packed
+                while self._probation_held > self._probation_bytes:
+                    _, (_, dropped) = probation.popitem(last=False)
+                    self._probation_held -= dropped
         return ids
+
+    def _keep(self, piece: str, entry: tuple[list[int], int]) -> None:
+        """Into the cache proper, the least recently used out past its bound. Called holding the lock."""
+        cache = self._cache
+        old = cache.pop(piece, None)  # another thread may have cached it meanwhile
+        if old is not None:
+            self._cached_bytes -= old[1]
+        cache[piece] = entry
+        self._cached_bytes += entry[1]
+        while self._cached_bytes > self._main_bytes:
+            _, (_, dropped) = cache.popitem(last=False)
+            self._cached_bytes -= dropped
+
+    def _seen_before(self, piece: str) -> bool:
+        """Whether ``piece`` was encoded before (and has left probation since); notes it if not. Called holding the
+        lock. A sighting lost to a newer piece in its slot only delays the piece's way into the cache proper."""
+        sightings = self._sightings
+        if not sightings:
+            return True
+        seen = hash(piece)
+        slot = seen & self._sightings_mask
+        if sightings[slot] == seen:
+            return True
+        sightings[slot] = seen
+        return False
 
     @property
     def cached_bytes(self) -> int:
-        """What the piece cache holds now, in bytes (never more than ``cache_bytes``)."""
-        return self._cached_bytes
+        """What the piece cache holds now, probation included, in bytes (never more than ``cache_bytes``)."""
+        return self._cached_bytes + self._probation_held
+
+    @property
+    def probation_bytes(self) -> int:
+        """The bound of the probation segment, in bytes (0: a piece is cached when first seen)."""
+        return self._probation_bytes
 
 
 _INT_BYTES = sys.getsizeof(1 << 20)
 """A token id above CPython's small-int cache is an object of its own (28 bytes), beside its slot in the list."""
 _ENTRY_OVERHEAD_BYTES = 160
 """The cache's own per-entry cost: the ``OrderedDict`` slot and link, the tuple."""
+_ARRAY_BYTES = sys.getsizeof(array("I"))
 
 
 def _entry_bytes(piece: str, ids: list[int]) -> int:
     """A cache entry's size in bytes, as Python holds it (an upper bound: small ids are shared objects)."""
     return sys.getsizeof(piece) + sys.getsizeof(ids) + _INT_BYTES * len(ids) + _ENTRY_OVERHEAD_BYTES
+
+
+def _packed_bytes(piece: str, ids: list[int]) -> int:
+    """A probation entry's size in bytes: the piece, and its ids in an ``array`` of 4 bytes each."""
+    return sys.getsizeof(piece) + _ARRAY_BYTES + 4 * len(ids) + _ENTRY_OVERHEAD_BYTES
 
 
 # -- token ids -> block keys ----------------------------------------------------------------------------------

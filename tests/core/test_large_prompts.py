@@ -94,6 +94,44 @@ def test_the_piece_cache_is_bounded_in_bytes_and_keeps_no_huge_piece(smollm2_dir
     assert tok.uncached_chars(text + "new words") == len("new words")
 
 
+def soak_chat(i: int) -> str:
+    """The soak's prompt (bench/soak.py): one of 20 conversations, a shared text, a new question each time."""
+    system = "<|im_start|>system\nYou answer questions about rockets.<|im_end|>\n"
+    return f"{system}<|im_start|>user\nconversation {i % 20}: " + "shared context " * 20 + f"question {i}<|im_end|>"
+
+
+def test_pieces_seen_once_stay_in_probation_so_unique_prompts_leave_the_cache_small(smollm2_dir: Path) -> None:
+    # The soak's load: every user message new. Cached at first sight, they filled the cache (64 MiB by default)
+    # with text never asked for again, the gateway's RSS growing for hours (bench/results/memory_growth.md).
+    tok = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20)
+    first = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20, second_sighting=False)
+    plain = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    assert tok.probation_bytes == (8 << 20) // 64 and first.probation_bytes == 0
+    for i in range(3000):
+        text = soak_chat(i)
+        assert tok.encode(text) == first.encode(text) == plain.encode(text, add_special_tokens=False).ids
+        assert tok.cached_bytes <= tok.probation_bytes + 2048  # probation, and the few pieces that recur
+    assert first.cached_bytes > 2 << 20
+    # A piece seen again while in probation is a hit, and is cached for good: the next turn of a chat.
+    turn = "<|im_start|>user\nmy first question<|im_end|>"
+    tok.encode(turn)
+    assert tok.uncached_chars(turn) == 0
+    tok.encode(turn + "<|im_start|>assistant\nan answer<|im_end|>")
+    for i in range(3000, 6000):  # flushes probation many times over
+        tok.encode(soak_chat(i))
+    assert tok.uncached_chars(turn) == 0
+    # A piece pushed out of probation before it recurred is tokenized again when it does, and cached then.
+    late = "<|im_start|>user\na question asked again much later<|im_end|>"
+    tok.encode(late)
+    for i in range(6000, 7000):
+        tok.encode(soak_chat(i))
+    assert tok.uncached_chars(late) > 0
+    assert tok.encode(late) == plain.encode(late, add_special_tokens=False).ids
+    for i in range(7000, 8000):
+        tok.encode(soak_chat(i))
+    assert tok.uncached_chars(late) == 0
+
+
 def test_threads_sharing_a_tokenizer_whose_cache_churns_get_exact_ids(smollm2_dir: Path) -> None:
     # The event loop and the keying thread share one tokenizer; lookups take no lock. With a cache so small that
     # every insert evicts, hits and evictions race: every answer must still be the tokenizer's own.
