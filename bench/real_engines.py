@@ -1,7 +1,8 @@
 """Routers side by side in front of real vLLM engines (CPU, SmolLM2-135M), and the same schedule on the simulator.
 
     python -m bench.real_engines                      # 3 real engines, every target, 3 seeds (about 45 min here)
-                                                      # (the engines at --engine-nice 10: below the routers)
+                                                      # (the engines at --engine-nice 10: below the routers, and
+                                                      # --engine-executor uni: no spinning worker process)
     python -m bench.real_engines --sim                # the same schedules on `cognitora sim fleet --profile cpu`
                                                       # --host-cores 2 (the real run's 3 engines shared 2 cores)
     python -m bench.real_engines --compare            # sim against real: TTFT error per target, router ranking
@@ -78,9 +79,9 @@ ENGINE_NICE = 10
 ENGINE_SCHED = "other"
 """The engines' Linux scheduling class (``--engine-sched``): ``idle`` (``SCHED_IDLE``) or ``other`` (the default
 class, with ``--engine-nice``): see ``real_fleet_context``."""
-ENGINE_EXECUTOR = "mp"
+ENGINE_EXECUTOR = "uni"
 """vLLM's executor on the CPU engines (``--engine-executor``): ``uni`` (the model in the engine-core process) or ``mp``
-(a worker process of its own, spinning between steps): see ``real_fleet_context``."""
+(a worker process of its own, spinning between steps; the runs before 2026-12-07): see ``real_fleet_context``."""
 
 CPU_SHARED_PREFIX = wl.SharedPrefixProfile(
     name="cpu-shared-prefix",
@@ -224,7 +225,14 @@ def real_fleet_context(
     engines' own threads (vLLM's CPU worker spins between steps) kept the load average at 12-17, and a router that
     waits its turn for a core behind them measures the machine, not itself: the LiteLLM proxy's one event loop took
     ~0.4 s (median) to reach a request it had received, 0.05-0.08 s with the engines niced (docs/real_engines.md,
-    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own."""
+    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own.
+
+    ``executor`` ``uni`` (the default) runs the model inside each engine's engine-core process: with vLLM's ``mp``
+    executor (its CPU platform's choice otherwise) the engine core and its worker process meet over a shared-memory
+    queue whose reader spins with ``sched_yield``, the core through every step and the worker for a second after it,
+    three engines' spinning against each other for 2 cores (A/B: bench/results/real_engines_engine_sched.md).
+    ``sched`` ``idle`` puts the engines in Linux's ``SCHED_IDLE`` class besides the niceness; it did not change the
+    LiteLLM proxy's share of TTFT beyond the spread, so it is not the default."""
     # The harness lives with the tests (it provisions and launches for them too); imported only when run.
     from cognitora_sim.harness.real_engines.launch import start_engines
 
@@ -568,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rss = ", ".join(f"{fleet.rss_mb(i):.0f}" for i in range(len(fleet.engines)))
             nice = (
                 f"nice {fleet.nice_of(0)}, class {fleet.sched_of(0)}, executor {args.engine_executor}, "
-                f"the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}"
+                f"the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}; processes {'/'.join(fleet.process_names(0))}"
             )
             print(f"engines ready ({rss} MiB RSS, {nice}); {machine_load()}", file=sys.stderr, flush=True)
             if args.calibrate:

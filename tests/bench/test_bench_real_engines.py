@@ -128,6 +128,14 @@ def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
     assert "`cognitora sim fleet --profile cpu`. Each cell" in compare([real], [real], "c")
 
 
+def test_the_engines_run_without_a_spinning_worker_unless_told_otherwise() -> None:
+    # vLLM's mp executor on CPU: engine core and worker spin against each other between steps (issue 45's A/B)
+    assert parse_args([]).engine_executor == "uni"
+    assert parse_args(["--engine-executor", "mp"]).engine_executor == "mp"
+    assert parse_args([]).engine_sched == "other"  # SCHED_IDLE did not move the gateway's share: opt in
+    assert parse_args(["--engine-sched", "idle"]).engine_sched == "idle"
+
+
 def test_the_gateway_share_is_the_clients_ttft_minus_the_engines_own() -> None:
     from bench.real_engines import gateway_section, gateway_times
     from bench.report import EngineStats

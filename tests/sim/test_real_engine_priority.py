@@ -105,6 +105,7 @@ def test_sched_idle_puts_every_thread_of_a_ready_engine_in_the_idle_class(tmp_pa
         sched = Path(f"/proc/{child}/sched").read_text()
         assert any(line.split() == ["policy", ":", str(os.SCHED_IDLE)] for line in sched.splitlines()), sched
         assert fleet.sched_of(0) == "idle"
+        assert len(fleet.process_names(0)) >= 2  # the server and its child, by name
         assert fleet.nice_of(0) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)  # nice as well, not instead
         assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the launcher stays in the normal class
     finally:

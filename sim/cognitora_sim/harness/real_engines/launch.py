@@ -267,6 +267,15 @@ class RealEngineFleet:
                 policies.add(names.get(os.sched_getscheduler(tid), "realtime"))
         return "+".join(sorted(policies))
 
+    def process_names(self, index: int) -> list[str]:
+        """The names (``comm``) of engine ``index``'s processes, e.g. ``VLLM::EngineCore`` and, with the ``mp``
+        executor, ``VLLM::Worker``."""
+        names = []
+        for pid in _process_group(self.engines[index].process.pid):
+            with suppress(OSError):
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        return sorted(names)
+
     def kill(self, index: int) -> None:
         """SIGKILL the engine's whole process group (API server, engine core, worker): a crash, not a shutdown."""
         engine = self.engines[index]
