@@ -1,8 +1,7 @@
 """Routers side by side in front of real vLLM engines (CPU, SmolLM2-135M), and the same schedule on the simulator.
 
     python -m bench.real_engines                      # 3 real engines, every target, 3 seeds (about 45 min here)
-                                                      # (the engines at --engine-nice 10: below the routers, and
-                                                      # --engine-executor uni: no spinning worker process)
+                                                      # (the engines at --engine-nice 10: below the routers)
     python -m bench.real_engines --sim                # the same schedules on `cognitora sim fleet --profile cpu`
                                                       # --host-cores 2 (the real run's 3 engines shared 2 cores)
     python -m bench.real_engines --compare            # sim against real: TTFT error per target, router ranking
@@ -79,9 +78,9 @@ ENGINE_NICE = 10
 ENGINE_SCHED = "other"
 """The engines' Linux scheduling class (``--engine-sched``): ``idle`` (``SCHED_IDLE``) or ``other`` (the default
 class, with ``--engine-nice``): see ``real_fleet_context``."""
-ENGINE_EXECUTOR = "uni"
-"""vLLM's executor on the CPU engines (``--engine-executor``): ``uni`` (the model in the engine-core process) or ``mp``
-(a worker process of its own, spinning between steps; the runs before 2026-12-07): see ``real_fleet_context``."""
+ENGINE_EXECUTOR = "mp"
+"""vLLM's executor on the CPU engines (``--engine-executor``): ``mp`` (vLLM's CPU default: a worker process of its own,
+spinning between steps) or ``uni`` (the model in the engine-core process): see ``real_fleet_context``."""
 
 CPU_SHARED_PREFIX = wl.SharedPrefixProfile(
     name="cpu-shared-prefix",
@@ -227,12 +226,12 @@ def real_fleet_context(
     ~0.4 s (median) to reach a request it had received, 0.05-0.08 s with the engines niced (docs/real_engines.md,
     "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own.
 
-    ``executor`` ``uni`` (the default) runs the model inside each engine's engine-core process: with vLLM's ``mp``
-    executor (its CPU platform's choice otherwise) the engine core and its worker process meet over a shared-memory
-    queue whose reader spins with ``sched_yield``, the core through every step and the worker for a second after it,
-    three engines' spinning against each other for 2 cores (A/B: bench/results/real_engines_engine_sched.md).
-    ``sched`` ``idle`` puts the engines in Linux's ``SCHED_IDLE`` class besides the niceness; it did not change the
-    LiteLLM proxy's share of TTFT beyond the spread, so it is not the default."""
+    ``executor`` ``uni`` runs the model inside each engine's engine-core process: with vLLM's ``mp`` executor (its CPU
+    platform's default) the engine core and its worker process meet over a shared-memory queue whose reader spins
+    with ``sched_yield``, the core through every step and the worker for a second after it. ``sched`` ``idle`` puts
+    the engines in Linux's ``SCHED_IDLE`` class besides the niceness. Neither brought the LiteLLM proxy's share of
+    TTFT down in an A/B (bench/results/real_engines_engine_sched.md), so the defaults stay those of the committed
+    results; ``uni`` made the engines' own TTFT lower and their memory smaller."""
     # The harness lives with the tests (it provisions and launches for them too); imported only when run.
     from cognitora_sim.harness.real_engines.launch import start_engines
 
