@@ -34,8 +34,9 @@ kept the 2-core machine at a load average of 12-17 and left a Python gateway's o
 ``sched_idle``: once ready, every thread of every process of the engine is moved to Linux's ``SCHED_IDLE`` class
 (besides ``nice``): a normal task that wakes preempts an idle-class one at once and a core running only idle-class
 tasks counts as free when the kernel places a waking task, so a router's event loop is not kept waiting a slice
-behind the engines' spinning workers, as it still is at nice 10 (a weight of 110 against 1,024 shares the core, it
-does not hand it over).
+behind the engines' spinning workers, as it can be at nice 10 (a weight of 110 against 1,024 shares the core, it
+does not hand it over). In an A/B neither this nor ``uni_executor`` lowered the LiteLLM proxy's share of TTFT
+(bench/results/real_engines_engine_sched.md): both are options, off by default.
 
 ``uni_executor``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which makes vLLM 0.32's CPU platform keep its ``uni`` executor:
 the model runs inside the engine-core process instead of a worker process of its own. With the worker in a process of
