@@ -75,6 +75,12 @@ TARGETS = (
 the proxy itself costs on these cores is in the table beside what Cognitora adds to it."""
 ENGINE_NICE = 10
 """The engines run this much nicer than the benchmark (``--engine-nice``): see ``real_fleet_context``."""
+ENGINE_SCHED = "other"
+"""The engines' Linux scheduling class (``--engine-sched``): ``idle`` (``SCHED_IDLE``) or ``other`` (the default
+class, with ``--engine-nice``): see ``real_fleet_context``."""
+ENGINE_EXECUTOR = "mp"
+"""vLLM's executor on the CPU engines (``--engine-executor``): ``mp`` (vLLM's CPU default: a worker process of its own,
+spinning between steps) or ``uni`` (the model in the engine-core process): see ``real_fleet_context``."""
 
 CPU_SHARED_PREFIX = wl.SharedPrefixProfile(
     name="cpu-shared-prefix",
@@ -179,7 +185,7 @@ def run_seed(
         slo=slo,
         fleet=spec.as_dict()
         | {"kv_tokens_per_engine": KV_BLOCKS * BLOCK_SIZE}
-        | ({} if args.sim else {"engine_nice": args.engine_nice}),
+        | ({} if args.sim else {k: getattr(args, k) for k in ("engine_nice", "engine_sched", "engine_executor")}),
         stages=[
             {"label": s.label, "rate": s.rate, "duration_s": s.duration_s, "measured": s.measured}
             for s in schedule.stages
@@ -211,16 +217,27 @@ def run_seed(
     return report
 
 
-def real_fleet_context(engines: int, log_dir: Path, nice: int = ENGINE_NICE) -> Any:
+def real_fleet_context(
+    engines: int, log_dir: Path, nice: int = ENGINE_NICE, sched: str = ENGINE_SCHED, executor: str = ENGINE_EXECUTOR
+) -> Any:
     """The engines, ``nice`` steps of CPU priority below the routers and the load generator. On these 2 cores the
     engines' own threads (vLLM's CPU worker spins between steps) kept the load average at 12-17, and a router that
     waits its turn for a core behind them measures the machine, not itself: the LiteLLM proxy's one event loop took
     ~0.4 s (median) to reach a request it had received, 0.05-0.08 s with the engines niced (docs/real_engines.md,
-    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own."""
+    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own.
+
+    ``executor`` ``uni`` runs the model inside each engine's engine-core process: with vLLM's ``mp`` executor (its CPU
+    platform's default) the engine core and its worker process meet over a shared-memory queue whose reader spins
+    with ``sched_yield``, the core through every step and the worker for a second after it. ``sched`` ``idle`` puts
+    the engines in Linux's ``SCHED_IDLE`` class besides the niceness. Neither brought the LiteLLM proxy's share of
+    TTFT down in an A/B (bench/results/real_engines_engine_sched.md), so the defaults stay those of the committed
+    results; ``uni`` made the engines' own TTFT lower and their memory smaller."""
     # The harness lives with the tests (it provisions and launches for them too); imported only when run.
     from cognitora_sim.harness.real_engines.launch import start_engines
 
-    return start_engines(engines, log_dir, kv_blocks=KV_BLOCKS, nice=nice)
+    return start_engines(
+        engines, log_dir, kv_blocks=KV_BLOCKS, nice=nice, sched_idle=sched == "idle", uni_executor=executor == "uni"
+    )
 
 
 def gateway_times(report: Report, requests: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -445,6 +462,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=ENGINE_NICE,
         help="the real engines run this much nicer than the routers and the load generator (0: the same priority)",
     )
+    p.add_argument(
+        "--engine-sched",
+        choices=("idle", "other"),
+        default=ENGINE_SCHED,
+        help="the real engines' scheduling class: idle (SCHED_IDLE: a core only when no router or load generator "
+        "wants it) or other (the default class; --engine-nice alone)",
+    )
+    p.add_argument(
+        "--engine-executor",
+        choices=("uni", "mp"),
+        default=ENGINE_EXECUTOR,
+        help="vLLM's executor on the real engines: uni (the model in the engine-core process) or mp (a worker "
+        "process of its own, which spins between steps)",
+    )
     p.add_argument("--rates", type=_floats, default=[0.3, 0.6], help="measured stages, requests per second")
     p.add_argument("--stage-duration", type=float, default=45.0, help="seconds per measured stage")
     p.add_argument("--warmup", default="0.3:30", help="RATE:SECONDS unmeasured warm-up")
@@ -538,10 +569,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"real-engines-bench-{os.getpid()}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        with real_fleet_context(args.engines, log_dir, args.engine_nice) as fleet:
+        context = real_fleet_context(args.engines, log_dir, args.engine_nice, args.engine_sched, args.engine_executor)
+        with context as fleet:
             shared = RealBenchFleet(fleet)
             rss = ", ".join(f"{fleet.rss_mb(i):.0f}" for i in range(len(fleet.engines)))
-            nice = f"nice {fleet.nice_of(0)}, the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}"
+            nice = (
+                f"nice {fleet.nice_of(0)}, class {fleet.sched_of(0)}, executor {args.engine_executor}, "
+                f"the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}; processes {'/'.join(fleet.process_names(0))}"
+            )
             print(f"engines ready ({rss} MiB RSS, {nice}); {machine_load()}", file=sys.stderr, flush=True)
             if args.calibrate:
                 from bench.cpu_calibration import calibrate

@@ -128,6 +128,13 @@ def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
     assert "`cognitora sim fleet --profile cpu`. Each cell" in compare([real], [real], "c")
 
 
+def test_the_engines_keep_vllms_executor_and_the_normal_class_unless_told_otherwise() -> None:
+    # issue 45's A/B: neither moved the LiteLLM proxy's share of TTFT, so the committed results' fleet stays the default
+    assert (parse_args([]).engine_executor, parse_args([]).engine_sched) == ("mp", "other")
+    assert parse_args(["--engine-executor", "uni"]).engine_executor == "uni"
+    assert parse_args(["--engine-sched", "idle"]).engine_sched == "idle"
+
+
 def test_the_gateway_share_is_the_clients_ttft_minus_the_engines_own() -> None:
     from bench.real_engines import gateway_section, gateway_times
     from bench.report import EngineStats

@@ -31,6 +31,20 @@ behind the engines on shared cores: vLLM's CPU worker spins (``sched_yield``) fo
 kept the 2-core machine at a load average of 12-17 and left a Python gateway's one event loop waiting for a core
 (docs/real_engines.md, "What the LiteLLM proxy costs"). In a deployment the engines never share the gateway's cores.
 
+``sched_idle``: once ready, every thread of every process of the engine is moved to Linux's ``SCHED_IDLE`` class
+(besides ``nice``): a normal task that wakes preempts an idle-class one at once and a core running only idle-class
+tasks counts as free when the kernel places a waking task, so a router's event loop is not kept waiting a slice
+behind the engines' spinning workers, as it can be at nice 10 (a weight of 110 against 1,024 shares the core, it
+does not hand it over). In an A/B neither this nor ``uni_executor`` lowered the LiteLLM proxy's share of TTFT
+(bench/results/real_engines_engine_sched.md): both are options, off by default.
+
+``uni_executor``: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which makes vLLM 0.32's CPU platform keep its ``uni`` executor:
+the model runs inside the engine-core process instead of a worker process of its own. With the worker in a process of
+its own (the ``mp`` executor vLLM's CPU platform picks otherwise), the two meet over a shared-memory queue whose reader
+spins (``sched_yield``) while it waits, for up to a second after its last message: the engine core spins through the
+worker's every step and the worker for a second after it. The API server still runs the engine core in a process of
+its own (vLLM's ``AsyncLLM`` always does), so KV events, ``/metrics`` and the HTTP routes are the same.
+
 Ready means ``GET /health`` answers 200 before a deadline; an engine that exits first fails at once with its log tail.
 Stop sends SIGTERM to the engine's process group (API server, engine core, worker), then SIGKILL after a grace time.
 """
@@ -42,7 +56,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,6 +171,10 @@ class RealEngineFleet:
     served_names: tuple[str, ...] = (MODEL,)
     nice: int = 0
     """Every engine process runs this much nicer than the launcher once it is ready (0: as the launcher)."""
+    sched_idle: bool = False
+    """Every engine thread runs in the ``SCHED_IDLE`` class once it is ready (see the module docstring)."""
+    uni_executor: bool = False
+    """The model runs in the engine-core process, without a spinning worker process (see the module docstring)."""
 
     @property
     def model(self) -> str:
@@ -188,7 +206,8 @@ class RealEngineFleet:
             self.extra_args,
             self.served_names,
         )
-        process = ManagedProcess(argv, self.log_dir / f"vllm-{index}.log", env=ENGINE_ENV)
+        env = ENGINE_ENV | ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if self.uni_executor else {})
+        process = ManagedProcess(argv, self.log_dir / f"vllm-{index}.log", env=env)
         return RealEngine(index, port, events_port, replay_port, process, started_s=time.monotonic())
 
     def start(self, n: int, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
@@ -228,10 +247,35 @@ class RealEngineFleet:
         # the time it answers /health); threads started later inherit it from their parent.
         if self.nice:
             os.setpriority(os.PRIO_PGRP, engine.process.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice))
+        if self.sched_idle:
+            # A policy is per thread (sched_setscheduler on a TID): every task of every process. Threads and processes
+            # started later inherit it from the one that starts them.
+            for tid in _tasks(engine.process.pid):
+                with suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
     def nice_of(self, index: int) -> int:
         """The niceness engine ``index``'s API server runs at."""
         return os.getpriority(os.PRIO_PROCESS, self.engines[index].process.pid)
+
+    def sched_of(self, index: int) -> str:
+        """The scheduling classes of every thread of engine ``index`` (API server, engine core, worker), e.g.
+        ``"idle"``, or ``"idle+other"`` when they differ."""
+        names = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
+        policies = set()
+        for tid in _tasks(self.engines[index].process.pid):
+            with suppress(ProcessLookupError):
+                policies.add(names.get(os.sched_getscheduler(tid), "realtime"))
+        return "+".join(sorted(policies))
+
+    def process_names(self, index: int) -> list[str]:
+        """The names (``comm``) of engine ``index``'s processes, e.g. ``VLLM::EngineCore`` and, with the ``mp``
+        executor, ``VLLM::Worker``."""
+        names = []
+        for pid in _process_group(self.engines[index].process.pid):
+            with suppress(OSError):
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        return sorted(names)
 
     def kill(self, index: int) -> None:
         """SIGKILL the engine's whole process group (API server, engine core, worker): a crash, not a shutdown."""
@@ -267,6 +311,17 @@ def _process_group(pgid: int) -> list[int]:
     return pids
 
 
+def _tasks(pgid: int) -> list[int]:
+    """Every thread (TID) of every process of process group ``pgid``."""
+    tids = []
+    for pid in _process_group(pgid):
+        try:
+            tids += [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue  # the process ended meanwhile
+    return tids
+
+
 def _rss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -289,9 +344,12 @@ def start_engines(
     install: RealEngineInstall | None = None,
     timeout_s: float = STARTUP_TIMEOUT_S,
     nice: int = 0,
+    sched_idle: bool = False,
+    uni_executor: bool = False,
 ) -> Iterator[RealEngineFleet]:
     """``n`` real vLLM engines, ready; stopped on exit. Provisions first (``ProvisionError`` says why it cannot).
-    ``nice``: the engines run this much nicer than the caller once ready (see the module docstring)."""
+    ``nice``: the engines run this much nicer than the caller once ready; ``sched_idle``: in the ``SCHED_IDLE``
+    class once ready; ``uni_executor``: no worker process of its own (see the module docstring)."""
     fleet = RealEngineFleet(
         install or provision(),
         log_dir,
@@ -300,6 +358,8 @@ def start_engines(
         extra_args=tuple(extra_args),
         served_names=tuple(served_names),
         nice=nice,
+        sched_idle=sched_idle,
+        uni_executor=uni_executor,
     )
     try:
         fleet.start(n, timeout_s)
