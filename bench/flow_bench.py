@@ -20,8 +20,9 @@ wait bound (its objective less the request's predicted TTFT, both engine seconds
 the isolation and priority windows; the load generator reports TTFT as wall time x the scale. At time scale 2 a
 request released at the end of its bound had used twice the engine seconds the bound allowed, and the more
 accurately placement predicted (the attention term no longer counted twice), the more of the bound it used: the
-``default`` class's p99 went from 1.89 s to 3.06 s. At scale 1 the gateway's clock is the engines' (as on real
-engines); the run takes ~2.3 wall minutes per target (~35 for the default 5 targets x 3 seeds).
+``default`` class's p99 went from 1.89 s to 3.06 s (docs/flow_control.md, "The bench's clock"). At scale 1 the
+gateway's clock is the engines' (as on real engines); the run takes ~2.3 wall minutes per target (36 for the
+default 5 targets x 3 seeds).
 
 Team and class travel as headers a trusted auth filter would set (``x-bench-team``, ``x-bench-priority``; the
 Cognitora target's extproc is told to trust them). Peers ignore them: they have no notion of team or class.
