@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kvstate.engines import EngineLoad
 
-__all__ = ["FLOOR_EVIDENCE", "RateEstimator", "decoding", "delta", "finish_observed"]
+__all__ = ["FLOOR_EVIDENCE", "RateEstimator", "decoding", "delta", "finish_observed", "window_context_tokens"]
 
 FLOOR_EVIDENCE = 2.0
 """A window of short prompts teaches the prefill floor (``RateEstimator.short_prompt_prefill_s``) only when its
@@ -64,6 +64,13 @@ class RateEstimator:
     rate learned by the other engine, or any other term, sent it away from its cache. Without a learned rate no
     window is a floor sample.
 
+    Context: a prefill's time includes its causal attention, which grows with the context, so a rate is the rate at
+    the contexts it was learned on. Each per-request window also feeds the context its requests prefilled at, per
+    request: ``(prompt tokens + cached tokens) / requests`` (a request prefilling offsets ``c`` .. ``p`` attends
+    ``(p + c) / 2`` tokens per token on average; exact for prompts alike, an approximation for a mix).
+    ``prefill_rate_prompt_tokens`` is the one that goes with ``prefill_tokens_per_s``, so placement can divide
+    the attention back out (``cognitora.placement.long_context.attention_free_rate``) instead of adding it twice.
+
     Decode: the per-sequence decode speed ``d(itl_count) / d(itl_sum)``, i.e. 1 / mean inter-token latency
     (llama.cpp: tokens predicted / seconds predicting), EWMA-smoothed, once ``min_decode_tokens`` were generated.
     Its inverse (``EndpointSnapshot.itl_s``) is the smoothed mean inter-token latency an ITL objective is held
@@ -95,6 +102,10 @@ class RateEstimator:
     long_prompt_prefill: float = 0.0
     short_prompt_prefill_s: float = 0.0
     """Smoothed prefill seconds per request of short prompts (see "Short prompts" above); 0: not learned."""
+    long_prompt_context_tokens: float = 0.0
+    """Smoothed context per request of the windows ``long_prompt_prefill`` was learned from (see "Context")."""
+    prompt_context_tokens: float = 0.0
+    """The same over every per-request window (``per_request_prefill``'s)."""
     throughput_prefill: float = 0.0
     decode_tokens_per_s: float = 0.0
     mean_service_s: float = 0.0
@@ -111,6 +122,14 @@ class RateEstimator:
     @property
     def prefill_tokens_per_s(self) -> float:
         return max(self.long_prompt_prefill or self.per_request_prefill, self.throughput_prefill)
+
+    @property
+    def prefill_rate_prompt_tokens(self) -> float:
+        """The context per request (``p + c``) ``prefill_tokens_per_s`` was learned at; 0: not known (an engine
+        that counts no requests), and placement then takes the rate as free of attention."""
+        if self.long_prompt_prefill > 0:
+            return self.long_prompt_context_tokens
+        return self.prompt_context_tokens
 
     @property
     def prefill_rate_from_short_prompts(self) -> bool:
@@ -163,8 +182,11 @@ class RateEstimator:
             self.per_request_prefill = ewma(self.per_request_prefill, rate, self.alpha)
             # An engine that counts no requests (llama.cpp) cannot tell: every window counts, as before.
             requests = delta(old.ttft_count, load.ttft_count)
+            context = window_context_tokens(old, load, requests)
+            self.prompt_context_tokens = ewma(self.prompt_context_tokens, context, self.alpha)
             if requests is None or (requests > 0 and tokens / requests >= self.long_prompt_tokens):
                 self.long_prompt_prefill = ewma(self.long_prompt_prefill, rate, self.alpha)
+                self.long_prompt_context_tokens = ewma(self.long_prompt_context_tokens, context, self.alpha)
             elif requests > 0 and not has_finished_prefill_figures(load):
                 self._floor_sample(tokens / rate / requests, tokens / requests)
         return True
@@ -260,6 +282,16 @@ class RateEstimator:
         if self.decode_tokens_per_s > 0 and generated > 0:
             self.mean_service_s = ewma(self.mean_service_s, generated / finished / self.decode_tokens_per_s, self.alpha)
         return True
+
+
+def window_context_tokens(old: EngineLoad, new: EngineLoad, requests: float | None) -> float:
+    """``(prompt tokens + cached tokens) / requests`` over a window: twice the mean context a prefilled token
+    attended to (0: not counted, which ``ewma`` ignores)."""
+    prompt = delta(old.prompt_tokens_total, new.prompt_tokens_total)
+    if prompt is None or requests is None or requests <= 0:
+        return 0.0
+    hits = delta(old.prefix_cache_hits_total, new.prefix_cache_hits_total) or 0.0
+    return (prompt + max(hits, 0.0)) / requests
 
 
 def has_queue_free_busy_time(load: EngineLoad) -> bool:

@@ -360,6 +360,7 @@ class Scraper:
             kv_usage=min(max(load.kv_usage or 0.0, 0.0), 1.0),
             prefill_tokens_per_s=endpoint.estimator.prefill_tokens_per_s,
             prefill_rate_from_short_prompts=endpoint.estimator.prefill_rate_from_short_prompts,
+            prefill_rate_prompt_tokens=endpoint.estimator.prefill_rate_prompt_tokens,
             short_prompt_prefill_s=endpoint.estimator.short_prompt_prefill_s,
             decode_tokens_per_s=endpoint.estimator.decode_tokens_per_s,
             power_watts=watts or 0.0,

@@ -101,6 +101,10 @@ class EndpointSnapshot:
     prefill_rate_from_short_prompts: bool = False
     """``prefill_tokens_per_s`` was learned from short prompts only, so it is mostly the fixed cost of a step and
     understates what the engine does on a long prompt (``kvstate.rates.RateEstimator``)."""
+    prefill_rate_prompt_tokens: float = 0.0
+    """The context per request (prompt plus cached tokens) ``prefill_tokens_per_s`` was learned at: the rate
+    includes the attention of prompts that long, which placement divides back out
+    (``cognitora.placement.long_context.attention_free_rate``). 0 = not known: the rate is taken as free of it."""
     short_prompt_prefill_s: float = 0.0
     """Smoothed prefill seconds per request of short (or mostly cached) prompts: the least a request's own prefill
     takes there, whatever the rate; 0 = not learned yet."""

@@ -89,7 +89,7 @@ def best_pair(
         return None
     n, per_key = prompt.prompt_tokens, prompt.tokens_per_key
     tiers, cost_model = config.kv_tiers, config.cost_model
-    pooled = pooled_prefill_rates(model.endpoints, state, params)
+    pooled = pooled_prefill_rates(model.endpoints, state, params, config.cost_model)
     fewest = fewest_uncached_tokens(prefills, n, per_key, state, tiers)
     scored = sorted(
         (

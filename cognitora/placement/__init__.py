@@ -76,7 +76,7 @@ def place(
     decode = req.max_tokens or 0
     filtered = run_filters(model.endpoints, FilterContext(req, role, state, params, config.cost_model))
     by_id = {e.id: e for e in model.endpoints}
-    pooled = pooled_prefill_rates(model.endpoints, state, params)
+    pooled = pooled_prefill_rates(model.endpoints, state, params, config.cost_model)
     pooled_energy = pooled_joules_per_token(model.endpoints, state, params)
     fewest = fewest_uncached_tokens(filtered.kept, prompt.prompt_tokens, prompt.tokens_per_key, state, config.kv_tiers)
     ranked = sorted(

@@ -62,7 +62,9 @@ at least the seat wait (``placement.seat_wait``: an engine whose seats the reque
 its gauges said at the last scrape), and the prediction also carries what long contexts cost
 (``placement.long_context``: attention, the prefill's steps slowed by the context resident there, the wait for KV
 room), and then the endpoint's learned feedback factor (``cognitora.ttft_feedback``): ``(ttft + floor) x factor -
-floor``.
+floor``. The request's own prefill is then priced at the attention-free rate (``long_context.attention_free_rate``:
+the learned rate with the attention of the contexts it was learned at divided back out), its attention added by
+``long_context``; the queue ahead stays at the learned rate, which is what the engine's mix of prompts runs at.
 
 Candidates are ranked by ``predicted_ttft(e) + recompute_weight x (prompt_tokens - cached_tokens(e)) / prefill_rate(e)``
 (``request_cost_s``: this request's own seconds) + the decode-interference and prefill-stall charges
@@ -81,7 +83,7 @@ from dataclasses import replace
 from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.estimate_basis import estimate_basis
-from cognitora.placement.long_context import LongContextCost, engine_priors, long_context_cost
+from cognitora.placement.long_context import LongContextCost, attention_factor, engine_priors, long_context_cost
 from cognitora.placement.seat_wait import departure_wait_s, engine_clock_rate, seat_wait_s
 from cognitora.placement.state import FleetState, SeatProgress
 from cognitora.placement.tier_reload import priced_prefix
@@ -254,7 +256,8 @@ def score_endpoint(
 ) -> CandidateScore:
     """``cost_model``: the long-context terms and feedback (``CognitoraConfig.cost_model``); None leaves them out,
     which is the linear model above. ``pooled_rate``: the rate of the endpoint's hardware class, when it is priced
-    at that (``rate_pooling.pooled_prefill_rates``); ``pooled_joules_per_token`` likewise for energy
+    at that (``rate_pooling.pooled_prefill_rates``, given the same ``cost_model``: then free of attention);
+    ``pooled_joules_per_token`` likewise for energy
     (``rate_pooling.pooled_joules_per_token``). ``fewest_uncached_tokens``: the fewest prompt tokens any
     candidate would prefill (``fewest_uncached_tokens``); the prefill-stall charge counts only what this endpoint
     recomputes beyond that."""
@@ -279,7 +282,17 @@ def score_endpoint(
         service = mean_service_s(snap, flight) if snap is not None else 0.0
         seat_wait = cost_model.seat_wait_weight * seat_wait_s(priors.seats, flight, snap, service, progress)
         slot_wait = max(slot_wait, seat_wait)  # the same wait, seen two ways: the larger is the better-informed
-    uncached_prefill_s = (prompt_tokens - cached) / rate
+    # With the long-context terms, the request's own prefill is its linear part at the attention-free rate plus its
+    # attention (long_context_cost): the learned rate already holds the attention of the contexts it was learned at.
+    free_rate = rate
+    if priors is not None:
+        learned_at = snap.prefill_rate_prompt_tokens if snap is not None and snap.prefill_tokens_per_s > 0 else 0.0
+        factor = attention_factor(learned_at, priors.attention_context_tokens)
+        if pooled_rate is not None:  # pooled free of attention (rate_pooling, given the cost model)
+            free_rate, rate = rate, rate / factor
+        else:
+            free_rate = rate * factor
+    uncached_prefill_s = (prompt_tokens - cached) / free_rate
     short_floor_s = snap.short_prompt_prefill_s if snap is not None else 0.0
     floor_binds = short_floor_s > uncached_prefill_s
     own_prefill_s = short_floor_s if floor_binds else uncached_prefill_s
@@ -299,7 +312,7 @@ def score_endpoint(
             resident_since_snapshot=state.context_since_snapshot.get(endpoint.id, 0.0),
             decode_tokens=decode_tokens,
             fewest_uncached_tokens=fewest_uncached_tokens,
-            rate=rate,
+            rate=free_rate,
             snap=snap,
             mean_service_s=mean_service_s(snap, flight) if snap is not None else 0.0,
             saturated_kv_usage=params.saturated_kv_usage,

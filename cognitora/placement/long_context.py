@@ -10,6 +10,13 @@ docs/sim.md cites where it comes from):
 
       attention_s = (p^2 - c^2) / (2 L) / prefill_rate
 
+  ``prefill_rate`` here is the linear-layer rate, free of attention. A rate learned from an engine's counters is
+  not: its prefill times included the attention of the contexts it served (``m = p + c`` per request,
+  ``EndpointSnapshot.prefill_rate_prompt_tokens``), so it is ``rate_0 / (1 + m / (2 L))``. Adding the term above
+  to it counted the attention twice: a 22k-token prompt on an engine learned on 22k-token prompts was predicted
+  1.46x its prefill with the shipped ``L``. ``attention_free_rate`` divides that factor back out, so the term
+  prices only the difference between the request's context and the one the rate was learned at.
+
 - **Decode interference.** Every scheduler step reads the KV of every running request's context, so a step on an
   engine holding ``R`` resident context tokens takes ``R x kv_read_s_per_token`` longer. A prefill of ``N`` tokens
   (the queue ahead plus this request's uncached part) runs ``ceil(N / (step_tokens - running))`` steps:
@@ -56,7 +63,14 @@ from dataclasses import dataclass
 from cognitora.config import CostModelConfig, EndpointConfig
 from kvstate.store import EndpointSnapshot
 
-__all__ = ["EngineCostPriors", "LongContextCost", "engine_priors", "long_context_cost"]
+__all__ = [
+    "EngineCostPriors",
+    "LongContextCost",
+    "attention_factor",
+    "attention_free_rate",
+    "engine_priors",
+    "long_context_cost",
+]
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,20 @@ def _first(*values: float | None) -> float:
         if v is not None:
             return v
     return 0.0
+
+
+def attention_factor(context_tokens: float, attention_context_tokens: float) -> float:
+    """How much longer than its linear layers alone a prefill takes at ``context_tokens`` (``p + c`` per
+    request): ``1 + m / (2 L)``."""
+    if context_tokens <= 0 or math.isinf(attention_context_tokens):
+        return 1.0
+    return 1.0 + context_tokens / (2.0 * attention_context_tokens)
+
+
+def attention_free_rate(rate: float, learned_context_tokens: float, attention_context_tokens: float) -> float:
+    """The linear-layer rate behind ``rate``, learned on prefills at ``learned_context_tokens`` (``p + c``) whose
+    times included their attention (0: not known, taken as free of it)."""
+    return rate * attention_factor(learned_context_tokens, attention_context_tokens)
 
 
 def attention_s(cached_tokens: float, prompt_tokens: float, rate: float, context_tokens: float) -> float:

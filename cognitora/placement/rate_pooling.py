@@ -27,6 +27,11 @@ endpoint is priced at their median, like an endpoint with no rate: otherwise an 
 prompts looks slow, draws no long one, and never learns better. In a class with no such measurement the short-prompt
 rates are grouped as above.
 
+Given the cost model (``cost_model``: placement's long-context terms), the rates pooled are attention-free
+(``long_context.attention_free_rate``): each engine's learned rate holds the attention of the contexts it happened
+to serve, so two identical engines, one serving 4k-token prompts and one 30k, were learned ~1.5x apart with the
+shipped prior, for the workload, not the hardware.
+
 The learned marginal energy per token (``kvstate.energy``) is pooled the same way (``pooled_joules_per_token``),
 within a class that also shares the configured ``joules_per_token`` prior: it too carries what each engine happened
 to serve, and the power rule would otherwise send requests from one identical engine to another for noise.
@@ -38,8 +43,9 @@ import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
-from cognitora.config import EndpointConfig, PlacementConfig
+from cognitora.config import CostModelConfig, EndpointConfig, PlacementConfig
 from cognitora.placement.cost import fresh_snapshot
+from cognitora.placement.long_context import attention_free_rate, engine_priors
 from cognitora.placement.state import FleetState
 
 __all__ = ["pooled_joules_per_token", "pooled_prefill_rates"]
@@ -56,10 +62,14 @@ def hardware_class(endpoint: EndpointConfig) -> Hashable:
 
 
 def pooled_prefill_rates(
-    endpoints: Sequence[EndpointConfig], state: FleetState, params: PlacementConfig
+    endpoints: Sequence[EndpointConfig],
+    state: FleetState,
+    params: PlacementConfig,
+    cost_model: CostModelConfig | None = None,
 ) -> dict[str, float]:
     """Endpoint id -> the rate it is priced at instead of its own: its group's median (learned ones within the band)
-    or its class's median (ones with neither a learned rate nor a prior). Absent: the endpoint's own figure."""
+    or its class's median (ones with neither a learned rate nor a prior). Absent: the endpoint's own figure. With
+    ``cost_model``, every rate here is attention-free (``score_endpoint`` takes it so with the same model)."""
     learned: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
     short_only: dict[Hashable, list[tuple[float, str]]] = defaultdict(list)
     unlearned: dict[Hashable, list[str]] = defaultdict(list)
@@ -67,7 +77,11 @@ def pooled_prefill_rates(
         snap = fresh_snapshot(e.id, state, params)
         if snap is not None and snap.prefill_tokens_per_s > 0:
             kind = short_only if snap.prefill_rate_from_short_prompts else learned
-            kind[hardware_class(e)].append((snap.prefill_tokens_per_s, e.id))
+            rate = snap.prefill_tokens_per_s
+            if cost_model is not None:
+                context = engine_priors(e, snap, cost_model).attention_context_tokens
+                rate = attention_free_rate(rate, snap.prefill_rate_prompt_tokens, context)
+            kind[hardware_class(e)].append((rate, e.id))
         elif e.prefill_tokens_per_s is None:
             unlearned[hardware_class(e)].append(e.id)
     for cls, members in short_only.items():
