@@ -20,8 +20,11 @@ def test_the_soak_reports_a_warm_up_step_apart_from_the_steady_slope(
     run = soak.Run()
     run.samples["proxy"] = [(t, 300.0 + min(t, 120.0) / 120.0 * 50.0, 20) for t in range(0, 1800, 10)]
     run.load = [2.0, 4.0, 6.0]
-    args = argparse.Namespace(duration_s=1800, cycle_s=120, rps=3, seed=99, kv_capacity_tokens=16384)
-    soak.report(args, run, [])
+    args = argparse.Namespace(
+        duration_s=1800, cycle_s=120, rps=3, seed=99, kv_capacity_tokens=16384, gateways="both", trace=[], limit=[],
+        out=None,
+    )  # fmt: skip
+    soak.report(args, run, [], tmp_path / "soak_seed99")
     data = json.loads((tmp_path / "soak_seed99.json").read_text())
     proxy = data["processes"]["proxy"]
     assert proxy["rss_mib_per_hour"] > 10
@@ -29,7 +32,7 @@ def test_the_soak_reports_a_warm_up_step_apart_from_the_steady_slope(
     assert data["load_average_1m"] == {"min": 2.0, "mean": 4.0, "max": 6.0}
     md = (tmp_path / "soak_seed99.md").read_text()
     assert "--kv-capacity-tokens 16384" in md
-    assert "| proxy | 300.0 | 350.0 |" in md
+    assert "| proxy | 300.0 | 350.0 | 350.0 |" in md
     assert "4.0 mean" in md
 
 
