@@ -1,6 +1,7 @@
 """A collector reload that changes only the scrape settings keeps the KV-event streams discovered from a vLLM
 engine's ``/kv_event_sources`` (``cognitora.ops.collector_reload.carry_over``): no purge, no replay, the same
-subscriber applying the next live batch. Before, every discovered engine was purged and replayed for nothing."""
+subscriber applying the next live batch. Before, every discovered engine was purged and replayed for nothing. When
+the engine later names other sockets (a restart on other ports), the new watcher still replaces the kept stream."""
 
 from __future__ import annotations
 
@@ -38,15 +39,21 @@ async def engine() -> AsyncIterator[FakeEngine]:
 
 
 @pytest.fixture
-async def sources_url(engine: FakeEngine) -> AsyncIterator[str]:
-    """An engine's HTTP side answering ``/kv_event_sources`` as vLLM 0.32 does, naming ``engine``'s sockets."""
+def named(engine: FakeEngine) -> list[FakeEngine]:
+    """The engine whose sockets ``/kv_event_sources`` names (a test swaps it)."""
+    return [engine]
+
+
+@pytest.fixture
+async def sources_url(named: list[FakeEngine]) -> AsyncIterator[str]:
+    """An engine's HTTP side answering ``/kv_event_sources`` as vLLM 0.32 does, naming ``named[0]``'s sockets."""
 
     async def handler(request: web.Request) -> web.Response:
         rank0 = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"tcp://*:{engine.pub_port}",
-            "replay_endpoint": f"tcp://*:{engine.replay_port}",
+            "endpoint": f"tcp://*:{named[0].pub_port}",
+            "replay_endpoint": f"tcp://*:{named[0].replay_port}",
         }
         return web.json_response({"0": rank0})
 
@@ -69,7 +76,7 @@ def config(url: str, scrape_interval_s: float) -> dict[str, Any]:
 
 
 async def test_a_scrape_only_reload_keeps_the_discovered_streams(
-    tmp_path: Path, engine: FakeEngine, sources_url: str
+    tmp_path: Path, engine: FakeEngine, named: list[FakeEngine], sources_url: str
 ) -> None:
     store = MemoryStore()
 
@@ -113,5 +120,17 @@ async def test_a_scrape_only_reload_keeps_the_discovered_streams(
             return await held() == 3
 
         await eventually(three_held, "the kept stream to apply the next live batch")
+
+        moved = FakeEngine(engine.ctx, replay="topic")  # the engine restarted on other ports
+        try:
+            named[0] = moved
+
+            async def resubscribed() -> bool:
+                found = live.current.discovered.get("ep")  # absent while the watcher swaps the streams
+                return found is not None and found != [stream] and moved.replay_requests == [0]
+
+            await eventually(resubscribed, "the new watcher to follow the engine to its new ports")
+        finally:
+            await moved.close()
     finally:
         await live.current.stop()
