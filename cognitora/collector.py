@@ -145,6 +145,9 @@ class Collector:
         """Per endpoint id: vLLM engines whose streams are read from their ``/kv_event_sources``."""
         self.discovered: dict[str, list[KVEventSubscriber]] = {}
         """Per endpoint id: the subscribers of the streams its watcher found, one per data-parallel rank."""
+        self.discovery: dict[str, tuple[str, Decoder, EventIngestor]] = {}
+        """Per endpoint id read by a watcher: its URL, decoder and ingestor. A reload keeps its streams when these
+        are alike (``cognitora.ops.collector_reload``): the sources are the engine's, not the config's."""
         for model in config.models:
             kept = (ingestors or {}).get(model.name)
             ingestor = kept if kept is not None and kept.block_size == model.block_size else None
@@ -212,6 +215,7 @@ class Collector:
 
     def _add_source_watcher(self, endpoint: EndpointConfig, ingestor: EventIngestor) -> None:
         """Like a configured stream, one engine's discovered streams go to the first model listing it."""
+        self.discovery[endpoint.id] = (endpoint.url, event_decoder(endpoint.engine), ingestor)
 
         async def subscribe(sources: list[KvEventSource]) -> None:
             old = self.discovered.pop(endpoint.id, [])

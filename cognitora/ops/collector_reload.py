@@ -7,7 +7,9 @@ file over the same store and carries over, untouched, every part whose endpoint 
 subscriber keeps its stream (no purge, no replay, no event missed), a TRT-LLM poller keeps polling, and the scraper
 is kept whole when no scrape target or setting changed (otherwise a new one starts, and the rates it learned
 restart). What did change stops, and its replacement starts as at start-up (a changed stream resyncs: purge, then
-replay). A vLLM engine whose streams are discovered (``/kv_event_sources``) is read afresh by a new watcher.
+replay). A vLLM engine whose streams are discovered (``/kv_event_sources``) is read by a new watcher, but its
+running streams are kept when the engine's URL, decoder and ingestor are alike: the new watcher starts from the
+sources the old one knew, and replaces the streams only if the engine now names others.
 
 Validation first: the file must load, the store (``redis_url``, ``key_prefix``, ``redis_cluster``) must be the same
 (the process holds its connections: restart to change it), and no engine may be listed twice; on any error the
@@ -21,9 +23,11 @@ import logging
 from typing import Generic, Protocol, Self, TypeVar
 
 from cognitora.config import CognitoraConfig, ConfigError
+from cognitora.kv_event_sources import KvEventSourceWatcher
 from cognitora.ops.reload import ConfigSource, ReloadOutcome, changed_sections, log_outcome, restart_only
 from cognitora.preflight import resolve_engines, unresolved_problems
-from kvstate.events.subscriber import KVEventSubscriber
+from kvstate.events.ingest import EventIngestor
+from kvstate.events.subscriber import Decoder, KVEventSubscriber
 from kvstate.events.trtllm_poller import TrtllmEventPoller
 from kvstate.scrape import Scraper
 
@@ -38,6 +42,9 @@ class ReloadableCollector(Protocol):
 
     config: CognitoraConfig
     subscribers: dict[str, KVEventSubscriber]
+    source_watchers: dict[str, KvEventSourceWatcher]
+    discovered: dict[str, list[KVEventSubscriber]]
+    discovery: dict[str, tuple[str, Decoder, EventIngestor]]
     trtllm_pollers: dict[str, TrtllmEventPoller]
     scraper: Scraper
 
@@ -119,6 +126,17 @@ def carry_over(old: ReloadableCollector, new: ReloadableCollector) -> list[str]:
         if running is not None and _same_stream(running, subscriber):
             new.subscribers[endpoint] = old.subscribers.pop(endpoint)
             kept.append(f"kv events {endpoint}")
+    for endpoint, how in new.discovery.items():
+        reading = old.source_watchers.get(endpoint)
+        streams = old.discovered.get(endpoint, [])
+        if reading is None or reading.current is None or old.discovery.get(endpoint) != how:
+            continue
+        if [(s.pub_address, s.replay_address) for s in streams] != [(c.publisher, c.replay) for c in reading.current]:
+            continue  # the old watcher is between learning new sources and subscribing to them: read afresh
+        # Without this every discovered engine was purged and replayed on any reload (the scrape interval alone).
+        new.discovered[endpoint] = old.discovered.pop(endpoint)
+        new.source_watchers[endpoint].current = reading.current
+        kept.append(f"kv event sources {endpoint}")
     for endpoint, poller in list(new.trtllm_pollers.items()):
         polling = old.trtllm_pollers.get(endpoint)
         if polling is not None and _same_poll(polling, poller):

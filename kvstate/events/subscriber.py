@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import zmq
@@ -286,25 +286,63 @@ class KVEventSubscriber:
 
     async def _fill(self, track: _Track, start: int, stop: int, on_failure: str | None) -> None:
         """Apply the replayed batches ``start <= seq < stop``. If they do not cover that range exactly and
-        ``on_failure`` is given, purge first (naming it in the log), then apply what did arrive."""
-        replies = await self._replay(start)
-        wanted = [(s, p) for s, p in (replies or []) if start <= s < stop]
-        closed = [s for s, _ in wanted] == list(range(start, stop))
-        if not closed and on_failure is not None:
+        ``on_failure`` is given, purge first (naming it in the log), then apply what did arrive.
+
+        Batches are applied as they arrive, never listed: a replay can be the engine's whole buffer (10,000
+        batches). The failures real engines show come before anything is applied (no address, no answer, a
+        replay that starts later: the buffer moved on) and purge there. One that shows midway (a hole, an early
+        end, an answer that stops) purges then, and what the replay delivered is fetched once more to apply on
+        the clean slate (nothing when it stopped answering): the store ends as if the whole answer had been read
+        first. Only ``stats.applied``/``replayed`` differ: they also count what was flushed before that purge.
+        (A replay without ``on_failure`` that stops answering midway purges too, uncounted: none came, as before.)"""
+        expect = start
+        """The next seq that keeps the range closed."""
+        purged_early = False
+
+        async def take(seq: int, payload: bytes) -> None:
+            nonlocal expect, purged_early
+            if not start <= seq < stop:
+                return
+            if seq != expect and on_failure is not None and not purged_early:
+                if expect != start:
+                    raise _ReplayBroken(f"replay goes from {expect - 1} to {seq}")
+                purged_early = True
+                await self._purge(f"{on_failure} {start}..{stop - 1} not replayable (replay starts at {seq})")
+            self._apply_replayed(seq, payload)
+            await self._flush_if_full()
+            track.last = seq
+            expect = seq + 1
+
+        why: str | None = None
+        try:
+            answered = await self._replay(start, take)
+        except _ReplayBroken as exc:
+            answered, why = True, str(exc)
+        if not answered and expect != start and (on_failure is None or purged_early):
+            # It stopped answering after part of it was applied: keep nothing of it, as when none came.
+            await self._purge(f"replay from {start} stopped answering midway", count=False)
+            return
+        if on_failure is None or (answered and why is None and (purged_early or expect == stop)):
+            return
+        if why is None:
             why = (
                 "no replay address"
                 if self.replay_address is None
                 else "replay timed out"
-                if replies is None
-                else f"replay starts at {wanted[0][0] if wanted else 'nothing'}"
+                if not answered
+                else "replay starts at nothing"
+                if expect == start
+                else f"replay ends at {expect - 1}"
             )
-            await self._purge(f"{on_failure} {start}..{stop - 1} not replayable ({why})")
-        for seq, payload in wanted:
-            batch = self._decode(payload, seq)
-            if batch is not None:
-                self._stage(batch, replayed=True)
-                await self._flush_if_full()
-            track.last = seq
+        await self._purge(f"{on_failure} {start}..{stop - 1} not replayable ({why})")
+        if answered and expect != start:  # it broke midway: what it applied went with the purge; fetch it again
+            await self._fill(track, start, stop, on_failure=None)
+
+    def _apply_replayed(self, seq: int, payload: bytes) -> EventBatch | None:
+        batch = self._decode(payload, seq)
+        if batch is not None:
+            self._stage(batch, replayed=True)
+        return batch
 
     async def _resync(self, reason: str | None) -> None:
         """Purge the endpoint, then apply everything the engine's replay buffer still holds."""
@@ -319,16 +357,21 @@ class KVEventSubscriber:
         if reason is not None:
             self.stats.purges += 1
             log.warning("KV events of %s: purged, resyncing from replay: %s", self.endpoint, reason)
-        for seq, payload in await self._replay(0) or []:
-            batch = self._decode(payload, seq)
+
+        async def take(seq: int, payload: bytes) -> None:
+            batch = self._apply_replayed(seq, payload)
+            await self._flush_if_full()
             rank = batch.dp_rank if batch is not None else self._last_rank
             track = self._tracks.setdefault(rank, _Track())
-            if batch is not None:
-                self._stage(batch, replayed=True)
-                await self._flush_if_full()
             if track.replay_floor is None:
                 track.replay_floor = seq
             track.last = seq
+
+        if not await self._replay(0, take) and self._tracks:
+            # The answer stopped midway: keep nothing of it, as when none came (the live stream fills in).
+            self._tracks.clear()
+            await self._purge("start-up or reconnect replay timed out midway", count=False)
+            return
         await self._flush()
 
     def _store_failed(self, what: str, exc: Exception) -> None:
@@ -342,30 +385,35 @@ class KVEventSubscriber:
         else:
             log.debug("KV events of %s: (store still down) " + what, self.endpoint, exc)
 
-    async def _purge(self, reason: str) -> None:
-        """Purge the endpoint's state. Sequence tracking goes on: the caller decides where it resumes."""
-        self.stats.purges += 1
+    async def _purge(self, reason: str, count: bool = True) -> None:
+        """Purge the endpoint's state. Sequence tracking goes on: the caller decides where it resumes.
+        ``count=False``: a purge that only undoes a partial replay, within a purge already counted."""
+        self.stats.purges += count
         self._unflushed = self._unflushed_replayed = 0  # the purge drops them
-        log.warning("KV events of %s: purged: %s", self.endpoint, reason)
+        log.log(logging.WARNING if count else logging.INFO, "KV events of %s: purged: %s", self.endpoint, reason)
         try:
             await self.ingestor.purge(self.endpoint)
         except Exception as exc:
             self._store_failed("cannot purge (%s); will resync when the store answers", exc)
 
-    async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
-        """The engine's buffered batches from ``start`` on, or None without a replay address or an answer."""
+    async def _replay(self, start: int, take: Callable[[int, bytes], Awaitable[None]]) -> bool:
+        """Hand the engine's buffered batches from ``start`` on to ``take`` as they arrive, oldest first: one at
+        a time, so memory does not grow with the replay. True when the end marker came; False without a replay
+        address or when the engine stops answering (``take`` may have had part of the replay by then)."""
         if self.replay_address is None:
-            return None
+            return False
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        replies: list[tuple[int, bytes]] = []
+        # The engine's ROUTER drops what does not fit its pipe to us; applying is slower than sending, so let
+        # libzmq queue the difference rather than lose batches (it holds only what is not yet applied).
+        dealer.setsockopt(zmq.RCVHWM, 0)
         timeout_ms = int(self.replay_timeout_s * 1000)
         try:
             try:
                 dealer.connect(self.replay_address)
             except zmq.ZMQError as exc:
                 log.error("KV events of %s: bad replay address %r (%s)", self.endpoint, self.replay_address, exc)
-                return None
+                return False
             await dealer.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
             while True:
                 if not await dealer.poll(timeout_ms):
@@ -376,17 +424,21 @@ class KVEventSubscriber:
                         self.replay_address,
                         self.replay_timeout_s,
                     )
-                    return None
+                    return False
                 reply = parse_replay_frames(await dealer.recv_multipart())
                 if reply is None:
                     self.stats.malformed += 1
                     continue
                 seq_bytes, payload = reply
                 if seq_bytes == END_SEQ:
-                    return replies
-                replies.append((int.from_bytes(seq_bytes, "big"), payload))
+                    return True
+                await take(int.from_bytes(seq_bytes, "big"), payload)
         finally:
             dealer.close(linger=0)
+
+
+class _ReplayBroken(Exception):
+    """A gap's replay broke its sequence after part of it was applied; the message says where."""
 
 
 def _readable(socket: zmq.asyncio.Socket) -> bool:

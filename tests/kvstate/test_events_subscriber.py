@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -10,7 +11,7 @@ import pytest
 import zmq.asyncio
 
 from kvstate.events.ingest import EventIngestor
-from kvstate.events.subscriber import END_SEQ, KVEventSubscriber, parse_replay_frames
+from kvstate.events.subscriber import END_SEQ, MAX_STAGED_BATCHES, KVEventSubscriber, parse_replay_frames
 from kvstate.keys import BlockKey
 from kvstate.memory_store import MemoryStore
 from kvstate.store import Store, StoreUnavailable, Tier
@@ -19,6 +20,7 @@ from tests.support.events_fake_engine import (
     ReplayLayout,
     blocks_of,
     envelope,
+    eventually,
     running,
     vllm_removed_map,
     vllm_stored_map,
@@ -350,3 +352,127 @@ async def test_a_bad_pub_address_fails_at_once_saying_what_to_give(ctx: zmq.asyn
     subscriber = KVEventSubscriber("127.0.0.1:8000", "localhost:5557", ingestor, context=ctx)
     with pytest.raises(ValueError, match=r"tcp://host:port"):
         await subscriber.run()
+
+
+LONG = 1000
+"""Batches in a long replay: many times what the subscriber may hold at once."""
+WINDOW = 2 * MAX_STAGED_BATCHES
+"""The most batches the engine below lets be sent and not yet applied."""
+
+
+@pytest.mark.parametrize("when", ["start-up", "gap"])
+async def test_a_long_replay_is_applied_as_it_arrives_not_collected_first(
+    store: Store, ctx: zmq.asyncio.Context, when: str
+) -> None:
+    """The engine sends the n-th batch of an answer only once all but WINDOW of those before it were applied: a
+    subscriber that listed the whole replay before applying it would wait for the end marker forever (and time
+    out with nothing learned); one that applies as it goes finishes, holding at most WINDOW at any time."""
+    chain = blocks_of(100, LONG + 1)
+
+    def batch(i: int) -> bytes:
+        return stored([i + 1], i if i else None, chain[i * 16 : (i + 1) * 16])
+
+    engine = FakeEngine(ctx, replay="topic")
+    ingestor = EventIngestor(store, "test-model", 16)
+    most_held = before = 0
+
+    async def pace(n: int) -> None:
+        nonlocal most_held, before
+        if n == 0:
+            before = ingestor.stats.batches  # those applied before this answer
+
+        async def caught_up() -> bool:
+            return n - (ingestor.stats.batches - before) <= WINDOW
+
+        await eventually(caught_up, f"the subscriber to apply replayed batches before the {n}th is sent")
+        most_held = max(most_held, n - (ingestor.stats.batches - before))
+
+    try:
+        if when == "start-up":
+            for i in range(LONG):
+                await engine.publish(batch(i), deliver=False)
+            engine.replay_pace = pace
+        async with running(store, engine, ingestor=ingestor) as h:
+            if when == "gap":
+                engine.replay_pace = pace
+                await engine.publish(batch(0))
+                await h.until_held(chain, 1)
+                for i in range(1, LONG):
+                    await engine.publish(batch(i), deliver=False)
+            await engine.publish(batch(LONG))
+            await h.until_held(chain, LONG + 1)
+            stats = h.subscriber.stats
+            assert (stats.replayed, stats.purges, stats.duplicates) == (LONG - (when == "gap"), 0, 0), stats
+            assert stats.gaps == (when == "gap"), stats
+            assert 0 < most_held <= WINDOW
+    finally:
+        await engine.close()
+
+
+async def test_a_hole_midway_through_a_gap_replay_purges_then_applies_all_it_delivered(
+    store: Store, ctx: zmq.asyncio.Context
+) -> None:
+    """As when the whole answer was read before deciding: purge, then every delivered batch on the clean slate
+    (fetched again, since those applied before the hole went with the purge)."""
+    first, second, third = blocks_of(4000, 1), blocks_of(5000, 1), blocks_of(6000, 1)
+    engine = FakeEngine(ctx, replay="plain")
+    try:
+        async with running(store, engine) as h:
+            await engine.publish(block_batch(0))
+            await h.until_held(A, 1)
+            await engine.publish(stored([77], None, first), deliver=False)  # seq 1
+            await engine.publish(stored([78], None, second), deliver=False)  # seq 2
+            await engine.publish(block_batch(1), deliver=False)  # seq 3: lost from the buffer too
+            engine.buffer.pop()
+            await engine.publish(stored([79], None, third), deliver=False)  # seq 4
+            await engine.publish(block_batch(2))  # seq 5: the gap 1..4 is not replayable whole
+            await h.until_held(third, 1)
+            stats = h.subscriber.stats
+            assert (stats.gaps, stats.purges, stats.replayed) == (1, 1, 3), stats
+            assert engine.replay_requests == [0, 1, 1]
+            assert (await h.held(first), await h.held(second), await h.held(A)) == (1, 1, 0)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("when", ["start-up", "gap"])
+async def test_a_replay_that_stops_answering_midway_leaves_nothing_of_it(
+    store: Store, ctx: zmq.asyncio.Context, when: str
+) -> None:
+    """As when no answer came at all (the old, read-it-all-first behaviour): the two batches that did arrive are
+    not kept; after a gap the endpoint is purged, and the live batch applies on the clean slate."""
+    fresh = [blocks_of(4000 + 1000 * i, 1) for i in range(4)]
+    engine = FakeEngine(ctx, replay="topic")
+
+    release = asyncio.Event()
+
+    async def stall_after_two(n: int) -> None:
+        if n == 2:
+            await release.wait()  # the engine hangs mid-answer
+
+    try:
+        if when == "start-up":
+            for i in range(3):
+                await engine.publish(stored([70 + i], None, fresh[i]), deliver=False)
+            engine.replay_pace = stall_after_two
+        async with running(store, engine, replay_timeout_s=0.3) as h:
+            assert h.subscriber.stats.purges == 0
+            if when == "gap":
+                await engine.publish(stored([70], None, fresh[0]))
+                await h.until_held(fresh[0], 1)
+                engine.replay_pace = stall_after_two
+                for i in range(1, 3):
+                    await engine.publish(stored([70 + i], None, fresh[i]), deliver=False)
+                await engine.publish(stored([73], None, fresh[3]))
+                await h.until_held(fresh[3], 1)
+                assert h.subscriber.stats.purges == 1, h.subscriber.stats
+            else:
+                assert [await h.held(f) for f in fresh[:3]] == [0, 0, 0]
+                engine.replay_pace = None
+                release.set()  # the engine finishes that answer (to nobody) and serves the next
+                await engine.publish(stored([73], None, fresh[3]))  # seq 3: nothing known, learn 0..2 by replay
+                await h.until_held(fresh[3], 1)
+            held = [await h.held(f) for f in fresh]
+            assert held == ([0, 0, 0, 1] if when == "gap" else [1, 1, 1, 1]), held
+    finally:
+        await engine.close()

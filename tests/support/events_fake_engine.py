@@ -137,6 +137,8 @@ class FakeEngine:
         """Only buffered batches with seq >= this are replayed: the engine's deque moved on."""
         self.replay_answers = True
         """False: requests are read and never answered (the subscriber must time out)."""
+        self.replay_pace: Callable[[int], Awaitable[None]] | None = None
+        """Awaited with n before an answer's n-th batch (from 0) goes out: lets a test hold the engine back."""
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub_port = _bind(self.pub, pub_port)
@@ -188,8 +190,12 @@ class FakeEngine:
             self.replay_requests.append(start)
             if not self.replay_answers:
                 continue
+            sent = 0
             for seq, payload in self.buffer:
                 if seq >= max(start, self.replay_floor):
+                    if self.replay_pace is not None:
+                        await self.replay_pace(sent)
+                    sent += 1
                     seq_frame = seq.to_bytes(8, "big")
                     if self.layout == "topic":
                         await self.router.send_multipart([identity, b"", self.topic, seq_frame, payload])
@@ -272,9 +278,10 @@ async def running(
     block_size: int = 16,
     use_replay: bool = True,
     replay_timeout_s: float = 5.0,
+    ingestor: EventIngestor | None = None,
 ) -> AsyncIterator[Harness]:
-    """A subscriber following ``engine`` into ``store``, started and subscribed."""
-    ingestor = EventIngestor(store, MODEL, block_size)
+    """A subscriber following ``engine`` into ``store`` (through ``ingestor`` when given), started and subscribed."""
+    ingestor = ingestor or EventIngestor(store, MODEL, block_size)
     subscriber = KVEventSubscriber(
         ENDPOINT,
         engine.pub_address,
