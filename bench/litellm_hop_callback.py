@@ -10,6 +10,8 @@ with ``x-bench-id`` and ``x-bench-sent`` (its wall clock at send) and writes the
   iterator override makes LiteLLM wrap every stream and count its served output at the end, which is itself one of
   the suspects, so a target that has none keeps none unless asked);
 - ``lag``: the event loop ran a 10 ms timer this late (over 20 ms; a sampler task started at the first request);
+- ``stall``: while the loop has not run that timer for over 50 ms, a watchdog thread samples every thread's stack
+  (every 50 ms at most): what the loop is doing or waiting for;
 - ``gc``: a garbage collection that took over 5 ms (its generation, duration and thread);
 - ``done``: at the success log, LiteLLM's ``api_call_start_time`` (the request leaves for the engine) and
   ``completion_start_time`` (the engine's first chunk is in).
@@ -23,8 +25,10 @@ import asyncio
 import gc
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Any
@@ -64,9 +68,27 @@ def _ts(value: Any) -> float | None:
     return None
 
 
-async def _lag_sampler() -> None:
+_beat = [0.0]
+
+
+def _stack(frame: Any) -> list[str]:
+    return [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno}:{f.name}" for f in traceback.extract_stack(frame)]
+
+
+def _watchdog() -> None:
     while True:
-        start = time.perf_counter()
+        time.sleep(0.05)
+        stale = time.perf_counter() - _beat[0]
+        if stale > 0.05:
+            names = {t.ident: t.name for t in threading.enumerate()}
+            stacks = {names.get(ident, str(ident)): _stack(f)[-12:] for ident, f in sys._current_frames().items()}
+            _write({"ev": "stall", "t": time.time(), "stale": stale, "stacks": stacks})
+
+
+async def _lag_sampler() -> None:
+    threading.Thread(target=_watchdog, name="hop-watchdog", daemon=True).start()
+    while True:
+        start = _beat[0] = time.perf_counter()
         await asyncio.sleep(0.01)
         lag = time.perf_counter() - start - 0.01
         if lag > 0.02:

@@ -574,7 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shared = RealBenchFleet(fleet)
             rss = ", ".join(f"{fleet.rss_mb(i):.0f}" for i in range(len(fleet.engines)))
             nice = (
-                f"nice {fleet.nice_of(0)}, class {fleet.sched_of(0)}, executor {args.engine_executor}, "
+                f"nice {fleet.nice_of(0)} (autogroup {fleet.autogroup_nice_of(0)}), class {fleet.sched_of(0)}, "
+                f"executor {args.engine_executor}, "
                 f"the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}; processes {'/'.join(fleet.process_names(0))}"
             )
             print(f"engines ready ({rss} MiB RSS, {nice}); {machine_load()}", file=sys.stderr, flush=True)
