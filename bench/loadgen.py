@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -136,6 +138,28 @@ def _new_result(req: BenchRequest, lag_s: float = 0.0) -> RequestResult:
     )
 
 
+class _HopLog:
+    """Issue 45's diagnostic (``COGNITORA_BENCH_HOPS``=DIR): stamps each request with an id and its wall-clock send
+    time, which bench/litellm_hop_callback.py reads in the proxy, and writes the client's first token to
+    ``DIR/client-PID.jsonl``."""
+
+    def __init__(self, path: str) -> None:
+        self._out = open(path, "a", buffering=1)  # noqa: SIM115  # closed with the process
+        self._run = secrets.token_hex(4)
+
+    @classmethod
+    def from_env(cls) -> _HopLog | None:
+        where = os.environ.get("COGNITORA_BENCH_HOPS")
+        return cls(os.path.join(where, f"client-{os.getpid()}.jsonl")) if where else None
+
+    def stamp(self, i: int) -> dict[str, str]:
+        return {"x-bench-id": f"{self._run}-{i}", "x-bench-sent": f"{time.time():.6f}"}
+
+    def first_token(self, headers: Mapping[str, str], ttft_s: float | None) -> None:
+        record = {"id": headers.get("x-bench-id"), "sent": float(headers.get("x-bench-sent", "nan"))}
+        self._out.write(json.dumps({**record, "first": time.time(), "ttft": ttft_s}) + "\n")
+
+
 async def _one_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -145,6 +169,7 @@ async def _one_request(
     time_scale: float,
     timeout_s: float,
     answered: Callable[[], None] = lambda: None,
+    hops: _HopLog | None = None,
 ) -> RequestResult:
     """Fill ``res`` as the response streams in (so a run that ends early still sees what arrived). ``answered`` is
     called once: at the first token, or at the end of a request that never got one."""
@@ -174,6 +199,8 @@ async def _one_request(
                         first = now
                         res.ttft_s = (first - start) * time_scale
                         answered()
+                        if hops is not None:
+                            hops.first_token(headers, res.ttft_s)
                     last = now
                     res.chunks += 1
                     res.tokens_received += max(1, text.count(" "))
@@ -242,6 +269,7 @@ async def run_load(
     base = base_url.rstrip("/")
     paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     timeout_wall = request_timeout_s / time_scale
+    hops = _HopLog.from_env()
 
     done = 0
     total = len(requests)
@@ -274,6 +302,9 @@ async def run_load(
             lag = max(0.0, (time.perf_counter() - wall0) - due)
             body = json.dumps(req.body(bank, model)).encode()
             res = _new_result(req, lag)
+            req_hdrs = {**hdrs, **dict(req.headers)} if req.headers else hdrs
+            if hops is not None:
+                req_hdrs = {**req_hdrs, **hops.stamp(i)}
             sent_at.append(time.perf_counter())
             partial.append(res)
             task = asyncio.create_task(
@@ -281,11 +312,12 @@ async def run_load(
                     session,
                     base + paths[req.api],
                     body,
-                    {**hdrs, **dict(req.headers)} if req.headers else hdrs,
+                    req_hdrs,
                     res,
                     time_scale,
                     timeout_wall,
                     answered,
+                    hops,
                 )
             )
             tasks.append(task)

@@ -224,14 +224,16 @@ def real_fleet_context(
     engines' own threads (vLLM's CPU worker spins between steps) kept the load average at 12-17, and a router that
     waits its turn for a core behind them measures the machine, not itself: the LiteLLM proxy's one event loop took
     ~0.4 s (median) to reach a request it had received, 0.05-0.08 s with the engines niced (docs/real_engines.md,
-    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own.
+    "What the LiteLLM proxy costs"). In a deployment the gateway has cores of its own. The niceness is set on each
+    engine's kernel autogroup too: every engine runs in a session of its own, and with autogroups on a process's own
+    niceness counts only inside its session's group (issue 45, bench/results/litellm_proxy_hops.md).
 
     ``executor`` ``uni`` runs the model inside each engine's engine-core process: with vLLM's ``mp`` executor (its CPU
     platform's default) the engine core and its worker process meet over a shared-memory queue whose reader spins
     with ``sched_yield``, the core through every step and the worker for a second after it. ``sched`` ``idle`` puts
     the engines in Linux's ``SCHED_IDLE`` class besides the niceness. Neither brought the LiteLLM proxy's share of
-    TTFT down in an A/B (bench/results/real_engines_engine_sched.md), so the defaults stay those of the committed
-    results; ``uni`` made the engines' own TTFT lower and their memory smaller."""
+    TTFT down in an A/B made before the autogroup was niced (bench/results/real_engines_engine_sched.md), so the
+    defaults stay those of the committed results; ``uni`` made the engines' own TTFT lower and their memory smaller."""
     # The harness lives with the tests (it provisions and launches for them too); imported only when run.
     from cognitora_sim.harness.real_engines.launch import start_engines
 
@@ -574,7 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shared = RealBenchFleet(fleet)
             rss = ", ".join(f"{fleet.rss_mb(i):.0f}" for i in range(len(fleet.engines)))
             nice = (
-                f"nice {fleet.nice_of(0)}, class {fleet.sched_of(0)}, executor {args.engine_executor}, "
+                f"nice {fleet.nice_of(0)} (autogroup {fleet.autogroup_nice_of(0)}), class {fleet.sched_of(0)}, "
+                f"executor {args.engine_executor}, "
                 f"the benchmark's {os.getpriority(os.PRIO_PROCESS, 0)}; processes {'/'.join(fleet.process_names(0))}"
             )
             print(f"engines ready ({rss} MiB RSS, {nice}); {machine_load()}", file=sys.stderr, flush=True)

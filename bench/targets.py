@@ -21,6 +21,7 @@ each peer installs and behaves here: shared/reference/peer-routers.md.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import sys
@@ -280,6 +281,24 @@ def litellm_config(
     }
 
 
+HOP_CALLBACK = Path(__file__).with_name("litellm_hop_callback.py")
+
+
+def _hop_env() -> dict[str, str]:
+    """Issue 45's diagnostic: with ``COGNITORA_BENCH_HOPS`` set, the proxy timestamps each request's hops."""
+    return {k: v for k in ("COGNITORA_BENCH_HOPS", "COGNITORA_BENCH_HOPS_ITER") if (v := os.environ.get(k))}
+
+
+def _with_hop_callback(cfg: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """``cfg`` plus bench/litellm_hop_callback.py when ``COGNITORA_BENCH_HOPS`` is set (off by default)."""
+    if not os.environ.get("COGNITORA_BENCH_HOPS"):
+        return cfg
+    (workdir / HOP_CALLBACK.name).write_text(HOP_CALLBACK.read_text())
+    settings = cfg.setdefault("litellm_settings", {})
+    settings["callbacks"] = [*settings.get("callbacks", []), f"{HOP_CALLBACK.stem}.callbacks"]
+    return cfg
+
+
 class LiteLLMTarget(Target):
     workers = 1
     """The proxy's ``--num_workers``."""
@@ -305,6 +324,7 @@ class LiteLLMTarget(Target):
 
     def env(self) -> dict[str, str]:
         return {
+            **_hop_env(),
             "LITELLM_MASTER_KEY": self._key,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LITELLM_TELEMETRY": "False",
@@ -313,7 +333,7 @@ class LiteLLMTarget(Target):
 
     def start(self, fleet: FleetLike) -> str:
         path = self.workdir / f"{self.name}.yaml"
-        path.write_text(yaml.safe_dump(self.config(fleet), sort_keys=False))
+        path.write_text(yaml.safe_dump(_with_hop_callback(self.config(fleet), self.workdir), sort_keys=False))
         return self._start_proxy(path)
 
     def _start_proxy(self, path: Path) -> str:

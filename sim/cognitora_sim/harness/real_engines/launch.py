@@ -31,6 +31,13 @@ behind the engines on shared cores: vLLM's CPU worker spins (``sched_yield``) fo
 kept the 2-core machine at a load average of 12-17 and left a Python gateway's one event loop waiting for a core
 (docs/real_engines.md, "What the LiteLLM proxy costs"). In a deployment the engines never share the gateway's cores.
 
+Each engine is started in a session of its own, and with the kernel's autogroups on (``kernel.sched_autogroup_enabled``,
+the default of most distributions) a session is a scheduling group of its own: the kernel shares the cores between
+groups by the group's niceness (``/proc/PID/autogroup``), and a process's own niceness only weighs it against the
+other tasks of its group. So ``nice`` also sets the engine's autogroup's niceness (``set_autogroup_nice``); without it
+every engine's group weighed as much as the router's and the niceness did nothing across them (issue 45: the LiteLLM
+proxy's event loop spent ~0.7 s of each second runnable but waiting for a core, bench/results/litellm_proxy_hops.md).
+
 ``sched_idle``: once ready, every thread of every process of the engine is moved to Linux's ``SCHED_IDLE`` class
 (besides ``nice``): a normal task that wakes preempts an idle-class one at once and a core running only idle-class
 tasks counts as free when the kernel places a waking task, so a router's event loop is not kept waiting a slice
@@ -246,13 +253,19 @@ class RealEngineFleet:
         # The whole process group, every thread of it (API server, engine core, worker: vLLM has started them all by
         # the time it answers /health); threads started later inherit it from their parent.
         if self.nice:
-            os.setpriority(os.PRIO_PGRP, engine.process.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice))
+            nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+            os.setpriority(os.PRIO_PGRP, engine.process.pid, nice)
+            set_autogroup_nice(engine.process.pid, nice)
         if self.sched_idle:
             # A policy is per thread (sched_setscheduler on a TID): every task of every process. Threads and processes
             # started later inherit it from the one that starts them.
             for tid in _tasks(engine.process.pid):
                 with suppress(ProcessLookupError):  # a thread that ended meanwhile
                     os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+
+    def autogroup_nice_of(self, index: int) -> int | None:
+        """The niceness of engine ``index``'s autogroup (None where the kernel has no autogroups)."""
+        return autogroup_nice(self.engines[index].process.pid)
 
     def nice_of(self, index: int) -> int:
         """The niceness engine ``index``'s API server runs at."""
@@ -391,3 +404,23 @@ def start_embedding_engine(
         yield fleet
     finally:
         fleet.stop()
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The niceness of ``pid``'s autogroup (``/proc/PID/autogroup``: ``/autogroup-N nice K``); None without one."""
+    try:
+        text = Path(f"/proc/{pid}/autogroup").read_text()
+    except OSError:
+        return None
+    parts = text.split()
+    return int(parts[-1]) if len(parts) >= 3 and parts[-2] == "nice" else None
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Give ``pid``'s autogroup (its session's, shared by the whole engine) niceness ``nice``; False where the kernel
+    has no autogroups or refuses (then the process niceness is all there is, and it is the same as before)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        return False
+    return True
