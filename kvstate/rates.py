@@ -216,9 +216,20 @@ class RateEstimator:
 
     def _floor_sample(self, seconds_per_request: float, uncached_per_request: float) -> None:
         """Feed ``short_prompt_prefill_s`` a window's prefill seconds per request, if they show a floor: the
-        engine's learned rate explains at most ``1 / FLOOR_EVIDENCE`` of them (else the window measured the rate)."""
+        engine's learned rate explains at most ``1 / FLOOR_EVIDENCE`` of them (else the window measured the rate).
+
+        A window the rate explains is still a bound: the floor is the least a request's prefill takes, so it is no
+        higher than the mean its requests took, and drops to it at once (as the rate drops to a finished-request
+        ceiling). Without that a floor learned under load (prefills sharing their batch with decodes: 1.75 s per
+        short prompt on the simulated ``mac``) stayed when the engine went idle and served the same prompts in
+        16 ms: those windows, explained by the rate, were all refused, and the idle engine was predicted at 1.96 s
+        for good (a burst it had let go came back at the first request that found it busy)."""
         rate = self.prefill_tokens_per_s
-        if rate <= 0 or FLOOR_EVIDENCE * uncached_per_request / rate > seconds_per_request:
+        if rate <= 0:
+            return
+        if FLOOR_EVIDENCE * uncached_per_request / rate > seconds_per_request:
+            if 0 < seconds_per_request < self.short_prompt_prefill_s:
+                self.short_prompt_prefill_s = seconds_per_request
             return
         self.short_prompt_prefill_s = ewma(self.short_prompt_prefill_s, seconds_per_request, self.alpha)
 
