@@ -160,6 +160,16 @@ def schedule_for(seed: int, rates: Sequence[float], stage_s: float, warmup: tupl
     return wl.shared_prefix_schedule(CPU_SHARED_PREFIX, stages, seed=seed)
 
 
+def host_cpu() -> str:
+    """The host's CPU model (``/proc/cpuinfo``), for the results: CPU engines' figures hold for this host only (an
+    AMD EPYC and an Intel Xeon of the same 2 cores differed 2-5x)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+
+
 def machine_load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} cores"
@@ -185,7 +195,12 @@ def run_seed(
         slo=slo,
         fleet=spec.as_dict()
         | {"kv_tokens_per_engine": KV_BLOCKS * BLOCK_SIZE}
-        | ({} if args.sim else {k: getattr(args, k) for k in ("engine_nice", "engine_sched", "engine_executor")}),
+        | (
+            {}
+            if args.sim
+            else {k: getattr(args, k) for k in ("engine_nice", "engine_sched", "engine_executor")}
+            | {"host_cpu": host_cpu(), "host_cores": os.cpu_count()}
+        ),
         stages=[
             {"label": s.label, "rate": s.rate, "duration_s": s.duration_s, "measured": s.measured}
             for s in schedule.stages
