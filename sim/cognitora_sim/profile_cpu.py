@@ -21,19 +21,16 @@ ALONE_ATTN_S_PER_PAIR = 2.37e-6
 ALONE_WEIGHTS_READ_S = 0.0011
 ALONE_KV_READ_S_PER_TOKEN = 8.13e-6
 
-# The benchmark's engines against that fit, refitted on 2026-12-06 to the quiet run of commit 523ee39 (another
-# machine; `git show 523ee39:bench/results/real_engines.md`, `python -m bench.real_engines --rates 1,2,3 --warmup 1:20
-# --stage-duration 30`) by `python -m bench.cpu_calibration --from-requests
-# bench/results/real_engines_seed*.requests.jsonl.gz` on that commit's files (the committed run is now one on a slower
-# AMD host, docs/sim.md): least squares over the 96 requests that ran with no other request in flight (TTFT and ITL;
-# median error 9% and 6%). Before, one factor, LOAD_SLOWDOWN = 3.8, scaled every cost alike (fitted to an earlier run
-# on a loaded machine).
-PREFILL_SLOWDOWN = 0.206
+# The benchmark's engines against that fit, refitted on 2026-12-07 to the committed run
+# (`bench/results/real_engines.md`: an AMD EPYC host of 2 cores, engines at autogroup nice 10 with vLLM's `uni`
+# executor) by `python -m bench.cpu_calibration --from-requests bench/results/real_engines_seed*.requests.jsonl.gz`:
+# least squares over the 123 requests that ran with no other request in flight (TTFT and ITL; median error 12% and
+# 9%). The fit before (0.206 and 0.837) was to the run of commit 523ee39, on a faster machine with vLLM's `mp`
+# executor.
+PREFILL_SLOWDOWN = 0.768
 """Scales a prefill's compute (the compute rate's inverse, the attention cost). Below 1: the calibration ran on a
-machine at load average 10-13, the benchmark on a quiet one (load ~2 before each seed), where a cold 1,134-token
-prompt took 0.53-0.64 s alone, not the 2.85 s the calibration's fit gives."""
-STEP_SLOWDOWN = 0.837
-"""Scales every step's fixed costs (overhead, weights read, KV read). A decode step ran about as fast as in the
-calibration (ITL 45-48 ms alone at a 1,140-token context against 57 ms from the fit): per-step Python work, which
-the quiet machine sped up far less than prefill's matrix products. Under one factor for both, a fit to cold TTFT
-would make the sim decode 4x faster than the real engines."""
+machine at load average 10-13, the benchmark with nothing else running."""
+STEP_SLOWDOWN = 0.704
+"""Scales every step's fixed costs (overhead, weights read, KV read): per-step Python work, which a quiet machine
+speeds up differently from prefill's matrix products. Under one factor for both, a fit to cold TTFT made the sim
+decode 4x faster than the real engines (on the 523ee39 run)."""
