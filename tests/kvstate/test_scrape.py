@@ -699,15 +699,7 @@ def test_estimator_a_floor_learned_under_load_comes_down_when_the_engine_is_quic
         )
 
     est = RateEstimator()
-    load = EngineLoad(
-        prompt_tokens_total=0.0,
-        prefix_cache_hits_total=0.0,
-        ttft_seconds_sum=0.0,
-        ttft_count=0.0,
-        prefill_seconds_sum=0.0,
-        finish_count=0.0,
-        finished_prompt_tokens_sum=0.0,
-    )
+    load = window(EngineLoad(), 0, 0.0)  # every counter at 0
     est.observe(load, now=0.0)
     est.per_request_prefill = 600.0  # what the load step taught (18 uncached tokens: 30 ms at that rate)
     for t in range(1, 4):  # loaded: 1.75 s each, far above what the rate explains: a floor
