@@ -117,6 +117,16 @@ def test_compare_reports_errors_and_whether_the_ranking_holds() -> None:
     assert "within 25% of the real engines: 0 of 4" in text
 
 
+def test_a_target_only_the_real_run_had_is_left_out_of_the_ranking() -> None:
+    # The real run adds cognitora-litellm-redis-1w, which the sim run does not have: before, each of its decided
+    # pairs counted as one the sim got wrong (20 of 72 on the 2026-12-07 run, all of them this target's).
+    real = _report({"cognitora-envoy": (1.0, 2.0), "envoy-rr": (4.0, 8.0), "cognitora-litellm-redis-1w": (0.5, 1.0)})
+    sim = _report({"cognitora-envoy": (1.1, 2.2), "envoy-rr": (3.9, 8.5)})
+    text = compare([real, real], [sim], "cmd")
+    assert "| 1 rps | ttft_p90 | cognitora-envoy, envoy-rr | cognitora-envoy, envoy-rr | yes | 1 of 1: " in text
+    assert "redis-1w > " not in text
+
+
 def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
     assert parse_args(["--sim"]).host_cores == 2  # the real run's 3 engines on this machine's 2 cores
     assert parse_args(["--sim", "--host-cores", "0"]).host_cores == 0
@@ -128,10 +138,11 @@ def test_the_sim_shares_the_real_runs_cores_unless_told_otherwise() -> None:
     assert "`cognitora sim fleet --profile cpu`. Each cell" in compare([real], [real], "c")
 
 
-def test_the_engines_keep_vllms_executor_and_the_normal_class_unless_told_otherwise() -> None:
-    # issue 45's A/B: neither moved the LiteLLM proxy's share of TTFT, so the committed results' fleet stays the default
-    assert (parse_args([]).engine_executor, parse_args([]).engine_sched) == ("mp", "other")
-    assert parse_args(["--engine-executor", "uni"]).engine_executor == "uni"
+def test_the_engines_run_the_committed_results_executor_and_the_normal_class_unless_told_otherwise() -> None:
+    # the committed run (2026-12-07) used vLLM's uni executor: on 2 cores the mp worker's spinning is a core the
+    # routers do not get; the scheduling class stays the normal one
+    assert (parse_args([]).engine_executor, parse_args([]).engine_sched) == ("uni", "other")
+    assert parse_args(["--engine-executor", "mp"]).engine_executor == "mp"
     assert parse_args(["--engine-sched", "idle"]).engine_sched == "idle"
 
 
