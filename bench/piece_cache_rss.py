@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from bench.workloads import B2B_SAAS, MultiTurnProfile, Stage, TextBank, multi_turn_schedule, shared_prefix_schedule
 from cognitora_sim.tokenizer import SMOLLM2_DIR
-from kvstate.prompt import PIECE_CACHE_BYTES, ChatPrompt, ChatTokenizer, Message, PromptKeyer
+from kvstate.prompt import PIECE_CACHE_BYTES, PROBATION_SHARE, ChatPrompt, ChatTokenizer, Message, PromptKeyer
 
 WORKLOADS = ("soak", "b2b-saas", "multi-turn-chat")
 TURNS = 8
@@ -69,13 +69,21 @@ def main(argv: list[str] | None = None) -> int:
         default="second",
         help="first: a piece enters the cache when first seen; second (the default): on probation until seen again",
     )
+    p.add_argument(
+        "--probation-share",
+        type=float,
+        default=PROBATION_SHARE,
+        help="with --admission second: the cache's share for pieces seen once (limits.tokenizer_cache_probation_share)",
+    )
     p.add_argument("--workload", choices=WORKLOADS, default="soak")
     p.add_argument("--chats", type=int, default=30_000)
     p.add_argument("--users", type=int, default=None, help=f"multi-turn-chat's users (default chats / {TURNS})")
     p.add_argument("--every", type=int, default=5_000)
     args = p.parse_args(argv)
     tokenizer = ChatTokenizer(
-        SMOLLM2_DIR / "tokenizer.json", cache_bytes=args.cache_bytes, second_sighting=args.admission == "second"
+        SMOLLM2_DIR / "tokenizer.json",
+        cache_bytes=args.cache_bytes,
+        probation_share=args.probation_share if args.admission == "second" else 0.0,
     )
     keyer = PromptKeyer("smollm2", 16, tokenizer)
     chars = missed = 0  # since the last line

@@ -34,13 +34,14 @@ from urllib.parse import urlsplit
 from cognitora.config import CognitoraConfig, ConfigError, ModelConfig
 from cognitora.redaction import redact_url
 from kvstate.chat_template import ChatTemplate, PromptError
-from kvstate.prompt import KEY_MEMO_BYTES, PIECE_CACHE_BYTES, ChatTokenizer, PromptKeyer
+from kvstate.prompt import KEY_MEMO_BYTES, PIECE_CACHE_BYTES, PROBATION_SHARE, ChatTokenizer, PromptKeyer
 from kvstate.store import StoreRefused, StoreUnavailable
 
 __all__ = [
     "STORE_CHECK_TIMEOUT_S",
     "EngineAddress",
     "KeyerSource",
+    "PieceCache",
     "check_store",
     "keyer_source",
     "prompt_keyers",
@@ -60,11 +61,19 @@ Fingerprint = tuple[int, int, int] | None
 
 
 @dataclass(frozen=True)
+class PieceCache:
+    """A model tokenizer's piece cache, as ``limits`` sets it (``kvstate.prompt.ChatTokenizer``)."""
+
+    bytes: int = PIECE_CACHE_BYTES
+    probation_share: float = PROBATION_SHARE
+
+
+@dataclass(frozen=True)
 class KeyerSource:
     """What a model's keyer was built from: its settings and the files it read, as they were on disk then."""
 
     settings: tuple[object, ...]
-    """Model name, block size, tokenizer and template paths, piece-cache and key-memo bounds."""
+    """Model name, block size, tokenizer and template paths, piece-cache settings and key-memo bound."""
     files: tuple[tuple[str, Fingerprint], ...]
 
 
@@ -79,26 +88,26 @@ def prompt_keyers(config: CognitoraConfig, reuse: Mapping[str, PromptKeyer] | No
     ``reuse``: the keyers in force (a config reload). A model's keyer there is kept when it was built from the same
     settings and its files are unchanged: a tokenizer loaded again per reload cost ~40 MiB of native memory that
     the allocator did not give back (docs/operations.md, "Soak"), and its caches would start cold."""
-    cache_bytes = config.limits.tokenizer_cache_bytes
+    cache = PieceCache(config.limits.tokenizer_cache_bytes, config.limits.tokenizer_cache_probation_share)
     memo = config.limits.block_key_memo_bytes
     keyers: dict[str, PromptKeyer] = {}
     for i, m in enumerate(config.models):
         # Read before loading: a file that changes while it loads then differs at the next reload, and loads again.
-        source = keyer_source(m, cache_bytes, memo)
+        source = keyer_source(m, cache, memo)
         previous = None if reuse is None else reuse.get(m.name)
         if previous is not None and _SOURCES.get(previous) == source:
             keyers[m.name] = previous
             continue
-        keyer = prompt_keyer(m, i, cache_bytes, memo)
+        keyer = prompt_keyer(m, i, cache, memo)
         _SOURCES[keyer] = source
         keyers[m.name] = keyer
     return keyers
 
 
-def keyer_source(model: ModelConfig, cache_bytes: int, key_memo_bytes: int) -> KeyerSource:
+def keyer_source(model: ModelConfig, cache: PieceCache, key_memo_bytes: int) -> KeyerSource:
     """What ``prompt_keyer`` builds ``model``'s keyer from, the files fingerprinted now: the tokenizer, the named
     template, and the two files beside the tokenizer that ``kvstate.chat_template.load_chat_template`` reads."""
-    settings = (model.name, model.block_size, model.tokenizer, model.chat_template, cache_bytes, key_memo_bytes)
+    settings = (model.name, model.block_size, model.tokenizer, model.chat_template, cache, key_memo_bytes)
     paths: list[Path] = []
     if model.tokenizer is not None:
         paths.append(model.tokenizer)
@@ -117,18 +126,18 @@ def _fingerprint(path: Path) -> Fingerprint:
 
 
 def prompt_keyer(
-    model: ModelConfig, index: int, cache_bytes: int = PIECE_CACHE_BYTES, key_memo_bytes: int = KEY_MEMO_BYTES
+    model: ModelConfig, index: int, cache: PieceCache | None = None, key_memo_bytes: int = KEY_MEMO_BYTES
 ) -> PromptKeyer:
-    """``models[index]``'s keyer (its piece cache bounded to ``cache_bytes``). Raises ``ConfigError`` naming the key
-    and the file that is wrong."""
+    """``models[index]``'s keyer (its piece cache as ``cache`` says, else the defaults). Raises ``ConfigError``
+    naming the key and the file that is wrong."""
     tokenizer = None
     if model.tokenizer is not None:
         where = f"models[{index}]"
-        tokenizer = _chat_tokenizer(model.tokenizer, model.chat_template, where, model.name, cache_bytes)
+        tokenizer = _chat_tokenizer(model.tokenizer, model.chat_template, where, model.name, cache or PieceCache())
     return PromptKeyer(model.name, model.block_size, tokenizer, key_memo_bytes)
 
 
-def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str, cache_bytes: int) -> ChatTokenizer:
+def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str, cache: PieceCache) -> ChatTokenizer:
     tokenizer_key, template_key = f"{where}.tokenizer (model {name!r})", f"{where}.chat_template (model {name!r})"
     if template is not None:
         # The named template first, on its own: an error then names the right key.
@@ -141,7 +150,7 @@ def _chat_tokenizer(path: Path, template: Path | None, where: str, name: str, ca
         except PromptError as exc:
             raise ConfigError(f"{template_key}: {template}: {exc}") from None
     try:
-        chat = ChatTokenizer(path, template, cache_bytes=cache_bytes)
+        chat = ChatTokenizer(path, template, cache_bytes=cache.bytes, probation_share=cache.probation_share)
     except PromptError as exc:  # tokenizer_config.json beside the tokenizer (its message names that file)
         raise ConfigError(f"{tokenizer_key}: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:  # a file beside the tokenizer (chat_template.jinja)

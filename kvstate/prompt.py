@@ -93,9 +93,12 @@ PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
 them): ~1.5M cached tokens of English."""
 
-PROBATION_SHARE = 64
-"""The piece cache's probation segment, for pieces seen once, is this fraction of its bytes (1 MiB of the default
-64): at a unique-prompt load it is all the cache holds, full after ~1,000 of the soak's prompts (~1 KiB packed)."""
+PROBATION_SHARE = 1 / 64
+"""The share of the piece cache's bytes its probation segment, for pieces seen once, takes by default (1 MiB of the
+default 64; ``limits.tokenizer_cache_probation_share``): at a unique-prompt load it is all the cache holds, full
+after ~1,000 of the soak's prompts (~1 KiB packed). A larger share keeps more first sightings: a chat's next turn
+finds its history there after more turns of other users (500 users' chats: 78.0% of the text found cached at 1/64
+against 89.7% when every piece is cached at first sight, ``bench/results/memory_growth.md``)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
 """Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
@@ -222,9 +225,9 @@ class ChatTokenizer:
     """A model's ``tokenizer.json`` and chat template, with a piece cache (see the module docstring). Thread-safe.
 
     ``cache_bytes`` bounds the piece cache; a piece whose entry would take more than ``max_piece_bytes`` (default a
-    sixteenth of the cache) is encoded but not kept. With ``second_sighting`` (the default) a piece seen once waits
-    in a probation segment of ``cache_bytes / PROBATION_SHARE`` and enters the cache proper when seen again (see
-    the module docstring); without, every piece enters the cache proper at once.
+    sixteenth of the cache) is encoded but not kept. A piece seen once waits in a probation segment of
+    ``probation_share`` of ``cache_bytes`` and enters the cache proper when seen again (see the module docstring);
+    with ``probation_share`` 0 every piece enters the cache proper at once.
     """
 
     def __init__(
@@ -233,8 +236,11 @@ class ChatTokenizer:
         template_path: Path | None = None,
         cache_bytes: int = PIECE_CACHE_BYTES,
         max_piece_bytes: int | None = None,
-        second_sighting: bool = True,
+        probation_share: float = PROBATION_SHARE,
     ) -> None:
+        if not 0 <= probation_share < 1:
+            raise ValueError(f"probation_share must be at least 0 and below 1, not {probation_share}")
+        second_sighting = probation_share > 0
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.template: ChatTemplate | None = load_chat_template(tokenizer_path, template_path)
         added = list(self.tokenizer.get_added_tokens_decoder().values())
@@ -259,7 +265,7 @@ class ChatTokenizer:
         self._probation: OrderedDict[str, tuple[array[int], int]] = OrderedDict()
         """Pieces seen once, oldest first, their ids packed 4 bytes each (a list of ints takes 36, and most of these
         are never read): a hit moves one into ``_cache``, as a list (hits there must not pay for unpacking)."""
-        self._probation_bytes = cache_bytes // PROBATION_SHARE if second_sighting else 0
+        self._probation_bytes = int(cache_bytes * probation_share)
         self._probation_held = 0
         self._main_bytes = cache_bytes - self._probation_bytes
         self._cached_bytes = 0

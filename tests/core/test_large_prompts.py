@@ -29,9 +29,10 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from cognitora.config import CognitoraConfig, config_from_dict
+from cognitora.config import CognitoraConfig, ConfigError, config_from_dict
 from cognitora.core.outcome import Outcome, OutcomeKind
 from cognitora.core.router import Router
+from cognitora.preflight import prompt_keyers
 from cognitora.request import RouteRequest
 from cognitora_sim.harness.envoy_launch import start_gateway
 from cognitora_sim.harness.process import ManagedProcess
@@ -104,7 +105,7 @@ def test_pieces_seen_once_stay_in_probation_so_unique_prompts_leave_the_cache_sm
     # The soak's load: every user message new. Cached at first sight, they filled the cache (64 MiB by default)
     # with text never asked for again, the gateway's RSS growing for hours (bench/results/memory_growth.md).
     tok = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20)
-    first = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20, second_sighting=False)
+    first = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20, probation_share=0)
     plain = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
     assert tok.probation_bytes == (8 << 20) // 64 and first.probation_bytes == 0
     for i in range(3000):
@@ -567,3 +568,19 @@ def test_litellm_embedded_large_bodies_do_not_stall_small_requests(
     result = asyncio.run(main())
     print(result.summary())
     check_flow(result, over_limit)
+
+
+def test_the_probation_share_setting_reaches_each_models_tokenizer_and_a_change_rebuilds_it(smollm2_dir: Path) -> None:
+    # limits.tokenizer_cache_probation_share: an operator whose users' chats interleave keeps more first sightings.
+    models = [{"name": "m", "tokenizer": str(smollm2_dir / "tokenizer.json"), "endpoints": [{"url": "http://a:1"}]}]
+    default = prompt_keyers(config_from_dict({"models": models}))["m"]
+    assert default.tokenizer is not None and default.tokenizer.probation_bytes == (64 << 20) // 64
+    limits = {"tokenizer_cache_bytes": 8 << 20, "tokenizer_cache_probation_share": 0.25}
+    quarter = prompt_keyers(config_from_dict({"models": models, "limits": limits}), reuse={"m": default})["m"]
+    assert quarter is not default  # a reload with another share builds the keyer again
+    assert quarter.tokenizer is not None and quarter.tokenizer.probation_bytes == 2 << 20
+    limits["tokenizer_cache_probation_share"] = 0
+    first = prompt_keyers(config_from_dict({"models": models, "limits": limits}))["m"]
+    assert first.tokenizer is not None and first.tokenizer.probation_bytes == 0  # cached at first sight
+    with pytest.raises(ConfigError, match="tokenizer_cache_probation_share"):
+        config_from_dict({"models": models, "limits": {"tokenizer_cache_probation_share": 1}})
