@@ -93,12 +93,13 @@ PIECE_CACHE_BYTES = 64 << 20
 """Default bound of one ``ChatTokenizer``'s piece cache, in bytes (the text and the token ids as Python holds
 them): ~1.5M cached tokens of English."""
 
-PROBATION_SHARE = 1 / 64
-"""The share of the piece cache's bytes its probation segment, for pieces seen once, takes by default (1 MiB of the
-default 64; ``limits.tokenizer_cache_probation_share``): at a unique-prompt load it is all the cache holds, full
-after ~1,000 of the soak's prompts (~1 KiB packed). A larger share keeps more first sightings: a chat's next turn
-finds its history there after more turns of other users (500 users' chats: 78.0% of the text found cached at 1/64
-against 89.7% when every piece is cached at first sight, ``bench/results/memory_growth.md``)."""
+PROBATION_SHARE = 1 / 16
+"""The share of the piece cache's bytes its probation segment, for pieces seen once, takes by default (4 MiB of the
+default 64; ``limits.tokenizer_cache_probation_share``): at a unique-prompt load it is all the cache holds. A 16th,
+not the 64th first chosen: 500 users' interleaved chats found 89.7% of their text cached (as when every piece is
+cached at first sight) against 78.1% at a 64th, b2b-saas' first 1,000 prompts 77.8% against 66%, for 3 MiB more
+at the soak's unique prompts; a quarter was worse (73.6% on those chats: the cache proper left too small;
+``bench/results/memory_growth.md``)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
 """Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``

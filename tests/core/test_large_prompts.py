@@ -107,7 +107,7 @@ def test_pieces_seen_once_stay_in_probation_so_unique_prompts_leave_the_cache_sm
     tok = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20)
     first = ChatTokenizer(smollm2_dir / "tokenizer.json", cache_bytes=8 << 20, probation_share=0)
     plain = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
-    assert tok.probation_bytes == (8 << 20) // 64 and first.probation_bytes == 0
+    assert tok.probation_bytes == (8 << 20) // 16 and first.probation_bytes == 0
     for i in range(3000):
         text = soak_chat(i)
         assert tok.encode(text) == first.encode(text) == plain.encode(text, add_special_tokens=False).ids
@@ -574,7 +574,7 @@ def test_the_probation_share_setting_reaches_each_models_tokenizer_and_a_change_
     # limits.tokenizer_cache_probation_share: an operator whose users' chats interleave keeps more first sightings.
     models = [{"name": "m", "tokenizer": str(smollm2_dir / "tokenizer.json"), "endpoints": [{"url": "http://a:1"}]}]
     default = prompt_keyers(config_from_dict({"models": models}))["m"]
-    assert default.tokenizer is not None and default.tokenizer.probation_bytes == (64 << 20) // 64
+    assert default.tokenizer is not None and default.tokenizer.probation_bytes == (64 << 20) // 16
     limits = {"tokenizer_cache_bytes": 8 << 20, "tokenizer_cache_probation_share": 0.25}
     quarter = prompt_keyers(config_from_dict({"models": models, "limits": limits}), reuse={"m": default})["m"]
     assert quarter is not default  # a reload with another share builds the keyer again
