@@ -1,0 +1,77 @@
+"""Where a run's hit rate falls short of the reuse bound (bench/hit_gap.py): the engine-attainable ceiling, and each
+lost token's cause from the per-request records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.hit_gap import CAUSES, attainable, gap
+from bench.workloads import BenchRequest, MessageSpec, Segment, annotate_reuse
+
+BLOCK = 32
+TEMPLATE = 14
+"""Chat-template tokens per prompt of SmolLM2's template around one system and one user message."""
+
+
+def request(index: int, arrival_s: float, group: int, question: int) -> BenchRequest:
+    return BenchRequest(
+        index=index,
+        arrival_s=arrival_s,
+        stage="s",
+        api="chat",
+        messages=(
+            MessageSpec("system", (Segment(f"sys:{group}", 1000),)),
+            MessageSpec("user", (Segment(f"q:{group}:{question}", 120),)),
+        ),
+        max_tokens=16,
+        session=f"g{group}",
+    )
+
+
+def record(req: BenchRequest, cached: int, ttft_s: float = 0.3, target: str = "t") -> dict[str, Any]:
+    return {
+        "target": target,
+        "index": req.index,
+        "status": 200,
+        "arrival_s": req.arrival_s,
+        "ttft_s": ttft_s,
+        "prompt_tokens": req.prompt_tokens + TEMPLATE,
+        "content_tokens": req.prompt_tokens,
+        "reusable_tokens": req.reusable_tokens,
+        "cached_tokens": cached,
+    }
+
+
+def test_the_attainable_hit_is_whole_blocks_of_the_bound_in_engine_tokens() -> None:
+    # A repeat of a whole 1,134-token prompt: vLLM computes its last token, so 35 blocks, not 1,120 + 14.
+    assert attainable(1134, 1120, 1120, BLOCK) == 1120
+    # Only the 1,000-token system prompt reusable: 31 whole blocks of it (with the template's header).
+    assert attainable(1134, 1120, 1000, BLOCK) == 992
+    assert attainable(1134, 1120, 0, BLOCK) == 0
+
+
+def test_each_request_below_its_ceiling_is_charged_to_one_cause() -> None:
+    schedule = [
+        request(0, 0.0, 0, 0),  # first of its group: nothing reusable
+        request(1, 10.0, 0, 0),  # a repeat: only the system prompt hit (its question's blocks were gone)
+        request(2, 20.0, 0, 1),  # new question, system prompt reusable: went to an engine without it
+        request(3, 30.0, 0, 1),  # a repeat, part of the system prompt evicted
+        request(4, 40.0, 0, 2),  # new question: sent while ...
+        request(5, 40.5, 0, 2),  # ... its twin was still in its prefill (first token at 41 s): nothing cached
+        request(6, 50.0, 0, 2),  # a full hit
+    ]
+    annotate_reuse(schedule)
+    cached = {0: 0, 1: 992, 2: 0, 3: 512, 4: 992, 5: 0, 6: 1120}
+    records = [record(r, cached[r.index], ttft_s=1.0 if r.index == 4 else 0.3) for r in schedule]
+    records.append(record(schedule[1], 1120, target="other"))  # another target's rows are not this one's
+
+    g = gap(schedule, records, "t", "s", BLOCK)
+
+    assert g.requests == 7 and g.cached_tokens == sum(cached.values())
+    assert g.missed == {"in flight": 1, "cold": 1, "question tail": 1, "system partial": 1}
+    # the twin counts its whole prompt reusable (the bound has no prefill time)
+    assert g.lost == {"in flight": 1120, "cold": 992, "question tail": 128, "system partial": 1120 - 512}
+    assert set(g.lost) == set(CAUSES)
+    # The bound counts content tokens; the ceiling is what engines could serve of it: below the bound.
+    assert g.ceiling < g.bound
+    assert g.attainable_tokens == sum(cached.values()) + sum(g.lost.values())
