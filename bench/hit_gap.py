@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import workloads as wl
+from bench.capacity_bound import lru_leading_hits, request_blocks
 from bench.report import read_requests
 from bench.workloads import BenchRequest
 
@@ -170,6 +172,45 @@ def hash_partition(
     return asyncio.run(place_all())
 
 
+def partition_hit(
+    schedule: Sequence[BenchRequest], partition: Mapping[str, str], stage: str, slots: int, block: int
+) -> float:
+    """The share of ``stage``'s content tokens found cached when every group stays on the engine ``partition`` gives
+    it, each engine one LRU cache of ``slots`` blocks that evicts a prompt's tail first (as vLLM frees a request's
+    blocks): what the split alone allows, with no load spreads and no running requests' own blocks."""
+    per_engine: dict[str, list[BenchRequest]] = {}
+    for req in sorted(schedule, key=lambda r: (r.arrival_s, r.index)):
+        per_engine.setdefault(partition[_system(req)], []).append(req)
+    hit = total = 0
+    for reqs in per_engine.values():
+        leading = lru_leading_hits([request_blocks(r, block) for r in reqs], slots)
+        for req, blocks in zip(reqs, leading, strict=True):
+            if req.stage == stage:
+                hit += blocks * block
+                total += req.prompt_tokens
+    return hit / total if total else 0.0
+
+
+def even_partitions(groups: Sequence[str], engines: int) -> list[dict[str, str]]:
+    """Every way to put the same number of groups on each engine (engines unlabelled)."""
+    if engines <= 0 or len(groups) % engines:
+        return []
+    size = len(groups) // engines
+
+    def split(rest: Sequence[str], label: int) -> list[dict[str, str]]:
+        if not rest:
+            return [{}]
+        first, others = rest[0], rest[1:]
+        out = []
+        for mates in itertools.combinations(others, size - 1):
+            left = [g for g in others if g not in mates]
+            for tail in split(left, label + 1):
+                out.append({first: str(label), **dict.fromkeys(mates, str(label)), **tail})
+        return out
+
+    return split(sorted(groups), 0)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -235,8 +276,9 @@ def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: S
     if partition:
         first = seeds[0]
         urls = [e["url"] for e in runs_by_seed[first]["runs"][0]["engines"]]
+        hashed = hash_partition(urls, schedules[first], MODEL, TOKENIZER, BLOCK_SIZE)
         groups: dict[str, list[str]] = {}
-        for system, endpoint in hash_partition(urls, schedules[first], MODEL, TOKENIZER, BLOCK_SIZE).items():
+        for system, endpoint in hashed.items():
             groups.setdefault(endpoint.rsplit(":", 1)[-1], []).append(system)
         notes.append(
             "Cognitora's prefix hash on an idle, empty fleet (every candidate tied), by engine port: "
@@ -244,12 +286,38 @@ def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: S
             + ". A group's text is the same in every seed, and so are the engines' URLs (one fleet served every "
             "target), so this is where a group goes whenever its first request finds the fleet idle."
         )
+        notes.append(_split_costs(schedules, stages[-1], hashed, len(urls), BLOCK_SIZE))
     for seed in seeds:
         per_group: dict[str, int] = {}
         for req in schedules[seed]:
             per_group[_system(req)] = per_group.get(_system(req), 0) + 1
         notes.append(f"seed {seed}: requests per group over the run: {dict(sorted(per_group.items()))}")
     return "\n".join([*lines, "", *(f"- {n}" for n in notes)]) + "\n"
+
+
+def _split_costs(
+    schedules: Mapping[int, Sequence[BenchRequest]], stage: str, hashed: Mapping[str, str], engines: int, block: int
+) -> str:
+    """What the hash's split and the even splits allow at ``stage`` (``partition_hit`` over the bound), per seed."""
+    from bench.real_engines import KV_BLOCKS
+
+    slots = (KV_BLOCKS, KV_BLOCKS - KV_BLOCKS // 8)
+    parts = []
+    for seed, schedule in schedules.items():
+        reqs = [r for r in schedule if r.stage == stage]
+        bound = sum(r.reusable_tokens for r in reqs) / sum(r.prompt_tokens for r in reqs)
+        even = even_partitions(sorted({_system(r) for r in schedule}), engines)
+        cells = []
+        for n in slots:
+            mine = partition_hit(schedule, hashed, stage, n, block) / bound
+            spread = [partition_hit(schedule, p, stage, n, block) / bound for p in even]
+            cells.append(f"{n} blocks: {mine:.3f} vs {min(spread):.3f}-{max(spread):.3f}" if spread else f"{mine:.3f}")
+        parts.append(f"seed {seed}: " + "; ".join(cells))
+    return (
+        f"What the split alone allows at {stage}, of the bound (content tokens; every group kept on its engine, one "
+        f"LRU cache per engine, `partition_hit`), the hash's split vs every even split, with each engine's "
+        f"{slots[0]} blocks and with {slots[1]} (an eighth left to running requests): " + "; ".join(parts)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.hit_gap import CAUSES, attainable, gap
+from bench.hit_gap import CAUSES, attainable, even_partitions, gap, partition_hit
 from bench.workloads import BenchRequest, MessageSpec, Segment, annotate_reuse
 
 BLOCK = 32
@@ -75,3 +75,27 @@ def test_each_request_below_its_ceiling_is_charged_to_one_cause() -> None:
     # The bound counts content tokens; the ceiling is what engines could serve of it: below the bound.
     assert g.ceiling < g.bound
     assert g.attainable_tokens == sum(cached.values()) + sum(g.lost.values())
+
+
+def test_three_groups_on_one_engine_evict_their_question_tails_where_two_fit() -> None:
+    # Three groups of one repeated question each, in turn: 35 blocks a prompt.
+    schedule = [request(i, float(i), group=i % 3, question=0) for i in range(30)]
+    for req in schedule[15:]:
+        req.stage = "late"
+    annotate_reuse(schedule)
+    together = {"sys:0": "a", "sys:1": "a", "sys:2": "a"}
+    apart = {"sys:0": "a", "sys:1": "b", "sys:2": "c"}
+    # 105 blocks fit 128: every repeat hits whole (content tokens: 1,120 of 1,120) however they are split.
+    assert partition_hit(schedule, together, "late", 128, BLOCK) == 1.0
+    # 70 blocks hold two prompts, not three: together, each request evicts what the next one needs (a cycle longer
+    # than the LRU cache); one group per engine, each stays.
+    assert partition_hit(schedule, together, "late", 70, BLOCK) < 0.5
+    assert partition_hit(schedule, apart, "late", 70, BLOCK) == 1.0
+
+
+def test_even_partitions_are_every_equal_split_once() -> None:
+    splits = even_partitions([f"g{i}" for i in range(6)], 3)
+    assert len(splits) == 15  # 6! / (2!^3 * 3!)
+    assert all(sorted(list(p.values()).count(e) for e in set(p.values())) == [2, 2, 2] for p in splits)
+    assert len({tuple(sorted(p.items())) for p in splits}) == 15
+    assert even_partitions(["a", "b", "c"], 2) == []
