@@ -31,6 +31,7 @@ import asyncio
 import itertools
 import json
 import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,10 +136,21 @@ def _first_token_at(row: Mapping[str, Any]) -> float:
 
 
 def hash_partition(
-    urls: Sequence[str], schedule: Sequence[BenchRequest], model: str, tokenizer: str, block: int
+    urls: Sequence[str],
+    schedule: Sequence[BenchRequest],
+    model: str,
+    tokenizer: str,
+    block: int,
+    *,
+    fewest_within: int | None = None,
+    kv_blocks: int = 0,
 ) -> dict[str, str]:
-    """Group -> the endpoint (``host:port``) Cognitora picks for its first request on an idle, empty fleet. The
-    model's name is part of its block keys, so it must be the run's."""
+    """Group -> the endpoint (``host:port``) Cognitora picks for its first request when the fleet is idle, every
+    candidate tied: its prefix hash. The model's name is part of its block keys, so it must be the run's.
+
+    ``fewest_within`` replays a proposed rule instead: the hash picks only among the engines holding at most that
+    many blocks more than the emptiest, each engine holding what its groups sent it (groups stay where their first
+    request went; one LRU cache of ``kv_blocks`` per engine)."""
     from cognitora.config import config_from_dict
     from cognitora.core.router import Router
     from cognitora.request import RouteRequest
@@ -156,18 +168,31 @@ def hash_partition(
             ]
         }
     )
+    ids = [u.split("://", 1)[-1].rstrip("/") for u in urls]
     bank = wl.TextBank(20251130)  # bench.loadgen's: the same text for every seed
-    firsts: dict[str, BenchRequest] = {}
-    for req in schedule:
-        firsts.setdefault(_system(req), req)
 
     async def place_all() -> dict[str, str]:
-        out = {}
-        for system, req in sorted(firsts.items()):
-            body = req.body(bank, model)
-            decision = await Router(config, MemoryStore()).place(RouteRequest(model=model, messages=body["messages"]))
-            out[system] = str(decision.endpoint)
-        return out
+        home: dict[str, str] = {}
+        caches: dict[str, OrderedDict[int, None]] = {e: OrderedDict() for e in ids}
+        for req in sorted(schedule, key=lambda r: (r.arrival_s, r.index)):
+            system = _system(req)
+            if system not in home:
+                pool = ids
+                if fewest_within is not None:
+                    emptiest = min(len(c) for c in caches.values())
+                    pool = [e for e in ids if len(caches[e]) <= emptiest + fewest_within]
+                body = req.body(bank, model)
+                routed = RouteRequest(model=model, messages=body["messages"], candidates=pool)
+                home[system] = str((await Router(config, MemoryStore()).place(routed)).endpoint)
+            cache = caches.get(home[system])
+            if cache is None or fewest_within is None:
+                continue
+            for key in reversed(request_blocks(req, block)):
+                cache[key] = None
+                cache.move_to_end(key)
+            while len(cache) > kv_blocks:
+                cache.popitem(last=False)
+        return home
 
     return asyncio.run(place_all())
 
@@ -287,6 +312,7 @@ def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: S
             "target), so this is where a group goes whenever its first request finds the fleet idle."
         )
         notes.append(_split_costs(schedules, stages[-1], hashed, len(urls), BLOCK_SIZE))
+        notes.append(_proposed_rule(schedules, stages[-1], urls))
     for seed in seeds:
         per_group: dict[str, int] = {}
         for req in schedules[seed]:
@@ -317,6 +343,34 @@ def _split_costs(
         f"What the split alone allows at {stage}, of the bound (content tokens; every group kept on its engine, one "
         f"LRU cache per engine, `partition_hit`), the hash's split vs every even split, with each engine's "
         f"{slots[0]} blocks and with {slots[1]} (an eighth left to running requests): " + "; ".join(parts)
+    )
+
+
+def _proposed_rule(schedules: Mapping[int, Sequence[BenchRequest]], stage: str, urls: Sequence[str]) -> str:
+    """Where each seed's groups go when the hash picks only among the engines holding no more than a tenth of an
+    engine's blocks above the emptiest (``hash_partition(fewest_within=...)``), and what that split allows."""
+    from bench.real_engines import BLOCK_SIZE, KV_BLOCKS, MODEL, TOKENIZER
+
+    within = KV_BLOCKS // 10
+    slots = KV_BLOCKS - KV_BLOCKS // 8
+    parts = []
+    for seed, schedule in schedules.items():
+        home = hash_partition(urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE, fewest_within=within, kv_blocks=KV_BLOCKS)
+        reqs = [r for r in schedule if r.stage == stage]
+        bound = sum(r.reusable_tokens for r in reqs) / sum(r.prompt_tokens for r in reqs)
+        by_engine: dict[str, list[str]] = {}
+        for system, endpoint in sorted(home.items()):
+            by_engine.setdefault(endpoint.rsplit(":", 1)[-1], []).append(system)
+        split = "; ".join(f"{port}: {', '.join(g)}" for port, g in sorted(by_engine.items()))
+        parts.append(
+            f"seed {seed}: {split} ({partition_hit(schedule, home, stage, KV_BLOCKS, BLOCK_SIZE) / bound:.3f}, "
+            f"{partition_hit(schedule, home, stage, slots, BLOCK_SIZE) / bound:.3f})"
+        )
+    return (
+        f"A proposed rule, replayed on each seed's arrivals (groups stay where their first request went; the fleet "
+        f"idle at each first request): the hash picks only among engines holding at most {within} blocks (a tenth "
+        f"of an engine) more than the emptiest. Its split, and what it allows at {stage} with {KV_BLOCKS} and {slots} "
+        "blocks: " + "; ".join(parts)
     )
 
 
