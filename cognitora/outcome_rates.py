@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from kvstate.store import EndpointSnapshot, PrefixMatch
 
-__all__ = ["Learned", "OutcomeRates"]
+__all__ = ["MIN_REUSE_RATIO", "WINDOW", "Learned", "OutcomeRates"]
 
 ALPHA = 0.3
 """EWMA weight of a new reuse sample (the scraper's ``RateEstimator`` uses the same)."""

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from cognitora.outcome_rates import OutcomeRates
+from cognitora.outcome_rates import WINDOW, OutcomeRates
 from cognitora.placement.tier_reload import priced_prefix
 from kvstate.engines import ENGINES, llamacpp, trtllm
 from kvstate.events import EventDecodeError
@@ -260,6 +260,30 @@ def test_the_reuse_learned_is_what_the_engine_delivers_of_the_history_not_of_the
         _placed_on_history(rates, match, 4000, cached_tokens=1000)
     learned = rates.learned("mac:1")
     assert learned is not None and learned.reuse_ratio == pytest.approx(0.5, abs=0.01)
+
+
+def test_an_outcome_learned_rate_follows_the_engine_down_and_back_up() -> None:
+    rates = OutcomeRates(["mac:1"])
+
+    def attempt(ttft_s: float) -> None:
+        rates.observe(
+            "mac:1",
+            queued_prefill_tokens=0,
+            prompt_tokens=2000,
+            predicted_cached_tokens=0,
+            cached_tokens=0,
+            ttft_s=ttft_s,
+            completion_tokens=1,
+            e2e_s=ttft_s,
+        )
+
+    for ttft_s in [1.0] * WINDOW + [10.0] * WINDOW:  # 2,000 tokens/s, then slowed to 200
+        attempt(ttft_s)
+    learned = rates.learned("mac:1")
+    assert learned is not None and learned.prefill_tokens_per_s == pytest.approx(200)
+    for _ in range(WINDOW):  # quick again
+        attempt(1.0)
+    assert learned.prefill_tokens_per_s == pytest.approx(2000)
 
 
 def test_a_response_timed_only_at_its_end_teaches_no_prefill_rate() -> None:
