@@ -374,6 +374,8 @@ class CollectorThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cognitora-collector", daemon=True)
         self.collector: Collector | None = None
+        self._stopping = False
+        """A stop began: a later one waits for the thread to end (its loop may not run what it would send)."""
 
     async def start(self) -> None:
         """Start the thread and the collector on it; returns once the collector has started (or raises why not)."""
@@ -400,6 +402,10 @@ class CollectorThread:
         error ---", the test's captured stream closed by then)."""
         if not self._thread.is_alive():
             return
+        if self._stopping:  # another stop is under way: its end is this one's
+            await asyncio.shield(asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S))
+            return
+        self._stopping = True
         stopped = self._stop_collector()
         try:
             if stopped is not None:
@@ -416,8 +422,13 @@ class CollectorThread:
     def stop_blocking(self) -> None:
         """``stop`` for a caller that cannot await it (a synchronous close on an event loop): blocks the caller
         until the collector stopped on its own thread and the thread ended (milliseconds). Not from that thread."""
-        if self._thread.is_alive():
-            self._finish(self._stop_collector())
+        if not self._thread.is_alive():
+            return
+        if self._stopping:
+            self._thread.join(STOP_TIMEOUT_S)
+            return
+        self._stopping = True
+        self._finish(self._stop_collector())
 
     def _stop_collector(self) -> concurrent.futures.Future[None] | None:
         return None if self.collector is None else asyncio.run_coroutine_threadsafe(self.collector.stop(), self._loop)

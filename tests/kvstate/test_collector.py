@@ -483,6 +483,14 @@ async def test_a_collector_thread_stops_before_its_stop_returns_even_when_its_ow
     assert "collector stopped" in [r.getMessage() for r in caplog.records]
 
 
+async def test_two_stops_of_a_collector_thread_at_once_both_return_once_it_ended() -> None:
+    thread = CollectorThread(config_from_dict(config_data(None, "cogtest", "http://127.0.0.1:1", None)), MemoryStore())
+    await thread.start()
+    await asyncio.wait_for(asyncio.gather(thread.stop(), thread.stop()), 15)
+    assert not thread.alive
+    thread.stop_blocking()  # and once more, after: nothing to do
+
+
 async def test_collector_thread_refuses_a_redis_store(redis_server_url: str, key_prefix: str) -> None:
     config = config_from_dict(config_data(redis_server_url, key_prefix, "http://127.0.0.1:1", None))
     store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
