@@ -463,6 +463,34 @@ async def test_collector_thread_keeps_the_store_fresh_while_the_gateway_loop_is_
         fleet.stop()
 
 
+async def test_a_collector_thread_stops_before_its_stop_returns_even_when_its_owner_is_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner cancelled while stopping its collector (a test's loop torn down, a drain cut short) left the
+    collector's thread running: its stop went on there, or not, and logged "collector stopped" after the owner was
+    gone (CI printed "--- Logging error ---": the test's captured stream was closed by then). The stop finishes,
+    and the thread is joined, before the owner's stop returns or raises."""
+    config = config_from_dict(config_data(None, "cogtest", "http://127.0.0.1:1", None))
+    thread = CollectorThread(config, MemoryStore())
+    await thread.start()
+    caplog.set_level(logging.INFO, logger="cognitora.collector")
+    stopping = asyncio.create_task(thread.stop())
+    await asyncio.sleep(0)  # the stop has begun: it waits on the collector's own loop
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert not thread.alive
+    assert "collector stopped" in [r.getMessage() for r in caplog.records]
+
+
+async def test_two_stops_of_a_collector_thread_at_once_both_return_once_it_ended() -> None:
+    thread = CollectorThread(config_from_dict(config_data(None, "cogtest", "http://127.0.0.1:1", None)), MemoryStore())
+    await thread.start()
+    await asyncio.wait_for(asyncio.gather(thread.stop(), thread.stop()), 15)
+    assert not thread.alive
+    thread.stop_blocking()  # and once more, after: nothing to do
+
+
 async def test_collector_thread_refuses_a_redis_store(redis_server_url: str, key_prefix: str) -> None:
     config = config_from_dict(config_data(redis_server_url, key_prefix, "http://127.0.0.1:1", None))
     store = RedisStore.from_url(redis_server_url, key_prefix=key_prefix)
