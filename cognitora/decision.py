@@ -72,6 +72,12 @@ class CandidateScore:
     short_prompt_floor_s: float = 0.0
     """When it set the request's own prefill time (``predicted_ttft_s`` includes it instead of uncached tokens /
     rate): the prefill seconds the endpoint's short or cached prompts took lately. 0 when the rate set it."""
+    cache_held_tokens: float | None = None
+    """Tokens of every prompt's blocks the endpoint's prefix cache holds, by the store's count (its snapshot's
+    ``cached_blocks`` x block tokens): how full that cache is, for the tie-break's load bound
+    (``placement.affinity``). None: not counted (no fresh snapshot, or a store that does not count)."""
+    kv_capacity_tokens: int | None = None
+    """Tokens the endpoint's KV cache holds (configured, else scraped, else the fleet prior); None: not known."""
     basis: str = ""
     """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
     router-counted load): ``cognitora.placement.estimate_basis``."""
