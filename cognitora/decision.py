@@ -231,6 +231,9 @@ class Decision:
             if c.predicted_itl_s is not None and not c.excluded:
                 note = f"{note}; " if note else ""
                 note += f"ITL {c.predicted_itl_s * 1000:.0f} ms"
+            if c.cache_held_tokens is not None and c.kv_capacity_tokens and not c.excluded:
+                note = f"{note}; " if note else ""
+                note += f"prefix cache {c.cache_held_tokens:.0f}/{c.kv_capacity_tokens} tokens"
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"

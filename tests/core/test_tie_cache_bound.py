@@ -89,6 +89,7 @@ def test_the_explanation_says_which_candidate_was_left_out_and_why() -> None:
     assert "left out of the tie" in decision.reason and f"{A} (2000 tokens cached of 4096)" in decision.reason
     by_endpoint = {c.endpoint: c for c in decision.candidates}
     assert (by_endpoint[A].cache_held_tokens, by_endpoint[A].kv_capacity_tokens) == (2000, CAPACITY)
+    assert "prefix cache 2000/4096 tokens" in decision.explain()
 
 
 def test_zero_leaves_only_the_emptiest() -> None:
