@@ -37,7 +37,13 @@ from typing import Any
 from cognitora import jsonlog, sd_notify
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
-from cognitora.kv_event_sources import KvEventSource, KvEventSourceWatcher, discovers_kv_events, pulls_trtllm_events
+from cognitora.kv_event_sources import (
+    KvEventSource,
+    KvEventSourceWatcher,
+    discovers_kv_events,
+    pulls_trtllm_events,
+    reports_kv_events,
+)
 from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import Exporter
 from cognitora.metrics.serve import MetricsServer, parse_listen, serve_page
@@ -105,8 +111,9 @@ def event_decoder(engine: EngineKind) -> Decoder:
     return sglang_events.decode_batch if engine == EngineKind.SGLANG else vllm_events.decode_batch
 
 
-def scrape_target(endpoint: EndpointConfig) -> ScrapeTarget:
-    """What the scraper polls for one endpoint: the engine, and its power page and GPUs when configured."""
+def scrape_target(endpoint: EndpointConfig, counts_blocks: bool = False) -> ScrapeTarget:
+    """What the scraper polls for one endpoint: the engine, and its power page and GPUs when configured.
+    ``counts_blocks``: its KV events feed the store (``ScrapeTarget.counts_blocks``)."""
     power = endpoint.power
     return ScrapeTarget(
         endpoint.id,
@@ -114,15 +121,22 @@ def scrape_target(endpoint: EndpointConfig) -> ScrapeTarget:
         endpoint.engine.value,
         power_url=None if power is None else power.url,
         power_gpus=() if power is None else tuple(str(gpu) for gpu in power.gpus),
+        counts_blocks=counts_blocks,
     )
 
 
 def scrape_targets(config: CognitoraConfig) -> list[ScrapeTarget]:
     """One target per endpoint id (an engine serving several models is scraped once)."""
+    pulls = config.engine_pulls
     targets: dict[str, ScrapeTarget] = {}
     for model in config.models:
         for endpoint in model.endpoints:
-            targets.setdefault(endpoint.id, scrape_target(endpoint))
+            # As the collector subscribes (below): a stream configured, discovered (vLLM) or pulled (TRT-LLM).
+            # A vLLM engine whose discovery finds no stream is counted too, as holding nothing.
+            fed = reports_kv_events(endpoint, pulls.trtllm_kv_events) or discovers_kv_events(
+                endpoint, pulls.vllm_kv_event_sources
+            )
+            targets.setdefault(endpoint.id, scrape_target(endpoint, fed))
     return list(targets.values())
 
 
