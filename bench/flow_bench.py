@@ -93,14 +93,7 @@ def _poisson(rng: random.Random, rate: float, start: float, end: float) -> list[
         out.append(t)
 
 
-PHASES = ("all", "noisy", "priority")
-"""``--phase``: the whole schedule, or one phase of it (``noisy``: warm-up, ``alone`` and ``noisy``; ``priority``:
-``over``), with the same arrivals as in the whole schedule of that seed (``priority``'s moved to start at 0)."""
-
-
-def flow_schedule(w: FlowWorkload, seed: int, phase: str = "all") -> wl.Schedule:
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {', '.join(PHASES)}, not {phase!r}")
+def flow_schedule(w: FlowWorkload, seed: int) -> wl.Schedule:
     rng = random.Random(seed)
     t_alone = w.warmup_s
     t_noisy = t_alone + w.alone_s
@@ -119,11 +112,6 @@ def flow_schedule(w: FlowWorkload, seed: int, phase: str = "all") -> wl.Schedule
         for label, team, cls, rate, tokens, start, end in streams
         for t in _poisson(rng, rate, start, end)
     ]
-    if phase != "all":  # drawn whole first: a phase's arrivals are those of the whole schedule
-        kept = {label for label, *_ in streams if (label.startswith("over:")) == (phase == "priority")}
-        shift = t_over if phase == "priority" else 0.0
-        streams = [s for s in streams if s[0] in kept]
-        arrivals = [(t - shift, label, *rest) for t, label, *rest in arrivals if label in kept]
     arrivals.sort()
     requests = [
         wl.BenchRequest(
@@ -144,21 +132,15 @@ def flow_schedule(w: FlowWorkload, seed: int, phase: str = "all") -> wl.Schedule
         wl.Stage(label, rate, durations[label.split(":")[0]], measured=not label.startswith("warmup"))
         for label, _, _, rate, _, _, _ in streams
     ]
-    noisy = (
-        f"{w.warmup_s:g} s unmeasured warm-up (B's load), B {w.b_rate:g} rps x {w.b_tokens} tok alone "
-        f"{w.alone_s:g} s, then with A {w.a_rate:g} rps x {w.a_tokens} tok for {w.noisy_s:g} s"
-    )
-    over = (
-        f"default {w.high_rate:g} rps x {w.high_tokens} + batch {w.low_rate:g} rps x {w.low_tokens} for {w.over_s:g} s"
-    )
-    described = {
-        "all": f"noisy neighbour + priority overload: {noisy}; gap {w.gap_s:g} s; then {over}",
-        "noisy": f"noisy neighbour only: {noisy}",
-        "priority": f"priority overload only: {over}",
-    }
     return wl.Schedule(
         workload="flow",
-        description=described[phase],
+        description=(
+            f"noisy neighbour + priority overload: {w.warmup_s:g} s unmeasured warm-up (B's load), "
+            f"B {w.b_rate:g} rps x {w.b_tokens} tok alone {w.alone_s:g} s, "
+            f"then with A {w.a_rate:g} rps x {w.a_tokens} tok for {w.noisy_s:g} s; gap {w.gap_s:g} s; then "
+            f"default {w.high_rate:g} rps x {w.high_tokens} + batch {w.low_rate:g} rps x {w.low_tokens} "
+            f"for {w.over_s:g} s"
+        ),
         requests=requests,
         stages=stages,
     )
@@ -235,31 +217,6 @@ def render(doc: dict[str, Any]) -> str:
         "(engine seconds per wall second; TTFTs below are engine seconds). Each cell: median over seeds (min .. max).",
         "",
         f"Workload: {doc['description']}. Every request: a unique prompt, 16 output tokens.",
-    ]
-    phase = doc.get("phase", "all")
-    if phase != "priority":
-        lines += _render_noisy(runs)
-    if phase != "noisy":
-        lines += _render_priority(doc, runs)
-    saturated = [
-        f"{k} (seed {s['seed']}): {v['health']['reason']}"
-        for s in doc["seeds"]
-        for k, v in s["targets"].items()
-        if v is not None and v.get("health") and v["health"]["saturated"]
-    ]
-    if saturated:
-        lines += [
-            "",
-            "The load generator could not keep the schedule (read these runs with care): " + "; ".join(saturated),
-        ]
-    skipped = [f"{k} (seed {s['seed']}): {v}" for s in doc["seeds"] for k, v in s.get("skipped", {}).items()]
-    if skipped:
-        lines += ["", "Not run: " + "; ".join(skipped)]
-    return "\n".join(lines) + "\n"
-
-
-def _render_noisy(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    lines = [
         "",
         "## Noisy neighbour: team B's TTFT p90 (s) alone and beside team A",
         "",
@@ -276,11 +233,7 @@ def _render_noisy(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             f"| {_spread([_share(x.get('noisy:A'), 'served') for x in st], '{:.0%}')} "
             f"| {_spread([_share(x.get('noisy:A'), 'shed_429') for x in st], '{:.0%}')} |"
         )
-    return lines
-
-
-def _render_priority(doc: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    lines = [
+    lines += [
         "",
         "## Priority under 2x overload: per class TTFT p99 (s), served and shed",
         "",
@@ -309,7 +262,21 @@ def _render_priority(doc: dict[str, Any], runs: dict[str, list[dict[str, Any]]])
             f"{k}: {v['goodput'] / best:.2f}x" for k, v in t.items() if k.startswith("cognitora") and best > 0
         )
         lines.append(f"- seed {seed_doc['seed']}: best peer {best:.2f} req/s; {cells or '-'}")
-    return lines
+    saturated = [
+        f"{k} (seed {s['seed']}): {v['health']['reason']}"
+        for s in doc["seeds"]
+        for k, v in s["targets"].items()
+        if v is not None and v.get("health") and v["health"]["saturated"]
+    ]
+    if saturated:
+        lines += [
+            "",
+            "The load generator could not keep the schedule (read these runs with care): " + "; ".join(saturated),
+        ]
+    skipped = [f"{k} (seed {s['seed']}): {v}" for s in doc["seeds"] for k, v in s.get("skipped", {}).items()]
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(skipped)]
+    return "\n".join(lines) + "\n"
 
 
 def _share(stream: dict[str, Any] | None, key: str) -> float | None:
@@ -332,12 +299,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="engine seconds per wall second; flow control's waits are on the gateway's clock (see the docstring)",
     )
     p.add_argument("--drain", type=float, default=60.0, help="engine seconds to wait after the last request")
-    p.add_argument(
-        "--phase",
-        choices=("noisy", "priority", "all"),
-        default="all",
-        help="run one phase of the schedule (same arrivals as in the whole one); a diagnostic: results go to --out",
-    )
     p.add_argument("--out", default=str(RESULTS / "flow_bench"))
     args = p.parse_args(argv)
     w = FlowWorkload()
@@ -353,9 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "fleet": f"{args.engines} x h100x2 (sim, vLLM kind), SmolLM2 tokenizer",
         "time_scale": args.time_scale,
-        "phase": args.phase,
         "workload": w.__dict__,
-        "description": flow_schedule(w, args.first_seed, args.phase).description,
+        "description": flow_schedule(w, args.first_seed).description,
         "seeds": [],
     }
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -366,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for k in range(args.seeds):
         seed = args.first_seed + k
-        schedule = flow_schedule(w, seed, args.phase)
+        schedule = flow_schedule(w, seed)
         seed_doc: dict[str, Any] = {"seed": seed, "targets": {}, "skipped": {}}
         doc["seeds"].append(seed_doc)
         for name in names:

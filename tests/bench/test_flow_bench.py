@@ -56,19 +56,3 @@ async def test_loadgen_sends_each_requests_own_headers() -> None:
     finally:
         await runner.cleanup()
     assert sorted(map(str, seen)) == sorted(dict(r.headers)[TEAM_HEADER] for r in schedule.requests)
-
-
-def test_a_phase_keeps_that_phases_arrivals_of_the_whole_schedule() -> None:
-    w = FlowWorkload()
-    whole = flow_schedule(w, seed=7)
-    noisy = flow_schedule(w, seed=7, phase="noisy")
-    over = flow_schedule(w, seed=7, phase="priority")
-    assert [s.label for s in noisy.stages] == ["warmup:B", "alone:B", "noisy:B", "noisy:A"]
-    assert [s.label for s in over.stages] == ["over:default", "over:batch"]
-    assert [(r.arrival_s, r.stage) for r in noisy.requests] == [
-        (r.arrival_s, r.stage) for r in whole.requests if not r.stage.startswith("over:")
-    ]
-    shift = w.warmup_s + w.alone_s + w.noisy_s + w.gap_s  # the overload starts at once
-    assert [(round(r.arrival_s + shift, 9), r.stage) for r in over.requests] == [
-        (round(r.arrival_s, 9), r.stage) for r in whole.requests if r.stage.startswith("over:")
-    ]
