@@ -60,9 +60,6 @@ class Waiting:
     max_wait_s: float
     """How long it may wait (``Band.wait_bound_s``: its class's ``max_wait_s``, else what its objective leaves
     after its own predicted TTFT)."""
-    held_itself: bool = False
-    """Held for its own sake (``Held.only_this``, as ``place`` answers for the same hold): until the dispatcher
-    tries it, another team's newcomer may go past it (``FlowController.must_queue``)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +86,15 @@ def configured_seats(config: CognitoraConfig, endpoint_id: str) -> int | None:
     if endpoint is None:
         return None
     return endpoint.cost.max_num_seqs or config.cost_model.priors.max_num_seqs
+
+
+def _held_for_itself(saturation: Saturation | None) -> bool:
+    """Whether a request held at admission for ``saturation`` was held for its own sake, as ``FlowGate.place``
+    answers ``Held.only_this`` for the same hold: its prompt against the load (``kv``, ``slo``) or its team's
+    isolation; not every seat taken (nothing fits), nor a higher band's room (``priority``: the band's, not this
+    request's). Until the dispatcher tries it, another team's newcomer may go past it
+    (``FlowController.must_queue``)."""
+    return saturation is not None and saturation.reason is not HoldReason.SEATS and saturation.kind != "priority"
 
 
 def flow_of(request: RouteRequest) -> str:
@@ -157,19 +163,17 @@ class FlowGate:
         self.activity.saw(priority, own)
         if self.teams is not None:
             self.teams.saw(priority, flow)
-        saturation = self._saturation(decision, pclass.ttft_slo_s)
-        itself = saturation is not None and saturation.reason is not HoldReason.SEATS
-        if saturation is None:
-            saturation = self._below(priority, decision)  # the band's, not this request's own
-        if saturation is None:
-            saturation = self._isolated(priority, flow, decision)
-            itself = saturation is not None
+        saturation = (
+            self._saturation(decision, pclass.ttft_slo_s)
+            or self._below(priority, decision)
+            or self._isolated(priority, flow, decision)
+        )
         if saturation is not None:
             self.telemetry.held("admission", saturation.kind)
         elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
-        return Waiting(priority, flow, cost, saturation, self.bands[priority].wait_bound_s(own), itself)
+        return Waiting(priority, flow, cost, saturation, self.bands[priority].wait_bound_s(own))
 
     async def wait(
         self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
@@ -192,7 +196,7 @@ class FlowGate:
             saturation=why.saturation,
             give_back=give_back,
             max_wait_s=why.max_wait_s,
-            held_itself=why.held_itself,
+            held_itself=_held_for_itself(why.saturation),
         )
         if self.leases is None:
             return await waiting
