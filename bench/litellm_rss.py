@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -61,7 +62,7 @@ RSS_WARMUP_S = 120.0
 PROBE = '''
 """Memory probe inside the LiteLLM proxy (bench/litellm_rss.py): JSON lines to PROBE_OUT. With PROBE_TRACE=0, no
 tracemalloc: glibc's malloc counters and Python's allocated blocks only, which cost nothing."""
-import ctypes, json, os, sys, threading, time, tracemalloc
+import ctypes, gc, json, os, sys, threading, time, tracemalloc
 from litellm.integrations.custom_logger import CustomLogger
 
 OURS = ("/litellm_plugin/", "/cognitora/", "/kvstate/")
@@ -111,6 +112,10 @@ def light_sample():
     line = {"t": time.time(), "rss": int(status["VmRSS"].split()[0]) * 1024, "threads": int(status["Threads"]),
             "malloc_arena": m.arena, "malloc_mmapped": m.hblkhd, "malloc_in_use": m.uordblks + m.hblkhd,
             "malloc_free": m.fordblks, "py_blocks": sys.getallocatedblocks()}
+    if os.environ.get("PROBE_GEN2") == "1":
+        # What the GC pacer lists to decide on a full collection (8 bytes a pointer): this list is built here too, on
+        # this thread, so it is off by default
+        line["gen2_objects"] = len(gc.get_objects(generation=2))
     with open(os.environ["PROBE_OUT"], "a") as out:
         out.write(json.dumps(line) + "\\n")
 
@@ -124,10 +129,26 @@ def loop():
         sample() if TRACE else light_sample()
 
 
+def snapshots_on_request(where):
+    # The driver writes NAME.want; the whole snapshot goes to NAME.snap (tracemalloc.Snapshot.load reads it back),
+    # so two of them can be compared at any depth afterwards: the allocations a fault left.
+    while True:
+        time.sleep(0.2)
+        for want in sorted(os.listdir(where)):
+            if want.endswith(".want"):
+                name = os.path.join(where, want[: -len(".want")])
+                tracemalloc.take_snapshot().dump(name + ".part")
+                os.rename(name + ".part", name + ".snap")
+                os.remove(os.path.join(where, want))
+
+
 # Started here, once the proxy has imported itself: tracing its imports took minutes on 2 busy cores.
 if TRACE:
     tracemalloc.start(int(os.environ.get("PROBE_FRAMES", "4")))
 threading.Thread(target=loop, daemon=True, name="rss-probe").start()
+if TRACE and os.environ.get("PROBE_SNAP_DIR"):
+    threading.Thread(target=snapshots_on_request, args=(os.environ["PROBE_SNAP_DIR"],), daemon=True,
+                     name="rss-snapshots").start()
 
 
 class Probe(CustomLogger):
@@ -192,6 +213,34 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="another limits.NAME in the config (repeatable), e.g. tokenizer_cache_bytes=0 turns the piece cache off",
     )
+    p.add_argument(
+        "--fault",
+        choices=("cycle", "redis-restart", "config-reload", "engine-restart", "none"),
+        default="cycle",
+        help="cycle (default): the soak's faults in turn every --cycle-s for --duration-s; a kind: only that fault, "
+        "--faults times every --every-s after --warmup-s, RSS just before each (a high-water mark stops rising, a "
+        "leak steps up at every fault)",
+    )
+    p.add_argument("--faults", type=int, default=12)
+    p.add_argument("--every-s", type=float, default=30.0)
+    p.add_argument("--warmup-s", type=float, default=120.0)
+    p.add_argument(
+        "--after-s", type=float, default=15.0, help="with --snapshot-dir, the second snapshot this long after a fault"
+    )
+    p.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=None,
+        help="with a --fault kind and tracemalloc: the proxy dumps a tracemalloc snapshot before each fault and "
+        "--after-s after it into this folder (before-NN.snap, after-NN.snap; compare them with "
+        "python -m bench.snapshot_diff)",
+    )
+    p.add_argument(
+        "--count-gen2",
+        action="store_true",
+        help="the light probe also counts the objects in the oldest GC generation (it lists them, as the GC pacer "
+        "does: a list of 8 bytes an object, on the probe's thread; perturbs RSS, so a run of its own)",
+    )
     p.add_argument("--out", type=Path, default=OUT, help=f"the report (default {OUT.relative_to(OUT.parents[2])})")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="cognitora-litellm-rss-"))
@@ -241,10 +290,17 @@ def main(argv: list[str] | None = None) -> int:
                 "LITELLM_TELEMETRY": "False",
                 "PYTHONPATH": pythonpath,
                 "PROBE_OUT": str(samples),
-                "PROBE_EVERY_S": str(SAMPLE_S),
+                # with snapshots on request, no periodic one beside them (each costs the proxy seconds of CPU)
+                "PROBE_EVERY_S": str(
+                    SAMPLE_S if args.fault == "cycle" else RSS_SAMPLE_S if args.snapshot_dir is None else 1e9
+                ),
                 "PROBE_FRAMES": str(args.frames),
                 "PROBE_TRACE": "1" if args.tracemalloc else "0",
+                "PROBE_GEN2": "1" if args.count_gen2 else "0",
             }
+            if args.snapshot_dir is not None:
+                args.snapshot_dir.mkdir(parents=True, exist_ok=True)
+                env["PROBE_SNAP_DIR"] = str(args.snapshot_dir.resolve())
             if args.malloc_arena_max is not None:
                 env["MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
             argv_l = [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1"]
@@ -255,8 +311,19 @@ def main(argv: list[str] | None = None) -> int:
             proxy_url = f"http://127.0.0.1:{proxy_port}"
             proxy_pid = procs["litellm"].pid
 
-            async def drive() -> None:
+            async def fault(kind: str, n: int) -> None:
                 nonlocal redis_proc
+                if kind == "engine-restart":
+                    await asyncio.to_thread(fleet.fault, n % 2, "restart")
+                elif kind == "redis-restart":
+                    redis_proc.kill()
+                    redis_proc.wait()
+                    redis_proc = await asyncio.to_thread(start_redis, redis_port, str(work))
+                elif kind == "config-reload":
+                    config["scrape"] = {"interval_s": 1.0 if n % 2 else 1.5}
+                    config_path.write_text(yaml.safe_dump(config))
+
+            async def drive() -> None:
                 t0 = time.monotonic()
                 stop = asyncio.Event()
                 auth = {"Authorization": f"Bearer {key}"}
@@ -273,19 +340,60 @@ def main(argv: list[str] | None = None) -> int:
                         kind = FAULTS[n_fault % len(FAULTS)]
                         n_fault += 1
                         run.faults.append((now, kind))
-                        if kind == "engine-restart":
-                            await asyncio.to_thread(fleet.fault, n_fault % 2, "restart")
-                        elif kind == "redis-restart":
-                            redis_proc.kill()
-                            redis_proc.wait()
-                            redis_proc = await asyncio.to_thread(start_redis, redis_port, str(work))
-                        else:
-                            config["scrape"] = {"interval_s": 1.0 if n_fault % 2 else 1.5}
-                            config_path.write_text(yaml.safe_dump(config))
+                        await fault(kind, n_fault)
                     await asyncio.sleep(0.5)
                 stop.set()
                 await loader
 
+            async def snapshot(name: str) -> None:
+                if args.snapshot_dir is None:
+                    return
+                (args.snapshot_dir / f"{name}.want").touch()
+                deadline = time.monotonic() + 120
+                while not (args.snapshot_dir / f"{name}.snap").exists():
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"no snapshot {name} from the proxy in 120 s")
+                    await asyncio.sleep(0.2)
+
+            async def drive_one_kind() -> float:
+                """One kind of fault every --every-s; RSS (and a snapshot) just before each and --after-s after.
+                Returns the wall time of its start (the probe's samples are stamped in wall time)."""
+                wall0, t0 = time.time(), time.monotonic()
+                stop = asyncio.Event()
+                auth = {"Authorization": f"Bearer {key}"}
+                loader = asyncio.create_task(load(proxy_url, "litellm", auth, fleet.model, args.rps, run, t0, stop))
+
+                async def every_10_s() -> None:  # where a step falls, and how long after a fault
+                    while not stop.is_set():
+                        got = proc_sample(proxy_pid)
+                        if got is not None:
+                            run.samples.setdefault("litellm-10s", []).append((time.monotonic() - t0, got[0], got[1]))
+                        await asyncio.sleep(RSS_SAMPLE_S)
+
+                sampler = asyncio.create_task(every_10_s())
+                await asyncio.sleep(args.warmup_s)
+                for n in range(args.faults + 1):
+                    got = proc_sample(proxy_pid)
+                    if got is None:
+                        raise SystemExit(f"the proxy exited; see {work / 'litellm.log'}")
+                    run.samples.setdefault("litellm", []).append((time.monotonic() - t0, got[0], got[1]))
+                    print(f"before fault {n}: {time.monotonic() - t0:.0f} s, proxy RSS {got[0]:.2f} MiB", flush=True)
+                    await snapshot(f"before-{n:02d}")
+                    if n == args.faults:
+                        break
+                    run.faults.append((time.monotonic() - t0, args.fault))
+                    await fault(args.fault, n)
+                    await asyncio.sleep(args.after_s)
+                    await snapshot(f"after-{n:02d}")
+                    await asyncio.sleep(max(0.0, args.every_s - args.after_s))
+                stop.set()
+                await asyncio.gather(loader, sampler)
+                return wall0
+
+            if args.fault != "cycle":
+                wall0 = asyncio.run(drive_one_kind())
+                report_per_fault(args, run, samples, wall0)
+                return 0
             asyncio.run(drive())
             if args.tracemalloc:
                 report(args, run, samples)
@@ -299,9 +407,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command(args: argparse.Namespace) -> str:
+    if args.fault == "cycle":
+        timing = f"--duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g}"
+    else:
+        timing = f"--fault {args.fault} --faults {args.faults} --every-s {args.every_s:g} --warmup-s {args.warmup_s:g}"
     flags = [
-        f"--duration-s {args.duration_s:g} --cycle-s {args.cycle_s:g} --rps {args.rps:g} --frames {args.frames}",
+        f"{timing} --rps {args.rps:g} --frames {args.frames}",
+        "" if args.snapshot_dir is None else f"--snapshot-dir {args.snapshot_dir} --after-s {args.after_s:g}",
         "" if args.tracemalloc else "--no-tracemalloc",
+        "--count-gen2" if args.count_gen2 else "",
         "" if args.router == "cognitora" else f"--router {args.router}",
         "" if args.gc_pacing_s is None else f"--gc-pacing-s {args.gc_pacing_s:g}",
         *(f"--limit {x}" for x in args.limit),
@@ -346,17 +460,17 @@ def answered(run: Run) -> str:
     )
 
 
-def probe_rows(samples: Path) -> list[str]:
+def probe_rows(samples: Path, every_s: float = SAMPLE_S) -> list[str]:
     """The light probe's counters inside the proxy, fitted from RSS_WARMUP_S on: where the RSS slope goes."""
     lines = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()] if samples.exists() else []
     if len(lines) < 4:
         return []
-    t0 = lines[0]["t"] - SAMPLE_S
+    t0 = lines[0]["t"] - every_s
     steady = [x for x in lines if x["t"] - t0 >= RSS_WARMUP_S] or lines
     mib = 1 / 2**20
     out = [
         "",
-        f"Inside the proxy (the probe callback, every {SAMPLE_S:g} s), fitted from {RSS_WARMUP_S:g} s on:",
+        f"Inside the proxy (the probe callback, every {every_s:g} s), fitted from {RSS_WARMUP_S:g} s on:",
         "",
         "| counter | first | last | fitted slope per hour |",
         "|---|---|---|---|",
@@ -369,9 +483,12 @@ def probe_rows(samples: Path) -> list[str]:
         "malloc_mmapped": "glibc malloc, mmapped blocks MiB",
         "py_blocks": "Python allocated blocks (thousands)",
         "threads": "threads",
+        "gen2_objects": "objects in the oldest GC generation (thousands; --count-gen2)",
     }
     for key, name in names.items():
-        scale = mib if key.startswith(("rss", "malloc")) else (1e-3 if key == "py_blocks" else 1.0)
+        if key not in steady[0]:
+            continue
+        scale = mib if key.startswith(("rss", "malloc")) else (1e-3 if key in ("py_blocks", "gen2_objects") else 1.0)
         pts = [(x["t"] - t0, x[key] * scale) for x in steady]
         out.append(f"| {name} | {pts[0][1]:.1f} | {pts[-1][1]:.1f} | {slope_per_hour(pts):+.1f} |")
     return out
@@ -387,7 +504,67 @@ def report_rss(args: argparse.Namespace, run: Run, samples: Path) -> None:
         f"{load_avg[2]:.1f}.",
         "",
         *rss_rows(run),
-        *probe_rows(samples),
+        *probe_rows(samples, RSS_SAMPLE_S),
+    ]
+    args.out.write_text("\n".join(out) + "\n")
+    print("\n".join(out))
+
+
+def steps(run: Run, samples: Path, wall0: float, over_mib: float = 1.0) -> list[str]:
+    """Each 10-s RSS step over ``over_mib``: when, how long after the last fault, and (without tracemalloc, from the
+    light probe's samples on either side of it) what moved inside the proxy with it."""
+    points = run.samples.get("litellm-10s", [])
+    lines = [json.loads(x) for x in samples.read_text().splitlines() if x.strip()] if samples.exists() else []
+    out = []
+    for (t1, r1, _), (t2, r2, _) in itertools.pairwise(points):
+        if r2 - r1 < over_mib:
+            continue
+        since = [t1 - f for f, _ in run.faults if f <= t2]
+        when = "no fault yet" if not since else f"{since[-1]:.0f} s after a fault"
+        if since and since[-1] < 0:
+            when = "a fault within it"
+        where = f"from {t1:.0f} s to {t2:.0f} s, {when}"
+        inside = ""
+        # The probe samples on its own clock, every 10 s too: the pair of its samples around the step (give or take
+        # one sample) whose RSS rose most is the same step seen from inside
+        near = [x for x in lines if t1 - 2 * RSS_SAMPLE_S <= x["t"] - wall0 <= t2 + 2 * RSS_SAMPLE_S]
+        pairs = list(itertools.pairwise(near))
+        if pairs:
+            a, b = max(pairs, key=lambda ab: ab[1]["rss"] - ab[0]["rss"])
+            inside = (
+                f"; inside: Python blocks {b['py_blocks'] - a['py_blocks']:+,}, glibc malloc in use "
+                f"{(b['malloc_in_use'] - a['malloc_in_use']) / 2**20:+.2f} MiB, free but kept "
+                f"{(b['malloc_free'] - a['malloc_free']) / 2**20:+.2f} MiB, from the system "
+                f"{(b['malloc_arena'] + b['malloc_mmapped'] - a['malloc_arena'] - a['malloc_mmapped']) / 2**20:+.2f}"
+                f" MiB, threads {a['threads']} -> {b['threads']}"
+            )
+        out.append(f"- {r2 - r1:+.2f} MiB, {where}{inside}")
+    return out or [f"- none over {over_mib:g} MiB"]
+
+
+def report_per_fault(args: argparse.Namespace, run: Run, samples: Path, wall0: float) -> None:
+    """RSS just before each fault: after a high-water mark it stays; a leak keeps stepping up."""
+    rss = [r for _, r, _ in run.samples.get("litellm", [])]
+    half = len(rss) // 2
+    out = [
+        f"# LiteLLM proxy RSS, {args.fault} x {args.faults}",
+        "",
+        f"Command: `{command(args)}` (one worker; bench/litellm_rss.py). {answered(run)}.",
+        "",
+        "| before fault | s | RSS MiB | since the previous |",
+        "|---|---|---|---|",
+    ]
+    for n, (t, r, _) in enumerate(run.samples.get("litellm", [])):
+        out.append(f"| {n} | {t:.0f} | {r:.2f} | {r - rss[n - 1] if n else 0.0:+.2f} |")
+    out += [
+        "",
+        f"{args.fault} x {args.faults}: RSS {rss[0]:.2f} -> {rss[half]:.2f} -> {rss[-1]:.2f} MiB (first half of the "
+        f"faults {rss[half] - rss[0]:+.2f}, second half {rss[-1] - rss[half]:+.2f})",
+        "",
+        f"RSS steps within {RSS_SAMPLE_S:g} s (sampled every {RSS_SAMPLE_S:g} s from the start):",
+        "",
+        *steps(run, samples, wall0),
+        *probe_rows(samples, RSS_SAMPLE_S),
     ]
     args.out.write_text("\n".join(out) + "\n")
     print("\n".join(out))

@@ -41,7 +41,7 @@ def test_an_rss_only_probe_report_names_its_flags_and_where_the_growth_went(tmp_
     args = argparse.Namespace(
         duration_s=600.0, cycle_s=120.0, rps=1.0, frames=4, tracemalloc=False, router="simple-shuffle",
         gc_pacing_s=None, limit=["tokenizer_cache_bytes=0"], malloc_arena_max=2, kv_capacity_tokens=4096,
-        trace_collector=None, out=out,
+        trace_collector=None, out=out, fault="cycle", snapshot_dir=None, count_gen2=False,
     )  # fmt: skip
     run = soak.Run()
     run.answers = [(1.0, "litellm", 200)] * 600
@@ -65,3 +65,43 @@ def test_an_rss_only_probe_report_names_its_flags_and_where_the_growth_went(tmp_
     assert "| 120 | 590 | 401.2 | 405.9 | +36.0 |" in text
     assert "| RSS MiB |" in text and "| +36.0 |" in text
     assert "| glibc malloc, arena bytes from the system MiB | 120.0 | 120.0 | +0.0 |" in text
+
+
+def test_a_per_fault_report_lists_rss_before_each_fault_and_says_what_a_step_was_made_of(tmp_path: Path) -> None:
+    out = tmp_path / "faults.md"
+    args = argparse.Namespace(
+        duration_s=480.0, cycle_s=120.0, rps=3.0, frames=4, tracemalloc=False, router="cognitora", gc_pacing_s=None,
+        limit=[], malloc_arena_max=None, kv_capacity_tokens=16384, trace_collector=None, out=out,
+        fault="redis-restart", faults=4, every_s=60.0, warmup_s=120.0, after_s=15.0, snapshot_dir=None,
+        count_gen2=True,
+    )  # fmt: skip
+    run = soak.Run()
+    run.answers = [(1.0, "litellm", 200)] * 100
+    run.faults = [(120.0 + 60 * n, "redis-restart") for n in range(4)]
+    run.samples["litellm"] = [(120.0 + 60 * n, 400.0 + (6.4 if n >= 2 else 0.0), 20) for n in range(5)]
+    # every 10 s: flat, but for one 6.4 MiB step between 190 and 200 s (10 s after the second fault at 180 s)
+    run.samples["litellm-10s"] = [(float(t), 400.0 + (6.4 if t >= 200 else 0.0), 20) for t in range(0, 400, 10)]
+    mib = 2**20
+    wall0 = 1000.0
+    lines = [
+        {"t": wall0 + t + 3, "rss": (400 + (6.4 if t >= 200 else 0)) * mib, "threads": 9,
+         "malloc_arena": (120 + (6.4 if t >= 200 else 0)) * mib, "malloc_mmapped": 4 * mib,
+         "malloc_in_use": 100 * mib, "malloc_free": (20 + (6.4 if t >= 200 else 0)) * mib, "py_blocks": 2_000_000,
+         "gen2_objects": 830_000}
+        for t in range(0, 400, 10)
+    ]  # fmt: skip
+    samples = tmp_path / "probe.jsonl"
+    samples.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    litellm_rss.report_per_fault(args, run, samples, wall0)
+    text = out.read_text()
+    assert (
+        "`python -m bench.litellm_rss --fault redis-restart --faults 4 --every-s 60 --warmup-s 120 --rps 3 --frames 4 "
+        "--no-tracemalloc --count-gen2 --kv-capacity-tokens 16384 --out "
+    ) in text
+    assert "| 2 | 240 | 406.40 | +6.40 |" in text
+    assert "first half of the faults +6.40, second half +0.00" in text
+    assert (
+        "- +6.40 MiB, from 190 s to 200 s, 10 s after a fault; inside: Python blocks +0, glibc malloc in use "
+        "+0.00 MiB, free but kept +6.40 MiB, from the system +6.40 MiB, threads 9 -> 9"
+    ) in text
+    assert "| objects in the oldest GC generation (thousands; --count-gen2) | 830.0 | 830.0 | +0.0 |" in text
