@@ -38,6 +38,7 @@ still reaches the lower bands.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,10 +50,18 @@ __all__ = ["BandActivity", "Ceiling", "priority_hold"]
 
 
 OWN_TTFT_WEIGHT = 0.2
-"""Weight of a band's newest request in its average own TTFT and its average gap: ~the last 5 requests count."""
+"""Weight of a band's newest request in its average own TTFT: ~the last 5 requests count."""
 LIKELY_GAPS = 5.0
 """A band with a known mean gap between its requests stays active this many mean gaps after its last one (if
 shorter than ``priority_window_s``): a Poisson stream goes that long without a request once in ~150 gaps."""
+GAPS_KEPT = 16
+"""A band's mean gap is the plain mean of its last this many gaps."""
+MIN_GAPS = 8
+"""Below this many gaps a band's mean gap is not trusted: it stays active ``priority_window_s`` after its last
+request. The mean of a few exponential gaps is often half the true one (of 2, one time in 4), and a horizon of 5
+such gaps lapses between two ordinary requests: the lower band then filled the engines with its own objective's
+worth of work (28 s of ``batch``) ahead of the higher band's next request. The mean of 8 is under half the true
+mean about one time in 100, of 16 one in 1,000."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class Ceiling:
     slo_s: float
     own_ttft_s: float = 0.0
     """The typical predicted TTFT of that band's requests on an unloaded engine: the room its next one needs."""
+    rate_per_s: float | None = None
+    """Its recent request rate (1 / its mean gap); None: not known yet (room for its next request only)."""
 
 
 class BandActivity:
@@ -81,8 +92,8 @@ class BandActivity:
         self._seen: dict[str, float] = {}
         self._own: dict[str, float] = {}
         """Band -> the moving average of its requests' own TTFT (``own_ttft_s``)."""
-        self._gap: dict[str, float] = {}
-        """Band -> the moving average of the time between its requests (from its second request)."""
+        self._gaps: dict[str, deque[float]] = {}
+        """Band -> its last ``GAPS_KEPT`` gaps between requests."""
 
     def saw(self, band: str, own_ttft_s: float | None = None) -> None:
         """A request of ``band`` arrived (placed at once or queued); ``own_ttft_s``: its predicted TTFT with the
@@ -91,11 +102,17 @@ class BandActivity:
         before_at = self._seen.get(band)
         self._seen[band] = now
         if before_at is not None:
-            gap = self._gap.get(band)
-            self._gap[band] = now - before_at if gap is None else gap + OWN_TTFT_WEIGHT * (now - before_at - gap)
+            self._gaps.setdefault(band, deque(maxlen=GAPS_KEPT)).append(now - before_at)
         if own_ttft_s is not None:
             before = self._own.get(band)
             self._own[band] = own_ttft_s if before is None else before + OWN_TTFT_WEIGHT * (own_ttft_s - before)
+
+    def mean_gap_s(self, band: str) -> float | None:
+        """The mean of ``band``'s last gaps between requests, once it has ``MIN_GAPS`` of them; else None."""
+        gaps = self._gaps.get(band)
+        if gaps is None or len(gaps) < MIN_GAPS:
+            return None
+        return sum(gaps) / len(gaps)
 
     def ceiling(self, band: str, waiting: Mapping[str, int]) -> Ceiling | None:
         """The strictest objective among the active bands above ``band`` (``waiting``: waiters per band), when it
@@ -110,7 +127,9 @@ class BandActivity:
                 break
             active = waiting.get(name, 0) > 0 or self._likely(name, now)
             if active and slo < own and (best is None or slo < best.slo_s):
-                best = Ceiling(name, slo, self._own.get(name, 0.0))
+                gap = self.mean_gap_s(name)
+                rate = None if gap is None or gap <= 0 else 1.0 / gap
+                best = Ceiling(name, slo, self._own.get(name, 0.0), rate)
         return best
 
     def _likely(self, band: str, now: float) -> bool:
@@ -119,7 +138,7 @@ class BandActivity:
         seen = self._seen.get(band)
         if seen is None:
             return False
-        gap = self._gap.get(band)
+        gap = self.mean_gap_s(band)
         horizon = self._window_s if gap is None else min(self._window_s, LIKELY_GAPS * gap)
         return now - seen <= horizon
 
@@ -129,10 +148,15 @@ def _idle(c: CandidateScore) -> bool:
     return c.queued_prefill_tokens <= 0 and c.slot_wait_s <= 0 and c.kv_pressure_s <= 0
 
 
-def priority_hold(decision: Decision, ceiling: Ceiling) -> Saturation | None:
+def priority_hold(
+    decision: Decision, ceiling: Ceiling, margin: float = 1.0, arrivals: float = 0.0
+) -> Saturation | None:
     """Hold ``decision``'s request for the higher band of ``ceiling``: committing it to the engine placement chose
-    would leave no eligible engine with room for that band's next request (see the module doc). None when it may
-    go, or the decision is refused for anything but saturation."""
+    would leave no eligible engine with room for that band's next request, or (``arrivals`` > 0, the band's rate
+    known) too little room on the other engines for ``arrivals`` x the band's requests expected while this one
+    holds its engine (see the module doc). ``margin``: the prediction margin (``cognitora.flow.margin``), by which
+    every predicted time here is multiplied. None when it may go, or the decision is refused for anything but
+    saturation."""
     if decision.rejection is not None and not decision.saturated:
         return None
     eligible = [c for c in decision.candidates if c.excluded is None]
@@ -141,16 +165,31 @@ def priority_hold(decision: Decision, ceiling: Ceiling) -> Saturation | None:
     chosen = next((c for c in eligible if c.endpoint == decision.endpoint), None)
     if chosen is None:
         chosen = min(eligible, key=lambda c: c.predicted_ttft_s)
-    if _idle(chosen) and (len(eligible) == 1 or ceiling.own_ttft_s >= ceiling.slo_s):
+    own = ceiling.own_ttft_s * margin
+    if _idle(chosen) and (len(eligible) == 1 or own >= ceiling.slo_s):
         return None  # no engine could keep room for it: the engine is not left idle
-    after = [((c.predicted_ttft_s if c is chosen else load_s(c)) + ceiling.own_ttft_s, c.endpoint) for c in eligible]
+    after = [((c.predicted_ttft_s if c is chosen else load_s(c)) * margin + own, c.endpoint) for c in eligible]
     best, endpoint = min(after)
-    if best <= ceiling.slo_s:
+    if best > ceiling.slo_s:
+        return Saturation(
+            HoldReason.SLO,
+            f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it would leave no engine where that "
+            f"band's next request (~{own:.2f} s of its own) meets its {ceiling.slo_s:g} s objective (the best, "
+            f"{endpoint}, {best:.2f} s)",
+            label="priority",
+        )
+    if arrivals <= 0 or ceiling.rate_per_s is None or len(eligible) == 1:
+        return None
+    taken_s = chosen.predicted_ttft_s * margin
+    demand = arrivals * ceiling.rate_per_s * taken_s * own
+    slack = ceiling.slo_s - own
+    supply = sum(max(0.0, taken_s + slack - load_s(c) * margin) for c in eligible if c is not chosen)
+    if supply >= demand:
         return None
     return Saturation(
         HoldReason.SLO,
-        f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it would leave no engine where that band's "
-        f"next request (~{ceiling.own_ttft_s:.2f} s of its own) meets its {ceiling.slo_s:g} s objective (the best, "
-        f"{endpoint}, {best:.2f} s)",
+        f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it takes that engine for {taken_s:.2f} s, "
+        f"while that band's {arrivals:g} x {ceiling.rate_per_s * taken_s:.1f} expected requests need {demand:.2f} s "
+        f"of the other engines within its {ceiling.slo_s:g} s objective and they have {supply:.2f} s",
         label="priority",
     )
