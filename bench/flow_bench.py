@@ -384,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  FAILED: {why}", file=sys.stderr, flush=True)
             else:
                 seed_doc["targets"][name] = summarize(raw, w)
+                if args.raw:
+                    with out.with_suffix(".raw.jsonl").open("a") as f:
+                        f.writelines(json.dumps({"seed": seed, **r}) + "\n" for r in raw)
                 seed_doc["targets"][name]["router_cpu_share"] = run.router_cpu_share
                 seed_doc["targets"][name]["health"] = asdict(run.health) if run.health else None
             write()

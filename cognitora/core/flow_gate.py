@@ -274,7 +274,7 @@ class FlowGate:
         on its engine ends, its first token (if timed) tells the prediction margin how late it was, and the queue
         tries again."""
         if why is WakeReason.FIRST_TOKEN and attempt.first_token_at is not None and attempt.decision.cloud is None:
-            self.margin.observe(attempt.decision.predicted_ttft_s, attempt.first_token_at - attempt.dispatched_at)
+            self._observe_margin(attempt.decision.predicted_ttft_s, attempt.first_token_at - attempt.dispatched_at)
         if self.prefill is not None:
             self.prefill.done(attempt.request_id)
         if why is WakeReason.FINISHED:
@@ -282,6 +282,21 @@ class FlowGate:
             if endpoint is not None and self.leases is not None:
                 asyncio.get_running_loop().create_task(self._release(endpoint, attempt.request_id))
         self.controller.wake(why)
+
+    def _observe_margin(self, predicted_s: float, achieved_s: float) -> None:
+        """One first token for the prediction margin; a move of 0.05 or more is logged (what admission uses)."""
+        before = self.margin.factor
+        self.margin.observe(predicted_s, achieved_s)
+        after = self.margin.factor
+        if abs(after - before) >= 0.05:
+            log.info(
+                "flow control: prediction margin %.2f (was %.2f): the %g quantile of %d requests' achieved / "
+                "predicted TTFT",
+                after,
+                before,
+                self.flow.margin.quantile,
+                self.margin.samples,
+            )
 
     async def _release(self, endpoint: str, lease_id: str) -> None:
         assert self.leases is not None

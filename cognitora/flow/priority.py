@@ -10,29 +10,43 @@ with a stricter objective S is *active*, unless one of these holds for the engin
 - **room**: once this request is committed there, some eligible engine still has room for the higher band's
   next request: its load (``load_s``; on the chosen engine, this request's predicted TTFT: its load and its own
   prefill) plus that band's typical own TTFT (an average of its recent requests' predicted TTFT with the load
-  taken away, ``own_ttft_s``) is within S;
+  taken away, ``own_ttft_s``) is within S; and (``flow_control.priority_arrivals``, 2 by default, once the band's
+  rate is known) **room for its arrivals**: this request takes its engine for T (its predicted TTFT there), in
+  which the higher band sends ``rate x T`` requests on average; the other engines can start
+  ``priority_arrivals`` times that many of its requests each within S:
+  ``sum over the other engines of (T + S - own - load) >= priority_arrivals x rate x T x own``;
 - **no room possible**: the chosen engine has no prefill queued or running (no queued prefill tokens, no seat or
   KV wait) and no engine could keep room anyway: it is the only eligible engine, or the higher band's typical own
   TTFT alone is over S. Then the rule would only starve the lower band beside an idle engine.
 
-So on a fleet of several engines, one may idle for the higher band's next request while the lower band waits
-(with two engines, the second takes a lower-band prefill only once the first's is nearly done); that idle time is
-the price of the higher band's objective, and it lasts only while that band is active. A band is active while it
-has waiters in this process's queue, or while its next request is likely: within ``LIKELY_GAPS`` (5) of its mean
-gap between requests after its last one (a Poisson stream is that quiet once in ~150 gaps), and never longer than
-``flow_control.priority_window_s`` (60 s; the bound too until it has sent two requests). A steady stream of
-``default`` at one request a second keeps room for its next one between its arrivals; 5 s after it stops,
-``batch`` uses the engines as its own 30 s allows. The lower band waits at the gateway instead, where it is placed
-on whichever engine frees first, or shed when its own objective can no longer be met (``Band.wait_bound_s``).
+Every predicted time here is multiplied by the prediction margin (``cognitora.flow.margin``).
 
-Measured (docs/flow_control.md, "Measured end to end"): the rule it replaces held a lower band only while every
-engine's load was over S, so each engine could hold S plus one lower-band prefill (~4 s with 2 s of ``default``
-and 2 s ``batch`` prefills) ahead of the higher band's next request: ``default``'s p99 5.6 s against its 2 s.
-Bounds: the room is for one typical request of the higher band: two of them arriving within one prefill, or one
-much longer than its band's average, may still miss S; a burst of the higher band after a quiet spell longer
-than 5 of its mean gaps finds the lower band's work in the engines. A
-request dispatched by the anti-starvation rule (``Ticket.aged``) is not held by it, so the documented aged share
-still reaches the lower bands.
+Why room for the arrivals: room for the next request alone let ``batch`` (2 s prefills) take one of two engines
+whenever the other had up to 0.8 s of load, so ``default`` (1 request a second of 1.2 s, 2 s objective: 1.2
+engines of work) had one engine for most of the stage, and it was ``default`` that was shed (29% on the flow
+bench, docs/flow_control.md). 2 x the expected arrivals covers the 90th percentile of a Poisson stream where 0.5
+to 3 requests are expected. On that bench it keeps ``batch`` out while ``default`` is active (two engines cannot
+keep room for 4 of its requests), and lets it in beside a light higher band (at 0.1 requests a second, 0.4 s of
+work against 2.8 s of room).
+
+So on a fleet of several engines, one may idle for the higher band's requests while the lower band waits; that
+idle time is the price of the higher band's objective, and it lasts only while that band is active. A band is
+active while it has waiters in this process's queue, or while its next request is likely: within ``LIKELY_GAPS``
+(5) of its mean gap between requests after its last one (a Poisson stream is that quiet once in ~150 gaps), and
+never longer than ``flow_control.priority_window_s`` (60 s). Its mean gap is the plain mean of its last
+``GAPS_KEPT`` (16) gaps, trusted from ``MIN_GAPS`` (8) on; before that it is active the whole window. (It was an
+average weighted to its last ~5 gaps, trusted from the first: two requests 0.15 s apart gave a 0.75 s horizon, the
+next request a second later found ``batch``'s 28 s of work committed to both engines, and ``default`` was shed for
+the rest of the stage.) A steady stream of ``default`` at one request a second keeps room between its arrivals;
+~5 s after it stops, ``batch`` uses the engines as its own 30 s allows. The lower band waits at the gateway
+instead, where it is placed on whichever engine frees first, or shed when its own objective can no longer be met
+(``Band.wait_bound_s``).
+
+Bounds: the room is for a typical request of the higher band: one much longer than its band's average may still
+miss S, and more arrivals than ``priority_arrivals`` x the expected number (1 time in 10 or less) may too; a burst
+of the higher band after a quiet spell longer than 5 of its mean gaps finds the lower band's work in the engines
+(up to its own objective's worth). A request dispatched by the anti-starvation rule (``Ticket.aged``) is not held
+by it, so the documented aged share still reaches the lower bands.
 """
 
 from __future__ import annotations
