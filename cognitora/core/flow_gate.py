@@ -36,7 +36,7 @@ from cognitora.flow.isolation import TeamActivity, TeamPrefill, isolation_hold, 
 from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
 from cognitora.flow.margin import PredictionMargin
 from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
-from cognitora.flow.priority import BandActivity, priority_hold
+from cognitora.flow.priority import BandActivity, depth_hold, priority_hold
 from cognitora.flow.saturation import Saturation, own_ttft_s, request_cost, saturation_of
 from cognitora.flow.telemetry import FlowTelemetry
 from cognitora.request import RouteRequest
@@ -217,9 +217,10 @@ class FlowGate:
         if HoldReason.SLO not in self.flow.hold_on or decision.cloud is not None:
             return None
         ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
-        if ceiling is None:
-            return None
-        return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals)
+        if ceiling is not None:
+            return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals)
+        recent = self.activity.recent(band)
+        return None if recent is None else depth_hold(decision, recent, margin)
 
     def _isolated(self, band: str, flow: str, decision: Decision) -> Saturation | None:
         """Held for team isolation: another team is active in ``band`` and could use the engine, and committing

@@ -60,7 +60,7 @@ from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import HoldReason
 from cognitora.flow.saturation import Saturation, load_s
 
-__all__ = ["BandActivity", "Ceiling", "priority_hold"]
+__all__ = ["BandActivity", "Ceiling", "depth_hold", "priority_hold"]
 
 
 OWN_TTFT_WEIGHT = 0.2
@@ -146,6 +146,20 @@ class BandActivity:
                 best = Ceiling(name, slo, self._own.get(name, 0.0), rate)
         return best
 
+    def recent(self, band: str) -> Ceiling | None:
+        """The strictest band above ``band`` seen within the window, active or quiet, when its objective is
+        stricter than ``band``'s own (``depth_hold``); None otherwise."""
+        now = self._clock()
+        own = next((slo for name, slo in self._bands if name == band), None)
+        best: Ceiling | None = None
+        for name, slo in self._bands:
+            if name == band or own is None:
+                break
+            seen = self._seen.get(name)
+            if seen is not None and now - seen <= self._window_s and slo < own and (best is None or slo < best.slo_s):
+                best = Ceiling(name, slo, self._own.get(name, 0.0))
+        return best
+
     def _likely(self, band: str, now: float) -> bool:
         """``band``'s next request is likely soon: within ``LIKELY_GAPS`` of its mean gap (once it has one), and
         never longer than the window after its last request."""
@@ -205,5 +219,30 @@ def priority_hold(
         f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it takes that engine for {taken_s:.2f} s, "
         f"while that band's {arrivals:g} x {ceiling.rate_per_s * taken_s:.1f} expected requests need {demand:.2f} s "
         f"of the other engines within its {ceiling.slo_s:g} s objective and they have {supply:.2f} s",
+        label="priority",
+    )
+
+
+def depth_hold(decision: Decision, recent: Ceiling, margin: float = 1.0) -> Saturation | None:
+    """Hold ``decision``'s request while a stricter band above it is quiet but was seen within the window
+    (``BandActivity.recent``): it is committed only where the chosen engine's load (x ``margin``) is within that
+    band's objective. Committed deeper, it would gain nothing over waiting here (the gateway places it as an engine
+    drains, and an engine with the objective's worth of queued work does not idle meanwhile), and it would be ahead
+    of that band's next request: a burst after a quiet spell found up to the lower band's own objective (28 s of
+    ``batch``) in every engine. None when it may go."""
+    if decision.rejection is not None and not decision.saturated:
+        return None
+    eligible = [c for c in decision.candidates if c.excluded is None]
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), None)
+    if chosen is None:
+        return None
+    queued = load_s(chosen) * margin
+    if queued <= recent.slo_s:
+        return None
+    return Saturation(
+        HoldReason.SLO,
+        f"held for band {recent.band!r} (quiet now, seen lately): placed on {chosen.endpoint}, it would queue behind "
+        f"{queued:.2f} s of work, more than that band's {recent.slo_s:g} s objective; it waits here until an engine "
+        "drains",
         label="priority",
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from cognitora.decision import CandidateScore, Decision, Rejection
 from cognitora.flow.config import HoldReason
-from cognitora.flow.priority import MIN_GAPS, BandActivity, Ceiling, priority_hold
+from cognitora.flow.priority import MIN_GAPS, BandActivity, Ceiling, depth_hold, priority_hold
 
 BANDS = [("interactive", 0.5), ("default", 2.0), ("batch", 30.0)]
 
@@ -181,3 +181,30 @@ def test_the_prediction_margin_scales_the_room() -> None:
     assert priority_hold(d, ceiling) is None
     held = priority_hold(d, ceiling, margin=1.1)
     assert held is not None and "(the best, b, 2.09 s)" in held.detail
+
+
+def test_a_quiet_higher_band_still_caps_how_deep_a_lower_band_is_committed() -> None:
+    """`default` went quiet (past 5 of its mean gaps) but was seen within the window: `batch` is no longer held for
+    its room, but it is committed only where it would queue behind no more than `default`'s 2 s objective of work.
+    Before, it was committed up to its own 30 s, and `default`'s next request found 28 s of batch in every engine."""
+    clock = Clock()
+    activity = BandActivity(BANDS, window_s=60.0, clock=clock)
+    for _ in range(MIN_GAPS + 1):
+        activity.saw("default", 1.2)
+        clock.now += 1.0
+    clock.now += 10.0
+    assert activity.ceiling("batch", {}) is None  # quiet: no room kept
+    recent = activity.recent("batch")
+    assert recent is not None and recent.band == "default" and recent.slo_s == 2.0
+    assert activity.recent("default") is None  # nothing stricter above it
+    shallow = decision(cand("a", 15_000, own_s=1.96), cand("b", 25_000))  # a holds 1.5 s of queued prefill
+    assert depth_hold(shallow, recent) is None
+    deep = decision(cand("a", 80_000, own_s=1.96), cand("b", 90_000))  # 8 s
+    held = depth_hold(deep, recent)
+    assert held is not None and held.kind == "priority"
+    assert held.detail == (
+        "held for band 'default' (quiet now, seen lately): placed on a, it would queue behind 8.00 s of work, more "
+        "than that band's 2 s objective; it waits here until an engine drains"
+    )
+    clock.now += 61.0
+    assert activity.recent("batch") is None  # the window closed: batch uses its own objective
