@@ -45,8 +45,9 @@ instead, where it is placed on whichever engine frees first, or shed when its ow
 Bounds: the room is for a typical request of the higher band: one much longer than its band's average may still
 miss S, and more arrivals than ``priority_arrivals`` x the expected number (1 time in 10 or less) may too; a burst
 of the higher band after a quiet spell longer than 5 of its mean gaps finds the lower band's work in the engines
-(up to its own objective's worth). A request dispatched by the anti-starvation rule (``Ticket.aged``) is not held
-by it, so the documented aged share still reaches the lower bands.
+(up to the higher band's objective of it per engine while that band was seen within the window: ``depth_hold``).
+A request dispatched by the anti-starvation rule (``Ticket.aged``) is not held by it, so the documented aged share
+still reaches the lower bands.
 """
 
 from __future__ import annotations
