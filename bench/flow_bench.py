@@ -341,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--drain", type=float, default=60.0, help="engine seconds to wait after the last request")
     p.add_argument("--phase", choices=PHASES, default="all", help="run one part of the schedule (see the docstring)")
+    p.add_argument("--log-level", default=None, help="the Cognitora extproc's log level (info: its decisions)")
+    p.add_argument("--raw", action="store_true", help="also write every request's result (OUT.raw.jsonl)")
     p.add_argument(
         "--out", default=None, help="results path without suffix (default: bench/results/flow_bench[_PHASE])"
     )
