@@ -218,7 +218,7 @@ class FlowGate:
             return None
         ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
         if ceiling is not None:
-            return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals)
+            return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals_quantile)
         recent = self.activity.recent(band)
         return None if recent is None else depth_hold(decision, recent, margin)
 

@@ -191,11 +191,11 @@ class FlowControlConfig(_Strict):
     objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
     while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
     requests."""
-    priority_arrivals: float = Field(default=2.0, ge=0, le=10)
+    priority_arrivals_quantile: float = Field(default=0.9, ge=0, le=0.999)
     """Strict priority at admission, while a higher band is active: a lower band's request is committed only if
-    the other engines could also take this many times the higher band's expected arrivals during its prefill
-    (its recent rate x the time its engine is taken), each within that band's objective. 2 covers the 90th
-    percentile of Poisson arrivals when 0.5 to 3 are expected. 0: room for the higher band's next request only."""
+    the other engines could also take the higher band's arrivals during its prefill, each within that band's
+    objective: as many as a Poisson stream at the band's recent rate sends in that time at this quantile (0.9:
+    nine times in ten no more arrive). 0: room for the higher band's next request only."""
     margin: MarginConfig = Field(default_factory=MarginConfig)
     """The prediction margin: a measured quantile of how late requests were against their predicted TTFT, which
     every prediction flow control admits by is multiplied by."""

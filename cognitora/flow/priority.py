@@ -10,11 +10,11 @@ with a stricter objective S is *active*, unless one of these holds for the engin
 - **room**: once this request is committed there, some eligible engine still has room for the higher band's
   next request: its load (``load_s``; on the chosen engine, this request's predicted TTFT: its load and its own
   prefill) plus that band's typical own TTFT (an average of its recent requests' predicted TTFT with the load
-  taken away, ``own_ttft_s``) is within S; and (``flow_control.priority_arrivals``, 2 by default, once the band's
-  rate is known) **room for its arrivals**: this request takes its engine for T (its predicted TTFT there), in
-  which the higher band sends ``rate x T`` requests on average; the other engines can start
-  ``priority_arrivals`` times that many of its requests each within S:
-  ``sum over the other engines of (T + S - own - load) >= priority_arrivals x rate x T x own``;
+  taken away, ``own_ttft_s``) is within S; and (``flow_control.priority_arrivals_quantile``, 0.9 by default, once
+  the band's rate is known) **room for its arrivals**: this request takes its engine for T (its predicted TTFT
+  there), in which the higher band sends ``rate x T`` requests on average; the other engines can start n of its
+  requests each within S, n the 0.9 quantile of a Poisson count of that mean (``poisson_quantile``):
+  ``sum over the other engines of (T + S - own - load) >= n x own``;
 - **no room possible**: the chosen engine has no prefill queued or running (no queued prefill tokens, no seat or
   KV wait) and no engine could keep room anyway: it is the only eligible engine, or the higher band's typical own
   TTFT alone is over S. Then the rule would only starve the lower band beside an idle engine.
@@ -24,10 +24,10 @@ Every predicted time here is multiplied by the prediction margin (``cognitora.fl
 Why room for the arrivals: room for the next request alone let ``batch`` (2 s prefills) take one of two engines
 whenever the other had up to 0.8 s of load, so ``default`` (1 request a second of 1.2 s, 2 s objective: 1.2
 engines of work) had one engine for most of the stage, and it was ``default`` that was shed (29% on the flow
-bench, docs/flow_control.md). 2 x the expected arrivals covers the 90th percentile of a Poisson stream where 0.5
-to 3 requests are expected. On that bench it keeps ``batch`` out while ``default`` is active (two engines cannot
-keep room for 4 of its requests), and lets it in beside a light higher band (at 0.1 requests a second, 0.4 s of
-work against 2.8 s of room).
+bench, docs/flow_control.md). On that bench it keeps ``batch`` out while ``default`` is active (in batch's 2 s,
+2 requests are expected and 4 cover 9 times in 10; two engines cannot keep room for 4), and lets it in beside a
+light higher band (at 0.1 requests a second, 0.2 expected, 1 covers 98%: 1.2 s of work against 2.8 s of
+room).
 
 So on a fleet of several engines, one may idle for the higher band's requests while the lower band waits; that
 idle time is the price of the higher band's objective, and it lasts only while that band is active. A band is
@@ -43,7 +43,7 @@ instead, where it is placed on whichever engine frees first, or shed when its ow
 (``Band.wait_bound_s``).
 
 Bounds: the room is for a typical request of the higher band: one much longer than its band's average may still
-miss S, and more arrivals than ``priority_arrivals`` x the expected number (1 time in 10 or less) may too; a burst
+miss S, and so may more arrivals than the quantile's (1 time in 10 at 0.9); a burst
 of the higher band after a quiet spell longer than 5 of its mean gaps finds the lower band's work in the engines
 (up to the higher band's objective of it per engine while that band was seen within the window: ``depth_hold``).
 A request dispatched by the anti-starvation rule (``Ticket.aged``) is not held by it, so the documented aged share
@@ -52,6 +52,7 @@ still reaches the lower bands.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -61,7 +62,7 @@ from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import HoldReason
 from cognitora.flow.saturation import Saturation, load_s
 
-__all__ = ["BandActivity", "Ceiling", "depth_hold", "priority_hold"]
+__all__ = ["BandActivity", "Ceiling", "depth_hold", "poisson_quantile", "priority_hold"]
 
 
 OWN_TTFT_WEIGHT = 0.2
@@ -178,14 +179,14 @@ def _idle(c: CandidateScore) -> bool:
 
 
 def priority_hold(
-    decision: Decision, ceiling: Ceiling, margin: float = 1.0, arrivals: float = 0.0
+    decision: Decision, ceiling: Ceiling, margin: float = 1.0, arrivals_quantile: float = 0.0
 ) -> Saturation | None:
     """Hold ``decision``'s request for the higher band of ``ceiling``: committing it to the engine placement chose
-    would leave no eligible engine with room for that band's next request, or (``arrivals`` > 0, the band's rate
-    known) too little room on the other engines for ``arrivals`` x the band's requests expected while this one
-    holds its engine (see the module doc). ``margin``: the prediction margin (``cognitora.flow.margin``), by which
-    every predicted time here is multiplied. None when it may go, or the decision is refused for anything but
-    saturation."""
+    would leave no eligible engine with room for that band's next request, or (``arrivals_quantile`` > 0, the
+    band's rate known) too little room on the other engines for the band's requests that arrive while this one
+    holds its engine, as many as that quantile of a Poisson count (see the module doc). ``margin``: the
+    prediction margin (``cognitora.flow.margin``), by which every predicted time here is multiplied. None when it
+    may go, or the decision is refused for anything but saturation."""
     if decision.rejection is not None and not decision.saturated:
         return None
     eligible = [c for c in decision.candidates if c.excluded is None]
@@ -207,10 +208,12 @@ def priority_hold(
             f"{endpoint}, {best:.2f} s)",
             label="priority",
         )
-    if arrivals <= 0 or ceiling.rate_per_s is None or len(eligible) == 1:
+    if arrivals_quantile <= 0 or ceiling.rate_per_s is None or len(eligible) == 1:
         return None
     taken_s = chosen.predicted_ttft_s * margin
-    demand = arrivals * ceiling.rate_per_s * taken_s * own
+    expected = ceiling.rate_per_s * taken_s
+    n = poisson_quantile(expected, arrivals_quantile)
+    demand = n * own
     slack = ceiling.slo_s - own
     supply = sum(max(0.0, taken_s + slack - load_s(c) * margin) for c in eligible if c is not chosen)
     if supply >= demand:
@@ -218,10 +221,26 @@ def priority_hold(
     return Saturation(
         HoldReason.SLO,
         f"held for band {ceiling.band!r}: placed on {chosen.endpoint}, it takes that engine for {taken_s:.2f} s, "
-        f"while that band's {arrivals:g} x {ceiling.rate_per_s * taken_s:.1f} expected requests need {demand:.2f} s "
-        f"of the other engines within its {ceiling.slo_s:g} s objective and they have {supply:.2f} s",
+        f"in which that band sends {expected:.1f} requests on average ({n} at the {arrivals_quantile:g} quantile); "
+        f"they need {demand:.2f} s of the other engines within its {ceiling.slo_s:g} s objective and those have "
+        f"{supply:.2f} s",
         label="priority",
     )
+
+
+def poisson_quantile(mean: float, q: float) -> int:
+    """The smallest n with P(N <= n) >= ``q`` for N Poisson of ``mean``: how many requests of a band arrive in a
+    span, ``q`` of the time at most."""
+    if mean <= 0:
+        return 0
+    term = math.exp(-mean)
+    cdf, n = term, 0
+    limit = mean + 20 * math.sqrt(mean) + 20  # far past any quantile below 0.999
+    while cdf < q and n < limit:
+        n += 1
+        term *= mean / n
+        cdf += term
+    return n
 
 
 def depth_hold(decision: Decision, recent: Ceiling, margin: float = 1.0) -> Saturation | None:

@@ -49,4 +49,4 @@ def test_quantile_zero_turns_it_off_and_the_window_forgets() -> None:
 def test_the_config_says_what_is_wrong() -> None:
     with pytest.raises(ValidationError, match=r"min_samples \(50\) is more than samples \(20\)"):
         MarginConfig(samples=20, min_samples=50)
-    assert FlowControlConfig().margin.quantile == 0.9 and FlowControlConfig().priority_arrivals == 2.0
+    assert FlowControlConfig().margin.quantile == 0.9 and FlowControlConfig().priority_arrivals_quantile == 0.9

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from cognitora.decision import CandidateScore, Decision, Rejection
 from cognitora.flow.config import HoldReason
-from cognitora.flow.priority import MIN_GAPS, BandActivity, Ceiling, depth_hold, priority_hold
+from cognitora.flow.priority import MIN_GAPS, BandActivity, Ceiling, depth_hold, poisson_quantile, priority_hold
 
 BANDS = [("interactive", 0.5), ("default", 2.0), ("batch", 30.0)]
 
@@ -158,19 +158,27 @@ def test_room_is_kept_for_the_higher_bands_arrivals_while_a_lower_prefill_holds_
     both_idle = decision(cand("a", 0, own_s=1.96), cand("b", 0))
     busy = Ceiling("default", 2.0, own_ttft_s=1.2, rate_per_s=1.0)
     assert priority_hold(both_idle, busy) is None  # room for its next request alone: the rule before
-    held = priority_hold(both_idle, busy, arrivals=2.0)
+    held = priority_hold(both_idle, busy, arrivals_quantile=0.9)
     assert held is not None and held.kind == "priority" and held.reason is HoldReason.SLO
     assert held.detail == (
-        "held for band 'default': placed on a, it takes that engine for 1.96 s, while that band's 2 x 2.0 expected "
-        "requests need 4.70 s of the other engines within its 2 s objective and they have 2.76 s"
+        "held for band 'default': placed on a, it takes that engine for 1.96 s, in which that band sends 2.0 "
+        "requests on average (4 at the 0.9 quantile); they need 4.80 s of the other engines within its 2 s "
+        "objective and those have 2.76 s"
     )
     light = Ceiling("default", 2.0, own_ttft_s=1.2, rate_per_s=0.1)
-    assert priority_hold(both_idle, light, arrivals=2.0) is None
+    assert priority_hold(both_idle, light, arrivals_quantile=0.9) is None
     unknown = Ceiling("default", 2.0, own_ttft_s=1.2)  # no rate yet: room for its next request only
-    assert priority_hold(both_idle, unknown, arrivals=2.0) is None
-    # three engines: the other two absorb 1 request a second (5.5 s of room against 4.7 s)
+    assert priority_hold(both_idle, unknown, arrivals_quantile=0.9) is None
+    # three engines: the other two absorb 1 request a second (5.5 s of room against 4 x 1.2 s)
     three = decision(cand("a", 0, own_s=1.96), cand("b", 0), cand("c", 0))
-    assert priority_hold(three, busy, arrivals=2.0) is None
+    assert priority_hold(three, busy, arrivals_quantile=0.9) is None
+
+
+def test_the_arrivals_counted_are_a_quantile_of_a_poisson_count() -> None:
+    """n such that no more arrive 9 times in 10: none at 0.1 expected (0.905 of the time none comes), about twice
+    the mean for a few expected, closer to it for many."""
+    assert [poisson_quantile(m, 0.9) for m in (0.0, 0.1, 0.5, 1.0, 2.0, 3.0, 20.0)] == [0, 0, 1, 2, 4, 5, 26]
+    assert poisson_quantile(2.0, 0.5) == 2 and poisson_quantile(2.0, 0.99) == 6
 
 
 def test_the_prediction_margin_scales_the_room() -> None:
