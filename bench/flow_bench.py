@@ -66,9 +66,11 @@ DEFAULT_TARGETS = "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,
 objective), what an operator turns on."""
 PHASES = ("all", "noisy", "priority")
 """``--phase``: the whole schedule, or one of its two measured parts (``flow_phase``)."""
-PHASE_GAP_S = 4.0
-"""``--phase priority``: engine seconds between the warm-up's end and the overload stage (the warm-up's short
-prompts are done by then; the whole schedule's 45 s gap drains the noisy stage's backlog, absent here)."""
+PHASE_GAP_S = 12.0
+"""``--phase priority``: engine seconds between the warm-up's end and the overload stage: longer than team
+isolation's 10 s window (``flow_control.isolation.window_s``), so team B of the warm-up no longer counts as active
+in the ``default`` band when team C's requests arrive, as in the whole schedule (B's last request 45 s before).
+With 4 s, C's second request was held for isolation beside an idle engine and shed."""
 
 
 @dataclass(frozen=True)
