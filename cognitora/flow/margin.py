@@ -15,10 +15,10 @@ it), and the ratio achieved / predicted goes into a window of the last ``samples
 engine stalled) cannot make the gateway refuse everything. Flow control multiplies the predictions it decides
 with by it (``cognitora.core.flow_gate``). Only requests predicted at least ``min_predicted_s`` count: a short
 prompt's error is milliseconds, and its ratio (often 2x: network and step overhead the model does not price)
-says nothing about whether a long one meets a 2 s objective. Until ``min_samples`` are in, the margin is 1.
+says nothing about whether a long one meets a 2 s objective. Until ``min_samples`` (10) are in, the margin is 1.
 
 Bounds: the quantile of the last ``samples`` requests, so it follows a change in ~that many long requests, and
-with 20 samples its 0.9 quantile is the third-largest ratio (a noisy estimate: more samples, less noise, slower).
+with 10 samples its 0.9 quantile is the second-largest ratio (a noisy estimate: more samples, less noise, slower).
 It is one figure for the whole process (every class and engine): the per-engine bias is the TTFT feedback's
 (``cognitora.ttft_feedback``), which corrects the predictions before this sees them.
 """

@@ -12,7 +12,8 @@ with a stricter objective S is *active*, unless one of these holds for the engin
   prefill) plus that band's typical own TTFT (an average of its recent requests' predicted TTFT with the load
   taken away, ``own_ttft_s``) is within S; and (``flow_control.priority_arrivals_quantile``, 0.9 by default, once
   the band's rate is known) **room for its arrivals**: this request takes its engine for T (its predicted TTFT
-  there), in which the higher band sends ``rate x T`` requests on average; the other engines can start n of its
+  there), in which the higher band sends ``rate x T`` requests on average (its rate: its requests of the last
+  ``RATE_WINDOW_S`` (10 s) over the span they cover); the other engines can start n of its
   requests each within S, n the 0.9 quantile of a Poisson count of that mean (``poisson_quantile``):
   ``sum over the other engines of (T + S - own - load) >= n x own``;
 - **no room possible**: the chosen engine has no prefill queued or running (no queued prefill tokens, no seat or
@@ -56,7 +57,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import HoldReason
@@ -70,6 +71,9 @@ OWN_TTFT_WEIGHT = 0.2
 LIKELY_GAPS = 5.0
 """A band with a known mean gap between its requests stays active this many mean gaps after its last one (if
 shorter than ``priority_window_s``): a Poisson stream goes that long without a request once in ~150 gaps."""
+RATE_WINDOW_S = 10.0
+"""A band's rate (the arrivals room is kept for) is its requests in the last this many seconds over the span they
+cover (at least 1 s): a quiet spell before them, or another stream's rate long ago, does not count."""
 GAPS_KEPT = 16
 """A band's mean gap is the plain mean of its last this many gaps."""
 MIN_GAPS = 8
@@ -88,8 +92,8 @@ class Ceiling:
     slo_s: float
     own_ttft_s: float = 0.0
     """The typical predicted TTFT of that band's requests on an unloaded engine: the room its next one needs."""
-    rate_per_s: float | None = None
-    """Its recent request rate (1 / its mean gap); None: not known yet (room for its next request only)."""
+    rate_per_s: float | None = field(default=None, compare=False)
+    """Its recent request rate (``BandActivity.rate_per_s``); None: none lately (room for its next request only)."""
 
 
 class BandActivity:
@@ -110,6 +114,8 @@ class BandActivity:
         """Band -> the moving average of its requests' own TTFT (``own_ttft_s``)."""
         self._gaps: dict[str, deque[float]] = {}
         """Band -> its last ``GAPS_KEPT`` gaps between requests."""
+        self._recent: dict[str, deque[float]] = {}
+        """Band -> when its requests of the last ``RATE_WINDOW_S`` arrived."""
 
     def saw(self, band: str, own_ttft_s: float | None = None) -> None:
         """A request of ``band`` arrived (placed at once or queued); ``own_ttft_s``: its predicted TTFT with the
@@ -119,6 +125,9 @@ class BandActivity:
         self._seen[band] = now
         if before_at is not None:
             self._gaps.setdefault(band, deque(maxlen=GAPS_KEPT)).append(now - before_at)
+        recent = self._recent.setdefault(band, deque())
+        recent.append(now)
+        self._trim(recent, now)
         if own_ttft_s is not None:
             before = self._own.get(band)
             self._own[band] = own_ttft_s if before is None else before + OWN_TTFT_WEIGHT * (own_ttft_s - before)
@@ -129,6 +138,23 @@ class BandActivity:
         if gaps is None or len(gaps) < MIN_GAPS:
             return None
         return sum(gaps) / len(gaps)
+
+    def rate_per_s(self, band: str) -> float | None:
+        """``band``'s requests in the last ``RATE_WINDOW_S`` over the span they cover (at least 1 s); None when it
+        sent none in that time."""
+        recent = self._recent.get(band)
+        if not recent:
+            return None
+        now = self._clock()
+        self._trim(recent, now)
+        if not recent:
+            return None
+        return len(recent) / max(1.0, now - recent[0])
+
+    @staticmethod
+    def _trim(recent: deque[float], now: float) -> None:
+        while recent and now - recent[0] > RATE_WINDOW_S:
+            recent.popleft()
 
     def ceiling(self, band: str, waiting: Mapping[str, int]) -> Ceiling | None:
         """The strictest objective among the active bands above ``band`` (``waiting``: waiters per band), when it
@@ -143,9 +169,7 @@ class BandActivity:
                 break
             active = waiting.get(name, 0) > 0 or self._likely(name, now)
             if active and slo < own and (best is None or slo < best.slo_s):
-                gap = self.mean_gap_s(name)
-                rate = None if gap is None or gap <= 0 else 1.0 / gap
-                best = Ceiling(name, slo, self._own.get(name, 0.0), rate)
+                best = Ceiling(name, slo, self._own.get(name, 0.0), self.rate_per_s(name))
         return best
 
     def recent(self, band: str) -> Ceiling | None:

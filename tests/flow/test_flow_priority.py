@@ -138,14 +138,34 @@ def test_a_few_short_gaps_do_not_end_a_bands_activity_between_two_ordinary_reque
         activity.saw("default", 1.2)
     clock.now += 1.5  # an ordinary gap for a stream of 1 a second
     ceiling = activity.ceiling("batch", {})
-    assert ceiling is not None and ceiling.band == "default" and ceiling.rate_per_s is None
+    assert ceiling is not None and ceiling.band == "default"
     for _ in range(MIN_GAPS):  # now its gaps say ~1 a second
         activity.saw("default", 1.2)
         clock.now += 1.0
     ceiling = activity.ceiling("batch", {})
-    assert ceiling is not None and ceiling.rate_per_s is not None and 0.5 < ceiling.rate_per_s < 1.5
+    assert ceiling is not None and ceiling.rate_per_s is not None and 0.8 < ceiling.rate_per_s < 1.2
     clock.now += 10  # 5 of its ~1 s gaps: quiet, batch has the engines again
     assert activity.ceiling("batch", {}) is None
+
+
+def test_the_rate_room_is_kept_for_is_the_bands_recent_one() -> None:
+    """The rate counts the band's requests of the last 10 s over the span they cover: another team's 5 a second a
+    minute ago, or the quiet spell before this stream, does not make a stream of 1 a second look like 5 or 0.3."""
+    clock = Clock()
+    activity = BandActivity(BANDS, window_s=60.0, clock=clock)
+    assert activity.rate_per_s("default") is None
+    for _ in range(50):  # 5 a second for 10 s
+        activity.saw("default")
+        clock.now += 0.2
+    rate = activity.rate_per_s("default")
+    assert rate is not None and 4.5 < rate < 5.5
+    clock.now += 45.0
+    assert activity.rate_per_s("default") is None
+    for _ in range(4):  # 1 a second, starting now
+        activity.saw("default")
+        clock.now += 1.0
+    rate = activity.rate_per_s("default")
+    assert rate is not None and 0.8 < rate <= 1.0
 
 
 def test_room_is_kept_for_the_higher_bands_arrivals_while_a_lower_prefill_holds_its_engine() -> None:
