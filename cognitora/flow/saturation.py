@@ -109,12 +109,12 @@ def saturation_of(
         return None
     if not any((c.predicted_ttft_s - load_s(c)) * margin <= ttft_slo_s for c in eligible):
         return None  # too long for its objective even on an idle engine: waiting cannot help it
-    if (best.predicted_ttft_s - load_s(best)) * margin > left:
+    own = min(max(0.0, c.predicted_ttft_s - load_s(c)) for c in eligible)
+    if own * margin > left:
         return Saturation(
             HoldReason.SLO,
             f"after {waited_s:.2f} s waiting, {left:.2f} s of the class's {ttft_slo_s:g} s objective is left, less "
-            f"than this request takes on an idle engine ({best.predicted_ttft_s - load_s(best):.2f} s x margin "
-            f"{margin:.2f})",
+            f"than this request takes on an idle engine ({own:.2f} s x margin {margin:.2f})",
         )
     how = "" if margin == 1.0 and waited_s == 0 else f" (x margin {margin:.2f}, {left:.2f} s of it left)"
     return Saturation(
