@@ -91,7 +91,8 @@ class Ceiling:
     band: str
     slo_s: float
     own_ttft_s: float = 0.0
-    """The typical predicted TTFT of that band's requests on an unloaded engine: the room its next one needs."""
+    """The predicted TTFT of that band's requests on an unloaded engine, the most of its recent ones
+    (``BandActivity.room_s``): the room its next one needs."""
     rate_per_s: float | None = field(default=None, compare=False)
     """Its recent request rate (``BandActivity.rate_per_s``); None: none lately (room for its next request only)."""
 
@@ -114,8 +115,8 @@ class BandActivity:
         """Band -> the moving average of its requests' own TTFT (``own_ttft_s``)."""
         self._gaps: dict[str, deque[float]] = {}
         """Band -> its last ``GAPS_KEPT`` gaps between requests."""
-        self._recent: dict[str, deque[float]] = {}
-        """Band -> when its requests of the last ``RATE_WINDOW_S`` arrived."""
+        self._recent: dict[str, deque[tuple[float, float | None]]] = {}
+        """Band -> when its requests of the last ``RATE_WINDOW_S`` arrived, and their own TTFT."""
 
     def saw(self, band: str, own_ttft_s: float | None = None) -> None:
         """A request of ``band`` arrived (placed at once or queued); ``own_ttft_s``: its predicted TTFT with the
@@ -126,7 +127,7 @@ class BandActivity:
         if before_at is not None:
             self._gaps.setdefault(band, deque(maxlen=GAPS_KEPT)).append(now - before_at)
         recent = self._recent.setdefault(band, deque())
-        recent.append(now)
+        recent.append((now, own_ttft_s))
         self._trim(recent, now)
         if own_ttft_s is not None:
             before = self._own.get(band)
@@ -149,11 +150,24 @@ class BandActivity:
         self._trim(recent, now)
         if not recent:
             return None
-        return len(recent) / max(1.0, now - recent[0])
+        return len(recent) / max(1.0, now - recent[0][0])
+
+    def room_s(self, band: str) -> float:
+        """The own TTFT a request of ``band`` needs room for: the most of its requests of the last
+        ``RATE_WINDOW_S``, else the moving average of its last ones (0 when none is known). The most, not the
+        average: after a stream of short prompts (another team's) the average said a 13,000-token prompt needed
+        0.1 s, and ``batch`` took both engines ahead of it."""
+        recent = self._recent.get(band)
+        if recent:
+            self._trim(recent, self._clock())
+            known = [own for _, own in recent if own is not None]
+            if known:
+                return max(known)
+        return self._own.get(band, 0.0)
 
     @staticmethod
-    def _trim(recent: deque[float], now: float) -> None:
-        while recent and now - recent[0] > RATE_WINDOW_S:
+    def _trim(recent: deque[tuple[float, float | None]], now: float) -> None:
+        while recent and now - recent[0][0] > RATE_WINDOW_S:
             recent.popleft()
 
     def ceiling(self, band: str, waiting: Mapping[str, int]) -> Ceiling | None:
@@ -169,7 +183,7 @@ class BandActivity:
                 break
             active = waiting.get(name, 0) > 0 or self._likely(name, now)
             if active and slo < own and (best is None or slo < best.slo_s):
-                best = Ceiling(name, slo, self._own.get(name, 0.0), self.rate_per_s(name))
+                best = Ceiling(name, slo, self.room_s(name), self.rate_per_s(name))
         return best
 
     def recent(self, band: str) -> Ceiling | None:
