@@ -9,15 +9,15 @@ with a stricter objective S is *active*, unless one of these holds for the engin
 
 - **room**: once this request is committed there, some eligible engine still has room for the higher band's
   next request: its load (``load_s``; on the chosen engine, this request's predicted TTFT: its load and its own
-  prefill) plus that band's typical own TTFT (an average of its recent requests' predicted TTFT with the load
-  taken away, ``own_ttft_s``) is within S; and (``flow_control.priority_arrivals_quantile``, 0.9 by default, once
+  prefill) plus that band's own TTFT (the most of its recent requests' predicted TTFT with the load taken away,
+  ``BandActivity.room_s``) is within S; and (``flow_control.priority_arrivals_quantile``, 0.9 by default, once
   the band's rate is known) **room for its arrivals**: this request takes its engine for T (its predicted TTFT
   there), in which the higher band sends ``rate x T`` requests on average (its rate: its requests of the last
   ``RATE_WINDOW_S`` (10 s) over the span they cover); the other engines can start n of its
   requests each within S, n the 0.9 quantile of a Poisson count of that mean (``poisson_quantile``):
   ``sum over the other engines of (T + S - own - load) >= n x own``;
 - **no room possible**: the chosen engine has no prefill queued or running (no queued prefill tokens, no seat or
-  KV wait) and no engine could keep room anyway: it is the only eligible engine, or the higher band's typical own
+  KV wait) and no engine could keep room anyway: it is the only eligible engine, or the higher band's own
   TTFT alone is over S. Then the rule would only starve the lower band beside an idle engine.
 
 Every predicted time here is multiplied by the prediction margin (``cognitora.flow.margin``).
@@ -43,7 +43,7 @@ the rest of the stage.) A steady stream of ``default`` at one request a second k
 instead, where it is placed on whichever engine frees first, or shed when its own objective can no longer be met
 (``Band.wait_bound_s``).
 
-Bounds: the room is for a typical request of the higher band: one much longer than its band's average may still
+Bounds: the room is for the longest of the higher band's requests of the last 10 s: one longer still may
 miss S, and so may more arrivals than the quantile's (1 time in 10 at 0.9); a burst
 of the higher band after a quiet spell longer than 5 of its mean gaps finds the lower band's work in the engines
 (up to the higher band's objective of it per engine while that band was seen within the window: ``depth_hold``).
