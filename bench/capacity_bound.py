@@ -83,7 +83,7 @@ def capacity_bounds(requests: Sequence[BenchRequest], kv_tokens: int, block_toke
     chains = [request_blocks(r, block_tokens) for r in ordered]
     slots = kv_tokens // block_tokens
     min_hits = _belady_hits(chains, slots)
-    lru_hits = _lru_leading_hits(chains, slots)
+    lru_hits = lru_leading_hits(chains, slots)
     content: dict[str, int] = {}
     held_min: dict[str, int] = {}
     held_lru: dict[str, int] = {}
@@ -128,7 +128,7 @@ def _belady_hits(chains: Sequence[Sequence[int]], slots: int) -> list[int]:
     return hits
 
 
-def _lru_leading_hits(chains: Sequence[Sequence[int]], slots: int) -> list[int]:
+def lru_leading_hits(chains: Sequence[Sequence[int]], slots: int) -> list[int]:
     """Per request, the leading run of its blocks one LRU cache holds; then its blocks are touched tail first, so a
     prompt's head is the most recent and its tail is evicted first (vLLM frees a request's blocks in reverse)."""
     cache: OrderedDict[int, None] = OrderedDict()

@@ -522,9 +522,11 @@ def write(args: argparse.Namespace, data: dict[str, Any], stem: Path) -> None:
     lines += [f"- {name}: {rss_verdict(row)}" for name, row in procs.items()]
     lines += [
         "",
-        "What grows and its bound (bench/results/memory_growth.md): the tokenizer's piece cache, 1 MiB of probation "
-        "at this load (kvstate/prompt.py); the extprocs' last 256 decisions and outcomes; the collector's high-water "
-        "from resyncs, which replay an engine's buffer (at most 10,000 batches) at Redis restarts and reloads.",
+        "What grows and its bound (bench/results/memory_growth.md): the tokenizer's piece cache, which at "
+        "unique prompts holds its probation segment only (4 MiB: a 16th of the 64 MiB default, "
+        "limits.tokenizer_cache_probation_share; kvstate/prompt.py); the extprocs' last 256 decisions and "
+        "outcomes; the collector's high-water from resyncs, which replay an engine's buffer (at most 10,000 "
+        "batches) at Redis restarts and reloads.",
     ]
     lines += ["", "| cycle from (s) | decisions | p99 decision (ms) |", "|---|---|---|"]
     lines += [f"| {c['from_s']} | {c['decisions']} | {c['p99_ms']} |" for c in cycles]

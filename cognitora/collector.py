@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -36,7 +37,13 @@ from typing import Any
 from cognitora import jsonlog, sd_notify
 from cognitora.config import CognitoraConfig, ConfigError, EndpointConfig, EngineKind, load_config
 from cognitora.failsafe import RateLimitedLog
-from cognitora.kv_event_sources import KvEventSource, KvEventSourceWatcher, discovers_kv_events, pulls_trtllm_events
+from cognitora.kv_event_sources import (
+    KvEventSource,
+    KvEventSourceWatcher,
+    discovers_kv_events,
+    pulls_trtllm_events,
+    reports_kv_events,
+)
 from cognitora.metrics.cors import CorsPolicy
 from cognitora.metrics.exporter import Exporter
 from cognitora.metrics.serve import MetricsServer, parse_listen, serve_page
@@ -85,7 +92,8 @@ HEARTBEAT_TTL_S = 86400.0
 gateway sees it (and says how long ago) rather than vanishing."""
 
 STOP_TIMEOUT_S = 10.0
-"""How long ``cognitora collector`` waits for its parts to stop after SIGTERM before it exits anyway."""
+"""How long a stop waits for the collector's parts before it goes on anyway (``cognitora collector`` after SIGTERM,
+``CollectorThread.stop``)."""
 
 
 def heartbeat_interval_s(config: CognitoraConfig) -> float:
@@ -103,8 +111,9 @@ def event_decoder(engine: EngineKind) -> Decoder:
     return sglang_events.decode_batch if engine == EngineKind.SGLANG else vllm_events.decode_batch
 
 
-def scrape_target(endpoint: EndpointConfig) -> ScrapeTarget:
-    """What the scraper polls for one endpoint: the engine, and its power page and GPUs when configured."""
+def scrape_target(endpoint: EndpointConfig, counts_blocks: bool = False) -> ScrapeTarget:
+    """What the scraper polls for one endpoint: the engine, and its power page and GPUs when configured.
+    ``counts_blocks``: its KV events feed the store (``ScrapeTarget.counts_blocks``)."""
     power = endpoint.power
     return ScrapeTarget(
         endpoint.id,
@@ -112,15 +121,22 @@ def scrape_target(endpoint: EndpointConfig) -> ScrapeTarget:
         endpoint.engine.value,
         power_url=None if power is None else power.url,
         power_gpus=() if power is None else tuple(str(gpu) for gpu in power.gpus),
+        counts_blocks=counts_blocks,
     )
 
 
 def scrape_targets(config: CognitoraConfig) -> list[ScrapeTarget]:
     """One target per endpoint id (an engine serving several models is scraped once)."""
+    pulls = config.engine_pulls
     targets: dict[str, ScrapeTarget] = {}
     for model in config.models:
         for endpoint in model.endpoints:
-            targets.setdefault(endpoint.id, scrape_target(endpoint))
+            # As the collector subscribes (below): a stream configured, discovered (vLLM) or pulled (TRT-LLM).
+            # A vLLM engine whose discovery finds no stream is counted too, as holding nothing.
+            fed = reports_kv_events(endpoint, pulls.trtllm_kv_events) or discovers_kv_events(
+                endpoint, pulls.vllm_kv_event_sources
+            )
+            targets.setdefault(endpoint.id, scrape_target(endpoint, fed))
     return list(targets.values())
 
 
@@ -372,6 +388,8 @@ class CollectorThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cognitora-collector", daemon=True)
         self.collector: Collector | None = None
+        self._stopping = False
+        """A stop began: a later one waits for the thread to end (its loop may not run what it would send)."""
 
     async def start(self) -> None:
         """Start the thread and the collector on it; returns once the collector has started (or raises why not)."""
@@ -384,15 +402,57 @@ class CollectorThread:
             self.collector = Collector(self.config, self.store)
         await self.collector.start()
 
+    @property
+    def alive(self) -> bool:
+        """Its thread runs (started, and not stopped yet)."""
+        return self._thread.is_alive()
+
     async def stop(self) -> None:
-        """Stop the collector, then the thread. Safe to call twice, or before ``start``."""
+        """Stop the collector, then the thread. Safe to call twice, or before ``start``.
+
+        Done before this returns or raises, even when the caller is cancelled meanwhile (a test's loop torn down, a
+        drain cut short): the collector's stop is shielded from that, and waited for. Else the thread outlived its
+        owner, still collecting, and its "collector stopped" line came after the owner had gone (CI: "--- Logging
+        error ---", the test's captured stream closed by then)."""
         if not self._thread.is_alive():
             return
-        if self.collector is not None:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.collector.stop(), self._loop))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        await asyncio.to_thread(self._thread.join, 10)
+        if self._stopping:  # another stop is under way: its end is this one's
+            await asyncio.shield(asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S))
+            return
+        self._stopping = True
+        stopped = self._stop_collector()
+        try:
+            if stopped is not None:
+                await asyncio.shield(asyncio.wrap_future(stopped))
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.shield(asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S))
+        except asyncio.CancelledError:
+            self._finish(stopped)  # the owner's loop may be closing: finish here, blocking it (milliseconds)
+            raise
+        finally:
+            if not self._thread.is_alive() and not self._loop.is_closed():
+                self._loop.close()
+
+    def stop_blocking(self) -> None:
+        """``stop`` for a caller that cannot await it (a synchronous close on an event loop): blocks the caller
+        until the collector stopped on its own thread and the thread ended (milliseconds). Not from that thread."""
         if not self._thread.is_alive():
+            return
+        if self._stopping:
+            self._thread.join(STOP_TIMEOUT_S)
+            return
+        self._stopping = True
+        self._finish(self._stop_collector())
+
+    def _stop_collector(self) -> concurrent.futures.Future[None] | None:
+        return None if self.collector is None else asyncio.run_coroutine_threadsafe(self.collector.stop(), self._loop)
+
+    def _finish(self, stopped: concurrent.futures.Future[None] | None) -> None:
+        if stopped is not None:
+            concurrent.futures.wait([stopped], timeout=STOP_TIMEOUT_S)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(STOP_TIMEOUT_S)
+        if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
 
     def stats(self) -> dict[str, Any]:

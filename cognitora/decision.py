@@ -72,6 +72,12 @@ class CandidateScore:
     short_prompt_floor_s: float = 0.0
     """When it set the request's own prefill time (``predicted_ttft_s`` includes it instead of uncached tokens /
     rate): the prefill seconds the endpoint's short or cached prompts took lately. 0 when the rate set it."""
+    cache_held_tokens: float | None = None
+    """Tokens of every prompt's blocks the endpoint's prefix cache holds, by the store's count (its snapshot's
+    ``cached_blocks`` x block tokens): how full that cache is, for the tie-break's load bound
+    (``placement.affinity``). None: not counted (no fresh snapshot, or a store that does not count)."""
+    kv_capacity_tokens: int | None = None
+    """Tokens the endpoint's KV cache holds (configured, else scraped, else the fleet prior); None: not known."""
     basis: str = ""
     """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
     router-counted load): ``cognitora.placement.estimate_basis``."""
@@ -225,6 +231,9 @@ class Decision:
             if c.predicted_itl_s is not None and not c.excluded:
                 note = f"{note}; " if note else ""
                 note += f"ITL {c.predicted_itl_s * 1000:.0f} ms"
+            if c.cache_held_tokens is not None and c.kv_capacity_tokens and not c.excluded:
+                note = f"{note}; " if note else ""
+                note += f"prefix cache {c.cache_held_tokens:.0f}/{c.kv_capacity_tokens} tokens"
             lines.append(
                 f"{c.endpoint:<24}{c.cached_tokens:>10.0f}{c.queued_prefill_tokens:>10.0f}"
                 f"{c.prefill_tokens_per_s:>12.0f}{c.decode_penalty_s * 1000:>10.1f}{c.predicted_ttft_s * 1000:>10.1f}"

@@ -13,7 +13,12 @@ From each finished attempt this learns, per endpoint:
 - how much of the predicted prefix reuse the engine delivers: ``achieved cached_tokens / predicted cached`` over
   attempts that predicted some. The routing history (``placement.routing_history_ttl_s``) is such an engine's only
   prefix index, and MLX-LM's prompt cache is a small LRU (10 sequences by default): history outlives it. Placement
-  scales the history's match on the endpoint by this ratio.
+  scales the history's match on the endpoint by this ratio (``discount``), never below ``MIN_REUSE_RATIO``, and a
+  sample compares what was reused with the prediction *before* that scaling (the scaled one divided back by the
+  ratio in force), as the TTFT feedback compares with its raw prediction. Otherwise the ratio only taught itself:
+  an engine whose first follow-up found its cache evicted was learned at 0, every later match on it was priced at
+  0 cached tokens, no attempt predicted reuse there, and the 0 stayed for good; an engine reusing half its history
+  settled at 0.71 (each sample was the reuse over the ratio's own guess).
 
 A rate is the ``RATE_QUANTILE`` quantile of the last ``WINDOW`` samples, not their mean: a TTFT timed at the
 gateway also holds the gateway's own delays (its event loop, connection set-up), which only ever make a sample
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from kvstate.store import EndpointSnapshot, PrefixMatch
 
-__all__ = ["Learned", "OutcomeRates"]
+__all__ = ["MIN_REUSE_RATIO", "WINDOW", "Learned", "OutcomeRates"]
 
 ALPHA = 0.3
 """EWMA weight of a new reuse sample (the scraper's ``RateEstimator`` uses the same)."""
@@ -44,6 +49,9 @@ RATE_QUANTILE = 0.8
 MIN_PREFILL_TOKENS = 32
 """An attempt whose prefill work (queued + uncached) is smaller than this is mostly fixed overhead: not a sample."""
 MIN_DECODE_S = 1e-3
+MIN_REUSE_RATIO = 0.05
+"""The least a history match on an engine is scaled by: it keeps predicting some reuse, so the ratio keeps
+being measured (an engine learned at 0 would never be again)."""
 
 
 @dataclass
@@ -57,6 +65,11 @@ class Learned:
     samples: int = 0
     prefill_samples: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     decode_samples: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+
+def _applied(reuse_ratio: float | None) -> float:
+    """What ``OutcomeRates.discount`` scales a match by for a learned ``reuse_ratio`` (None: not learned, 1)."""
+    return 1.0 if reuse_ratio is None else max(MIN_REUSE_RATIO, reuse_ratio)
 
 
 def _quantile(samples: deque[float]) -> float:
@@ -106,8 +119,11 @@ class OutcomeRates:
         if decoded and decode_s is not None and decode_s > MIN_DECODE_S and completion_tokens is not None:
             row.decode_samples.append((completion_tokens - 1) / decode_s)
             row.decode_tokens_per_s = _quantile(row.decode_samples)
-        if cached_tokens is not None and predicted_cached_tokens >= 1:
-            ratio = min(1.0, cached_tokens / predicted_cached_tokens)
+        # The prediction was the history's match scaled by the ratio (a moment ago: close enough); undone, capped
+        # at the prompt as placement caps it (a capped scaled prediction means a capped raw one).
+        history = min(float(prompt_tokens), predicted_cached_tokens / _applied(row.reuse_ratio))
+        if cached_tokens is not None and predicted_cached_tokens > 0 and history >= 1:
+            ratio = min(1.0, cached_tokens / history)
             row.reuse_ratio = ratio if row.reuse_ratio is None else row.reuse_ratio + ALPHA * (ratio - row.reuse_ratio)
 
     def overlay(
@@ -139,5 +155,5 @@ class OutcomeRates:
         for endpoint, match in matches.items():
             row = self._learned.get(endpoint)
             if row is not None and row.reuse_ratio is not None:
-                out[endpoint] = replace(match, weighted_blocks=match.weighted_blocks * row.reuse_ratio)
+                out[endpoint] = replace(match, weighted_blocks=match.weighted_blocks * _applied(row.reuse_ratio))
         return out

@@ -17,8 +17,12 @@ Between two snapshots of one endpoint (a *window*):
   dividing weighs each window by its tokens, and lets a prompt's energy and its count meet. The sums decay by
   ``exp(-window tokens / horizon_tokens)`` per window, so the estimate follows a change of hardware or of model
   within a few horizons.
-- ``idle_watts`` is the lowest power reading seen while the endpoint had nothing running or waiting (0 until one
-  is seen, which makes the estimate an average rather than marginal until then).
+- ``idle_watts`` is the lowest power reading seen while the endpoint had nothing running or waiting, over the
+  last ``IDLE_HORIZON_S`` of such readings (0 until one is seen, which makes the estimate an average rather than
+  marginal until then). The lowest, because a reading just after work can still hold its draw (a meter averages);
+  of late, because the lowest ever is one-way: one reading of a GPU in its deepest idle state, or a meter's dip,
+  stayed the baseline for good, and the engine's real idle draw above it was charged to its tokens (0.87 J/token
+  against 0.05 in ``tests/kvstate/test_energy.py``). A busy engine takes no idle reading and keeps its baseline.
 - A window closes once it spans at least ``min_tokens`` computed tokens; nothing is learned before the first one
   closes. A counter that goes backwards (engine or meter restart) restarts the window.
 
@@ -31,11 +35,15 @@ read by every gateway replica from the store. Placement then pools it within a h
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from kvstate.store import EndpointSnapshot
 
-__all__ = ["EnergyEstimator"]
+__all__ = ["IDLE_HORIZON_S", "EnergyEstimator"]
+
+IDLE_HORIZON_S = 300.0
+"""The idle draw is the lowest idle reading within this many seconds of the newest one."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class EnergyEstimator:
         self.min_tokens = min_tokens
         self.horizon_tokens = horizon_tokens
         self._anchor: _Anchor | None = None
-        self._idle_watts: float | None = None
+        self._idle: deque[tuple[float, float]] = deque()
+        """Idle readings (time, watts) of the last ``IDLE_HORIZON_S``, watts rising: the first is the lowest."""
         self._joules = 0.0
         self._tokens = 0.0
 
@@ -72,11 +81,23 @@ class EnergyEstimator:
         """The current estimate; None until a window of at least ``min_tokens`` closed."""
         return self._joules / self._tokens if self._tokens > 0 else None
 
+    @property
+    def idle_watts(self) -> float:
+        """The idle draw: the lowest idle reading of the last ``IDLE_HORIZON_S`` of them (0: none seen)."""
+        return self._idle[0][1] if self._idle else 0.0
+
+    def _idle_reading(self, t: float, watts: float) -> None:
+        """A sliding minimum: a reading makes every older, higher one irrelevant; readings age out of the window."""
+        while self._idle and self._idle[-1][1] >= watts:
+            self._idle.pop()
+        self._idle.append((t, watts))
+        while self._idle[0][0] < t - IDLE_HORIZON_S:
+            self._idle.popleft()
+
     def observe(self, snap: EndpointSnapshot) -> None:
         """Feed one snapshot; a snapshot no newer than the last one used (same ``last_seen``) changes nothing."""
         if snap.running == 0 and snap.waiting == 0 and snap.power_watts > 0:
-            idle = self._idle_watts if self._idle_watts is not None else snap.power_watts
-            self._idle_watts = min(snap.power_watts, idle)
+            self._idle_reading(snap.last_seen, snap.power_watts)
         here = _anchor(snap)
         if here is None:
             return
@@ -87,7 +108,7 @@ class EnergyEstimator:
         tokens = here.computed - anchor.computed
         if here.t <= anchor.t or tokens < self.min_tokens:
             return
-        joules = max(0.0, here.joules - anchor.joules - (self._idle_watts or 0.0) * (here.t - anchor.t))
+        joules = max(0.0, here.joules - anchor.joules - self.idle_watts * (here.t - anchor.t))
         keep = math.exp(-tokens / self.horizon_tokens)
         self._joules = self._joules * keep + joules
         self._tokens = self._tokens * keep + tokens

@@ -233,6 +233,15 @@ class MemoryStore:
                     del self._models[m]
 
     @_exclusive
+    async def cached_blocks(self, endpoint: str) -> int:
+        total = 0
+        for index in self._models.values():
+            blocks = index.endpoints.get(endpoint)
+            if blocks is not None:
+                total += len(blocks.held)
+        return total
+
+    @_exclusive
     async def match_prefix(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
     ) -> dict[str, PrefixMatch]:

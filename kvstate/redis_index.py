@@ -169,6 +169,20 @@ class BlockIndex:
                 while await self._runner.run(self._clear_chunk, zkeys, [k.block_base(m), endpoint, CHUNK]):
                     pass
 
+    async def cached_blocks(self, endpoint: str) -> int:
+        """The sizes of the endpoint's block key sets (ZCARD, one per model: each in its model's slot, so one
+        pipeline that a Cluster client splits per node), after one read of the models' registry."""
+        k = self._keys
+        with self._runner.unavailable("cached_blocks"):
+            models = [text(m) for m in await (await self._runner.ready()).smembers(k.models())]
+            if not models:
+                return 0
+            async with self._runner.pipeline() as pipe:
+                for m in models:
+                    pipe.zcard(k.endpoint_blocks(m, endpoint))
+                counts = await pipe.execute()
+        return sum(int(c) for c in counts)
+
     async def add_speculative(self, model: str, endpoint: str, keys: Sequence[BlockKey], ttl_s: float) -> None:
         if not keys:
             return

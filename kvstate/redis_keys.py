@@ -15,7 +15,7 @@ Redis Cluster node (docs/store.md, "Redis layout", says why it is these two):
 | ``{p}:{m}:b:<16 hex digits>`` | STRING | one block: byte ``i`` describes endpoint id ``i``: bits 0-2 its tiers |
 | | | (GPU, CPU, DISK), bit 3 a speculative entry. A lookup is one GET, whatever the fleet size |
 | ``{p}:{m}:e:<endpoint>`` | ZSET | block keys (hex) ``endpoint`` holds, scored by when last stored or routed |
-| | | to (us): the per-endpoint key set for purges and for the cap |
+| | | to (us): the per-endpoint key set for purges, for the cap, and (ZCARD) ``cached_blocks`` |
 | ``{p}:{m}:s:<endpoint>`` | ZSET | speculative block keys (hex) on ``endpoint``, scored by expiry (ms) |
 | ``{p}:{m}:ids`` / ``names`` | HASH | endpoint -> small integer id / id -> endpoint |
 | ``{p}:{m}:free_ids`` | ZSET | ids of purged endpoints, reused smallest first (block strings stay short) |

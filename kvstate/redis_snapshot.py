@@ -26,6 +26,10 @@ def _optional_float(text: str) -> float | None:
     return None if text == "" else float(text)
 
 
+def _optional_int(text: str) -> int | None:
+    return None if text == "" else int(float(text))
+
+
 def _decoder(hint: Any) -> Callable[[str], Any]:
     if hint is bool:
         return lambda text: text == "1"
@@ -37,6 +41,8 @@ def _decoder(hint: Any) -> Callable[[str], Any]:
         return str
     if hint == float | None:
         return _optional_float
+    if hint == int | None:
+        return _optional_int
     raise TypeError(f"EndpointSnapshot field of type {hint!r} has no Redis encoding: add one in {__name__}")
 
 

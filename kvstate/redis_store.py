@@ -130,6 +130,9 @@ class RedisStore:
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
         await self._index.clear_endpoint(endpoint, model)
 
+    async def cached_blocks(self, endpoint: str) -> int:
+        return await self._index.cached_blocks(endpoint)
+
     async def match_prefix(
         self, model: str, keys: Sequence[BlockKey], endpoints: Sequence[str] | None = None
     ) -> dict[str, PrefixMatch]:

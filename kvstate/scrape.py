@@ -14,8 +14,10 @@ What a round does, per endpoint (all endpoints concurrently, each on its own fix
 4. Rates: ``RateEstimator`` learns prefill and decode throughput and the mean service time from counter deltas
    (see its docstring); ``kvstate.energy.EnergyEstimator`` learns the marginal energy per token from the power
    meter. Both are learned here, once per fleet, and reach every gateway replica through the snapshot.
-5. Store: ``put_snapshot``. When the store is unreachable the outage is logged once, scraping goes on, and the
-   first successful write logs the recovery.
+5. Store: ``put_snapshot``, with the store's count of the endpoint's cached blocks when its KV events feed the store
+   (``ScrapeTarget.counts_blocks``, ``Store.cached_blocks``: how full its prefix cache is, read once a round for
+   placement's tie-break). When the store is unreachable the outage
+   is logged once, scraping goes on, and the first successful write logs the recovery.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class ScrapeTarget:
     """Full URL of a separate DCGM exporter or node agent for this endpoint's GPUs (``http://host:9400/metrics``)."""
     power_gpus: tuple[str, ...] = ()
     """The GPUs on that page this endpoint uses (``gpu`` index as text, or ``UUID``); empty: every series on it."""
+    counts_blocks: bool = False
+    """The store is fed this endpoint's KV events, so its count of the endpoint's blocks says how full the engine's
+    prefix cache is: each snapshot carries it (``EndpointSnapshot.cached_blocks``). False: the snapshot says None
+    (without events the store holds no confirmed blocks there, and a count of 0 would read as an empty cache)."""
 
 
 def base_url(url: str) -> str:
@@ -244,8 +250,7 @@ class Scraper:
             self._on_failure(endpoint)
         if endpoint.healthy is None:
             return None
-        endpoint.snapshot = self._snapshot_of(endpoint)
-        await self._put(endpoint.snapshot)
+        endpoint.snapshot = await self._put(self._snapshot_of(endpoint), endpoint.target.counts_blocks)
         return endpoint.snapshot
 
     async def _get(self, url: str | None) -> httpx.Response | httpx.HTTPError | None:
@@ -381,9 +386,15 @@ class Scraper:
         endpoint.energy.observe(seen)
         return replace(seen, joules_per_token=endpoint.energy.joules_per_token)
 
-    async def _put(self, snapshot: EndpointSnapshot) -> None:
+    async def _put(self, snapshot: EndpointSnapshot, count_blocks: bool) -> EndpointSnapshot:
+        """Store ``snapshot``, with ``count_blocks`` the store's count of the endpoint's cached blocks; the snapshot as
+        written (without the count when the store did not answer)."""
         try:
             async with asyncio.timeout(self.interval_s):
+                if count_blocks:
+                    # Counted here, once a round, so that placement reads it from the snapshot rather than asking
+                    # the store on every decision.
+                    snapshot = replace(snapshot, cached_blocks=await self.store.cached_blocks(snapshot.endpoint))
                 await self.store.put_snapshot(snapshot)
         except asyncio.CancelledError:
             raise
@@ -392,10 +403,11 @@ class Scraper:
             if not self._store_down:
                 log.warning("store unavailable; still scraping", extra={"reason": repr(exc)})
                 self._store_down = True
-            return
+            return snapshot
         if self._store_down:
             log.info("store reachable again")
             self._store_down = False
+        return snapshot
 
     # -- reading state --------------------------------------------------------------------------------------
     def snapshot(self, endpoint_id: str) -> EndpointSnapshot | None:

@@ -137,6 +137,10 @@ class EndpointSnapshot:
     prefix_cache_queries_total: float | None = None
     requests_finished_total: float | None = None
     """Finished requests, every finish reason (vLLM ``vllm:request_success``)."""
+    cached_blocks: int | None = None
+    """Blocks the store's index holds for the endpoint, every model and tier, confirmed by its KV events
+    (``Store.cached_blocks``), counted by the scraper when it wrote this snapshot: how full its prefix cache is, for
+    the tie-break's load bound (``cognitora.placement.affinity``). None: not counted."""
 
     @property
     def itl_s(self) -> float | None:
@@ -230,6 +234,12 @@ class Store(Protocol):
 
     async def clear_endpoint(self, endpoint: str, model: str | None = None) -> None:
         """Forget everything ``endpoint`` holds (for ``model`` only, or every model): restart, cleared cache, gap."""
+        ...
+
+    async def cached_blocks(self, endpoint: str) -> int:
+        """How many blocks the index holds for ``endpoint``: confirmed ones (KV events), every model and tier, no
+        speculative entries. O(models) on either backend (the per-endpoint key sets purges walk already exist); the
+        scraper reads it once per round, so placement never pays for it per request."""
         ...
 
     async def match_prefix(

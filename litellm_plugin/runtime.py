@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
-from cognitora.collector import Collector
+from cognitora.collector import Collector, CollectorThread
 from cognitora.config import CognitoraConfig
 from cognitora.core.attempt import Attempt
 from cognitora.core.core import CollectorPlace, Core, Prepared
@@ -77,6 +77,8 @@ class CoreHost:
         self._watch: ConfigWatch | None = None
         self.pace_gc = pace_gc
         self._gc_pacer: GcPacer | None = None
+        self._closing: asyncio.Task[None] | None = None
+        """``close`` called on the core's loop: the core's close, held so that it is not collected unfinished."""
 
     @classmethod
     def for_current_context(
@@ -213,7 +215,8 @@ class CoreHost:
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the collector and close the store. Never blocks the core's own loop."""
+        """Stop the collector and close the store. Blocks the core's own loop only to stop an in-process
+        collector thread (milliseconds); the rest is a task there when called on that loop."""
         self._closed = True
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -228,7 +231,12 @@ class CoreHost:
                 loop.call_soon_threadsafe(pacer.stop)
         if _running_loop() is loop:
             if core is not None:
-                loop.create_task(_close(core, watch))
+                # The rest cannot be awaited here; an in-process collector thread can be stopped, and is: else it
+                # went on collecting and logging after the strategy was gone (CI's "--- Logging error ---": a
+                # test's captured stream closed by then).
+                if isinstance(core.collector, CollectorThread):
+                    core.collector.stop_blocking()
+                self._closing = loop.create_task(_close(core, watch))
             return
         if core is not None and loop.is_running():
             future = asyncio.run_coroutine_threadsafe(_close(core, watch), loop)

@@ -127,6 +127,12 @@ class PlacementConfig(StrictModel):
     affinity_prefix_tokens: int = Field(default=256, gt=0)
     """Depth (tokens) of the prefix whose key breaks ties: requests sharing this much of a prompt go to the same
     one of equally good endpoints. Shorter prompts use their last full block."""
+    tie_cache_bound: float | None = Field(default=0.1, ge=0)
+    """Bounded load for the tie-break: a tied candidate whose prefix cache holds more than this fraction of its KV
+    capacity beyond the emptiest tied candidate's (the store's block counts, from KV events) is left out before the
+    prefix hash picks, so that cold prefixes do not pile onto one engine by chance (docs/placement.md, "Ties").
+    0: only the emptiest; null: off (the hash alone). Without a count or a KV capacity for every tied candidate the
+    hash alone picks."""
     store_timeout_s: float = Field(default=0.25, gt=0)
     """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
     on_error: Literal["fallback", "reject"] = "fallback"

@@ -89,6 +89,15 @@ def configured_seats(config: CognitoraConfig, endpoint_id: str) -> int | None:
     return endpoint.cost.max_num_seqs or config.cost_model.priors.max_num_seqs
 
 
+def _held_for_itself(saturation: Saturation | None) -> bool:
+    """Whether a request held at admission for ``saturation`` was held for its own sake, as ``FlowGate.place``
+    answers ``Held.only_this`` for the same hold: its prompt against the load (``kv``, ``slo``) or its team's
+    isolation; not every seat taken (nothing fits), nor a higher band's room (``priority``: the band's, not this
+    request's). Until the dispatcher tries it, another team's newcomer may go past it
+    (``FlowController.must_queue``)."""
+    return saturation is not None and saturation.reason is not HoldReason.SEATS and saturation.kind != "priority"
+
+
 def flow_of(request: RouteRequest) -> str:
     """The fairness flow of a request: its trusted team, else its key, else ``anonymous`` (never the body)."""
     who = request.identity
@@ -193,6 +202,7 @@ class FlowGate:
             saturation=why.saturation,
             give_back=give_back,
             max_wait_s=why.max_wait_s,
+            held_itself=_held_for_itself(why.saturation),
         )
         if self.leases is None:
             return await waiting

@@ -99,6 +99,10 @@ class Ticket(Generic[T]):
     state: _State = _State.QUEUED
     leaving: bool = False
     """Its waiter left while the dispatcher was placing it."""
+    held_itself: bool = False
+    """Its last try held it for its own sake (``Held.only_this``): the dispatcher's, else its admission's
+    (``wait(held_itself=...)``). A newcomer of another flow may go past it while it is its flow's head
+    (``must_queue``)."""
     aged: bool = False
     """Being placed by the anti-starvation rule (ahead of a higher band, or waited its band's ``aged_after_s``):
     the placer must not hold it for the higher bands' sake (``cognitora.flow.priority``)."""
@@ -126,9 +130,6 @@ class FlowController(Generic[T, R]):
         self._rate = DrainRate()
         self._per_flow = config.max_queued_per_flow or config.max_queued
         self._shared = SharedServed()
-        self._held: dict[tuple[int, str], Entry[Ticket[T]]] = {}
-        """(band, flow) -> its head the last try held for itself (``Held.only_this``), while it is still the head:
-        a newcomer of another flow that fits may go past it (``must_queue``)."""
         self.counters = FlowCounters()
 
     # -- the core's calls ----------------------------------------------------------------------------------------
@@ -143,7 +144,9 @@ class FlowController(Generic[T, R]):
         trip and its retry spacing. Not past its own flow's waiters (FIFO within a flow), nor a higher band's
         (strict bands: the dispatcher does not try a lower band while a higher one waits). A head that could fit
         since its last try (capacity freed meanwhile) is tried at the next wake-up, which that freeing
-        triggered: the newcomer may go first by that much. O(flows waiting in ``band``)."""
+        triggered: the newcomer may go first by that much. A head that has not been tried since it became the head
+        (its flow's previous head timed out, or it is its flow's first waiter) counts as held for itself when its
+        admission was: that placement is its last try. O(flows waiting in ``band``)."""
         index = self._queue.band_index(band)
         here = self._queue.depth(index)
         if self._queue.waiting_at_or_above(index) > here:
@@ -153,8 +156,8 @@ class FlowController(Generic[T, R]):
         if flow is None or self._queue.waiting_from(index, flow):
             return True
         for other in self._queue.waiting_flows(index):
-            held = self._held.get((index, other))
-            if held is None or held is not self._queue.head(index, other):
+            head = self._queue.head(index, other)
+            if head is None or not head.payload.held_itself:
                 return True
         return False
 
@@ -169,11 +172,13 @@ class FlowController(Generic[T, R]):
         saturation: Saturation | None,
         give_back: Callable[[], None] | None = None,
         max_wait_s: float | None = None,
+        held_itself: bool = False,
     ) -> R | QueueRefusal:
         """Queue ``item`` and wait until the ``Placer`` places it (its result), or it leaves unplaced (a
         ``QueueRefusal``). ``saturation``: why it waits (None: only because others wait ahead, ``must_queue``).
         ``max_wait_s``: how long it may wait (``Band.wait_bound_s`` of its own predicted TTFT); None: its band's
-        longest wait.
+        longest wait. ``held_itself``: its admission held it for its own sake, as ``Held.only_this`` says (until
+        the dispatcher tries it, a newcomer of another flow may go past it: ``must_queue``).
         ``give_back``: called once if it leaves unplaced (its budget hold). Cancelling the caller's task removes it
         at once (and re-raises). Raises what the placer raised for it."""
         loop = asyncio.get_running_loop()
@@ -190,6 +195,7 @@ class FlowController(Generic[T, R]):
         ticket: Ticket[T] = Ticket(
             item, request_id, band, flow, cost, saturation, give_back, loop.create_future(), queued_at=now
         )
+        ticket.held_itself = held_itself
         ticket.entry = self._queue.push(ticket, index, flow, cost, now)
         self.counters.queued[band] += 1
         self._start()
@@ -272,7 +278,6 @@ class FlowController(Generic[T, R]):
     async def close(self) -> None:
         """Stop dispatching; every waiter leaves with 503 (its hold given back)."""
         self._closed = True
-        self._held.clear()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -361,10 +366,9 @@ class FlowController(Generic[T, R]):
                     continue
                 ticket.state = _State.QUEUED
                 self.counters.held_tries += 1
+                ticket.held_itself = result.only_this
                 if not result.only_this:
-                    self._held.pop((choice.entry.band, choice.entry.flow), None)
                     return True
-                self._held[choice.entry.band, choice.entry.flow] = choice.entry
                 self._queue.skip(choice.entry)
                 skipped = True
                 continue
@@ -376,7 +380,6 @@ class FlowController(Generic[T, R]):
 
     def _dispatched(self, ticket: Ticket[T], choice: Choice[Ticket[T]], result: R, why: WakeReason, now: float) -> None:
         entry = choice.entry
-        self._held.pop((entry.band, entry.flow), None)
         if ticket.leaving or ticket.future.done():
             self._queue.remove(entry)
             ticket.state, ticket.entry = _State.DONE, None
@@ -402,9 +405,6 @@ class FlowController(Generic[T, R]):
             return
         ticket.state = _State.DONE
         if ticket.entry is not None:
-            key = (ticket.entry.band, ticket.entry.flow)
-            if self._held.get(key) is ticket.entry:
-                del self._held[key]
             self._queue.remove(ticket.entry)
             ticket.entry = None
         if ticket.give_back is not None:

@@ -83,7 +83,13 @@ from dataclasses import replace
 from cognitora.config import CostModelConfig, EndpointConfig, KvTiersConfig, PlacementConfig
 from cognitora.decision import CandidateScore
 from cognitora.placement.estimate_basis import estimate_basis
-from cognitora.placement.long_context import LongContextCost, attention_factor, engine_priors, long_context_cost
+from cognitora.placement.long_context import (
+    LongContextCost,
+    attention_factor,
+    engine_priors,
+    kv_capacity_tokens,
+    long_context_cost,
+)
 from cognitora.placement.seat_wait import departure_wait_s, engine_clock_rate, seat_wait_s
 from cognitora.placement.state import FleetState, SeatProgress
 from cognitora.placement.tier_reload import priced_prefix
@@ -351,6 +357,8 @@ def score_endpoint(
         prefill_stall_s=extra.prefill_stall_s,
         resident_tokens=extra.resident_tokens,
         ttft_bias_factor=bias,
+        cache_held_tokens=None if snap is None or snap.cached_blocks is None else snap.cached_blocks * tokens_per_key,
+        kv_capacity_tokens=kv_capacity_tokens(endpoint, snap, cost_model),
     )
 
 

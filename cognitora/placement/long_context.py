@@ -69,6 +69,7 @@ __all__ = [
     "attention_factor",
     "attention_free_rate",
     "engine_priors",
+    "kv_capacity_tokens",
     "long_context_cost",
 ]
 
@@ -106,11 +107,7 @@ def engine_priors(endpoint: EndpointConfig, snap: EndpointSnapshot | None, model
     """The endpoint's coefficients: its ``cost`` setting, else (capacity and seats only) what the scraper learned,
     else the fleet's ``cost_model.priors``."""
     own, fleet = endpoint.cost, model.priors
-    capacity = own.kv_capacity_tokens
-    if capacity is None and snap is not None and snap.kv_capacity_tokens > 0:
-        capacity = snap.kv_capacity_tokens
-    if capacity is None:
-        capacity = fleet.kv_capacity_tokens
+    capacity = kv_capacity_tokens(endpoint, snap, model)
     seats = own.max_num_seqs
     if seats is None and snap is not None and snap.seats > 0:
         seats = snap.seats
@@ -123,6 +120,19 @@ def engine_priors(endpoint: EndpointConfig, snap: EndpointSnapshot | None, model
         kv_capacity_tokens=capacity,
         seats=seats,
     )
+
+
+def kv_capacity_tokens(
+    endpoint: EndpointConfig, snap: EndpointSnapshot | None, model: CostModelConfig | None
+) -> int | None:
+    """Tokens the endpoint's KV cache holds: its ``cost`` setting, else what the scraper read, else the fleet's
+    prior (``model``'s; None: no prior); None when none says."""
+    capacity = endpoint.cost.kv_capacity_tokens
+    if capacity is None and snap is not None and snap.kv_capacity_tokens > 0:
+        capacity = snap.kv_capacity_tokens
+    if capacity is None and model is not None:
+        capacity = model.priors.kv_capacity_tokens
+    return capacity
 
 
 def _first(*values: float | None) -> float:

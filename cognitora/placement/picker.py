@@ -24,7 +24,9 @@ Rules, in order:
    equal (the prediction is not more precise than that), where ``best`` is the best's predicted TTFT plus its
    recompute charge (``tie_band_s``). Among them, or among the power rule's winners, the
    prompt's prefix key picks by rendezvous hashing (``affinity``): requests sharing a prefix converge, different
-   prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint.
+   prefixes spread, and a learned rate a few percent high does not draw every cold prompt to one endpoint. Before
+   the hash, candidates whose prefix cache is fuller than the emptiest one's by more than ``tie_cache_bound`` of
+   their KV capacity are left out (``affinity.within_cache_bound``: bounded loads).
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
    predicted overshoot (1 s for an ITL overshoot: a decode step shortens as soon as requests finish); any other
    class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token prompt is over a 2 s SLO on
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from cognitora.config import PlacementConfig, PriorityClass
 from cognitora.decision import CandidateScore, Rejection
-from cognitora.placement.affinity import rendezvous_pick
+from cognitora.placement.affinity import rendezvous_pick, within_cache_bound
 from cognitora.placement.cost import externality_s, ranking_cost_s, request_cost_s
 
 __all__ = ["Pick", "pick", "tie_band_s"]
@@ -101,10 +103,13 @@ def pick(
         # Ties are broken as for feasible candidates: a long prompt predicted over the SLO everywhere on an idle
         # fleet would otherwise go to the first endpoint by name, every time.
         band = tie_band_s(best, params)
-        chosen = rendezvous_pick([c for c in pool if ranking_cost_s(c) <= ranking_cost_s(best) + band], affinity_key)
+        tied = [c for c in pool if ranking_cost_s(c) <= ranking_cost_s(best) + band]
+        hashed = within_cache_bound(tied, params.tie_cache_bound)
+        chosen = rendezvous_pick(hashed, affinity_key)
         reason = message + "; not sheddable, so placed on the fastest endpoint"
         if chosen is not best:
             reason += f" (tied with {best.endpoint} within the {_ms(band)} band; the prompt's prefix hashes here)"
+        reason += _bound_note(tied, hashed, params)
         return Pick(chosen, _runner_up(ranked, chosen), reason, saturated=True)
 
     best = feasible[0]
@@ -124,7 +129,8 @@ def pick(
         else:
             # Equal in TTFT, but clearly more energy for this request: out. Unknown energy neither wins nor loses.
             pool = [c for c in tied if c.request_joules is None or c.request_joules <= energy_limit]
-    chosen = rendezvous_pick(pool, affinity_key)
+    hashed = within_cache_bound(pool, params.tie_cache_bound)
+    chosen = rendezvous_pick(hashed, affinity_key)
     if greener:
         reason = (
             f"lower energy: {_joules(chosen.request_joules)} for this request vs {_joules(best.request_joules)} on the "
@@ -143,8 +149,14 @@ def pick(
         # with ranked[1] compared it with itself).
         ahead = list(itertools.takewhile(lambda c: c is not chosen, ranked))
         reason = _slo_misses(ahead, pclass) if ahead else _ttft_reason(chosen, ranked[1:])
+    elif len(hashed) == 1:
+        reason = (
+            f"the emptiest prefix cache of the candidates tied within the {_ms(band)} band of the best "
+            f"({_ms(ranking_cost_s(best))})"
+        )
     else:
-        reason = _tie_reason(chosen, best, pool, band)
+        reason = _tie_reason(chosen, best, hashed, band)
+    reason += _bound_note(pool, hashed, params)
     return Pick(chosen, _runner_up(ranked, chosen), reason)
 
 
@@ -222,6 +234,23 @@ def _tie_reason(chosen: CandidateScore, best: CandidateScore, tied: Sequence[Can
         f"prefix affinity: predicted TTFT {_ms(chosen.predicted_ttft_s)}, within the {_ms(band)} tie band of the "
         f"best ({_ms(ranking_cost_s(best))}) like {others}; the prompt's prefix hashes here, so requests sharing "
         "it converge"
+    )
+
+
+def _bound_note(pool: Sequence[CandidateScore], hashed: Sequence[CandidateScore], params: PlacementConfig) -> str:
+    """What the load bound left out of the hash's pick, if anything (``affinity.within_cache_bound``)."""
+    if len(hashed) == len(pool):
+        return ""
+    least = min(c.cache_held_tokens or 0.0 for c in hashed)
+    kept = {c.endpoint for c in hashed}
+    out = ", ".join(
+        f"{c.endpoint} ({c.cache_held_tokens or 0.0:.0f} tokens cached of {c.kv_capacity_tokens})"
+        for c in pool
+        if c.endpoint not in kept
+    )
+    return (
+        f"; left out of the tie for holding over {params.tie_cache_bound:g} of their KV capacity more than the "
+        f"emptiest ({least:.0f} tokens cached): {out}"
     )
 
 

@@ -256,6 +256,21 @@ def test_feedback_factor_is_learned_bounded_and_decays() -> None:
     assert fb.factor(B, NOW) == 1.0
 
 
+def test_feedback_comes_back_to_one_from_either_side() -> None:
+    """Late or early, a verdict is undone by on-time answers, and by time alone where none come (the endpoint no
+    longer picked, or its traffic gone elsewhere)."""
+    params = TtftFeedbackConfig(alpha=0.3, max_factor=2.0, floor_s=0.0, half_life_s=60.0, min_samples=3)
+    for achieved in (1.8, 0.6):  # late, then early
+        fb = TtftFeedback(params)
+        for _ in range(20):
+            fb.observe(A, 1.0, achieved, NOW)
+        assert fb.factor(A, NOW) == pytest.approx(achieved, rel=0.02)
+        assert fb.factor(A, NOW + 600.0) == pytest.approx(1.0, abs=0.01)  # ten half-lives without a sample
+        for _ in range(20):
+            fb.observe(A, 1.0, 1.0, NOW)  # on time again
+        assert fb.factor(A, NOW) == pytest.approx(1.0, abs=0.01)
+
+
 def test_feedback_compares_endpoints_on_predictions_of_the_same_size() -> None:
     # The model over-predicts long prompts (achieved 0.7x of an 8 s prediction) and is right on short ones. A, B
     # and C are identical. A drew mostly long prompts, so over all its samples it looks early (its absolute factor

@@ -184,6 +184,18 @@ def test_tenure_needs_samples_and_measures_its_spread() -> None:
     assert tenure.variability(B) == pytest.approx(14.0**2 / 15.0**2, rel=0.1)
 
 
+def test_tenure_follows_longer_and_shorter_answers() -> None:
+    tenure = SeatTenure()
+    for _ in range(40):
+        tenure.observe(A, 2.0)
+    for _ in range(150):  # answers grew long (about the last 20 count)
+        tenure.observe(A, 20.0)
+    assert tenure.tenure_s(A) == pytest.approx(20.0, rel=0.01)
+    for _ in range(150):  # and short again
+        tenure.observe(A, 2.0)
+    assert tenure.tenure_s(A) == pytest.approx(2.0, rel=0.05)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = NOW

@@ -437,3 +437,38 @@ async def test_a_newcomer_goes_past_heads_held_for_themselves_but_not_past_other
     assert await asyncio.wait_for(held, 2) == "placed:a0"
     assert not c.must_queue("interactive", "team:b")
     await c.close()
+
+
+async def test_a_head_its_admission_held_for_itself_lets_a_newcomer_past_before_any_try() -> None:
+    """The core tried a request at admission and held it for its own sake (``held_itself``: a long prompt against
+    the load, its team's isolation): that is its last try, so another flow's newcomer goes past it at once, before
+    the dispatcher tries it again, and past the next such waiter of its flow once it leaves. Before, each new head
+    blocked the band's newcomers until the dispatcher's next wake-up (up to ``recheck_interval_s``), ~15% of the
+    light team's requests on the flow bench's noisy neighbour stage."""
+    seats = Room(0)
+    c = controller(seats)
+
+    def held(item: str, itself: bool = True) -> asyncio.Task[str | QueueRefusal]:
+        return asyncio.create_task(
+            c.wait(
+                item, request_id=item, band="interactive", flow="team:a", cost=20_000, saturation=FULL,
+                held_itself=itself,
+            )
+        )  # fmt: skip
+
+    a0, a1 = held("a0"), held("a1")
+    await asyncio.sleep(0)
+    assert seats.tried == []  # the dispatcher has not tried them (no wake-up)
+    assert not c.must_queue("interactive", "team:b")
+    assert c.must_queue("interactive", "team:a")  # FIFO within its own flow
+    a0.cancel()  # its client left: a1 heads team:a, tried only at its admission
+    await asyncio.gather(a0, return_exceptions=True)
+    assert c.snapshot().waiting == 1 and not c.must_queue("interactive", "team:b")
+    a2 = held("a2", itself=False)  # held at admission for all (seats): once it heads team:a, newcomers queue
+    a1.cancel()
+    await asyncio.gather(a1, return_exceptions=True)
+    assert c.must_queue("interactive", "team:b")
+    a2.cancel()
+    await asyncio.gather(a2, return_exceptions=True)
+    assert seats.tried == []
+    await c.close()

@@ -20,7 +20,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from cognitora.collector import Collector, CollectorThread
+from cognitora.collector import Collector, CollectorThread, scrape_targets
 from cognitora.config import config_from_dict
 from cognitora.jsonlog import JsonFormatter, mask_secrets
 from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
@@ -307,6 +307,54 @@ async def test_embedded_collector_with_a_memory_store(engine: FakeEngine, publis
         assert collector.stats()["events_applied"] == 1
 
 
+def test_only_endpoints_whose_kv_events_feed_the_store_have_their_blocks_counted() -> None:
+    def counted(pulls: dict[str, bool]) -> dict[str, bool]:
+        endpoints = [
+            {"url": "http://10.0.0.1:8000", "engine": "vllm", "kv_events": "tcp://10.0.0.1:5557"},
+            {"url": "http://10.0.0.2:8000", "engine": "vllm"},  # its streams are discovered
+            {"url": "http://10.0.0.3:8000", "engine": "trtllm"},  # its events are pulled
+            {"url": "http://10.0.0.4:8000", "engine": "llamacpp"},  # no events: a count of 0 would read as empty
+        ]
+        config = config_from_dict(
+            {"models": [{"name": MODEL, "block_size": BLOCK, "endpoints": endpoints}], "engine_pulls": pulls}
+        )
+        return {t.endpoint_id: t.counts_blocks for t in scrape_targets(config)}
+
+    assert counted({}) == {"10.0.0.1:8000": True, "10.0.0.2:8000": True, "10.0.0.3:8000": True, "10.0.0.4:8000": False}
+    off = counted({"vllm_kv_event_sources": False, "trtllm_kv_events": False})
+    assert off == {"10.0.0.1:8000": True, "10.0.0.2:8000": False, "10.0.0.3:8000": False, "10.0.0.4:8000": False}
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_snapshots_carry_the_count_of_blocks_the_kv_events_left(
+    engine: FakeEngine, publisher: EventPublisher, backend: str, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    # What the tie-break's load bound reads (placement.tie_cache_bound): BlockStored, BlockRemoved and
+    # AllBlocksCleared move the count, and the next scrape's snapshot carries it.
+    redis_url = request.getfixturevalue("redis_server_url") if backend == "redis" else None
+    store: Store = MemoryStore() if redis_url is None else RedisStore.from_url(redis_url, key_prefix=key_prefix)
+    config = config_from_dict(config_data(redis_url, key_prefix, engine.url, publisher.address))
+
+    async def counted(blocks: int) -> bool:
+        snap = (await store.snapshots()).get("ep1")
+        return snap is not None and snap.cached_blocks == blocks
+
+    try:
+        async with Collector(config, store):
+            await publisher.wait_subscribed(timeout_s=10)
+            await eventually(lambda: counted(0), 10, "a snapshot counting no blocks")
+            await publisher.publish([stored([21, 22], None, TOKENS)])
+            await eventually(lambda: counted(2), 10, "a snapshot counting the 2 stored blocks")
+            await publisher.publish([removed([22])])
+            await eventually(lambda: counted(1), 10, "a snapshot counting 1 block after BlockRemoved")
+            await publisher.publish([{"type": "AllBlocksCleared"}])
+            await eventually(lambda: counted(0), 10, "a snapshot counting no blocks after AllBlocksCleared")
+    finally:
+        if isinstance(store, RedisStore):
+            await store.delete_everything()
+        await store.close()
+
+
 @pytest.mark.e2e
 async def test_collector_with_the_simulated_fleet(
     tmp_path: Path, redis_server_url: str, key_prefix: str, smollm2_dir: Path
@@ -461,6 +509,34 @@ async def test_collector_thread_keeps_the_store_fresh_while_the_gateway_loop_is_
     finally:
         await thread.stop()
         fleet.stop()
+
+
+async def test_a_collector_thread_stops_before_its_stop_returns_even_when_its_owner_is_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner cancelled while stopping its collector (a test's loop torn down, a drain cut short) left the
+    collector's thread running: its stop went on there, or not, and logged "collector stopped" after the owner was
+    gone (CI printed "--- Logging error ---": the test's captured stream was closed by then). The stop finishes,
+    and the thread is joined, before the owner's stop returns or raises."""
+    config = config_from_dict(config_data(None, "cogtest", "http://127.0.0.1:1", None))
+    thread = CollectorThread(config, MemoryStore())
+    await thread.start()
+    caplog.set_level(logging.INFO, logger="cognitora.collector")
+    stopping = asyncio.create_task(thread.stop())
+    await asyncio.sleep(0)  # the stop has begun: it waits on the collector's own loop
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert not thread.alive
+    assert "collector stopped" in [r.getMessage() for r in caplog.records]
+
+
+async def test_two_stops_of_a_collector_thread_at_once_both_return_once_it_ended() -> None:
+    thread = CollectorThread(config_from_dict(config_data(None, "cogtest", "http://127.0.0.1:1", None)), MemoryStore())
+    await thread.start()
+    await asyncio.wait_for(asyncio.gather(thread.stop(), thread.stop()), 15)
+    assert not thread.alive
+    thread.stop_blocking()  # and once more, after: nothing to do
 
 
 async def test_collector_thread_refuses_a_redis_store(redis_server_url: str, key_prefix: str) -> None:

@@ -115,3 +115,27 @@ def test_an_engine_without_counters_learns_nothing() -> None:
     blind.observe(EndpointSnapshot("e", last_seen=1.0, energy_joules=100.0))  # no token counters
     blind.observe(EndpointSnapshot("e", last_seen=2.0, energy_joules=200.0))
     assert blind.joules_per_token is None
+
+
+def test_an_idle_draw_seen_once_lower_gives_way_to_the_idle_draw_of_late() -> None:
+    """The idle draw was the lowest idle reading ever seen: one reading of a GPU in its deepest idle state (before
+    its first request; or a meter's dip) stayed the baseline for good, after the engine idled at 100 W between
+    requests for hours, and every window's idle draw above it was charged to its tokens (0.87 J/token here
+    against 0.05). The baseline is the lowest idle reading of the last ``IDLE_HORIZON_S`` of idle readings."""
+    est = EnergyEstimator(min_tokens=256)
+    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=60.0, running=0))  # deep idle, once
+    for t in range(10, 410, 10):  # idle again, at 100 W, for nearly 7 minutes
+        est.observe(energy_snap(float(t), 5000.0 + 100.0 * t, 1000.0, watts=100.0, running=0))
+    # then 20,000 tokens at 0.05 J/token on top of the 100 W the engine draws when idle
+    est.observe(energy_snap(410.0, 5000.0 + 100.0 * 410 + 1000.0, 21000.0, watts=300.0))
+    assert est.joules_per_token == pytest.approx(0.05)
+
+
+def test_the_idle_draw_is_the_lowest_idle_reading_not_one_taken_as_work_winds_down() -> None:
+    """An idle reading right after work can still hold its draw (a meter averages): the lowest one counts."""
+    est = EnergyEstimator(min_tokens=256)
+    est.observe(energy_snap(0.0, 5000.0, 1000.0, watts=250.0, running=0))  # just after a request ended
+    est.observe(energy_snap(1.0, 5100.0, 1000.0, watts=100.0, running=0))  # idle
+    est.observe(energy_snap(2.0, 5200.0, 1000.0, watts=180.0, running=0))  # the meter's lag of the next blip
+    est.observe(energy_snap(12.0, 5200.0 + 1000.0 + 1000.0, 21000.0, watts=300.0))  # 10 s: 1,000 J idle + work
+    assert est.joules_per_token == pytest.approx(0.05)

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from cognitora.outcome_rates import OutcomeRates
+from cognitora.outcome_rates import WINDOW, OutcomeRates
+from cognitora.placement.tier_reload import priced_prefix
 from kvstate.engines import ENGINES, llamacpp, trtllm
 from kvstate.events import EventDecodeError
 from kvstate.events.ingest import EventIngestor
@@ -216,6 +217,73 @@ def test_outcomes_teach_prefill_rate_decode_speed_and_delivered_reuse() -> None:
     assert snaps["mac:1"].healthy and snaps["mac:1"].last_seen == 100.0
     # the routing history's prefix match on it is scaled by the reuse it delivers
     assert rates.discount({"mac:1": PrefixMatch(10, 10.0)})["mac:1"].weighted_blocks == pytest.approx(5.0)
+
+
+def _placed_on_history(rates: OutcomeRates, match: PrefixMatch, prompt_tokens: int, cached_tokens: int) -> None:
+    """One attempt placed on the routing history's ``match``: placement predicts what the discounted match prices
+    at (``priced_prefix``, 16 tokens a block), the engine reports ``cached_tokens``."""
+    discounted = rates.discount({"mac:1": match})["mac:1"]
+    predicted, _ = priced_prefix(discounted, prompt_tokens, 16, None)
+    rates.observe(
+        "mac:1",
+        queued_prefill_tokens=0,
+        prompt_tokens=prompt_tokens,
+        predicted_cached_tokens=predicted,
+        cached_tokens=cached_tokens,
+        ttft_s=None,
+        completion_tokens=None,
+        e2e_s=None,
+    )
+
+
+def test_a_reuse_learned_at_nothing_comes_back_when_the_engine_reuses_again() -> None:
+    """The first follow-up found MLX's small prompt cache evicted (0 of 2,000 reused). The discount then priced the
+    history's match at 0 cached tokens, so no later attempt predicted any reuse there, and only attempts that
+    predicted some taught the ratio: it stayed 0 for good, whatever the engine delivered after."""
+    rates = OutcomeRates(["mac:1"])
+    match = PrefixMatch(125, 125.0)  # 2,000 tokens of the prompt in the engine's history
+    _placed_on_history(rates, match, 4000, cached_tokens=0)
+    for _ in range(12):  # the engine reuses the whole prefix again
+        _placed_on_history(rates, match, 4000, cached_tokens=2000)
+    learned = rates.learned("mac:1")
+    assert learned is not None and learned.reuse_ratio is not None
+    assert learned.reuse_ratio > 0.95
+    assert rates.discount({"mac:1": match})["mac:1"].weighted_blocks > 0.95 * 125
+
+
+def test_the_reuse_learned_is_what_the_engine_delivers_of_the_history_not_of_the_discounted_guess() -> None:
+    """An engine that reuses half of what its history holds is learned at a half. Compared with the discounted
+    prediction (itself the ratio times the match), the samples chased their own tail and settled at 0.71."""
+    rates = OutcomeRates(["mac:1"])
+    match = PrefixMatch(125, 125.0)
+    for _ in range(30):
+        _placed_on_history(rates, match, 4000, cached_tokens=1000)
+    learned = rates.learned("mac:1")
+    assert learned is not None and learned.reuse_ratio == pytest.approx(0.5, abs=0.01)
+
+
+def test_an_outcome_learned_rate_follows_the_engine_down_and_back_up() -> None:
+    rates = OutcomeRates(["mac:1"])
+
+    def attempt(ttft_s: float) -> None:
+        rates.observe(
+            "mac:1",
+            queued_prefill_tokens=0,
+            prompt_tokens=2000,
+            predicted_cached_tokens=0,
+            cached_tokens=0,
+            ttft_s=ttft_s,
+            completion_tokens=1,
+            e2e_s=ttft_s,
+        )
+
+    for ttft_s in [1.0] * WINDOW + [10.0] * WINDOW:  # 2,000 tokens/s, then slowed to 200
+        attempt(ttft_s)
+    learned = rates.learned("mac:1")
+    assert learned is not None and learned.prefill_tokens_per_s == pytest.approx(200)
+    for _ in range(WINDOW):  # quick again
+        attempt(1.0)
+    assert learned.prefill_tokens_per_s == pytest.approx(2000)
 
 
 def test_a_response_timed_only_at_its_end_teaches_no_prefill_rate() -> None:

@@ -489,6 +489,15 @@ def test_estimator_drops_at_once_to_what_finished_requests_could_at_most_have_do
     assert est.prefill_tokens_per_s == pytest.approx(24.0)
 
 
+def test_estimator_a_rate_dropped_by_a_slowdown_climbs_back_when_the_engine_is_quick_again() -> None:
+    est = RateEstimator()
+    est.observe(load(0), now=0.0)
+    est.per_request_prefill = 24.0  # what a slowdown taught (a finished request's ceiling drops it at once)
+    for i in range(1, 13):  # quick again: windows of 1,200 tokens/s
+        est.observe(load(840 * i, ttft=0.7 * i, count=i), now=float(i))
+    assert est.prefill_tokens_per_s > 1100
+
+
 def test_estimator_on_a_busy_engine_widens_the_window_until_the_requests_pair_up() -> None:
     # Always 2 requests decoding: a 12k-token prompt first-tokened while a 1k-token one finished, scrape after
     # scrape. A window of one scrape pairs 12k tokens with 1k tokens' prefill time (12x); it closes only once at

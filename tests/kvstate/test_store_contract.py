@@ -208,6 +208,25 @@ async def test_clear_endpoint_for_every_model(store: Store) -> None:
     assert only(await store.match_prefix(M, CHAIN), A).blocks == 1
 
 
+async def test_cached_blocks_counts_what_the_kv_events_confirmed_per_endpoint(store: Store) -> None:
+    # What the tie-break's load bound reads (via the scraper's snapshot): every model and tier, never a guess.
+    assert await store.cached_blocks(A) == 0
+    await store.add_blocks(M, A, CHAIN)  # BlockStored
+    await store.add_blocks(M, A, CHAIN[:4], Tier.CPU)  # the same blocks in another tier: no more blocks
+    await store.add_blocks("other-model", A, CHAIN[:5], Tier.CPU)
+    await store.add_blocks(M, B, CHAIN[:3])
+    await store.add_speculative(M, A, [0x9999, 0x9998], ttl_s=60)  # routed, not confirmed: not counted
+    assert (await store.cached_blocks(A), await store.cached_blocks(B)) == (12 + 5, 3)
+    await store.remove_blocks(M, A, CHAIN[:2])  # BlockRemoved
+    await store.remove_blocks(M, A, CHAIN[2:4], Tier.CPU)  # still on the GPU: still held
+    assert await store.cached_blocks(A) == 10 + 5
+    await store.clear_endpoint(A, "other-model")
+    assert await store.cached_blocks(A) == 10
+    await store.clear_endpoint(A)  # AllBlocksCleared, or a purge
+    assert (await store.cached_blocks(A), await store.cached_blocks(B)) == (0, 3)
+    assert await store.cached_blocks(C) == 0
+
+
 async def test_a_purged_endpoints_place_is_reused_cleanly(store: Store) -> None:
     await store.add_blocks(M, A, CHAIN)
     await store.add_speculative(M, A, [0x7777], ttl_s=60)
@@ -341,6 +360,7 @@ async def test_snapshots_round_trip(store: Store) -> None:
         prefix_cache_hits_total=0.0,
         prefix_cache_queries_total=7.0,
         requests_finished_total=5.0,
+        cached_blocks=4321,
     )
     b = EndpointSnapshot(endpoint=B)
     await store.put_snapshot(a)
@@ -351,7 +371,9 @@ async def test_snapshots_round_trip(store: Store) -> None:
     await store.put_snapshot(newer)
     assert (await store.snapshots([B]))[B] == newer
     # a field the newer snapshot does not know (None) must not show the older one's value through
-    await store.put_snapshot(EndpointSnapshot(endpoint=A, mean_service_s=None, joules_per_token=None))
+    await store.put_snapshot(
+        EndpointSnapshot(endpoint=A, mean_service_s=None, joules_per_token=None, cached_blocks=None)
+    )
     assert (await store.snapshots([A]))[A] == EndpointSnapshot(endpoint=A)
 
 

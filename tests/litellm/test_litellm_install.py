@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: skip the cost-map download retries
 
 import json
+import logging
 import subprocess
 import sys
 from typing import Any
@@ -146,6 +147,29 @@ def test_a_router_named_cognitora_gets_the_strategy_and_loses_it_on_a_switch() -
     finally:
         router.update_settings(routing_strategy="simple-shuffle")
     assert litellm_plugin.strategy_for(router) is None
+
+
+async def test_a_switch_on_the_routers_own_loop_stops_its_collector_before_it_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Router built in a running loop (the proxy's) runs the core on that loop, where a switch's synchronous
+    close cannot await the core's close: it was left to a task, and the in-process collector's thread went on
+    collecting, and logged "collector stopped" after the strategy (in CI, the test) was gone."""
+    litellm_plugin.install()
+    router = litellm.Router(model_list=ENGINES, routing_strategy="cognitora", routing_strategy_args={})
+    strategy = litellm_plugin.strategy_for(router)
+    assert isinstance(strategy, CognitoraRoutingStrategy)
+
+    async def nothing(_: Any) -> None:
+        return None
+
+    try:
+        await strategy.host.call(nothing)  # the core starts, and with it the collector's thread
+        caplog.set_level(logging.INFO, logger="cognitora.collector")
+        router.update_settings(routing_strategy="simple-shuffle")
+        assert "collector stopped" in [r.getMessage() for r in caplog.records]
+    finally:
+        router.update_settings(routing_strategy="simple-shuffle")
 
 
 def test_a_bad_strategy_name_is_still_litellms_error_and_keeps_the_strategy() -> None:
