@@ -24,6 +24,10 @@ accurately placement predicted (the attention term no longer counted twice), the
 gateway's clock is the engines' (as on real engines); the run takes ~2.3 wall minutes per target (36 for the
 default 5 targets x 3 seeds).
 
+``--phase noisy`` or ``--phase priority`` runs one part of the schedule (``flow_phase``): the warm-up, then the
+noisy-neighbour stages, or the overload stage after a short gap (its arrivals the same, relative to the stage's
+start, as in the whole schedule of that seed): what a change to one rule is measured on in a third of the time.
+
 Team and class travel as headers a trusted auth filter would set (``x-bench-team``, ``x-bench-priority``; the
 Cognitora target's extproc is told to trust them). Peers ignore them: they have no notion of team or class.
 Results: ``bench/results/flow_bench.{md,json}`` with the exact command.
@@ -38,8 +42,8 @@ import shlex
 import signal
 import statistics
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,7 @@ from bench.run_all import RESULTS, FleetSpec, run_target
 from bench.run_args import SMOLLM2_TOKENIZER
 from bench.targets import CognitoraEnvoyTarget, Target
 
-__all__ = ["FlowWorkload", "flow_schedule", "main", "summarize"]
+__all__ = ["PHASES", "FlowWorkload", "flow_phase", "flow_schedule", "main", "summarize"]
 
 TEAM_HEADER = "x-bench-team"
 PRIORITY_HEADER = "x-bench-priority"
@@ -60,6 +64,13 @@ CLASS_SLO_S = {"default": 2.0, "batch": 30.0}
 DEFAULT_TARGETS = "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,cognitora-envoy@flow_control={}"
 """Cognitora without flow control, and with ``flow_control: {}`` (its defaults: each class's wait follows its
 objective), what an operator turns on."""
+PHASES = ("all", "noisy", "priority")
+"""``--phase``: the whole schedule, or one of its two measured parts (``flow_phase``)."""
+PHASE_GAP_S = 12.0
+"""``--phase priority``: engine seconds between the warm-up's end and the overload stage: longer than team
+isolation's 10 s window (``flow_control.isolation.window_s``), so team B of the warm-up no longer counts as active
+in the ``default`` band when team C's requests arrive, as in the whole schedule (B's last request 45 s before).
+With 4 s, C's second request was held for isolation beside an idle engine and shed."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,28 @@ def flow_schedule(w: FlowWorkload, seed: int) -> wl.Schedule:
     )
 
 
+def flow_phase(schedule: wl.Schedule, w: FlowWorkload, phase: str) -> wl.Schedule:
+    """``schedule`` (``flow_schedule``'s) cut to ``phase``: ``all`` as it is; ``noisy``: the warm-up, B alone and
+    beside A; ``priority``: the warm-up, then the overload stage ``PHASE_GAP_S`` after it, its arrivals moved
+    earlier by the stages left out (the same requests, at the same offsets into the stage)."""
+    if phase == "all":
+        return schedule
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: one of {', '.join(PHASES)}")
+    keep = ("warmup", "alone", "noisy") if phase == "noisy" else ("warmup", "over")
+    shift = 0.0 if phase == "noisy" else w.alone_s + w.noisy_s + w.gap_s - PHASE_GAP_S
+    requests = [
+        replace(r, arrival_s=r.arrival_s - (shift if r.stage.startswith("over") else 0.0))
+        for r in schedule.requests
+        if r.stage.split(":")[0] in keep
+    ]
+    requests = [replace(r, index=i) for i, r in enumerate(requests)]
+    stages = [s for s in schedule.stages if s.label.split(":")[0] in keep]
+    return replace(
+        schedule, description=f"{schedule.description} (phase {phase} only)", requests=requests, stages=stages
+    )
+
+
 def _pct(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -183,14 +216,24 @@ def summarize(raw: Sequence[dict[str, Any]], w: FlowWorkload) -> dict[str, Any]:
     return out
 
 
-def _trust_headers(target: Target) -> None:
-    if isinstance(target, CognitoraEnvoyTarget):
-        target.extproc_args = (
-            "--trusted-team-header",
-            TEAM_HEADER,
-            "--trusted-priority-header",
-            PRIORITY_HEADER,
-        )
+def _configure(log_level: str | None) -> Callable[[Target], None]:
+    """Trust the bench's identity headers; ``log_level``: the extproc's (``info``: a JSON line per decision and
+    per departure from the gateway queue, in ``<workdir>/extproc.log``, whose path is printed)."""
+
+    def configure(target: Target) -> None:
+        if isinstance(target, CognitoraEnvoyTarget):
+            more = ("--log-level", log_level) if log_level else ()
+            target.extproc_args = (
+                "--trusted-team-header",
+                TEAM_HEADER,
+                "--trusted-priority-header",
+                PRIORITY_HEADER,
+                *more,
+            )
+            if log_level:
+                print(f"  extproc log: {target.workdir / 'extproc.log'}", file=sys.stderr, flush=True)
+
+    return configure
 
 
 def _spread(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
@@ -299,7 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="engine seconds per wall second; flow control's waits are on the gateway's clock (see the docstring)",
     )
     p.add_argument("--drain", type=float, default=60.0, help="engine seconds to wait after the last request")
-    p.add_argument("--out", default=str(RESULTS / "flow_bench"))
+    p.add_argument("--phase", choices=PHASES, default="all", help="run one part of the schedule (see the docstring)")
+    p.add_argument("--log-level", default=None, help="the Cognitora extproc's log level (info: its decisions)")
+    p.add_argument("--raw", action="store_true", help="also write every request's result (OUT.raw.jsonl)")
+    p.add_argument(
+        "--out", default=None, help="results path without suffix (default: bench/results/flow_bench[_PHASE])"
+    )
     args = p.parse_args(argv)
     w = FlowWorkload()
     spec = FleetSpec(args.engines, "h100x2", "sim-qwen3-32b", args.time_scale, 32, str(SMOLLM2_TOKENIZER))
@@ -308,14 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     slo = Slo(2.0, 0.1)
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
-    out = Path(args.out)
+    out = Path(args.out or RESULTS / ("flow_bench" if args.phase == "all" else f"flow_bench_{args.phase}"))
     doc: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "bench.flow_bench", *argv]),
         "started_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "fleet": f"{args.engines} x h100x2 (sim, vLLM kind), SmolLM2 tokenizer",
         "time_scale": args.time_scale,
         "workload": w.__dict__,
-        "description": flow_schedule(w, args.first_seed).description,
+        "description": flow_phase(flow_schedule(w, args.first_seed), w, args.phase).description,
         "seeds": [],
     }
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -326,13 +374,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for k in range(args.seeds):
         seed = args.first_seed + k
-        schedule = flow_schedule(w, seed)
+        schedule = flow_phase(flow_schedule(w, seed), w, args.phase)
         seed_doc: dict[str, Any] = {"seed": seed, "targets": {}, "skipped": {}}
         doc["seeds"].append(seed_doc)
         for name in names:
             print(f"== seed {seed} {name}", file=sys.stderr, flush=True)
             raw: list[dict[str, Any]] = []
-            run = run_target(name, schedule, spec, run_args, slo, raw=raw, configure=_trust_headers)
+            run = run_target(name, schedule, spec, run_args, slo, raw=raw, configure=_configure(args.log_level))
             why = why_unusable(run)
             if why:
                 seed_doc["skipped"][name] = why
@@ -340,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  FAILED: {why}", file=sys.stderr, flush=True)
             else:
                 seed_doc["targets"][name] = summarize(raw, w)
+                if args.raw:
+                    with out.with_suffix(".raw.jsonl").open("a") as f:
+                        f.writelines(json.dumps({"seed": seed, **r}) + "\n" for r in raw)
                 seed_doc["targets"][name]["router_cpu_share"] = run.router_cpu_share
                 seed_doc["targets"][name]["health"] = asdict(run.health) if run.health else None
             write()

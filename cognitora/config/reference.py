@@ -30,7 +30,7 @@ from cognitora.config.schema import (
     ScrapeConfig,
     TtftFeedbackConfig,
 )
-from cognitora.flow.config import FlowClassConfig, FlowControlConfig, IsolationConfig, LeaseConfig
+from cognitora.flow.config import FlowClassConfig, FlowControlConfig, IsolationConfig, LeaseConfig, MarginConfig
 from cognitora.intent.policy import (
     ClassifierSpec,
     DifficultySpec,
@@ -71,6 +71,7 @@ REFERENCE_SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("budgets.prices.<model>", ModelPrice),
     ("flow_control", FlowControlConfig),
     ("flow_control.classes.<name>", FlowClassConfig),
+    ("flow_control.margin", MarginConfig),
     ("flow_control.isolation", IsolationConfig),
     ("flow_control.leases", LeaseConfig),
     ("kv_tiers", KvTiersConfig),

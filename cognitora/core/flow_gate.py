@@ -34,8 +34,9 @@ from cognitora.flow.config import FlowControlConfig, HoldReason
 from cognitora.flow.controller import FlowController, Ticket
 from cognitora.flow.isolation import TeamActivity, TeamPrefill, isolation_hold, prefill_endpoint
 from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
+from cognitora.flow.margin import PredictionMargin
 from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
-from cognitora.flow.priority import BandActivity, priority_hold
+from cognitora.flow.priority import BandActivity, depth_hold, priority_hold
 from cognitora.flow.saturation import Saturation, own_ttft_s, request_cost, saturation_of
 from cognitora.flow.telemetry import FlowTelemetry
 from cognitora.request import RouteRequest
@@ -137,6 +138,9 @@ class FlowGate:
         self.controller: FlowController[_Queued, Placed] = FlowController(
             flow, bands, self, observer=self.telemetry.departed
         )
+        self.margin = PredictionMargin(flow.margin)
+        """How late this process's requests were against their predicted TTFT: what its predictions are multiplied
+        by (``cognitora.flow.margin``)."""
         self.activity = BandActivity([(b.name, slos[b.name]) for b in bands], flow.priority_window_s)
         """Which higher bands' objectives cap what lower bands commit (``cognitora.flow.priority``)."""
         self.teams: TeamActivity | None = None
@@ -163,9 +167,10 @@ class FlowGate:
         self.activity.saw(priority, own)
         if self.teams is not None:
             self.teams.saw(priority, flow)
+        margin = self.margin.factor
         saturation = (
-            self._saturation(decision, pclass.ttft_slo_s)
-            or self._below(priority, decision)
+            self._saturation(decision, pclass.ttft_slo_s, margin)
+            or self._below(priority, decision, margin)
             or self._isolated(priority, flow, decision)
         )
         if saturation is not None:
@@ -173,7 +178,8 @@ class FlowGate:
         elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
-        return Waiting(priority, flow, cost, saturation, self.bands[priority].wait_bound_s(own))
+        bound = self.bands[priority].wait_bound_s(None if own is None else own * margin)
+        return Waiting(priority, flow, cost, saturation, bound)
 
     async def wait(
         self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
@@ -215,13 +221,16 @@ class FlowGate:
         if self.leases is not None:
             await self.leases.publish_depth(self.controller.waiting_by_band())
 
-    def _below(self, band: str, decision: Decision) -> Saturation | None:
+    def _below(self, band: str, decision: Decision, margin: float) -> Saturation | None:
         """Held for a higher band: its objective is the ceiling of what this band may commit while it is active
         (``cognitora.flow.priority``; part of the ``slo`` hold reason)."""
         if HoldReason.SLO not in self.flow.hold_on or decision.cloud is not None:
             return None
         ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
-        return None if ceiling is None else priority_hold(decision, ceiling)
+        if ceiling is not None:
+            return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals_quantile)
+        recent = self.activity.recent(band)
+        return None if recent is None else depth_hold(decision, recent, margin)
 
     def _isolated(self, band: str, flow: str, decision: Decision) -> Saturation | None:
         """Held for team isolation: another team is active in ``band`` and could use the engine, and committing
@@ -245,12 +254,14 @@ class FlowGate:
         duration = self.flow.isolation.prefill_margin * decision.predicted_ttft_s
         self.prefill.add(attempt.request_id, flow_of(request), endpoint, duration)
 
-    def _saturation(self, decision: Decision, ttft_slo_s: float) -> Saturation | None:
-        """The hold rule (``saturation_of``), and one more reading of ``seats``: every eligible engine runs as many
-        requests as its configured ``max_num_seqs``. The seat wait placement predicts is 0 while the engine's
-        service time is unknown (nothing finished there yet: a cold start, or a ramp of load), and the seats are
-        no less taken then."""
-        found = saturation_of(decision, ttft_slo_s, self.flow.hold_on)
+    def _saturation(
+        self, decision: Decision, ttft_slo_s: float, margin: float, waited_s: float = 0.0
+    ) -> Saturation | None:
+        """The hold rule (``saturation_of``, with the prediction margin and the wait so far), and one more reading
+        of ``seats``: every eligible engine runs as many requests as its configured ``max_num_seqs``. The seat
+        wait placement predicts is 0 while the engine's service time is unknown (nothing finished there yet: a
+        cold start, or a ramp of load), and the seats are no less taken then."""
+        found = saturation_of(decision, ttft_slo_s, self.flow.hold_on, margin=margin, waited_s=waited_s)
         if found is not None or HoldReason.SEATS not in self.flow.hold_on or decision.cloud is not None:
             return found
         if decision.rejection is not None and not decision.saturated:
@@ -271,7 +282,10 @@ class FlowGate:
     # -- the lifecycle's ----------------------------------------------------------------------------------------
     def freed(self, attempt: Attempt, why: WakeReason) -> None:
         """An attempt's prefill or whole life ended here: its lease (if any) goes back, its team's in-flight prefill
-        on its engine ends, and the queue tries again."""
+        on its engine ends, its first token (if timed) tells the prediction margin how late it was, and the queue
+        tries again."""
+        if why is WakeReason.FIRST_TOKEN and attempt.first_token_at is not None and attempt.decision.cloud is None:
+            self._observe_margin(attempt.decision.predicted_ttft_s, attempt.first_token_at - attempt.dispatched_at)
         if self.prefill is not None:
             self.prefill.done(attempt.request_id)
         if why is WakeReason.FINISHED:
@@ -279,6 +293,21 @@ class FlowGate:
             if endpoint is not None and self.leases is not None:
                 asyncio.get_running_loop().create_task(self._release(endpoint, attempt.request_id))
         self.controller.wake(why)
+
+    def _observe_margin(self, predicted_s: float, achieved_s: float) -> None:
+        """One first token for the prediction margin; a move of 0.05 or more is logged (what admission uses)."""
+        before = self.margin.factor
+        self.margin.observe(predicted_s, achieved_s)
+        after = self.margin.factor
+        if abs(after - before) >= 0.05:
+            log.info(
+                "flow control: prediction margin %.2f (was %.2f): the %g quantile of %d requests' achieved / "
+                "predicted TTFT",
+                after,
+                before,
+                self.flow.margin.quantile,
+                self.margin.samples,
+            )
 
     async def _release(self, endpoint: str, lease_id: str) -> None:
         assert self.leases is not None
@@ -297,13 +326,16 @@ class FlowGate:
         decision = await self._place(queued.request)
         waited = asyncio.get_running_loop().time() - ticket.queued_at
         pclass = self.config.placement.priorities[ticket.band]
-        saturation = self._saturation(decision, pclass.ttft_slo_s)
+        margin = self.margin.factor
+        # A wait that follows the objective counts against it; an operator's max_wait_s means "late, not shed".
+        late_after = waited if self.bands[ticket.band].max_wait_s is None else 0.0
+        saturation = self._saturation(decision, pclass.ttft_slo_s, margin, late_after)
         if saturation is not None:
             self.telemetry.held("queue", saturation.kind)
             # seats: nothing else fits either; kv, slo: a smaller request of another flow may
             return Held(saturation.detail, only_this=saturation.reason is not HoldReason.SEATS)
         if not ticket.aged:  # the anti-starvation rule's dispatch is not held for the bands above, nor for isolation
-            below = self._below(ticket.band, decision)
+            below = self._below(ticket.band, decision, margin)
             if below is not None:
                 self.telemetry.held("queue", below.kind)
                 return Held(below.detail)

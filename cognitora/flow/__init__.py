@@ -7,6 +7,7 @@ across teams (by the prefill they really add), and are placed when they leave, o
 | ``bands`` | priority classes in dispatch order, with their limits |
 | ``saturation`` | whether a placement says "wait", and what a request costs its flow |
 | ``priority`` | strict priority at admission: a lower band held under an active higher band's objective |
+| ``margin`` | the prediction margin: a measured quantile of achieved / predicted TTFT, applied to admission |
 | ``isolation`` | team isolation: no team's in-flight prefill takes every engine while another team is active |
 | ``fair_queue`` | the order: strict bands with an aged share, virtual-time DRR across flows, FIFO within |
 | ``controller`` | ``FlowController``: the asyncio queue, its dispatcher and wake-ups, timeouts, cancellation |
@@ -27,9 +28,11 @@ from cognitora.flow.config import (
     HoldReason,
     IsolationConfig,
     LeaseConfig,
+    MarginConfig,
 )
 from cognitora.flow.controller import FlowController, Ticket
 from cognitora.flow.leases import FairCharge, LeaseGrant, Leases, MemoryLeases
+from cognitora.flow.margin import PredictionMargin
 from cognitora.flow.outcome import Departure, Held, Left, Placer, QueueRefusal, WakeReason
 from cognitora.flow.saturation import Saturation, request_cost, saturation_of
 from cognitora.flow.snapshot import QueueSnapshot, wait_explanation
@@ -49,8 +52,10 @@ __all__ = [
     "LeaseGrant",
     "Leases",
     "Left",
+    "MarginConfig",
     "MemoryLeases",
     "Placer",
+    "PredictionMargin",
     "QueueRefusal",
     "QueueSnapshot",
     "Saturation",

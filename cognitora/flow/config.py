@@ -22,6 +22,7 @@ __all__ = [
     "HoldReason",
     "IsolationConfig",
     "LeaseConfig",
+    "MarginConfig",
 ]
 
 
@@ -119,6 +120,35 @@ class IsolationConfig(_Strict):
     report). Above 1: a prediction somewhat short does not free the engine for the team too early."""
 
 
+class MarginConfig(_Strict):
+    """The prediction margin (``cognitora.flow.margin``): flow control multiplies the TTFT predictions it admits
+    by (its objective checks, each class's wait bound, the room kept for a higher band) by a quantile of how late
+    this process's requests really were against their predictions, so a prediction error is not an admission
+    error (docs/flow_control.md, "The prediction margin")."""
+
+    quantile: float = Field(default=0.9, ge=0, lt=1)
+    """Of the recent achieved / predicted TTFT ratios: 0.9 means nine requests in ten are no later than their
+    prediction x the margin. 0: no margin (predictions taken as they are)."""
+    samples: int = Field(default=200, ge=10, le=100_000)
+    """The window: the last this many requests' ratios."""
+    min_samples: int = Field(default=10, ge=1)
+    """Below this many ratios the margin is 1. 10: the flow bench's overload stage (1 request a second of the top
+    class) had its margin from 10 s on; at 20 it was still 1 for most of the stage, and the requests placed at
+    the end of their wait were served at 2.04-2.15 s against 2 s."""
+    min_predicted_s: float = Field(default=0.5, ge=0)
+    """Only requests predicted at least this long count: a short prompt's ratio (network and step overhead) says
+    nothing about whether a long one meets its objective."""
+    max_factor: float = Field(default=1.5, ge=1.0, le=10.0)
+    """The margin never exceeds this (an engine that stalled for a while must not make the gateway refuse
+    everything); it is never below 1 (an over-prediction stays a margin)."""
+
+    @model_validator(mode="after")
+    def _window(self) -> MarginConfig:
+        if self.min_samples > self.samples:
+            raise ValueError(f"min_samples ({self.min_samples}) is more than samples ({self.samples})")
+        return self
+
+
 class FlowControlConfig(_Strict):
     """Hold requests at the gateway while the fleet is saturated, by priority band and fair across teams. Absent:
     no queue (a saturated request is placed anyway, or shed if its class is sheddable)."""
@@ -163,6 +193,14 @@ class FlowControlConfig(_Strict):
     objective (so a lax class cannot fill the engines ahead of a strict one; ``cognitora.flow.priority``). 0: only
     while the higher band has waiters. The anti-starvation rule (``aged_after_s``) still dispatches aged
     requests."""
+    priority_arrivals_quantile: float = Field(default=0.9, ge=0, le=0.999)
+    """Strict priority at admission, while a higher band is active: a lower band's request is committed only if
+    the other engines could also take the higher band's arrivals during its prefill, each within that band's
+    objective: as many as a Poisson stream at the band's recent rate sends in that time at this quantile (0.9:
+    nine times in ten no more arrive). 0: room for the higher band's next request only."""
+    margin: MarginConfig = Field(default_factory=MarginConfig)
+    """The prediction margin: a measured quantile of how late requests were against their predicted TTFT, which
+    every prediction flow control admits by is multiplied by."""
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     """Team isolation within a band: while another team is active, no team's prefill takes every engine (on by
     default; docs/flow_control.md, "Team isolation")."""

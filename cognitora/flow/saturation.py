@@ -6,10 +6,13 @@ the reasons ``flow_control.hold_on`` lists:
 
 - ``seats``: every one would make the request wait for a seat (``slot_wait_s`` > 0);
 - ``kv``: every one would make it wait for KV room (``kv_pressure_s`` > 0);
-- ``slo``: none meets the class's objective (``Decision.saturated``), and one would without its load: its
-  predicted TTFT less the load terms (queued prefill, seat wait, KV wait, steps slowed by resident context,
-  decode load) meets ``ttft_slo_s``. Load is what frees up; a 30k-token prompt over a 2 s objective on an idle
-  engine is placed as before (waiting cannot help it).
+- ``slo``: none meets the class's objective (``Decision.saturated``), or the chosen engine's predicted TTFT x the
+  prediction margin (``cognitora.flow.margin``) is over what the objective leaves after the request's wait so
+  far; and one engine would meet the objective without its load: its predicted TTFT less the load terms (queued
+  prefill, seat wait, KV wait, steps slowed by resident context, decode load), x the margin, meets
+  ``ttft_slo_s``. Load is what frees up; a 30k-token prompt over a 2 s objective on an idle engine is placed as
+  before (waiting cannot help it). A request whose wait left too little for even that is held (it leaves the
+  queue at its wait bound): placed, it would be served late.
 
 A decision refused for anything but saturation (unknown model, no eligible endpoint, a budget), or one with no
 candidates, never waits.
@@ -75,9 +78,15 @@ def uncached_tokens(decision: Decision) -> float:
 
 
 def saturation_of(
-    decision: Decision, ttft_slo_s: float, hold_on: Collection[HoldReason] = tuple(HoldReason)
+    decision: Decision,
+    ttft_slo_s: float,
+    hold_on: Collection[HoldReason] = tuple(HoldReason),
+    *,
+    margin: float = 1.0,
+    waited_s: float = 0.0,
 ) -> Saturation | None:
-    """Why ``decision``'s request should wait at the gateway, or None when it should not (see the module doc)."""
+    """Why ``decision``'s request should wait at the gateway, or None when it should not (see the module doc).
+    ``margin``: the prediction margin; ``waited_s``: how long it has waited already (its objective counts it)."""
     if decision.rejection is not None and not decision.saturated:
         return None
     eligible = _eligible(decision)
@@ -91,16 +100,28 @@ def saturation_of(
         if reason in hold_on and all(getattr(c, term) > 0 for c in eligible):
             soonest = min(eligible, key=lambda c: float(getattr(c, term)))
             return Saturation(reason, sentence.format(e=soonest.endpoint, ms=getattr(soonest, term) * 1000))
-    if HoldReason.SLO in hold_on and decision.saturated:
-        helped = [c for c in eligible if c.predicted_ttft_s - load_s(c) <= ttft_slo_s]
-        if helped:
-            best = min(eligible, key=lambda c: c.predicted_ttft_s)
-            return Saturation(
-                HoldReason.SLO,
-                f"best predicted TTFT {best.predicted_ttft_s:.2f} s (on {best.endpoint}) is over the class's "
-                f"{ttft_slo_s:g} s objective because of load",
-            )
-    return None
+    if HoldReason.SLO not in hold_on:
+        return None
+    best = min(eligible, key=lambda c: c.predicted_ttft_s)
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), best)
+    left = ttft_slo_s - waited_s
+    if not (decision.saturated or chosen.predicted_ttft_s * margin > left):
+        return None
+    if not any((c.predicted_ttft_s - load_s(c)) * margin <= ttft_slo_s for c in eligible):
+        return None  # too long for its objective even on an idle engine: waiting cannot help it
+    own = min(max(0.0, c.predicted_ttft_s - load_s(c)) for c in eligible)
+    if own * margin > left:
+        return Saturation(
+            HoldReason.SLO,
+            f"after {waited_s:.2f} s waiting, {left:.2f} s of the class's {ttft_slo_s:g} s objective is left, less "
+            f"than this request takes on an idle engine ({own:.2f} s x margin {margin:.2f})",
+        )
+    how = "" if margin == 1.0 and waited_s == 0 else f" (x margin {margin:.2f}, {left:.2f} s of it left)"
+    return Saturation(
+        HoldReason.SLO,
+        f"best predicted TTFT {chosen.predicted_ttft_s:.2f} s (on {chosen.endpoint}) is over the class's "
+        f"{ttft_slo_s:g} s objective{how} because of load",
+    )
 
 
 def request_cost(decision: Decision, fairness: FairnessCost, min_cost_tokens: int) -> float:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from bench.flow_bench import PRIORITY_HEADER, TEAM_HEADER, FlowWorkload, flow_schedule, summarize
+from bench.flow_bench import (
+    PHASE_GAP_S,
+    PRIORITY_HEADER,
+    TEAM_HEADER,
+    FlowWorkload,
+    flow_phase,
+    flow_schedule,
+    summarize,
+)
 from bench.loadgen import run_load
 
 
@@ -21,6 +29,27 @@ def test_the_schedule_labels_each_stream_and_carries_its_team_and_class() -> Non
     start = w.warmup_s + w.alone_s
     assert all(start <= r.arrival_s < start + w.noisy_s for r in noisy_a)
     assert [s.label for s in schedule.stages if not s.measured] == ["warmup:B"]
+
+
+def test_the_priority_phase_keeps_the_overload_stages_requests_at_their_offsets_after_the_warm_up() -> None:
+    w = FlowWorkload()
+    whole = flow_schedule(w, seed=7)
+    phase = flow_phase(whole, w, "priority")
+    assert {r.stage.split(":")[0] for r in phase.requests} == {"warmup", "over"}
+    assert [s.label for s in phase.stages] == ["warmup:B", "over:default", "over:batch"]
+    t_over = w.warmup_s + w.alone_s + w.noisy_s + w.gap_s
+    before = [(r.stage, r.arrival_s - t_over, r.messages) for r in whole.requests if r.stage.startswith("over")]
+    after = [
+        (r.stage, r.arrival_s - w.warmup_s - PHASE_GAP_S, r.messages)
+        for r in phase.requests
+        if r.stage.startswith("over")
+    ]
+    assert len(after) == len(before) > 0
+    assert all(a[0] == b[0] and abs(a[1] - b[1]) < 1e-9 and a[2] == b[2] for a, b in zip(after, before, strict=True))
+    assert [r.index for r in phase.requests] == list(range(len(phase.requests)))
+    assert flow_phase(whole, w, "all") is whole
+    noisy = flow_phase(whole, w, "noisy")
+    assert {r.stage for r in noisy.requests} == {"warmup:B", "alone:B", "noisy:A", "noisy:B"}
 
 
 def test_summary_ratio_shed_and_goodput() -> None:

@@ -170,3 +170,22 @@ async def test_without_an_active_higher_band_the_lower_band_is_placed_on_the_loa
     router = Router(config, store)
     decision, attempt = await asyncio.wait_for(router.admit(req("lax", "batch")), 2)
     assert attempt is not None, decision.explain()
+
+
+async def test_the_wait_bound_leaves_room_for_the_measured_prediction_margin() -> None:
+    """The engines' first tokens came far later than predicted: the margin (clamped to its 1.5 bound) is what a
+    request's own predicted TTFT is multiplied by in its wait bound, 2 s - 1.5 x own instead of 2 s - own (waiting
+    that long it would be served late)."""
+    router, holders = await seats_taken(TIERED, {"margin": {"min_samples": 2, "min_predicted_s": 0}})
+    assert router.flow is not None
+    for holder in holders:
+        holder.dispatched_at -= 10.0  # its first token 10 s after dispatch, against a prediction of milliseconds
+        holder.first_token()
+    flow = router.flow
+    await until(lambda: flow.margin.samples == 2)
+    assert flow.margin.factor == 1.5
+    decision, attempt, bound, _ = await admit_timed(router, req("r", "default", words=5_000))
+    assert attempt is None and decision.rejection is not None and decision.rejection.status == 429
+    own = min(c.predicted_ttft_s - c.slot_wait_s - c.queued_prefill_tokens / RATE for c in decision.candidates)
+    assert 0.3 < own < 1.2, decision.explain()
+    assert bound == pytest.approx(2.0 - 1.5 * own, abs=0.05), (bound, own)

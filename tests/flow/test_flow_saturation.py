@@ -111,3 +111,40 @@ def test_cost_is_the_prompt_no_eligible_engine_holds() -> None:
     assert request_cost(d, FairnessCost.FIFO, 16) == 1.0
     all_cached = replace(d, candidates=(cand("a", 0.1, cached_tokens=8000.0),))
     assert request_cost(all_cached, FairnessCost.UNCACHED_TOKENS, 16) == 16.0
+
+
+def test_a_prediction_just_under_the_objective_waits_once_the_margin_says_it_runs_late() -> None:
+    """Predicted 1.9 s against 2 s: placement finds no saturation; with predictions known to run 10% late it
+    would be served at ~2.1 s, so it waits for load to drain (its own 0.9 s x 1.1 fits easily)."""
+    d = decision(cand("a", 1.9, queued_prefill_tokens=10_000))
+    assert saturation_of(d, SLO) is None
+    s = saturation_of(d, SLO, margin=1.1)
+    assert s is not None and s.reason is HoldReason.SLO
+    assert s.detail == (
+        "best predicted TTFT 1.90 s (on a) is over the class's 2 s objective (x margin 1.10, 2.00 s of it left) "
+        "because of load"
+    )
+
+
+def test_the_wait_so_far_counts_against_the_objective() -> None:
+    """A request that waited 0.5 s is placed only where it still meets what its objective left (1.5 s): 1.7 s
+    predicted would have been served at 2.2 s. Once the wait leaves less than even an idle engine takes, it stays
+    held (its wait bound sheds it) rather than being served late; a prompt too long for the objective on an idle
+    engine is not held for it (waiting never could help)."""
+    d = decision(cand("a", 1.7, queued_prefill_tokens=8_000))  # 0.8 s of load, 0.9 s of its own
+    assert saturation_of(d, SLO) is None
+    s = saturation_of(d, SLO, waited_s=0.5)
+    assert s is not None and s.reason is HoldReason.SLO and "1.50 s of it left" in s.detail
+    late = saturation_of(d, SLO, waited_s=1.2)
+    assert late is not None and late.detail.startswith("after 1.20 s waiting, 0.80 s of the class's 2 s objective")
+    too_long = decision(cand("a", 2.6, queued_prefill_tokens=1_000))  # 2.5 s of its own
+    assert saturation_of(too_long, SLO, waited_s=0.5) is None
+
+
+def test_what_a_request_takes_on_an_idle_engine_is_its_least_over_the_engines() -> None:
+    """The engine with the least predicted TTFT (a: 1.7 s, all its own: it runs slow) is not what the request
+    "takes on an idle engine" while another would take 0.9 s once its 1.3 s of load drains: after 0.5 s of
+    waiting it is held for load, not as past hope."""
+    d = decision(cand("a", 1.7), cand("b", 2.2, queued_prefill_tokens=13_000))
+    s = saturation_of(d, SLO, waited_s=0.5)
+    assert s is not None and "because of load" in s.detail, s.detail

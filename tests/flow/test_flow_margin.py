@@ -1,0 +1,52 @@
+"""The prediction margin (``cognitora.flow.margin``): a quantile of how late requests were against their predicted
+TTFT, from what a user's requests really took; never below 1, never above its bound, 1 until enough are in."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cognitora.flow.config import FlowControlConfig, MarginConfig
+from cognitora.flow.margin import PredictionMargin
+
+
+def test_the_margin_is_the_quantile_of_achieved_over_predicted() -> None:
+    margin = PredictionMargin(MarginConfig(quantile=0.9, samples=100, min_samples=10))
+    for i in range(9):
+        margin.observe(1.0, 1.0 + i / 100)  # 1.00 .. 1.08
+        assert margin.factor == 1.0  # fewer than min_samples: no margin yet
+    margin.observe(1.0, 1.3)  # the tenth: one late request in ten
+    assert margin.factor == pytest.approx(1.08)  # the 0.9 quantile of ten is the ninth
+    for _ in range(10):
+        margin.observe(2.0, 2.6)
+    assert margin.factor == pytest.approx(1.3)
+    assert margin.samples == 20
+
+
+def test_only_requests_long_enough_to_matter_count_and_the_factor_is_bounded() -> None:
+    margin = PredictionMargin(MarginConfig(min_samples=1, min_predicted_s=0.5, max_factor=1.5))
+    margin.observe(0.05, 0.2)  # a short prompt 4x late: milliseconds, not counted
+    assert margin.samples == 0 and margin.factor == 1.0
+    margin.observe(1.0, 0.7)  # early: stays a margin, not spent
+    assert margin.factor == 1.0
+    margin.observe(1.0, 5.0)
+    margin.observe(1.0, 5.0)
+    assert margin.factor == 1.5  # an engine that stalled: bounded
+
+
+def test_quantile_zero_turns_it_off_and_the_window_forgets() -> None:
+    off = PredictionMargin(MarginConfig(quantile=0, min_samples=1))
+    off.observe(1.0, 2.0)
+    assert off.factor == 1.0 and off.samples == 0
+    window = PredictionMargin(MarginConfig(samples=10, min_samples=1, quantile=0.5))
+    for _ in range(10):
+        window.observe(1.0, 1.4)
+    for _ in range(10):
+        window.observe(1.0, 1.1)
+    assert window.factor == pytest.approx(1.1)
+
+
+def test_the_config_says_what_is_wrong() -> None:
+    with pytest.raises(ValidationError, match=r"min_samples \(50\) is more than samples \(20\)"):
+        MarginConfig(samples=20, min_samples=50)
+    assert FlowControlConfig().margin.quantile == 0.9 and FlowControlConfig().priority_arrivals_quantile == 0.9
