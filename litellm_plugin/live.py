@@ -1,25 +1,38 @@
-"""Config reload inside the LiteLLM proxy (``cognitora.ops.reload``): a file watch, no signal and no admin path.
+"""Config reload inside the LiteLLM proxy (``cognitora.ops.reload``): a file watch, and SIGHUP where nobody else
+handles it; no admin path.
 
 What is watched: the ``routing_strategy_args.config`` file (the cognitora.yaml the LiteLLM config points to). When
 it changes, the whole config is rebuilt as at start (the proxy's deployments, read from the Router's ``model_list``
 now, with that file and the inline arguments over them), validated, and put in force; a bad file is refused and the
-config in force stays, the log says why. Why a file watch: the proxy owns its process's signals (uvicorn's SIGHUP
-handling, gunicorn's worker reload), and an admin path would need its own authentication; a file is what an
-operator edits anyway, and every worker of a ``--num_workers`` proxy sees it. Inline ``routing_strategy_args``
-live in LiteLLM's own config: they change with a proxy restart (or LiteLLM's own config reload).
+config in force stays, the log says why. A file is what an operator edits anyway, every worker of a
+``--num_workers`` proxy sees it, and an admin path would need its own authentication.
+
+SIGHUP: a single-process proxy (uvicorn) handles SIGINT and SIGTERM only, so SIGHUP's default action killed it.
+When the core goes live on the main thread's loop and SIGHUP still has its default disposition (nobody, LiteLLM
+included, took it), ``sighup_reloads`` puts the same reload on it (``loop.add_signal_handler``), and takes it off
+when the core closes. Where SIGHUP is someone else's it is left alone: a ``--num_workers`` proxy's supervisor
+(uvicorn's ``Multiprocess`` restarts its workers on it) or gunicorn's master get it, not Cognitora; an SDK script's
+private loop thread cannot take signals. Inline ``routing_strategy_args`` live in LiteLLM's own config: they change
+with a proxy restart (or LiteLLM's own config reload).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cognitora.config import CognitoraConfig
-from cognitora.ops.reload import ConfigSource
+from cognitora.ops.reload import ConfigSource, Reloadable
 from litellm_plugin.fleet import ARGS_KEY_CONFIG, Fleet, build_fleet
 
-__all__ = ["WATCH_INTERVAL_S", "ReloadedFleet", "config_source"]
+__all__ = ["WATCH_INTERVAL_S", "ReloadedFleet", "config_source", "sighup_reloads"]
+
+log = logging.getLogger("cognitora.litellm")
 
 WATCH_INTERVAL_S = 2.0
 """Seconds between two looks at the file."""
@@ -61,3 +74,29 @@ def config_source(
         return fleet.config
 
     return ConfigSource(file_path, load)
+
+
+def sighup_reloads(live: Reloadable, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+    """Reload ``live`` on SIGHUP, on ``loop`` (the running one, the core's), when SIGHUP is nobody's yet; returns
+    what takes the handler off again, or None where it was left alone (see the module's docstring)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGHUP) != signal.SIG_DFL:
+        log.info("SIGHUP is not Cognitora's here: the config reloads when its file changes")
+        return None
+    pending: set[asyncio.Task[Any]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(live.reload("SIGHUP"))
+        pending.add(task)  # held: a task only the loop references may be collected before it ends
+        task.add_done_callback(pending.discard)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    except (NotImplementedError, RuntimeError, ValueError) as exc:  # no unix signals on this loop
+        log.info("SIGHUP cannot reload the config here (%s): the config reloads when its file changes", exc)
+        return None
+
+    def off() -> None:
+        if not loop.is_closed():
+            loop.remove_signal_handler(signal.SIGHUP)  # back to SIG_DFL, as it was
+
+    return off

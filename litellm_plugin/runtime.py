@@ -21,6 +21,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from cognitora.collector import Collector, CollectorThread
@@ -30,7 +31,7 @@ from cognitora.core.core import CollectorPlace, Core, Prepared
 from cognitora.core.router import Router
 from cognitora.ops.gc_pacing import GcPacer
 from cognitora.ops.reload import ConfigSource, ConfigWatch, LiveRouter, Prepare
-from litellm_plugin.live import WATCH_INTERVAL_S
+from litellm_plugin.live import WATCH_INTERVAL_S, sighup_reloads
 
 __all__ = ["CoreHost", "HostClosed"]
 
@@ -74,7 +75,7 @@ class CoreHost:
         self._closed = False
         self.reload: tuple[ConfigSource, Prepare | None] | None = None
         """Set by the strategy when the arguments name a ``config:`` file: the core then reloads on its change."""
-        self._watch: ConfigWatch | None = None
+        self._watch: _Reloading | None = None
         self.pace_gc = pace_gc
         self._gc_pacer: GcPacer | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -250,19 +251,32 @@ class CoreHost:
             loop.close()
 
 
-def _go_live(core: Core, source: ConfigSource, prepare: Prepare | None) -> ConfigWatch:
-    """Reload the config when its file changes (``litellm_plugin.live``): the core's router becomes a
-    ``LiveRouter``, which answers as the Router in force."""
+@dataclass
+class _Reloading:
+    """What reloads the live core: the file watch, and the SIGHUP handler where there is one to take off."""
+
+    watch: ConfigWatch
+    sighup_off: Callable[[], None] | None
+
+    async def stop(self) -> None:
+        if self.sighup_off is not None:
+            self.sighup_off()
+        await self.watch.stop()
+
+
+def _go_live(core: Core, source: ConfigSource, prepare: Prepare | None) -> _Reloading:
+    """Reload the config when its file changes, or on SIGHUP where it is ours (``litellm_plugin.live``): the
+    core's router becomes a ``LiveRouter``, which answers as the Router in force. Runs on the core's loop."""
     live = LiveRouter(core.router, source, prepare)
     core.router = cast(Router, live)
     watch = ConfigWatch(live, WATCH_INTERVAL_S)
     watch.start()
-    return watch
+    return _Reloading(watch, sighup_reloads(live, asyncio.get_running_loop()))
 
 
-async def _close(core: Core, watch: ConfigWatch | None) -> None:
-    if watch is not None:
-        await watch.stop()
+async def _close(core: Core, reloading: _Reloading | None) -> None:
+    if reloading is not None:
+        await reloading.stop()
     await core.close()
 
 
