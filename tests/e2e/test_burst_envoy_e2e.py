@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +24,12 @@ import yaml
 from bench.burst_load import CLOUD_MODEL, closed_loop, engine_ttft_counts
 from cognitora import api_keys
 from cognitora_sim.cloud_launch import SimCloudProcess, start_cloud
-from cognitora_sim.harness.envoy_launch import start_gateway
+from cognitora_sim.harness.envoy_launch import GatewayStack, start_gateway
 from cognitora_sim.harness.process import free_port, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from tests.support.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
+from tests.support.reload_files import write_seen, write_unseen
 
 pytestmark = pytest.mark.e2e
 
@@ -46,9 +48,14 @@ def jwt(team: str, priority: str | None = None) -> str:
 
 
 class Stack:
-    def __init__(self, fleet: SimFleet, cloud: SimCloudProcess, url: str, metrics_url: str) -> None:
-        self.fleet, self.cloud, self.url, self.metrics_url = fleet, cloud, url, metrics_url
+    def __init__(
+        self, fleet: SimFleet, cloud: SimCloudProcess, gateway: GatewayStack, metrics_url: str, config_path: Path
+    ) -> None:
+        self.fleet, self.cloud, self.url, self.metrics_url = fleet, cloud, gateway.url, metrics_url
         self.cloud_marks = frozenset({f"127.0.0.1:{cloud.port}"})  # the address Envoy reached
+        self.extproc = gateway.extproc
+        self.config_path = config_path
+        self.config: dict[str, Any] = yaml.safe_load(config_path.read_text())
 
     def headers(self, team: str, priority: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {jwt(team, priority)}"}
@@ -138,7 +145,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
             edit=add_burst(cloud.port, cloud.ca_file),
             expose_upstream_host=True,  # the test reads who answered
         ) as gateway:
-            stack = Stack(fleet, cloud, gateway.url, f"http://127.0.0.1:{metrics}/metrics")
+            stack = Stack(fleet, cloud, gateway, f"http://127.0.0.1:{metrics}/metrics", config_path)
             warm = stack.step("ops", "warm", requests=2, workers=1)
             assert all(a.status == 200 for a in warm), [a.error for a in warm]
             yield stack
@@ -179,6 +186,40 @@ def test_a_team_without_permission_never_bursts(stack: Stack) -> None:
     answers = stack.step("ops", "ops", requests=10)
     assert all(a.status == 200 for a in answers), [a.error for a in answers if a.status != 200]
     assert not [a for a in answers if a.cloud(stack.cloud_marks)]
+
+
+def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: Stack) -> None:
+    """The default class's SLO cut below what the idle engine can do (its class saturated at once, one request is
+    enough): team ops, not allowed to burst, stays local; allowed by a reload, it reaches the cloud; the shipped
+    config back by SIGHUP alone (a write the file watch cannot see), local again."""
+
+    def reload_to(config: dict[str, Any], *, sighup: bool) -> None:
+        line = "config reloaded (SIGHUP): changed" if sighup else "config reloaded (the config file changed): changed"
+        before = stack.extproc.log_tail(2000).count(line)
+        if sighup:
+            write_unseen(stack.config_path, config)
+            stack.extproc.signal(signal.SIGHUP)
+        else:
+            write_seen(stack.config_path, config)
+        wait_until(lambda: stack.extproc.log_tail(2000).count(line) > before, 30, line)
+
+    def served_by_cloud(tag: str) -> list[bool]:
+        stack.idle()
+        answers = stack.step("ops", tag, requests=3, workers=1)
+        assert all(a.status == 200 for a in answers), [a.error for a in answers if a.status != 200]
+        return [a.cloud(stack.cloud_marks) for a in answers]
+
+    tight = yaml.safe_load(yaml.safe_dump(stack.config))
+    tight["placement"]["priorities"]["default"] = {"ttft_slo_s": 0.001}
+    reload_to(tight, sighup=False)
+    assert served_by_cloud("tight") == [False] * 3  # saturated, but not allowed: placed on the engine anyway
+    allowed = yaml.safe_load(yaml.safe_dump(tight))
+    allowed["burst"]["teams"] = ["research", "ops"]
+    reload_to(allowed, sighup=False)
+    assert served_by_cloud("allowed") == [True] * 3
+    reload_to(stack.config, sighup=True)
+    assert stack.extproc.alive()
+    assert served_by_cloud("restored") == [False] * 3
 
 
 @pytest.mark.parametrize("failure", ["rate_limited", "down"])

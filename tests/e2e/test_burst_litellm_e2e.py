@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from cognitora_sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora_sim.harness.process import ManagedProcess, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
+from tests.support.reload_files import write_seen, write_unseen
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +63,12 @@ async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
 
 
 class Stack:
-    def __init__(self, fleet: SimFleet, cloud: SimCloudProcess, proxy: ManagedProcess, url: str) -> None:
+    def __init__(
+        self, fleet: SimFleet, cloud: SimCloudProcess, proxy: ManagedProcess, url: str, cognitora_yaml: Path
+    ) -> None:
         self.fleet, self.cloud, self.proxy, self.url = fleet, cloud, proxy, url
+        self.cognitora_yaml = cognitora_yaml
+        self.settings: dict[str, Any] = yaml.safe_load(cognitora_yaml.read_text())
         self.cloud_marks = frozenset({cloud.base_url, CLOUD_MODEL})
 
     def headers(self, key: str) -> dict[str, str]:
@@ -79,6 +85,9 @@ class Stack:
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/cognitora/metrics", timeout=10).text
+
+    def log(self) -> str:
+        return self.proxy.log_path.read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +115,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterat
         args["scrape"] = {"interval_s": 1.0, "timeout_s": 1.0}
         args["burst"]["unhealthy_s"] = HOLD_OFF_S
         args["placement"]["priorities"]["streaming"] = STREAMING_CLASS
+        # Who may burst and the classes, in the routing_strategy_args.config file: a reload changes them live.
+        cognitora_yaml = tmp / "cognitora.yaml"
+        write_seen(cognitora_yaml, {"burst": args.pop("burst"), "placement": args.pop("placement")})
+        args["config"] = str(cognitora_yaml)
         (tmp / "burst_auth.py").write_text(AUTH_MODULE)
         config["general_settings"]["custom_auth"] = "burst_auth.user_api_key_auth"
         path = tmp / "litellm_burst.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         proxy, url = start_litellm_proxy(path, tmp, env)
         try:
-            stack = Stack(fleet, cloud, proxy, url)
+            stack = Stack(fleet, cloud, proxy, url, cognitora_yaml)
             # The proxy's first calls pay for its clients' set-up (seconds on this machine): not the fleet's TTFT.
             warm = asyncio.run(closed_loop(url, stack.headers(LOCAL_KEY), workers=1, requests=3, tag="warm"))
             assert all(a.status == 200 for a in warm), [a.error for a in warm]
@@ -169,6 +182,40 @@ def test_a_team_without_permission_never_bursts(stack: Stack) -> None:
     assert all(a.status == 200 for a in answers), [a.error for a in answers if a.status != 200]
     assert not [a for a in answers if a.cloud(stack.cloud_marks)], "a team not in burst.teams was sent to the cloud"
     assert 'why="team_not_allowed"' in stack.metrics()
+
+
+def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: Stack) -> None:
+    """The default class's SLO cut below what the idle engine can do (its class saturated at once, one request is
+    enough): team ops, not allowed to burst, stays local; allowed by a reload of the config file, it reaches the
+    cloud; the shipped file back by SIGHUP to the proxy alone (a write the file watch cannot see), local again."""
+
+    def reload_to(settings: dict[str, Any], *, sighup: bool) -> None:
+        line = "config reloaded (SIGHUP): changed" if sighup else "config reloaded (the config file changed): changed"
+        before = stack.log().count(line)
+        if sighup:
+            write_unseen(stack.cognitora_yaml, settings)
+            stack.proxy.signal(signal.SIGHUP)
+        else:
+            write_seen(stack.cognitora_yaml, settings)
+        wait_until(lambda: stack.log().count(line) > before or not stack.proxy.alive(), 60, line)
+        assert stack.proxy.alive(), stack.log()[-2000:]
+
+    def served_by_cloud(tag: str) -> list[bool]:
+        stack.idle()
+        answers = _step(stack, LOCAL_KEY, tag, requests=3, workers=1)
+        assert all(a.status == 200 for a in answers), [a.error for a in answers if a.status != 200]
+        return [a.cloud(stack.cloud_marks) for a in answers]
+
+    tight = yaml.safe_load(yaml.safe_dump(stack.settings))
+    tight["placement"]["priorities"]["default"] = {"ttft_slo_s": 0.001}
+    reload_to(tight, sighup=False)
+    assert served_by_cloud("tight") == [False] * 3  # saturated, but not allowed: placed on the engine anyway
+    allowed = yaml.safe_load(yaml.safe_dump(tight))
+    allowed["burst"]["teams"] = [*allowed["burst"]["teams"], "ops"]
+    reload_to(allowed, sighup=False)
+    assert served_by_cloud("allowed") == [True] * 3
+    reload_to(stack.settings, sighup=True)
+    assert served_by_cloud("restored") == [False] * 3
 
 
 @pytest.mark.parametrize("failure", ["rate_limited", "down"])

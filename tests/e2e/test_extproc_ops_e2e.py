@@ -1,7 +1,8 @@
 """``cognitora extproc`` run as a service behind the real Envoy (examples/envoy.yaml, two replicas in its
 ``cognitora_extproc`` cluster, Redis between them): the gRPC health service Envoy's ``grpc_health_check`` reads, a
-config reload (the file changed) that takes effect and a bad one that is refused with the old config kept, and a
-SIGTERM under load that loses no request (docs/operations.md). One Envoy, one fleet, for the whole module."""
+config reload (the file changed, or SIGHUP) that takes effect (endpoints, priority classes, budgets) and a bad one
+that is refused with the old config kept, and a SIGTERM under load that loses no request (docs/operations.md). One
+Envoy, one fleet, for the whole module."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The LiteLLM proxy with Cognitora, run as a service: its ``routing_strategy_args.config`` file reloaded when it
-changes (a good file in force at once, a bad one refused with the old config kept and the log saying why:
-``litellm_plugin.live``), and each decision a span of the client's trace, exported over OTLP/HTTP to a real
-receiver, that the engine continues (``cognitora.tracing``). One proxy, one fleet, for the whole module."""
+changes or on SIGHUP (a good file in force at once: limits, priority classes, budgets; a bad one refused with the
+old config kept and the log saying why; the proxy alive after SIGHUP: ``litellm_plugin.live``), and each decision a
+span of the client's trace, exported over OTLP/HTTP to a real receiver, that the engine continues
+(``cognitora.tracing``). One proxy, one fleet, for the whole module."""
 
 from __future__ import annotations
 
