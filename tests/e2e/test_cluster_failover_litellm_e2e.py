@@ -1,11 +1,11 @@
 """The LiteLLM leg of the Redis Cluster failover: the real LiteLLM proxy with two workers (``--num_workers 2``)
 placing over a 3-master/3-replica Redis Cluster, one ``cognitora collector`` beside it, budgets on, a team key
-authenticated by the proxy. Under steady load the master holding the fleet slot is killed: every request is still
-answered 200, its replica is promoted, placement reads the store again within a bound (the test prints how long it
-was degraded), and the team's budget ledger, read back from the Cluster by ``cognitora budgets report``, matches the
-engines' own token counters and what the clients were told: no count lost, none doubled. Then, still under load,
-a replica process is killed and the collector restarted, as in the Envoy leg (docs/store.md, "Redis Cluster and
-failover")."""
+authenticated by the proxy, a third of the requests streamed. Under steady load, the same steps as the Envoy leg
+(tests/support/cluster_failover.py): the master holding the fleet slot is killed (its replica is promoted), then a
+replica process, then the collector is restarted. Every request is answered 200, placement reads the store again
+within a bound (the test prints how long it was degraded), and the team's budget ledger, read back from the Cluster
+by ``cognitora budgets report``, matches the engines' own token counters and what the clients were told: no count
+lost, none doubled (docs/store.md, "Redis Cluster and failover")."""
 
 from __future__ import annotations
 
