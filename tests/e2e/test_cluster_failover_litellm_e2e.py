@@ -28,7 +28,6 @@ from tests.support.cluster_failover import (
     Collector,
     Load,
     check_ledger,
-    degraded_window,
     fail_over_under_load,
     prefix_off,
 )
@@ -52,7 +51,8 @@ async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
 """
 DEGRADED_BOUND_S = 15.0
 """Placement reads the store again at most this long after the replica was promoted: a worker retries the store on
-its next decision, so the window ends with the first request after the promotion (room for 2 busy cores)."""
+its next decision, so the window ends with the first request after the promotion (room for 2 busy cores); and
+after the last step's answers."""
 
 
 def cluster_config(tmp_path: Path, fleet: Any, smollm2_dir: Path, url: str, prefix: str) -> Path:
@@ -120,10 +120,14 @@ def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_
             load = Load(f"{proxy.url}/v1/chat/completions", {"Authorization": f"Bearer {TEAM_KEY}"}, body, False)
             logs = [proxy.process.log_path]
             scenario = fail_over_under_load(cluster, slot, load, collector, logs, DEGRADED_BOUND_S)
-            timings = asyncio.run(asyncio.wait_for(scenario, 240))
-            degraded_s = degraded_window(logs)
+            failover = asyncio.run(asyncio.wait_for(scenario, 240))
+            timings = failover.timings
+            degraded_s, later_s = failover.degraded(logs)
             placing = proxy.log().count("cognitora core started (redis mode)")
-            print(f"litellm cluster failover: {dict(load.statuses)}, {timings}, degraded placement {degraded_s:.1f} s")
+            print(
+                f"litellm cluster failover: {dict(load.statuses)}, {timings}, degraded placement {degraded_s:.1f} s "
+                f"by the failover, {later_s:.1f} s after it (the replica kill, the collector restart)"
+            )
             assert load.errors == [] and set(load.statuses) == {200}, f"{dict(load.statuses)}: {load.errors[:5]}"
             assert placing == 2, f"{placing} of the 2 workers placed requests"
             # Placement read the store again soon after the promotion.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import time
 from collections import Counter
@@ -108,9 +109,10 @@ def store_events(log: Path) -> list[tuple[float, bool]]:
     return events
 
 
-def degraded_window(logs: Sequence[Path]) -> float:
-    """Seconds from the first "store unavailable" to the last "store reachable again" over the gateways' logs."""
-    events = [e for log in logs for e in store_events(log)]
+def degraded_window(logs: Sequence[Path], since: float = 0.0, until: float = math.inf) -> float:
+    """Seconds from the first "store unavailable" to the last "store reachable again" over the gateways' logs, of
+    the lines logged between ``since`` and ``until`` (Unix times)."""
+    events = [e for log in logs for e in store_events(log) if since <= e[0] <= until]
     down = [at for at, up in events if not up]
     up = [at for at, up in events if up]
     return max(up) - min(down) if down and up else 0.0
@@ -219,15 +221,30 @@ class Collector:
             process.stop()
 
 
+@dataclass(frozen=True)
+class Failover:
+    """What ``fail_over_under_load`` measured: the printed timings, and when (Unix time) placement was back after
+    the failover, which splits the gateways' logs into the failover's degradation and any the later steps caused."""
+
+    timings: dict[str, float]
+    back_at: float
+
+    def degraded(self, logs: Sequence[Path]) -> tuple[float, float]:
+        """(seconds placement was degraded by the failover, seconds by the replica kill and collector restart)."""
+        return degraded_window(logs, until=self.back_at), degraded_window(logs, since=self.back_at)
+
+
 async def fail_over_under_load(
     cluster: Cluster, slot: int, load: Load, collector: Collector, gateway_logs: Sequence[Path], bound_s: float
-) -> dict[str, float]:
+) -> Failover:
     """Under ``load``: kill the master of ``slot``, wait for its replica's promotion and for placement to read the
     store again in every gateway (``gateway_logs``; at most ``bound_s`` after the promotion), then kill a replica
-    process, then restart the collector, with requests answered 200 after each step. Returns the timings the tests
-    print, in seconds from the master's kill: ``promoted_after_s``, ``placement_back_at_s``, ``replica_killed_at_s``,
+    process, then restart the collector, with requests answered 200 after each step, and placement back on the store
+    at the end (at most ``bound_s`` after the last step's answers). The timings it returns are in seconds from the
+    master's kill: ``promoted_after_s``, ``placement_back_at_s``, ``replica_killed_at_s``,
     ``collector_restarted_at_s`` and ``load_after_kill_s`` (the last step's requests served)."""
     timings: dict[str, float] = {}
+    back_at = 0.0
     fleet_master = owner(cluster, slot)
     assert fleet_master is not None
     stop = asyncio.Event()
@@ -239,12 +256,10 @@ async def fail_over_under_load(
         cluster.nodes[fleet_master].kill()
         timings["promoted_after_s"] = await wait_promoted(cluster, slot, fleet_master)
         await load.until_ok(30)
-        # The next steps start on a recovered placement: a degradation they cause widens the window the tests bound.
-        deadline = killed + timings["promoted_after_s"] + bound_s
-        while not placement_back(gateway_logs):
-            assert time.monotonic() < deadline, f"placement not back on the store {bound_s:g} s after the promotion"
-            await asyncio.sleep(0.1)
+        # The next steps start on a recovered placement, so the tests can tell a degradation they cause apart.
+        await placement_recovered(gateway_logs, killed + timings["promoted_after_s"] + bound_s)
         timings["placement_back_at_s"] = time.monotonic() - killed
+        back_at = time.time()
         # 2. A replica process dies (no master loses its slots).
         live = set(masters(cluster))
         replica = next(p for p, proc in cluster.nodes.items() if p not in live and proc.poll() is None)
@@ -255,11 +270,20 @@ async def fail_over_under_load(
         await collector.restart()
         timings["collector_restarted_at_s"] = time.monotonic() - killed
         await load.until_ok(30)
+        # Whatever the later steps degraded is back too, within the same bound from the restart.
+        await placement_recovered(gateway_logs, time.monotonic() + bound_s)
         timings["load_after_kill_s"] = time.monotonic() - killed
     finally:
         stop.set()
         await running
-    return {k: round(v, 1) for k, v in timings.items()}
+    return Failover({k: round(v, 1) for k, v in timings.items()}, back_at)
+
+
+async def placement_recovered(logs: Sequence[Path], deadline: float) -> None:
+    """Wait until ``placement_back(logs)``; fail at ``deadline`` (monotonic)."""
+    while not placement_back(logs):
+        assert time.monotonic() < deadline, "placement did not read the store again within the bound"
+        await asyncio.sleep(0.1)
 
 
 def check_ledger(load: Load, engine_urls: Sequence[str], config: Path, cwd: Path, team: str = "ops") -> None:
