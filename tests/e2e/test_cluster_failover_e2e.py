@@ -8,111 +8,35 @@ counters: no count lost, none doubled (docs/store.md, "Redis Cluster and failove
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
 import sys
-import time
-from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import redis
 import yaml
 from redis.crc import key_slot
 
-from bench.harness.redis_cluster import Cluster, cluster_nodes
+from bench.harness.redis_cluster import cluster_nodes
 from cognitora import api_keys
 from cognitora_sim.harness.envoy_launch import EXAMPLE_CONFIG, render_config, start_envoy, wait_listening
-from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
+from cognitora_sim.harness.process import ManagedProcess, free_port
 from cognitora_sim.launch import start_fleet
-from tests.support import budgets_e2e
+from tests.support.cluster_failover import (
+    NODE_TIMEOUT_MS,
+    Collector,
+    Load,
+    check_ledger,
+    fail_over_under_load,
+    prefix_off,
+)
 
 pytestmark = pytest.mark.e2e
 
 ROOT = EXAMPLE_CONFIG.parent.parent
 REPLICAS = 3
-NODE_TIMEOUT_MS = 2000
-"""Redis' cluster-node-timeout: a silent master is failed over about this long after it died."""
-PROMOTION_BOUND_S = 60.0
-"""How long the replica may take to be promoted: measured 3-8 s here (2 node timeouts, the election's random
-delay, and a failed election retried after 2 more), with room for a host whose 2 cores the rest of the suite
-keeps busy. Past it the test fails with the replica's own log, which says why it did not take over."""
-
-
-def masters(cluster: Cluster) -> dict[int, list[tuple[int, int]]]:
-    """Master port -> its slot ranges, as a live node sees them."""
-    for port, proc in cluster.nodes.items():
-        if proc.poll() is not None:
-            continue
-        with redis.Redis(port=port, socket_timeout=2) as client:
-            nodes = client.execute_command("CLUSTER NODES")
-        return {
-            int(addr.split(":")[1].split("@")[0]): [(int(a), int(b)) for a, b in node["slots"]]
-            for addr, node in nodes.items()
-            if "master" in node["flags"] and "fail" not in node["flags"] and node["connected"] is not False
-        }
-    raise AssertionError("no live node")
-
-
-def owner(cluster: Cluster, slot: int) -> int | None:
-    """The live master serving ``slot``; None while none does (a failover under way)."""
-    for port, ranges in masters(cluster).items():
-        if any(a <= slot <= b for a, b in ranges):
-            return port
-    return None
-
-
-def prefix_off(cluster: Cluster, avoid: int) -> str:
-    """A key prefix whose fleet slot (hash tag ``{prefix}``) is not on ``avoid`` (the URL the processes were given:
-    a new process started after the kill must still reach the Cluster through it)."""
-    for i in range(1000):
-        prefix = f"failover{i}"
-        if owner(cluster, key_slot(prefix.encode())) != avoid:
-            return prefix
-    raise AssertionError("no prefix")
-
-
-async def wait_promoted(cluster: Cluster, slot: int, dead: int) -> float:
-    """Seconds until a live master other than ``dead`` serves ``slot``; fails after ``PROMOTION_BOUND_S`` with the
-    dead master's replicas' logs (Redis says there why a replica does not take over)."""
-    start = time.monotonic()
-    while owner(cluster, slot) in (dead, None):
-        if time.monotonic() - start > PROMOTION_BOUND_S:
-            logs = {
-                port: "\n".join(
-                    (cluster.workdir / str(port) / "redis.log").read_text(errors="replace").splitlines()[-15:]
-                )
-                for port, proc in cluster.nodes.items()
-                if port != dead and proc.poll() is None
-            }
-            raise AssertionError(f"no replica promoted within {PROMOTION_BOUND_S:g} s of killing {dead}: {logs}")
-        await asyncio.sleep(0.1)
-    return time.monotonic() - start
-
-
-def degraded_window(logs: list[Path]) -> float:
-    """Seconds from the first "store unavailable" to the last "store reachable again" over the replicas' logs."""
-    down: list[float] = []
-    up: list[float] = []
-    for path in logs:
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:  # (a proxy's log holds its host's lines too)
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if "ts" not in record:
-                continue
-            at = datetime.fromisoformat(str(record.get("ts", "")).replace("Z", "+00:00")).timestamp()
-            if str(record.get("msg", "")).startswith("store unavailable"):
-                down.append(at)
-            elif record.get("msg") == "store reachable again":
-                up.append(at)
-    return max(up) - min(down) if down and up else 0.0
+DEGRADED_BOUND_S = 10.0
+"""Placement reads the store again at most this long after the replica was promoted (2 node timeouts, with room
+for a busy host), and after the last step's answers."""
 
 
 @pytest.mark.cluster_failover
@@ -138,12 +62,11 @@ def test_a_master_fails_over_under_load_and_no_request_or_budget_count_is_lost(
         config_path.write_text(yaml.safe_dump(config))
         cli = [sys.executable, "-m", "cognitora.cli"]
 
-        def collector() -> ManagedProcess:
-            return ManagedProcess(
+        collector = Collector(
+            lambda: ManagedProcess(
                 [*cli, "collector", "--config", str(config_path)], tmp_path / "collector.log", cwd=ROOT
             )
-
-        feeder = collector()
+        )
         ports = [free_port() for _ in range(REPLICAS)]
         replicas = [
             ManagedProcess(
@@ -178,102 +101,31 @@ def test_a_master_fails_over_under_load_and_no_request_or_budget_count_is_lost(
             envoy = start_envoy(rendered, tmp_path / "envoy", admin)
             token = api_keys.mint(secret, team="ops", key_id="ops-key", user="op", expires_in_s=600)
             headers = {"Authorization": f"Bearer {token}"}
-            url = f"http://127.0.0.1:{listen}/v1/chat/completions"
-            statuses: Counter[int] = Counter()
-            usage = {"prompt": 0, "completion": 0}
-            errors: list[str] = []
-
-            async def load(stop: asyncio.Event) -> None:
-                async def worker(client: httpx.AsyncClient, w: int) -> None:
-                    i = 0
-                    while not stop.is_set():
-                        i += 1
-                        body = {
-                            "model": fleet.model,
-                            "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
-                            "max_tokens": 12,
-                        }
-                        try:
-                            r = await client.post(url, json=body, headers=headers)
-                        except httpx.HTTPError as exc:
-                            statuses[-1] += 1
-                            errors.append(repr(exc))
-                            continue
-                        statuses[r.status_code] += 1
-                        if r.status_code == 200:
-                            u = r.json()["usage"]
-                            usage["prompt"] += u["prompt_tokens"]
-                            usage["completion"] += u["completion_tokens"]
-                        else:
-                            errors.append(r.text[:300])
-
-                async with httpx.AsyncClient(timeout=60) as client:
-                    await asyncio.gather(*(worker(client, w) for w in range(6)))
-
-            async def until_ok(n: int) -> None:
-                target = statuses[200] + n
-                deadline = time.monotonic() + 60
-                while statuses[200] < target:
-                    assert time.monotonic() < deadline, f"load stalled: {dict(statuses)} {errors[:3]}"
-                    await asyncio.sleep(0.05)
-
-            fleet_master = owner(cluster, key_slot(prefix.encode()))
-            assert fleet_master is not None
-            timings: dict[str, float] = {}
-
-            async def scenario() -> None:
-                stop = asyncio.Event()
-                running = asyncio.create_task(load(stop))
-                await until_ok(30)
-                # 1. The master of the fleet slot dies; its replica must take over.
-                killed = time.monotonic()
-                cluster.nodes[fleet_master].kill()
-                timings["promoted_after_s"] = await wait_promoted(cluster, key_slot(prefix.encode()), fleet_master)
-                await until_ok(30)
-                # 2. A replica process dies (no master loses its slots).
-                live = set(masters(cluster))
-                replica = next(p for p, proc in cluster.nodes.items() if p not in live and proc.poll() is None)
-                cluster.nodes[replica].kill()
-                await until_ok(20)
-                # 3. The collector restarts.
-                feeder.signal(signal.SIGTERM)
-                while feeder.alive():
-                    await asyncio.sleep(0.05)
-                timings["collector_restart_at_s"] = time.monotonic() - killed
-                restarted.append(collector())
-                await until_ok(30)
-                stop.set()
-                await running
-
-            restarted: list[ManagedProcess] = []
-            asyncio.run(asyncio.wait_for(scenario(), 240))
-            degraded_s = degraded_window([tmp_path / f"extproc{i}.log" for i in range(REPLICAS)])
-            print(f"cluster failover: {dict(statuses)}, {timings}, degraded placement {degraded_s:.1f} s")
-            assert errors == [] and set(statuses) == {200}, f"{dict(statuses)}: {errors[:5]}"
-            # Placement read the store again soon after the promotion (2 node timeouts, with room for a busy host).
-            assert degraded_s <= timings["promoted_after_s"] + 10, (degraded_s, timings)
-
+            load = Load(
+                f"http://127.0.0.1:{listen}/v1/chat/completions",
+                headers,
+                lambda w, i: {
+                    "model": fleet.model,
+                    "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
+                    "max_tokens": 12,
+                },
+            )
+            logs = [tmp_path / f"extproc{i}.log" for i in range(REPLICAS)]
+            scenario = fail_over_under_load(cluster, key_slot(prefix.encode()), load, collector, logs, DEGRADED_BOUND_S)
+            failover = asyncio.run(asyncio.wait_for(scenario, 240))
+            timings = failover.timings
+            degraded_s, later_s = failover.degraded(logs)
+            print(
+                f"cluster failover: {dict(load.statuses)}, {timings}, degraded placement {degraded_s:.1f} s "
+                f"by the failover, {later_s:.1f} s after it (the replica kill, the collector restart)"
+            )
+            assert load.errors == [] and set(load.statuses) == {200}, f"{dict(load.statuses)}: {load.errors[:5]}"
+            assert degraded_s <= timings["promoted_after_s"] + DEGRADED_BOUND_S, (degraded_s, timings)
             # Budgets: what the Cluster's ledger holds is what the engines counted and the clients were told.
-            prompt, generated = budgets_e2e.engine_tokens(fleet.urls)
-            assert (prompt, generated) == (usage["prompt"], usage["completion"])
-
-            def ledger_settled() -> bool:
-                report = budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
-                totals = budgets_e2e.team_totals(report).get("ops", {})
-                return totals.get("input_tokens") == prompt and totals.get("output_tokens") == generated
-
-            try:
-                wait_until(ledger_settled, 30, "the budget ledger to match the engines' counters")
-            except TimeoutError:
-                report = budgets_e2e.budgets_cli("report", "--config", str(config_path), cwd=tmp_path)
-                raise AssertionError(
-                    f"ledger {budgets_e2e.team_totals(report)} vs engines {(prompt, generated)}, served {statuses[200]}"
-                ) from None
-            for r in restarted:
-                r.stop()
+            check_ledger(load, fleet.urls, config_path, cwd=tmp_path)
         finally:
             if envoy is not None:
                 envoy.stop()
             for replica in replicas:
                 replica.stop()
-            feeder.stop()
+            collector.stop()
