@@ -8,12 +8,13 @@ config in force stays, the log says why. A file is what an operator edits anyway
 ``--num_workers`` proxy sees it, and an admin path would need its own authentication.
 
 SIGHUP: a single-process proxy (uvicorn) handles SIGINT and SIGTERM only, so SIGHUP's default action killed it.
-When the core goes live on the main thread's loop and SIGHUP still has its default disposition (nobody, LiteLLM
-included, took it), ``sighup_reloads`` puts the same reload on it (``loop.add_signal_handler``), and takes it off
-when the core closes. Where SIGHUP is someone else's it is left alone: a ``--num_workers`` proxy's supervisor
-(uvicorn's ``Multiprocess`` restarts its workers on it) or gunicorn's master get it, not Cognitora; an SDK script's
-private loop thread cannot take signals. Inline ``routing_strategy_args`` live in LiteLLM's own config: they change
-with a proxy restart (or LiteLLM's own config reload).
+When the core goes live on the main thread's loop and SIGHUP still has its default disposition or is ignored
+(nobody, LiteLLM included, took it; ``nohup`` ignores it), ``sighup_reloads`` puts the same reload on it
+(``loop.add_signal_handler``), and puts the disposition back when the core closes. Where SIGHUP is someone else's
+it is left alone: a ``--num_workers`` proxy's supervisor (uvicorn's ``Multiprocess`` restarts its workers on it)
+or gunicorn's master get it, not Cognitora; an SDK script's private loop thread cannot take signals. Inline
+``routing_strategy_args`` live in LiteLLM's own config: they change with a proxy restart (or LiteLLM's own config
+reload).
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ def config_source(
 def sighup_reloads(live: Reloadable, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
     """Reload ``live`` on SIGHUP, on ``loop`` (the running one, the core's), when SIGHUP is nobody's yet; returns
     what takes the handler off again, or None where it was left alone (see the module's docstring)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGHUP) != signal.SIG_DFL:
+    # SIG_IGN is nobody's either: a proxy started under nohup (or by a runner that ignores hangups) inherits it, and
+    # an operator's explicit SIGHUP should reload it all the same. A Python handler is somebody's (uvicorn's
+    # supervisor, gunicorn's master): left alone.
+    before = signal.getsignal(signal.SIGHUP)
+    if threading.current_thread() is not threading.main_thread() or before not in (signal.SIG_DFL, signal.SIG_IGN):
         log.info("SIGHUP is not Cognitora's here: the config reloads when its file changes")
         return None
     pending: set[asyncio.Task[Any]] = set()
@@ -97,6 +102,8 @@ def sighup_reloads(live: Reloadable, loop: asyncio.AbstractEventLoop) -> Callabl
 
     def off() -> None:
         if not loop.is_closed():
-            loop.remove_signal_handler(signal.SIGHUP)  # back to SIG_DFL, as it was
+            loop.remove_signal_handler(signal.SIGHUP)  # back to SIG_DFL
+            if before == signal.SIG_IGN:
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as it was
 
     return off

@@ -54,6 +54,24 @@ def test_sighup_reloads_then_goes_back_to_the_default(default_sighup: None) -> N
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
 
 
+def test_an_ignored_sighup_still_reloads_and_is_ignored_again_after(default_sighup: None) -> None:
+    # A proxy started under nohup (or by a runner that ignores hangups) inherits SIG_IGN: CI's first run of the
+    # e2e SIGHUP tests under nohup timed out waiting for the reload.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    async def run() -> list[str]:
+        live = FakeLive()
+        off = sighup_reloads(live, asyncio.get_running_loop())
+        assert off is not None
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.wait_for(live.done.wait(), 5)
+        off()
+        return live.reloaded
+
+    assert asyncio.run(run()) == ["SIGHUP"]
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
 def test_a_sighup_somebody_handles_is_left_to_them(default_sighup: None) -> None:
     def theirs(signum: int, frame: object) -> None:
         return None
