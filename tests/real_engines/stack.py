@@ -202,9 +202,11 @@ def envoy_gateway(
     work: Path,
     groups: Groups | None = None,
     intent: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Gateway]:
     """Envoy + ``cognitora extproc`` over ``upstreams``; ``groups`` (model names and their engines, which must serve
-    those names: Envoy sends the engine the model it was routed for) and an ``intent`` section, if given."""
+    those names: Envoy sends the engine the model it was routed for) and an ``intent`` section, if given; ``env``
+    added to the service's environment (``tracing_env``)."""
     config_path = work / "cognitora.yaml"
     prefix = f"cogtest-real-envoy-{random.randrange(1 << 30):x}"
     config_path.write_text(yaml.safe_dump(cognitora_config(upstreams, redis_url, prefix, groups, intent)))
@@ -213,13 +215,26 @@ def envoy_gateway(
     # 2 cores shared with the engines, tens of seconds).
     listen_s = 30.0 if intent is None else 120.0
     with start_gateway(
-        config_path, ids, work, embedded=False, collector=True, listen_timeout_s=listen_s, expose_upstream_host=True
+        config_path,
+        ids,
+        work,
+        embedded=False,
+        collector=True,
+        env=env,
+        listen_timeout_s=listen_s,
+        expose_upstream_host=True,
     ) as stack:
         collector = stack.collector
         assert collector is not None
         wait_until(lambda: "collector started" in collector.log_tail(200), 60, "the collector to start")
         client = GatewayClient("envoy", stack.url, MODEL, {}, "x-cognitora-upstream-host")
         yield Gateway(client, config_path, MODEL, stack.extproc)
+
+
+def tracing_env(traces_url: str) -> dict[str, str]:
+    """A gateway's environment that turns Cognitora's decision spans on (``cognitora.tracing``), exported to
+    ``traces_url`` every 0.1 s (the SDK's default is 5 s)."""
+    return {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
 def litellm_config(
@@ -269,7 +284,9 @@ def litellm_gateway(
     work: Path,
     groups: Groups | None = None,
     intent: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Gateway]:
+    """The LiteLLM proxy with Cognitora's strategy over ``upstreams``; ``env`` added to the proxy's environment."""
     from tests.support.litellm_proxy import LiteLLMProxy
 
     prefix = f"cogtest-real-litellm-{random.randrange(1 << 30):x}"
@@ -278,7 +295,7 @@ def litellm_gateway(
     run_module(["litellm_plugin.export", str(config), "-o", str(cognitora_yaml)])
     collector = start_collector(cognitora_yaml, work)
     try:
-        proxy = LiteLLMProxy(config, work, salt="real", ready_s=90 if intent is None else 180)
+        proxy = LiteLLMProxy(config, work, salt="real", env=env, ready_s=90 if intent is None else 180)
         try:
             headers = {"Authorization": f"Bearer {proxy.key}"}
             client = GatewayClient("litellm", proxy.url, LITELLM_MODEL, headers, "x-litellm-model-api-base")

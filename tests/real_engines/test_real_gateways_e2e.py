@@ -8,12 +8,15 @@ What an operator asks, answered by the engines themselves (their ``vllm:prefix_c
   completions, streamed and not);
 - ``cognitora explain`` predicts exactly the cached tokens the engine then reports;
 - a tool-calling request goes through;
-- an engine killed (SIGKILL) mid-load: requests go to the other; restarted, what the store held for it is purged.
+- an engine killed (SIGKILL) mid-load: requests go to the other; restarted, what the store held for it is purged;
+- a client's W3C trace goes on through Cognitora's decision into vLLM's own request span (OTLP, ``otlp_receiver``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +27,18 @@ import httpx
 import pytest
 
 from cognitora_sim.harness.process import wait_until
-from cognitora_sim.harness.real_engines.launch import RealEngineFleet
-from tests.real_engines.stack import Gateway, cached_on, envoy_gateway, explain, litellm_gateway, vllm_upstreams
+from cognitora_sim.harness.real_engines.launch import VLLM_SERVICE, RealEngineFleet
+from tests.real_engines.stack import (
+    Gateway,
+    cached_on,
+    envoy_gateway,
+    explain,
+    litellm_gateway,
+    tracing_env,
+    vllm_upstreams,
+)
 from tests.real_engines.traffic import Reply, messages, prefix_cache_hits, question, system_prompt
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -36,11 +48,13 @@ def gateway(
     request: pytest.FixtureRequest,
     real_fleet: RealEngineFleet,
     redis_server_url: str,
+    otlp_receiver: OtlpReceiver,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp(f"real-{request.param}")
     start = envoy_gateway if request.param == "envoy" else litellm_gateway
-    with start(vllm_upstreams(real_fleet), redis_server_url, work) as gw:
+    # Decision spans go to the receiver the session's engines export theirs to (conftest.py).
+    with start(vllm_upstreams(real_fleet), redis_server_url, work, env=tracing_env(otlp_receiver.traces_url)) as gw:
         yield gw
 
 
@@ -213,3 +227,34 @@ def _running(url: str) -> float:
         if line.startswith("vllm:num_requests_running{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_the_clients_trace_goes_on_through_the_decision_into_vllms_request_span(
+    gateway: Gateway, real_fleet: RealEngineFleet, otlp_receiver: OtlpReceiver
+) -> None:
+    """The client's ``traceparent`` is the parent of Cognitora's ``cognitora.decide`` span; the gateway sends the
+    engine a ``traceparent`` naming that span, and vLLM's own ``llm_request`` span is its child, in the same trace."""
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    client = dataclasses.replace(
+        gateway.client, headers={**gateway.client.headers, "traceparent": f"00-{trace_id}-{parent}-01"}
+    )
+    reply = client.send("/v1/chat/completions", {"messages": messages(salt(gateway, "trace"), 0), "max_tokens": 3})
+    assert reply.status == 200, reply.error
+
+    decide = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id and s.name == "cognitora.decide", 30)
+    engine = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id and s.name == "llm_request", 30)
+    service = {"envoy": "cognitora-extproc", "litellm": "cognitora-litellm"}[gateway.client.name]
+    assert (decide.service, decide.parent_span_id) == (service, parent), decide
+    assert decide.attributes["cognitora.endpoint"] == reply.engine, (decide, reply)
+    # vLLM continued exactly the traceparent the gateway forwarded: the decision's span, not the client's.
+    assert (engine.service, engine.kind, engine.parent_span_id) == (VLLM_SERVICE, "SPAN_KIND_SERVER", decide.span_id)
+    # ... on the engine Cognitora picked (vLLM's resource names its API server's pid), for this very request (the
+    # response id is vLLM's request id) ...
+    picked = next(e for e in real_fleet.engines if e.endpoint_id == reply.engine)
+    assert engine.resource["vllm.process_id"] == str(picked.process.pid), (engine.resource, reply.engine)
+    attrs = engine.attributes
+    assert attrs["gen_ai.request.id"] == reply.body["id"], (attrs, reply.body)
+    assert attrs["gen_ai.request.max_tokens"] == 3, attrs
+    # ... whose prompt Cognitora tokenized as the engine did.
+    assert attrs["gen_ai.usage.prompt_tokens"] == decide.attributes["cognitora.prompt_tokens"] == reply.prompt_tokens
+    assert sorted(s.name for s in otlp_receiver.in_trace(trace_id)) == ["cognitora.decide", "llm_request"]

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class ReceivedSpan:
     span_id: str
     parent_span_id: str
     attributes: dict[str, Any] = field(default_factory=dict)
+    kind: str = ""
+    """As OTLP names it: ``SPAN_KIND_SERVER``, ``SPAN_KIND_INTERNAL``, ..."""
+    resource: dict[str, Any] = field(default_factory=dict)
+    """The attributes of the resource (the process) that sent the span."""
 
 
 def _value(v: Any) -> Any:
@@ -83,6 +88,8 @@ class OtlpReceiver:
                             span_id=span.span_id.hex(),
                             parent_span_id=span.parent_span_id.hex(),
                             attributes={a.key: _value(a.value) for a in span.attributes},
+                            kind=Span.SpanKind.Name(span.kind),
+                            resource=attrs,
                         )
                     )
         with self._lock:
@@ -97,6 +104,11 @@ class OtlpReceiver:
                         return span
             time.sleep(0.05)
         raise TimeoutError(f"no matching span within {timeout_s:g} s; received: {self.spans[-5:]}")
+
+    def in_trace(self, trace_id: str) -> list[ReceivedSpan]:
+        """Every span received so far of trace ``trace_id`` (hex)."""
+        with self._lock:
+            return [span for span in self.spans if span.trace_id == trace_id]
 
     def __enter__(self) -> OtlpReceiver:
         self._thread.start()

@@ -62,7 +62,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +80,8 @@ MAX_MODEL_LEN = 2048
 EMBED_MODEL = "smollm2-embed"
 """The name an embedding engine serves."""
 EMBED_ARGS = ("--runner", "pooling", "--convert", "embed")
+VLLM_SERVICE = "vllm"
+"""The OpenTelemetry service name of an engine's spans (``otlp_tracing``)."""
 STARTUP_TIMEOUT_S = 300.0
 """Measured here: ~55 s for one engine alone on the 2 shared cores, ~80 s for two starting together."""
 
@@ -94,6 +96,21 @@ ENGINE_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "PYTHONPATH": "",
 }
+
+
+def otlp_tracing(traces_url: str, schedule_delay_ms: int = 200) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The ``extra_args`` and ``env`` that make an engine export its request spans over OTLP/HTTP to ``traces_url``
+    (the whole URL, ``.../v1/traces``). vLLM 0.32 (``vllm/tracing/otel.py``) exports over gRPC unless
+    ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` is ``http/protobuf``; one span per finished request, ``llm_request``
+    (kind SERVER), the child of the request's ``traceparent`` header when it has one, a root otherwise. Spans leave in
+    batches every ``schedule_delay_ms`` (the SDK's default is 5 s), from a service named ``VLLM_SERVICE`` (vLLM names
+    none: the SDK would say ``unknown_service``)."""
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": str(schedule_delay_ms),
+        "OTEL_SERVICE_NAME": VLLM_SERVICE,
+    }
+    return ("--otlp-traces-endpoint", traces_url), env
 
 
 @dataclass
@@ -182,6 +199,9 @@ class RealEngineFleet:
     """Every engine thread runs in the ``SCHED_IDLE`` class once it is ready (see the module docstring)."""
     uni_executor: bool = False
     """The model runs in the engine-core process, without a spinning worker process (see the module docstring)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables added to every engine's (e.g. ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` beside an
+    ``--otlp-traces-endpoint`` in ``extra_args``)."""
 
     @property
     def model(self) -> str:
@@ -213,7 +233,7 @@ class RealEngineFleet:
             self.extra_args,
             self.served_names,
         )
-        env = ENGINE_ENV | ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if self.uni_executor else {})
+        env = ENGINE_ENV | ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if self.uni_executor else {}) | dict(self.env)
         process = ManagedProcess(argv, self.log_dir / f"vllm-{index}.log", env=env)
         return RealEngine(index, port, events_port, replay_port, process, started_s=time.monotonic())
 
@@ -359,10 +379,12 @@ def start_engines(
     nice: int = 0,
     sched_idle: bool = False,
     uni_executor: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RealEngineFleet]:
     """``n`` real vLLM engines, ready; stopped on exit. Provisions first (``ProvisionError`` says why it cannot).
     ``nice``: the engines run this much nicer than the caller once ready; ``sched_idle``: in the ``SCHED_IDLE``
-    class once ready; ``uni_executor``: no worker process of its own (see the module docstring)."""
+    class once ready; ``uni_executor``: no worker process of its own (see the module docstring); ``env``: added to
+    the engines' environment."""
     fleet = RealEngineFleet(
         install or provision(),
         log_dir,
@@ -373,6 +395,7 @@ def start_engines(
         nice=nice,
         sched_idle=sched_idle,
         uni_executor=uni_executor,
+        env=tuple((env or {}).items()),
     )
     try:
         fleet.start(n, timeout_s)
