@@ -17,7 +17,10 @@ The prefill leg decodes nothing (its engine stops at the first token), so its de
 leg's KV-pressure term does not see the KV arriving by transfer, only the output tokens.
 
 ``p`` ranges over the ``role: prefill`` endpoints, ``d`` over the ``role: decode`` ones; both go through the same
-filters (health, candidates, KV headroom: a decode endpoint near KV exhaustion is out like any other). With
+filters (health, candidates, KV headroom: a decode endpoint near KV exhaustion is out like any other). Prefill
+endpoints whose predicted TTFTs tie are broken as whole placement breaks ties (``placement.picker``, rule 3): the
+prompt's prefix key by rendezvous hashing, among those whose prefix cache is within ``placement.tie_cache_bound`` of
+the emptiest's (``affinity.within_cache_bound``). With
 ``disaggregation.whole_on_decode: false`` only ``role: both`` endpoints compete whole (classic P/D). The two
 halves are independent, so the best pair is the best prefill with the best decode. The pair is placed when it
 beats the best whole placement by more than ``disaggregation.min_gain_s``; a short prompt, or one mostly cached on
@@ -33,7 +36,7 @@ from dataclasses import dataclass, replace
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, EndpointConfig, ModelConfig, Role
 from cognitora.decision import CandidateScore, Decision, PrefillLeg
 from cognitora.placement import FleetState, place
-from cognitora.placement.affinity import affinity_key, rendezvous_pick
+from cognitora.placement.affinity import affinity_key, rendezvous_pick, within_cache_bound
 from cognitora.placement.cost import by_ranking_cost, fewest_uncached_tokens, ranking_cost_s, score_endpoint
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import tie_band_s
@@ -111,8 +114,11 @@ def best_pair(
     )
     best = scored[0]
     tied = [c for c in scored if ranking_cost_s(c) <= ranking_cost_s(best) + tie_band_s(best, params)]
-    # Equal prefill endpoints: the prompt's prefix picks, so requests sharing it converge where it is cached.
-    prefill = rendezvous_pick(tied, affinity_key(prompt, req.request_id, params.affinity_prefix_tokens))
+    # Equal prefill endpoints: the prompt's prefix picks, so requests sharing it converge where it is cached; as in
+    # whole placement, not on one whose prefix cache is much fuller than the emptiest's (bounded loads), or cold
+    # prefixes that happen to hash alike pile onto one prefill engine and evict each other while another idles.
+    hashed = within_cache_bound(tied, params.tie_cache_bound)
+    prefill = rendezvous_pick(hashed, affinity_key(prompt, req.request_id, params.affinity_prefix_tokens))
     decode_tokens = req.max_tokens or 0
     options: list[tuple[float, str, EndpointConfig, float, float, float]] = []
     for d in decodes:

@@ -23,6 +23,7 @@ from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
 NOW = 1_000_000.0
 BLOCK = 16
 P1, P2, D1, D2, W = "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003", "127.0.0.1:9004", "127.0.0.1:9005"
+P3 = "127.0.0.1:9006"
 
 
 def fleet(
@@ -30,11 +31,12 @@ def fleet(
     decode_rate: float = 1200.0,
     whole: float | None = None,
     link: dict[str, Any] | None = None,
+    prefills: tuple[str, ...] = (P1, P2),
+    placement: dict[str, Any] | None = None,
 ) -> CognitoraConfig:
-    """2 prefill + 2 decode endpoints (and one ``both`` endpoint at ``whole`` tokens/s when given)."""
+    """``prefills`` (2) + 2 decode endpoints (and one ``both`` endpoint at ``whole`` tokens/s when given)."""
     endpoints: list[dict[str, Any]] = [
-        {"url": f"http://{P1}", "role": "prefill", "prefill_tokens_per_s": prefill_rate},
-        {"url": f"http://{P2}", "role": "prefill", "prefill_tokens_per_s": prefill_rate},
+        *({"url": f"http://{p}", "role": "prefill", "prefill_tokens_per_s": prefill_rate} for p in prefills),
         {"url": f"http://{D1}", "role": "decode", "prefill_tokens_per_s": decode_rate},
         {"url": f"http://{D2}", "role": "decode", "prefill_tokens_per_s": decode_rate},
     ]
@@ -44,7 +46,7 @@ def fleet(
         {
             "models": [{"name": "m", "block_size": BLOCK, "kv_bytes_per_token": 131072, "endpoints": endpoints}],
             "disaggregation": {"link_gbps": 10.0, "link_latency_s": 0.05, **(link or {})},
-            "placement": {"recompute_weight": 0.0},
+            "placement": {"recompute_weight": 0.0, **(placement or {})},
         }
     )
 
@@ -186,6 +188,50 @@ def test_transfer_prices_the_uncached_tokens_at_the_link() -> None:
 def test_a_fleet_without_prefill_endpoints_is_not_paired() -> None:
     config = config_from_dict({"models": [{"name": "m", "endpoints": [{"url": "http://h:1", "role": "decode"}]}]})
     assert not uses_pairs(config.models[0])
+
+
+# The prefill pick's load bound (placement.tie_cache_bound, as in whole placement: test_tie_cache_bound.py). P1 holds
+# 125 blocks (2,000 tokens, half its 4,096-token cache) of groups split earlier; P2 none; P3 10 (160 tokens: within
+# the default bound of 0.1 x 4,096 tokens of the emptiest).
+PREFILL_CAPACITY = 4096
+P1_HOLDS_OTHER_GROUPS = FleetState(
+    NOW,
+    snapshots={
+        p: EndpointSnapshot(endpoint=p, last_seen=NOW - 0.5, kv_capacity_tokens=PREFILL_CAPACITY, cached_blocks=n)
+        for p, n in {P1: 125, P2: 0, P3: 10}.items()
+    },
+)
+
+
+def prefill_picks(config: CognitoraConfig, state: FleetState, prefixes: int = 60) -> list[str | None]:
+    """The prefill endpoint of each of ``prefixes`` never-seen 2,048-token prompts (all split), each placed on
+    ``state``."""
+    picks: list[str | None] = []
+    for i in range(prefixes):
+        keys = list(range(1 + i * 1000, 1 + i * 1000 + 2048 // BLOCK))
+        req = RouteRequest(model="m", prompt="x", request_id=f"r{i}", max_tokens=32)
+        d = place_with_pairs(req, PromptKeys(keys, 2048, True, BLOCK), config, state)
+        assert d.prefill is not None, d.explain()
+        picks.append(d.prefill.endpoint)
+    return picks
+
+
+def test_cold_prefixes_are_not_prefilled_on_the_tied_prefill_engine_holding_other_groups() -> None:
+    shipped = fleet(prefills=(P1, P2, P3))
+    hashed = prefill_picks(fleet(prefills=(P1, P2, P3), placement={"tie_cache_bound": None}), P1_HOLDS_OTHER_GROUPS)
+    assert hashed.count(P1) >= 10, "the hash alone gives the fullest prefill engine about a third of them"
+    bounded = prefill_picks(shipped, P1_HOLDS_OTHER_GROUPS)
+    assert P1 not in bounded
+    assert bounded.count(P2) >= 20 and bounded.count(P3) >= 20, "the hash still spreads them over the rest"
+    # Only what P1 would have got moves: a prefix the hash gave P2 or P3 stays there (the rendezvous property).
+    assert all(b == h for b, h in zip(bounded, hashed, strict=True) if h != P1)
+    # A prefix P1 clearly holds is cheaper to prefill there: not a tie, so the bound does not move it.
+    held = FleetState(NOW, matches={P1: cached(1536)}, snapshots=P1_HOLDS_OTHER_GROUPS.snapshots)
+    for i in range(10):
+        keys = [*range(1, 1 + 1536 // BLOCK), *range(5000 + 100 * i, 5000 + 100 * i + 512 // BLOCK)]
+        req = RouteRequest(model="m", prompt="x", request_id=f"q{i}", max_tokens=32)
+        d = place_with_pairs(req, PromptKeys(keys, 2048, True, BLOCK), shipped, held)
+        assert d.prefill is not None and d.prefill.endpoint == P1, d.explain()
 
 
 async def test_router_counts_the_prefill_on_the_prefill_endpoint_and_releases_both() -> None:
