@@ -20,8 +20,12 @@ Below the attainable, per request (in the target's own run: its arrivals and TTF
   blocks were evicted, or the earlier copy went to another engine).
 - ``system partial``: less than the system prompt (part of it evicted).
 
-``--partition`` also says where Cognitora's prefix hash alone (an idle, empty fleet: every candidate tied) would put
-each group's first request, on the run's engine URLs: ``cognitora explain``'s decision, on a fresh in-memory store.
+``--partition`` also says where Cognitora's placement puts each group's first request on the run's engine URLs
+(``cognitora explain``'s decision, on a fresh in-memory store: an idle fleet, every candidate tied), twice: by the
+prefix hash alone (``placement.tie_cache_bound: null``, what the committed runs' code did), and with the tie rule
+(bounded loads, ``--tie-cache-bound``, default the shipped ``placement.tie_cache_bound``), replayed on each seed's
+arrivals: each engine's snapshot carries the blocks its groups sent it so far, as the scraper writes the store's
+count (``EndpointSnapshot.cached_blocks``), and its KV capacity.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ from bench import workloads as wl
 from bench.capacity_bound import lru_leading_hits, request_blocks
 from bench.report import read_requests
 from bench.workloads import BenchRequest
+from cognitora.config import PlacementConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CAUSES = ("in flight", "cold", "question tail", "system partial")
+SHIPPED_TIE_CACHE_BOUND = PlacementConfig().tie_cache_bound
 
 
 def attainable(prompt_tokens: int, content_tokens: int, reusable: int, block: int) -> int:
@@ -142,19 +148,21 @@ def hash_partition(
     tokenizer: str,
     block: int,
     *,
-    fewest_within: int | None = None,
+    tie_cache_bound: float | None = None,
     kv_blocks: int = 0,
 ) -> dict[str, str]:
     """Group -> the endpoint (``host:port``) Cognitora picks for its first request when the fleet is idle, every
-    candidate tied: its prefix hash. The model's name is part of its block keys, so it must be the run's.
+    candidate tied. The model's name is part of its block keys, so it must be the run's.
 
-    ``fewest_within`` replays a proposed rule instead: the hash picks only among the engines holding at most that
-    many blocks more than the emptiest, each engine holding what its groups sent it (groups stay where their first
-    request went; one LRU cache of ``kv_blocks`` per engine)."""
+    ``tie_cache_bound`` None: the prefix hash alone. Otherwise placement's tie rule with that bound
+    (``placement.tie_cache_bound``, ``affinity.within_cache_bound``), each engine holding what its groups sent it
+    (groups stay where their first request went; one LRU cache of ``kv_blocks`` per engine), told to placement as
+    the scraper tells it: a fresh snapshot with the engine's block count and its KV capacity."""
     from cognitora.config import config_from_dict
     from cognitora.core.router import Router
     from cognitora.request import RouteRequest
     from kvstate.memory_store import MemoryStore
+    from kvstate.store import EndpointSnapshot
 
     config = config_from_dict(
         {
@@ -165,11 +173,13 @@ def hash_partition(
                     "tokenizer": tokenizer,
                     "endpoints": [{"url": u, "engine": "vllm"} for u in urls],
                 }
-            ]
+            ],
+            "placement": {"tie_cache_bound": tie_cache_bound},
         }
     )
     ids = [u.split("://", 1)[-1].rstrip("/") for u in urls]
     bank = wl.TextBank(20251130)  # bench.loadgen's: the same text for every seed
+    now = 1_000_000.0  # a fixed clock: every snapshot is fresh
 
     async def place_all() -> dict[str, str]:
         home: dict[str, str] = {}
@@ -177,15 +187,18 @@ def hash_partition(
         for req in sorted(schedule, key=lambda r: (r.arrival_s, r.index)):
             system = _system(req)
             if system not in home:
-                pool = ids
-                if fewest_within is not None:
-                    emptiest = min(len(c) for c in caches.values())
-                    pool = [e for e in ids if len(caches[e]) <= emptiest + fewest_within]
+                store = MemoryStore()
+                if tie_cache_bound is not None:
+                    for e, held in caches.items():
+                        snap = EndpointSnapshot(
+                            endpoint=e, last_seen=now, kv_capacity_tokens=kv_blocks * block, cached_blocks=len(held)
+                        )
+                        await store.put_snapshot(snap)
                 body = req.body(bank, model)
-                routed = RouteRequest(model=model, messages=body["messages"], candidates=pool)
-                home[system] = str((await Router(config, MemoryStore()).place(routed)).endpoint)
+                routed = RouteRequest(model=model, messages=body["messages"])
+                home[system] = str((await Router(config, store, clock=lambda: now).place(routed)).endpoint)
             cache = caches.get(home[system])
-            if cache is None or fewest_within is None:
+            if cache is None or tie_cache_bound is None:
                 continue
             for key in reversed(request_blocks(req, block)):
                 cache[key] = None
@@ -252,7 +265,14 @@ def _schedule(seed: int, data: Mapping[str, Any]) -> list[BenchRequest]:
     ).requests
 
 
-def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: Sequence[str], partition: bool) -> str:
+def render(
+    prefix: Path,
+    seeds: Sequence[int],
+    stages: Sequence[str],
+    targets: Sequence[str],
+    partition: bool,
+    tie_cache_bound: float | None = SHIPPED_TIE_CACHE_BOUND,
+) -> str:
     from bench.real_engines import BLOCK_SIZE, MODEL, TOKENIZER
 
     shown = prefix.relative_to(ROOT) if prefix.is_absolute() and prefix.is_relative_to(ROOT) else prefix
@@ -261,7 +281,12 @@ def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: S
         "",
         "```bash",
         f'python -m bench.hit_gap --prefix {shown} --stages "{",".join(stages)}"'
-        + (" --partition" if partition else ""),
+        + (" --partition" if partition else "")
+        + (
+            ""
+            if not partition or tie_cache_bound == SHIPPED_TIE_CACHE_BOUND
+            else f" --tie-cache-bound {'none' if tie_cache_bound is None else tie_cache_bound}"
+        ),
         "```",
         "",
         "Per seed and target: the hit rate over the bound ('of bound', as bench/results/real_engines.md), the "
@@ -306,13 +331,15 @@ def render(prefix: Path, seeds: Sequence[int], stages: Sequence[str], targets: S
         for system, endpoint in hashed.items():
             groups.setdefault(endpoint.rsplit(":", 1)[-1], []).append(system)
         notes.append(
-            "Cognitora's prefix hash on an idle, empty fleet (every candidate tied), by engine port: "
+            "Cognitora's prefix hash alone (`placement.tie_cache_bound: null`, the committed runs' code) on an idle, "
+            "empty fleet (every candidate tied), by engine port: "
             + "; ".join(f"{port}: {', '.join(sorted(g))}" for port, g in sorted(groups.items()))
             + ". A group's text is the same in every seed, and so are the engines' URLs (one fleet served every "
             "target), so this is where a group goes whenever its first request finds the fleet idle."
         )
         notes.append(_split_costs(schedules, stages[-1], hashed, len(urls), BLOCK_SIZE))
-        notes.append(_proposed_rule(schedules, stages[-1], urls))
+        if tie_cache_bound is not None:
+            notes.append(_tie_rule(schedules, stages[-1], urls, tie_cache_bound))
     for seed in seeds:
         per_group: dict[str, int] = {}
         for req in schedules[seed]:
@@ -346,16 +373,19 @@ def _split_costs(
     )
 
 
-def _proposed_rule(schedules: Mapping[int, Sequence[BenchRequest]], stage: str, urls: Sequence[str]) -> str:
-    """Where each seed's groups go when the hash picks only among the engines holding no more than a tenth of an
-    engine's blocks above the emptiest (``hash_partition(fewest_within=...)``), and what that split allows."""
+def _tie_rule(
+    schedules: Mapping[int, Sequence[BenchRequest]], stage: str, urls: Sequence[str], tie_cache_bound: float
+) -> str:
+    """Where each seed's groups go with placement's tie rule at ``tie_cache_bound`` (``hash_partition``), and what
+    that split allows."""
     from bench.real_engines import BLOCK_SIZE, KV_BLOCKS, MODEL, TOKENIZER
 
-    within = KV_BLOCKS // 10
     slots = KV_BLOCKS - KV_BLOCKS // 8
     parts = []
     for seed, schedule in schedules.items():
-        home = hash_partition(urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE, fewest_within=within, kv_blocks=KV_BLOCKS)
+        home = hash_partition(
+            urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE, tie_cache_bound=tie_cache_bound, kv_blocks=KV_BLOCKS
+        )
         reqs = [r for r in schedule if r.stage == stage]
         bound = sum(r.reusable_tokens for r in reqs) / sum(r.prompt_tokens for r in reqs)
         by_engine: dict[str, list[str]] = {}
@@ -366,12 +396,19 @@ def _proposed_rule(schedules: Mapping[int, Sequence[BenchRequest]], stage: str, 
             f"seed {seed}: {split} ({partition_hit(schedule, home, stage, KV_BLOCKS, BLOCK_SIZE) / bound:.3f}, "
             f"{partition_hit(schedule, home, stage, slots, BLOCK_SIZE) / bound:.3f})"
         )
+    shipped = ", the shipped default" if tie_cache_bound == SHIPPED_TIE_CACHE_BOUND else ""
     return (
-        f"A proposed rule, replayed on each seed's arrivals (groups stay where their first request went; the fleet "
-        f"idle at each first request): the hash picks only among engines holding at most {within} blocks (a tenth "
-        f"of an engine) more than the emptiest. Its split, and what it allows at {stage} with {KV_BLOCKS} and {slots} "
-        "blocks: " + "; ".join(parts)
+        f"With the tie rule (`placement.tie_cache_bound: {tie_cache_bound:g}`{shipped}; among tied engines the hash "
+        f"leaves out any whose prefix cache holds more than {tie_cache_bound:g} x its {KV_BLOCKS} blocks beyond the "
+        "emptiest's), placement's own code replayed on each seed's arrivals (the fleet idle at each group's first "
+        "request; groups stay where their first request went; each engine's snapshot carries the blocks its groups "
+        f"sent it, one LRU cache of {KV_BLOCKS} blocks per engine). Its split, and what it allows at {stage} with "
+        f"{KV_BLOCKS} and {slots} blocks: " + "; ".join(parts)
     )
+
+
+def _bound(text: str) -> float | None:
+    return None if text.strip().lower() in ("none", "null") else float(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -380,13 +417,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="20251130,20251201,20251202")
     p.add_argument("--stages", default="1 rps,2 rps,3 rps", help="comma-separated stage labels")
     p.add_argument("--targets", default="cognitora-envoy,cognitora-litellm,cognitora-litellm-redis-1w")
-    p.add_argument("--partition", action="store_true", help="also where the prefix hash alone puts each group")
+    p.add_argument(
+        "--partition", action="store_true", help="also where placement puts each group: the hash alone, the tie rule"
+    )
+    p.add_argument(
+        "--tie-cache-bound",
+        type=_bound,
+        default=SHIPPED_TIE_CACHE_BOUND,
+        help="the tie rule's placement.tie_cache_bound for --partition ('none': the hash alone only; default: the "
+        f"shipped {SHIPPED_TIE_CACHE_BOUND})",
+    )
     p.add_argument("--out", type=Path, help="write the markdown here (default: stdout)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     targets = [t for t in args.targets.split(",") if t.strip()]
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    text = render(args.prefix, seeds, stages, targets, args.partition)
+    text = render(args.prefix, seeds, stages, targets, args.partition, args.tie_cache_bound)
     if args.out:
         args.out.write_text(text)
     else:

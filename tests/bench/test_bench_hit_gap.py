@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.hit_gap import CAUSES, attainable, even_partitions, gap, hash_partition, partition_hit
+from bench.hit_gap import (
+    CAUSES,
+    SHIPPED_TIE_CACHE_BOUND,
+    attainable,
+    even_partitions,
+    gap,
+    hash_partition,
+    partition_hit,
+)
 from bench.workloads import BenchRequest, MessageSpec, Segment, annotate_reuse
 
 BLOCK = 32
@@ -101,17 +109,24 @@ def test_even_partitions_are_every_equal_split_once() -> None:
     assert even_partitions(["a", "b", "c"], 2) == []
 
 
-def test_the_prefix_hash_gave_one_engine_three_groups_and_fewest_held_first_gives_two_each() -> None:
+def test_the_prefix_hash_gave_one_engine_three_groups_and_the_tie_rule_gives_two_each() -> None:
     # The committed run's engines and seed 20251130's schedule: the split measured (one engine served 103-106 of
-    # 210 requests) is the hash's; picking among the emptiest engines first splits the groups two per engine.
+    # 210 requests) is the hash's; placement's tie rule (the shipped placement.tie_cache_bound, each engine's block
+    # count on its snapshot) splits the groups two per engine.
     from bench.real_engines import BLOCK_SIZE, KV_BLOCKS, MODEL, TOKENIZER, schedule_for
 
     urls = ["http://127.0.0.1:37811", "http://127.0.0.1:48887", "http://127.0.0.1:45431"]
     schedule = schedule_for(20251130, [1, 2, 3], 30, (1, 20)).requests
     hashed = hash_partition(urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE)
     assert sorted(list(hashed.values()).count(e) for e in set(hashed.values())) == [1, 2, 3], hashed
-    emptiest = hash_partition(urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE, fewest_within=12, kv_blocks=KV_BLOCKS)
-    assert sorted(list(emptiest.values()).count(e) for e in set(emptiest.values())) == [2, 2, 2], emptiest
-    assert partition_hit(schedule, emptiest, "3 rps", KV_BLOCKS, BLOCK_SIZE) > partition_hit(
+    assert SHIPPED_TIE_CACHE_BOUND == 0.1
+    bounded = hash_partition(
+        urls, schedule, MODEL, TOKENIZER, BLOCK_SIZE, tie_cache_bound=SHIPPED_TIE_CACHE_BOUND, kv_blocks=KV_BLOCKS
+    )
+    assert sorted(list(bounded.values()).count(e) for e in set(bounded.values())) == [2, 2, 2], bounded
+    # The first group finds every engine empty: the hash alone picks it, as without the rule.
+    first = min(schedule, key=lambda r: (r.arrival_s, r.index)).messages[0].segments[0].name
+    assert bounded[first] == hashed[first]
+    assert partition_hit(schedule, bounded, "3 rps", KV_BLOCKS, BLOCK_SIZE) > partition_hit(
         schedule, hashed, "3 rps", KV_BLOCKS, BLOCK_SIZE
     )
