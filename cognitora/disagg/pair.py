@@ -118,7 +118,8 @@ def best_pair(
     # whole placement, not on one whose prefix cache is much fuller than the emptiest's (bounded loads), or cold
     # prefixes that happen to hash alike pile onto one prefill engine and evict each other while another idles.
     hashed = within_cache_bound(tied, params.tie_cache_bound)
-    prefill = rendezvous_pick(hashed, affinity_key(prompt, req.request_id, params.affinity_prefix_tokens))
+    key = affinity_key(prompt, req.request_id, params.affinity_prefix_tokens, cost_model.affinity_prompt_share)
+    prefill = rendezvous_pick(hashed, key)
     decode_tokens = req.max_tokens or 0
     options: list[tuple[float, str, EndpointConfig, float, float, float]] = []
     for d in decodes:
