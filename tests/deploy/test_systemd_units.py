@@ -2,10 +2,14 @@
 (syntax, known directives, an ``ExecStart`` binary that exists: the tree's own), ``systemd-analyze security
 --offline`` rates each hardened, and the command each unit starts, with the environment its files give it, runs:
 it sends ``READY=1`` once it serves (``Type=notify``) and writes JSON lines to its stdout/stderr pipe as they
-happen, which is what journald reads.
+happen. And ``journalctl`` shows them: the collector's command, connected to a real systemd-journald private to the
+test (``tests.support.private_journald``: a mount namespace of its own) the way systemd connects a unit with
+``StandardOutput=journal`` (the stdout-stream header with the unit's ``SyslogIdentifier``, facility and level),
+lands in the journal line by line, each ``MESSAGE`` one JSON record, and ``journalctl -o json`` reads them back.
 
-There is no systemd running here (no PID 1 to start a unit): what is not tested is systemd's own part, the
-sandbox at run time (DynamicUser, the namespaces) and journald; docs/deploy.md says so.
+There is no systemd running here (no PID 1 to start a unit): what is not tested is systemd's own part, PID 1
+starting the unit and connecting its output, the sandbox at run time (DynamicUser, the namespaces), and the unit's
+cgroup that gives journald ``_SYSTEMD_UNIT`` under systemd; docs/deploy.md says so.
 """
 
 from __future__ import annotations
