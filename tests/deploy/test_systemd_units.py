@@ -2,14 +2,19 @@
 (syntax, known directives, an ``ExecStart`` binary that exists: the tree's own), ``systemd-analyze security
 --offline`` rates each hardened, and the command each unit starts, with the environment its files give it, runs:
 it sends ``READY=1`` once it serves (``Type=notify``) and writes JSON lines to its stdout/stderr pipe as they
-happen, which is what journald reads.
+happen. And ``journalctl`` shows them: the collector's command, connected to a real systemd-journald private to the
+test (``tests.support.private_journald``: a mount namespace of its own) the way systemd connects a unit with
+``StandardOutput=journal`` (the stdout-stream header with the unit's ``SyslogIdentifier``, facility and level),
+lands in the journal line by line, each ``MESSAGE`` one JSON record, and ``journalctl -o json`` reads them back.
 
-There is no systemd running here (no PID 1 to start a unit): what is not tested is systemd's own part, the
-sandbox at run time (DynamicUser, the namespaces) and journald; docs/deploy.md says so.
+There is no systemd running here (no PID 1 to start a unit): what is not tested is systemd's own part, PID 1
+starting the unit and connecting its output, the sandbox at run time (DynamicUser, the namespaces), and the unit's
+cgroup that gives journald ``_SYSTEMD_UNIT`` under systemd; docs/deploy.md says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -25,6 +30,7 @@ import pytest
 from cognitora_sim.harness.process import free_port
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.installed_tree import InstalledTree, installed_tree, service_entries, unit_command
+from tests.support.private_journald import run_under_journald
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -165,18 +171,27 @@ def stop(proc: subprocess.Popen[str]) -> int:
     return proc.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def collector_options(tree: InstalledTree, config: Path, port: int, extra: str = "") -> Iterator[None]:
+    """The operator's edit of the file the collector's unit reads (this test's config, a free metrics port, and
+    ``extra`` lines), undone after."""
+    collector_env = tree.confdir / "collector.env"
+    original = collector_env.read_text()
+    collector_env.write_text(f"COGNITORA_CONFIG={config}\nCOLLECTOR_ARGS=--metrics-listen 127.0.0.1:{port}\n{extra}")
+    try:
+        yield
+    finally:
+        collector_env.write_text(original)
+
+
 def test_the_collector_unit_starts_ready_and_logs_json(
     tree: InstalledTree, fleet: SimFleet, redis_server_url: str, key_prefix: str
 ) -> None:
     config = fleet_config(tree, fleet, redis_server_url, key_prefix, "collector-test.yaml")
     port = free_port()
-    collector_env = tree.confdir / "collector.env"
-    original = collector_env.read_text()
-    # The operator's edit of the file the unit reads: this test's config and a free metrics port.
-    collector_env.write_text(f"COGNITORA_CONFIG={config}\nCOLLECTOR_ARGS=--metrics-listen 127.0.0.1:{port}\n")
     tmp = Path(tempfile.mkdtemp(prefix="sdn-", dir="/tmp"))
     try:
-        with notify_socket(tmp) as sock:
+        with collector_options(tree, config, port), notify_socket(tmp) as sock:
             proc = start_unit(tree.units / "cognitora-collector.service", "", str(tmp / "notify"), tmp)
             try:
                 ready_and_json_lines(proc, sock, "collector started")
@@ -184,8 +199,54 @@ def test_the_collector_unit_starts_ready_and_logs_json(
             finally:
                 assert stop(proc) == 0  # SIGTERM stops it cleanly: no restart by Restart=on-failure
     finally:
-        collector_env.write_text(original)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+OTEL_KEYS = {"Timestamp", "SeverityText", "SeverityNumber", "Body", "Attributes", "Resource", "InstrumentationScope"}
+"""``COGNITORA_LOG_FORMAT=otel``'s line (cognitora/jsonlog.py): the OpenTelemetry log data model, on stdout."""
+DEFAULT_KEYS = {"ts", "level", "logger", "msg"}
+"""The default line (cognitora/jsonlog.py), on stderr."""
+
+
+@pytest.mark.parametrize("log_format", ["otel", "default"])
+def test_journalctl_shows_the_collectors_json_lines(
+    tree: InstalledTree, fleet: SimFleet, redis_server_url: str, key_prefix: str, tmp_path: Path, log_format: str
+) -> None:
+    """The collector's command, its stdout and stderr one stream into a real (private) journald as systemd connects
+    them for ``StandardOutput=journal``: ``journalctl -o json`` holds every line it wrote, under the unit's
+    identifier, at the priority journald gives a line without a ``<N>`` prefix (the unit's ``SyslogLevel``,
+    info), each ``MESSAGE`` one JSON record, the first ones while it still served."""
+    config = fleet_config(tree, fleet, redis_server_url, key_prefix, f"journal-{log_format}.yaml")
+    unit = tree.units / "cognitora-collector.service"
+    extra = "COGNITORA_LOG_FORMAT=otel\n" if log_format == "otel" else ""
+    with collector_options(tree, config, free_port(), extra):
+        command = unit_command(unit, "", {"%S": str(tmp_path), "%C": str(tmp_path)})
+    assert command.syslog_identifier == "cognitora-collector"
+    run = run_under_journald(
+        command.argv,
+        {"PATH": "/usr/bin:/bin", **command.env},
+        identifier=command.syslog_identifier,
+        unit=unit.name,
+        until="collector started",
+    )
+    assert run.exit_status == 0, run.journald_log
+    entries = run.stream_entries()
+    assert entries, run.entries
+    bodies = []
+    for entry in entries:
+        assert entry["SYSLOG_IDENTIFIER"] == "cognitora-collector", entry
+        assert (entry["PRIORITY"], entry["SYSLOG_FACILITY"]) == ("6", "3"), entry  # info, daemon: whatever the level
+        record = json.loads(entry["MESSAGE"])  # one record per journal entry, not a fragment or two glued
+        if log_format == "otel":
+            assert set(record) >= OTEL_KEYS, record
+            assert record["Resource"] == {"service.name": "cognitora"}
+            bodies.append(record["Body"])
+        else:
+            assert set(record) >= DEFAULT_KEYS, record
+            bodies.append(record["msg"])
+    assert "collector started" in bodies and bodies[-1] == "collector stopped", bodies
+    started = entries[bodies.index("collector started")]
+    assert int(started["__REALTIME_TIMESTAMP"]) < run.stopped_at_us  # journald had it while the collector served
 
 
 def test_an_extproc_instance_reads_its_own_file(

@@ -2,7 +2,8 @@
 process (it takes about a minute: a virtual environment and every dependency), shared by the install and unit tests.
 
 Also: reading a systemd unit as systemd would start it (``[Service]`` entries in order, ``Environment=`` and
-``EnvironmentFile=`` merged, ``ExecStart=`` expanded), for tests that run a unit's command without a systemd.
+``EnvironmentFile=`` merged, ``ExecStart=`` expanded, the identifier its log lines get), for tests that run a unit's
+command without a systemd.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def installed_tree() -> InstalledTree:
 class UnitCommand:
     argv: list[str]
     env: dict[str, str]
+    syslog_identifier: str
+    """What journald files the lines under: ``SyslogIdentifier=``, else the name of the binary (systemd's default)."""
 
 
 def service_entries(unit: Path) -> list[tuple[str, str]]:
@@ -113,7 +116,7 @@ def unit_command(unit: Path, instance: str = "", specifiers: dict[str, str] | No
         return re.sub(r"%.", lambda m: marks.get(m.group(0), m.group(0)), text)
 
     env: dict[str, str] = {}
-    exec_start = ""
+    exec_start = identifier = ""
     for key, value in service_entries(unit):
         value = expand(value)
         if key == "Environment":
@@ -126,10 +129,12 @@ def unit_command(unit: Path, instance: str = "", specifiers: dict[str, str] | No
                 raise FileNotFoundError(f"{unit.name}: EnvironmentFile {path} is missing (systemd refuses to start)")
         elif key == "ExecStart":
             exec_start = value
+        elif key == "SyslogIdentifier":
+            identifier = value
     argv: list[str] = []
     for word in shlex.split(exec_start):
         if re.fullmatch(r"\$\w+", word):  # $VAR alone: split on whitespace into several arguments
             argv += env.get(word[1:], "").split()
         else:  # ${VAR}: one argument
             argv.append(re.sub(r"\$\{(\w+)\}", lambda m: env.get(m.group(1), ""), word))
-    return UnitCommand(argv, env)
+    return UnitCommand(argv, env, identifier or Path(argv[0]).name)
