@@ -275,6 +275,10 @@ def test_the_decision_is_a_span_of_the_gateways_trace_and_the_engine_continues_i
     )
 
 
+CLIENTS = 8
+"""Concurrent clients of the load under which replicas stop."""
+
+
 async def _load(url: str, stop: asyncio.Event, statuses: Counter[int], errors: list[str]) -> None:
     async def worker(client: httpx.AsyncClient, w: int) -> None:
         i = 0
@@ -291,7 +295,93 @@ async def _load(url: str, stop: asyncio.Event, statuses: Counter[int], errors: l
                 errors.append(repr(exc))
 
     async with httpx.AsyncClient(timeout=30) as client:
-        await asyncio.gather(*(worker(client, w) for w in range(8)))
+        await asyncio.gather(*(worker(client, w) for w in range(CLIENTS)))
+
+
+def host_requests(admin_url: str, port: int) -> int:
+    """Streams Envoy opened on the ext_proc replica on ``port`` (admin ``/clusters``: the host's ``rq_total``)."""
+    prefix = f"cognitora_extproc::127.0.0.1:{port}::rq_total::"
+    text = httpx.get(f"{admin_url}/clusters", timeout=5).text
+    return sum(int(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+
+def stream_retries(admin_url: str) -> int:
+    """Envoy's retried ext_proc streams (admin ``/stats``: the cluster's ``upstream_rq_retry``)."""
+    only = r"^cluster\.cognitora_extproc\.upstream_rq_retry$"
+    text = httpx.get(f"{admin_url}/stats", params={"filter": only}, timeout=5).text
+    counts = (line.partition(": ")[2] for line in text.splitlines())
+    return sum(int(count) for count in counts if count.isdigit())
+
+
+@pytest.mark.alone  # a stop under load, as the drain test below
+def test_a_replica_stopped_before_the_health_check_sees_it_loses_no_request_through_the_stream_retry(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """examples/envoy.yaml's ``grpc_service.retry_policy`` on its own: this Envoy checks its replicas once an hour,
+    so it goes on opening streams on a replica that stops (and, once it has exited, on its closed port); each one
+    refused is opened again on the other replica. A third replica is stopped, so the module's two stay up. SIGTERM,
+    not SIGKILL: a killed replica's streams that had already answered are lost (Envoy retries a stream only before
+    its response starts), and finishing those is the drain's part."""
+    port = free_port()
+    cli = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(stack.config_path)]
+    doomed = ManagedProcess(
+        [*cli, "--listen", f"127.0.0.1:{port}", "--drain-timeout-s", "20"], tmp_path / "doomed.log", cwd=ROOT
+    )
+    survivor = stack.ports[1]
+    envoy = None
+    try:
+        wait_listening(port, doomed)
+        listen, admin = free_port(), free_port()
+
+        def checked_hourly(envoy_config: dict[str, object]) -> None:
+            for cluster in envoy_config["static_resources"]["clusters"]:  # type: ignore[index]
+                if cluster["name"] == "cognitora_extproc":
+                    cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb(port), _lb(survivor)]}]
+                    for check in cluster["health_checks"]:
+                        check["interval"] = check["no_traffic_interval"] = "3600s"
+
+        rendered = render_config(
+            listen_port=listen,
+            admin_port=admin,
+            extproc_port=port,
+            engines=stack.fleet.endpoint_ids,
+            edit=checked_hourly,
+        )
+        envoy = start_envoy(rendered, tmp_path / "envoy", admin)
+        url, admin_url = f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{admin}"
+        wait_until(lambda: healthy_replicas(admin_url) == 2, 15, "Envoy's first health check passing on both")
+        statuses: Counter[int] = Counter()
+        errors: list[str] = []
+
+        async def run() -> tuple[int, int]:
+            stop = asyncio.Event()
+            load = asyncio.create_task(_load(url, stop, statuses, errors))
+            while statuses[200] < 40:  # both replicas busy before the signal
+                await asyncio.sleep(0.05)
+            doomed.signal(signal.SIGTERM)
+            while doomed.alive():
+                await asyncio.sleep(0.05)
+            before, on_survivor = statuses[200], host_requests(admin_url, survivor)
+            while statuses[200] < before + 40:  # Envoy still picks the dead replica for half the streams
+                await asyncio.sleep(0.05)
+            stop.set()
+            await load
+            return statuses[200] - before, host_requests(admin_url, survivor) - on_survivor
+
+        served_after, survivor_streams = asyncio.run(asyncio.wait_for(run(), 90))
+        log = doomed.log_tail(50)
+        assert doomed.stop() == 0, log
+        assert errors == [] and set(statuses) == {200}, f"{dict(statuses)}: {errors[:3]}"
+        # Envoy never marked the stopped replica: the retry, not the health check, moved its streams.
+        assert healthy_replicas(admin_url) == 2
+        assert stream_retries(admin_url) > 0
+        # Every request served after the stop had its stream on the remaining replica (but those in flight at the
+        # count's start, one per client at most).
+        assert survivor_streams >= served_after - CLIENTS, (survivor_streams, served_after)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        doomed.stop()
 
 
 @pytest.mark.alone  # a drain under load: it refused requests once beside the other worker's load
