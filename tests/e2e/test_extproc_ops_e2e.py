@@ -27,7 +27,7 @@ from cognitora_sim.harness.envoy_launch import EXAMPLE_CONFIG, render_config, st
 from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.reload_files import write_seen, write_unseen
+from tests.support.reload_files import reload_to, write_seen
 
 pytestmark = pytest.mark.e2e
 
@@ -189,25 +189,6 @@ def test_a_config_change_reloads_and_a_bad_one_is_refused_keeping_the_old(stack:
         wait_until(lambda r=replica: r.log_tail(300).count("config reloaded") >= 3, 20, "the restoring reload")  # type: ignore[misc]
 
 
-WATCHED = "config reloaded (the config file changed): changed"
-SIGHUP = "config reloaded (SIGHUP): changed"
-
-
-def reload_to(stack: Stack, config: dict[str, object], *, sighup: bool) -> None:
-    """Put ``config`` in force on both replicas, by the file watch or (a write the watch cannot see) by SIGHUP, and
-    wait until each replica's log says a reload that way changed something."""
-    line = SIGHUP if sighup else WATCHED
-    before = [r.log_tail(2000).count(line) for r in stack.replicas]
-    if sighup:
-        write_unseen(stack.config_path, config)
-        for replica in stack.replicas:
-            replica.signal(signal.SIGHUP)
-    else:
-        write_seen(stack.config_path, config)
-    for replica, seen in zip(stack.replicas, before, strict=True):
-        wait_until(lambda r=replica, n=seen: r.log_tail(2000).count(line) > n, 20, line)  # type: ignore[misc]
-
-
 def with_(base: dict[str, object], **sections: object) -> dict[str, object]:
     config = yaml.safe_load(yaml.safe_dump(base))
     config.update(sections)
@@ -221,18 +202,18 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     # Priorities: the default class made sheddable with an SLO no engine meets, idle or not: shed (429); back to
     # the shipped classes by SIGHUP alone (the watch cannot see that write): placed again.
     strict = {"default": {"ttft_slo_s": 0.0001, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
-    reload_to(stack, with_(stack.config, placement={"priorities": strict}), sighup=False)
+    reload_to(stack.config_path, with_(stack.config, placement={"priorities": strict}), stack.replicas, sighup=False)
     shed = [chat(stack.url, 310 + i) for i in range(4)]
     assert [a.status_code for a in shed] == [429] * 4, shed[0].text
     assert shed[0].headers.get("retry-after"), shed[0].headers
-    reload_to(stack, stack.config, sighup=True)
+    reload_to(stack.config_path, stack.config, stack.replicas, sighup=True)
     assert all(r.alive() for r in stack.replicas)
     assert [chat(stack.url, 320 + i).status_code for i in range(4)] == [200] * 4
 
     # Budgets (on Redis, shared by both replicas): requests without a team (this Envoy authenticates nobody) get a
     # small day's limit by the watch: a few are served, then 429 naming the limit; raised by SIGHUP: served again.
     low = {"anonymous": [{"window": "day", "total_tokens": 300}]}
-    reload_to(stack, with_(stack.config, budgets=low), sighup=False)
+    reload_to(stack.config_path, with_(stack.config, budgets=low), stack.replicas, sighup=False)
     statuses: list[int] = []
     while 429 not in statuses:
         answer = chat(stack.url, 330 + len(statuses))
@@ -241,9 +222,9 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     assert statuses[0] == 200 and set(statuses) == {200, 429}, statuses
     assert "budgets.anonymous" in answer.text, answer.text
     high = {"anonymous": [{"window": "day", "total_tokens": 1_000_000}]}
-    reload_to(stack, with_(stack.config, budgets=high), sighup=True)
+    reload_to(stack.config_path, with_(stack.config, budgets=high), stack.replicas, sighup=True)
     assert [chat(stack.url, 360 + i).status_code for i in range(4)] == [200] * 4
-    reload_to(stack, stack.config, sighup=False)  # as the module's other tests expect it
+    reload_to(stack.config_path, stack.config, stack.replicas, sighup=False)  # as the module's other tests expect it
 
 
 def test_the_decision_is_a_span_of_the_gateways_trace_and_the_engine_continues_it(stack: Stack) -> None:
