@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from cognitora_sim.harness.process import free_port, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from envoy_extproc.burst_example import add_burst
 from tests.support.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
-from tests.support.reload_files import write_seen, write_unseen
+from tests.support.reload_files import reload_to
 
 pytestmark = pytest.mark.e2e
 
@@ -193,16 +192,6 @@ def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: S
     enough): team ops, not allowed to burst, stays local; allowed by a reload, it reaches the cloud; the shipped
     config back by SIGHUP alone (a write the file watch cannot see), local again."""
 
-    def reload_to(config: dict[str, Any], *, sighup: bool) -> None:
-        line = "config reloaded (SIGHUP): changed" if sighup else "config reloaded (the config file changed): changed"
-        before = stack.extproc.log_tail(2000).count(line)
-        if sighup:
-            write_unseen(stack.config_path, config)
-            stack.extproc.signal(signal.SIGHUP)
-        else:
-            write_seen(stack.config_path, config)
-        wait_until(lambda: stack.extproc.log_tail(2000).count(line) > before, 30, line)
-
     def served_by_cloud(tag: str) -> list[bool]:
         stack.idle()
         answers = stack.step("ops", tag, requests=3, workers=1)
@@ -211,13 +200,13 @@ def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: S
 
     tight = yaml.safe_load(yaml.safe_dump(stack.config))
     tight["placement"]["priorities"]["default"] = {"ttft_slo_s": 0.001}
-    reload_to(tight, sighup=False)
+    reload_to(stack.config_path, tight, [stack.extproc], sighup=False)
     assert served_by_cloud("tight") == [False] * 3  # saturated, but not allowed: placed on the engine anyway
     allowed = yaml.safe_load(yaml.safe_dump(tight))
     allowed["burst"]["teams"] = ["research", "ops"]
-    reload_to(allowed, sighup=False)
+    reload_to(stack.config_path, allowed, [stack.extproc], sighup=False)
     assert served_by_cloud("allowed") == [True] * 3
-    reload_to(stack.config, sighup=True)
+    reload_to(stack.config_path, stack.config, [stack.extproc], sighup=True)
     assert stack.extproc.alive()
     assert served_by_cloud("restored") == [False] * 3
 

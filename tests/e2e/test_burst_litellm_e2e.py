@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from cognitora_sim.cloud_launch import SimCloudProcess, start_cloud
 from cognitora_sim.harness.process import ManagedProcess, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.itl_burst_e2e import STREAMING_CLASS, burst_while_a_stream_decodes
-from tests.support.reload_files import write_seen, write_unseen
+from tests.support.reload_files import reload_to, write_seen
 
 pytestmark = pytest.mark.e2e
 
@@ -189,17 +188,6 @@ def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: S
     enough): team ops, not allowed to burst, stays local; allowed by a reload of the config file, it reaches the
     cloud; the shipped file back by SIGHUP to the proxy alone (a write the file watch cannot see), local again."""
 
-    def reload_to(settings: dict[str, Any], *, sighup: bool) -> None:
-        line = "config reloaded (SIGHUP): changed" if sighup else "config reloaded (the config file changed): changed"
-        before = stack.log().count(line)
-        if sighup:
-            write_unseen(stack.cognitora_yaml, settings)
-            stack.proxy.signal(signal.SIGHUP)
-        else:
-            write_seen(stack.cognitora_yaml, settings)
-        wait_until(lambda: stack.log().count(line) > before or not stack.proxy.alive(), 60, line)
-        assert stack.proxy.alive(), stack.log()[-2000:]
-
     def served_by_cloud(tag: str) -> list[bool]:
         stack.idle()
         answers = _step(stack, LOCAL_KEY, tag, requests=3, workers=1)
@@ -208,13 +196,13 @@ def test_a_reload_changes_who_may_burst_by_the_file_watch_and_by_sighup(stack: S
 
     tight = yaml.safe_load(yaml.safe_dump(stack.settings))
     tight["placement"]["priorities"]["default"] = {"ttft_slo_s": 0.001}
-    reload_to(tight, sighup=False)
+    reload_to(stack.cognitora_yaml, tight, [stack.proxy], sighup=False)
     assert served_by_cloud("tight") == [False] * 3  # saturated, but not allowed: placed on the engine anyway
     allowed = yaml.safe_load(yaml.safe_dump(tight))
     allowed["burst"]["teams"] = [*allowed["burst"]["teams"], "ops"]
-    reload_to(allowed, sighup=False)
+    reload_to(stack.cognitora_yaml, allowed, [stack.proxy], sighup=False)
     assert served_by_cloud("allowed") == [True] * 3
-    reload_to(stack.settings, sighup=True)
+    reload_to(stack.cognitora_yaml, stack.settings, [stack.proxy], sighup=True)
     assert served_by_cloud("restored") == [False] * 3
 
 

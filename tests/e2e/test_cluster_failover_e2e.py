@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,75 @@ DEGRADED_BOUND_S = 10.0
 for a busy host), and after the last step's answers."""
 
 
+@dataclass(frozen=True)
+class EnvoyGateway:
+    """``REPLICAS`` extproc replicas behind Envoy: where to post, as team ``ops`` (an API key Envoy verifies)."""
+
+    url: str
+    headers: dict[str, str]
+    logs: list[Path]
+    """The replicas' logs (their "store unavailable" / "store reachable again" lines)."""
+
+
+@contextmanager
+def envoy_replicas(config_path: Path, engines: Sequence[str], workdir: Path) -> Iterator[EnvoyGateway]:
+    """``REPLICAS`` ``cognitora extproc`` on ``config_path`` behind the real Envoy on the example (all of them in its
+    ``cognitora_extproc`` cluster) listing ``engines``, the example's auth on with a fresh signing key."""
+    cli = [sys.executable, "-m", "cognitora.cli"]
+    ports = [free_port() for _ in range(REPLICAS)]
+    replicas = [
+        ManagedProcess(
+            [*cli, "extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"],
+            workdir / f"extproc{i}.log",
+            cwd=ROOT,
+        )
+        for i, port in enumerate(ports)
+    ]
+    envoy = None
+    try:
+        for port, replica in zip(ports, replicas, strict=True):
+            wait_listening(port, replica)
+        secret = api_keys.new_jwks()
+        listen, admin = free_port(), free_port()
+
+        def all_replicas(envoy_config: dict[str, Any]) -> None:
+            for c in envoy_config["static_resources"]["clusters"]:
+                if c["name"] == "cognitora_extproc":
+                    eps = [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+                           for p in ports]  # fmt: skip
+                    c["load_assignment"]["endpoints"] = [{"lb_endpoints": eps}]
+
+        rendered = render_config(
+            listen_port=listen,
+            admin_port=admin,
+            extproc_port=ports[0],
+            engines=engines,
+            edit=all_replicas,
+            jwks=secret,
+        )
+        envoy = start_envoy(rendered, workdir / "envoy", admin)
+        token = api_keys.mint(secret, team="ops", key_id="ops-key", user="op", expires_in_s=600)
+        yield EnvoyGateway(
+            f"http://127.0.0.1:{listen}/v1/chat/completions",
+            {"Authorization": f"Bearer {token}"},
+            [r.log_path for r in replicas],
+        )
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+def envoy_body(model: str) -> Callable[[int, int], dict[str, Any]]:
+    """The Envoy leg's requests (client, number) -> body: each its own prompt, a short answer."""
+    return lambda w, i: {
+        "model": model,
+        "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
+        "max_tokens": 12,
+    }
+
+
 @pytest.mark.cluster_failover
 @pytest.mark.timeout(300)
 def test_a_master_fails_over_under_load_and_no_request_or_budget_count_is_lost(
@@ -60,72 +132,30 @@ def test_a_master_fails_over_under_load_and_no_request_or_budget_count_is_lost(
         }
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        cli = [sys.executable, "-m", "cognitora.cli"]
-
         collector = Collector(
             lambda: ManagedProcess(
-                [*cli, "collector", "--config", str(config_path)], tmp_path / "collector.log", cwd=ROOT
-            )
-        )
-        ports = [free_port() for _ in range(REPLICAS)]
-        replicas = [
-            ManagedProcess(
-                [*cli, "extproc", "--config", str(config_path), "--listen", f"127.0.0.1:{port}"],
-                tmp_path / f"extproc{i}.log",
+                [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(config_path)],
+                tmp_path / "collector.log",
                 cwd=ROOT,
             )
-            for i, port in enumerate(ports)
-        ]
-        envoy = None
+        )
         try:
-            for port, replica in zip(ports, replicas, strict=True):
-                wait_listening(port, replica)
-            secret = api_keys.new_jwks()
-            listen, admin = free_port(), free_port()
-
-            def all_replicas(envoy_config: dict[str, Any]) -> None:
-                for c in envoy_config["static_resources"]["clusters"]:
-                    if c["name"] == "cognitora_extproc":
-                        eps = [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
-                               for p in ports]  # fmt: skip
-                        c["load_assignment"]["endpoints"] = [{"lb_endpoints": eps}]
-
-            rendered = render_config(
-                listen_port=listen,
-                admin_port=admin,
-                extproc_port=ports[0],
-                engines=fleet.endpoint_ids,
-                edit=all_replicas,
-                jwks=secret,
-            )
-            envoy = start_envoy(rendered, tmp_path / "envoy", admin)
-            token = api_keys.mint(secret, team="ops", key_id="ops-key", user="op", expires_in_s=600)
-            headers = {"Authorization": f"Bearer {token}"}
-            load = Load(
-                f"http://127.0.0.1:{listen}/v1/chat/completions",
-                headers,
-                lambda w, i: {
-                    "model": fleet.model,
-                    "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
-                    "max_tokens": 12,
-                },
-            )
-            logs = [tmp_path / f"extproc{i}.log" for i in range(REPLICAS)]
-            scenario = fail_over_under_load(cluster, key_slot(prefix.encode()), load, collector, logs, DEGRADED_BOUND_S)
-            failover = asyncio.run(asyncio.wait_for(scenario, 240))
-            timings = failover.timings
-            degraded_s, later_s = failover.degraded(logs)
-            print(
-                f"cluster failover: {dict(load.statuses)}, {timings}, degraded placement {degraded_s:.1f} s "
-                f"by the failover, {later_s:.1f} s after it (the replica kill, the collector restart)"
-            )
-            assert load.errors == [] and set(load.statuses) == {200}, f"{dict(load.statuses)}: {load.errors[:5]}"
-            assert degraded_s <= timings["promoted_after_s"] + DEGRADED_BOUND_S, (degraded_s, timings)
-            # Budgets: what the Cluster's ledger holds is what the engines counted and the clients were told.
-            check_ledger(load, fleet.urls, config_path, cwd=tmp_path)
+            with envoy_replicas(config_path, fleet.endpoint_ids, tmp_path) as gateway:
+                load = Load(gateway.url, gateway.headers, envoy_body(fleet.model))
+                logs = gateway.logs
+                scenario = fail_over_under_load(
+                    cluster, key_slot(prefix.encode()), [load], collector, logs, DEGRADED_BOUND_S
+                )
+                failover = asyncio.run(asyncio.wait_for(scenario, 240))
+                timings = failover.timings
+                degraded_s, later_s = failover.degraded(logs)
+                print(
+                    f"cluster failover: {dict(load.statuses)}, {timings}, degraded placement {degraded_s:.1f} s "
+                    f"by the failover, {later_s:.1f} s after it (the replica kill, the collector restart)"
+                )
+                assert load.errors == [] and set(load.statuses) == {200}, f"{dict(load.statuses)}: {load.errors[:5]}"
+                assert degraded_s <= timings["promoted_after_s"] + DEGRADED_BOUND_S, (degraded_s, timings)
+                # Budgets: what the Cluster's ledger holds is what the engines counted and the clients were told.
+                check_ledger([load], fleet.urls, config_path, cwd=tmp_path)
         finally:
-            if envoy is not None:
-                envoy.stop()
-            for replica in replicas:
-                replica.stop()
             collector.stop()

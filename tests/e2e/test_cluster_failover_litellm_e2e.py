@@ -70,6 +70,31 @@ def cluster_config(tmp_path: Path, fleet: Any, smollm2_dir: Path, url: str, pref
     return path
 
 
+def export(config: Path, tmp_path: Path) -> Path:
+    """The proxy config's Cognitora settings as the ``cognitora.yaml`` a collector reads (``litellm_plugin.export``)."""
+    cognitora_yaml = tmp_path / "cognitora.yaml"
+    exporting = ManagedProcess(
+        [sys.executable, "-m", "litellm_plugin.export", str(config), "-o", str(cognitora_yaml)],
+        tmp_path / "export.log",
+        env={"PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
+    assert exporting.proc.wait(timeout=60) == 0, exporting.log_tail()
+    return cognitora_yaml
+
+
+def proxy_body(w: int, i: int) -> dict[str, Any]:
+    """The LiteLLM leg's requests (client, number) -> body: a third streamed (their usage is counted when they end)."""
+    stream = i % 3 == 0
+    return {
+        "model": "chat",
+        "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
+        "max_tokens": 12,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+
+
 @pytest.mark.cluster_failover
 @pytest.mark.timeout(480)
 def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_replica_deaths_and_a_collector_restart(
@@ -85,14 +110,7 @@ def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_
         prefix = prefix_off(cluster, entry)
         slot = key_slot(prefix.encode())
         config = cluster_config(tmp_path, fleet, smollm2_dir, cluster.url, prefix)
-        cognitora_yaml = tmp_path / "cognitora.yaml"
-        export = ManagedProcess(
-            [sys.executable, "-m", "litellm_plugin.export", str(config), "-o", str(cognitora_yaml)],
-            tmp_path / "export.log",
-            env={"PYTHONPATH": str(ROOT)},
-            cwd=tmp_path,
-        )
-        assert export.proc.wait(timeout=60) == 0, export.log_tail()
+        cognitora_yaml = export(config, tmp_path)
         collector = Collector(
             lambda: ManagedProcess(
                 [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(cognitora_yaml)],
@@ -105,21 +123,10 @@ def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_
             asyncio.run(collector.started())
             # (two workers importing the proxy on 2 cores the rest of the suite keeps busy: up to minutes)
             proxy = LiteLLMProxy(config, tmp_path, salt="failover", workers=2, ready_s=240)
-
-            def body(w: int, i: int) -> dict[str, Any]:
-                stream = i % 3 == 0  # streams too: their usage is counted when they end
-                return {
-                    "model": "chat",
-                    "messages": [{"role": "user", "content": f"failover {w} {i} " + "context " * 30}],
-                    "max_tokens": 12,
-                    "stream": stream,
-                    **({"stream_options": {"include_usage": True}} if stream else {}),
-                }
-
             # A new connection for each request: kept-alive ones would all stay on whichever worker accepted them.
-            load = Load(f"{proxy.url}/v1/chat/completions", {"Authorization": f"Bearer {TEAM_KEY}"}, body, False)
+            load = Load(f"{proxy.url}/v1/chat/completions", {"Authorization": f"Bearer {TEAM_KEY}"}, proxy_body, False)
             logs = [proxy.process.log_path]
-            scenario = fail_over_under_load(cluster, slot, load, collector, logs, DEGRADED_BOUND_S)
+            scenario = fail_over_under_load(cluster, slot, [load], collector, logs, DEGRADED_BOUND_S)
             failover = asyncio.run(asyncio.wait_for(scenario, 240))
             timings = failover.timings
             degraded_s, later_s = failover.degraded(logs)
@@ -133,7 +140,7 @@ def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_
             # Placement read the store again soon after the promotion.
             assert degraded_s <= timings["promoted_after_s"] + DEGRADED_BOUND_S, (degraded_s, timings)
             # Budgets: the Cluster's ledger holds what the engines counted and the clients were told.
-            check_ledger(load, fleet.urls, cognitora_yaml, cwd=tmp_path)
+            check_ledger([load], fleet.urls, cognitora_yaml, cwd=tmp_path)
         except BaseException:
             if proxy is not None:
                 print(proxy.process.log_tail(60))

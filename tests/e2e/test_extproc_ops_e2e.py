@@ -27,7 +27,7 @@ from cognitora_sim.harness.envoy_launch import EXAMPLE_CONFIG, render_config, st
 from cognitora_sim.harness.process import ManagedProcess, free_port, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.reload_files import write_seen, write_unseen
+from tests.support.reload_files import reload_to, write_seen
 
 pytestmark = pytest.mark.e2e
 
@@ -189,25 +189,6 @@ def test_a_config_change_reloads_and_a_bad_one_is_refused_keeping_the_old(stack:
         wait_until(lambda r=replica: r.log_tail(300).count("config reloaded") >= 3, 20, "the restoring reload")  # type: ignore[misc]
 
 
-WATCHED = "config reloaded (the config file changed): changed"
-SIGHUP = "config reloaded (SIGHUP): changed"
-
-
-def reload_to(stack: Stack, config: dict[str, object], *, sighup: bool) -> None:
-    """Put ``config`` in force on both replicas, by the file watch or (a write the watch cannot see) by SIGHUP, and
-    wait until each replica's log says a reload that way changed something."""
-    line = SIGHUP if sighup else WATCHED
-    before = [r.log_tail(2000).count(line) for r in stack.replicas]
-    if sighup:
-        write_unseen(stack.config_path, config)
-        for replica in stack.replicas:
-            replica.signal(signal.SIGHUP)
-    else:
-        write_seen(stack.config_path, config)
-    for replica, seen in zip(stack.replicas, before, strict=True):
-        wait_until(lambda r=replica, n=seen: r.log_tail(2000).count(line) > n, 20, line)  # type: ignore[misc]
-
-
 def with_(base: dict[str, object], **sections: object) -> dict[str, object]:
     config = yaml.safe_load(yaml.safe_dump(base))
     config.update(sections)
@@ -221,18 +202,18 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     # Priorities: the default class made sheddable with an SLO no engine meets, idle or not: shed (429); back to
     # the shipped classes by SIGHUP alone (the watch cannot see that write): placed again.
     strict = {"default": {"ttft_slo_s": 0.0001, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
-    reload_to(stack, with_(stack.config, placement={"priorities": strict}), sighup=False)
+    reload_to(stack.config_path, with_(stack.config, placement={"priorities": strict}), stack.replicas, sighup=False)
     shed = [chat(stack.url, 310 + i) for i in range(4)]
     assert [a.status_code for a in shed] == [429] * 4, shed[0].text
     assert shed[0].headers.get("retry-after"), shed[0].headers
-    reload_to(stack, stack.config, sighup=True)
+    reload_to(stack.config_path, stack.config, stack.replicas, sighup=True)
     assert all(r.alive() for r in stack.replicas)
     assert [chat(stack.url, 320 + i).status_code for i in range(4)] == [200] * 4
 
     # Budgets (on Redis, shared by both replicas): requests without a team (this Envoy authenticates nobody) get a
     # small day's limit by the watch: a few are served, then 429 naming the limit; raised by SIGHUP: served again.
     low = {"anonymous": [{"window": "day", "total_tokens": 300}]}
-    reload_to(stack, with_(stack.config, budgets=low), sighup=False)
+    reload_to(stack.config_path, with_(stack.config, budgets=low), stack.replicas, sighup=False)
     statuses: list[int] = []
     while 429 not in statuses:
         answer = chat(stack.url, 330 + len(statuses))
@@ -241,9 +222,9 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     assert statuses[0] == 200 and set(statuses) == {200, 429}, statuses
     assert "budgets.anonymous" in answer.text, answer.text
     high = {"anonymous": [{"window": "day", "total_tokens": 1_000_000}]}
-    reload_to(stack, with_(stack.config, budgets=high), sighup=True)
+    reload_to(stack.config_path, with_(stack.config, budgets=high), stack.replicas, sighup=True)
     assert [chat(stack.url, 360 + i).status_code for i in range(4)] == [200] * 4
-    reload_to(stack, stack.config, sighup=False)  # as the module's other tests expect it
+    reload_to(stack.config_path, stack.config, stack.replicas, sighup=False)  # as the module's other tests expect it
 
 
 def test_the_decision_is_a_span_of_the_gateways_trace_and_the_engine_continues_it(stack: Stack) -> None:
@@ -275,6 +256,10 @@ def test_the_decision_is_a_span_of_the_gateways_trace_and_the_engine_continues_i
     )
 
 
+CLIENTS = 8
+"""Concurrent clients of the load under which replicas stop."""
+
+
 async def _load(url: str, stop: asyncio.Event, statuses: Counter[int], errors: list[str]) -> None:
     async def worker(client: httpx.AsyncClient, w: int) -> None:
         i = 0
@@ -291,7 +276,93 @@ async def _load(url: str, stop: asyncio.Event, statuses: Counter[int], errors: l
                 errors.append(repr(exc))
 
     async with httpx.AsyncClient(timeout=30) as client:
-        await asyncio.gather(*(worker(client, w) for w in range(8)))
+        await asyncio.gather(*(worker(client, w) for w in range(CLIENTS)))
+
+
+def host_requests(admin_url: str, port: int) -> int:
+    """Streams Envoy opened on the ext_proc replica on ``port`` (admin ``/clusters``: the host's ``rq_total``)."""
+    prefix = f"cognitora_extproc::127.0.0.1:{port}::rq_total::"
+    text = httpx.get(f"{admin_url}/clusters", timeout=5).text
+    return sum(int(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+
+def stream_retries(admin_url: str) -> int:
+    """Envoy's retried ext_proc streams (admin ``/stats``: the cluster's ``upstream_rq_retry``)."""
+    only = r"^cluster\.cognitora_extproc\.upstream_rq_retry$"
+    text = httpx.get(f"{admin_url}/stats", params={"filter": only}, timeout=5).text
+    counts = (line.partition(": ")[2] for line in text.splitlines())
+    return sum(int(count) for count in counts if count.isdigit())
+
+
+@pytest.mark.alone  # a stop under load, as the drain test below
+def test_a_replica_stopped_before_the_health_check_sees_it_loses_no_request_through_the_stream_retry(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """examples/envoy.yaml's ``grpc_service.retry_policy`` on its own: this Envoy checks its replicas once an hour,
+    so it goes on opening streams on a replica that stops (and, once it has exited, on its closed port); each one
+    refused is opened again on the other replica. A third replica is stopped, so the module's two stay up. SIGTERM,
+    not SIGKILL: a killed replica's streams that had already answered are lost (Envoy retries a stream only before
+    its response starts), and finishing those is the drain's part."""
+    port = free_port()
+    cli = [sys.executable, "-m", "cognitora.cli", "extproc", "--config", str(stack.config_path)]
+    doomed = ManagedProcess(
+        [*cli, "--listen", f"127.0.0.1:{port}", "--drain-timeout-s", "20"], tmp_path / "doomed.log", cwd=ROOT
+    )
+    survivor = stack.ports[1]
+    envoy = None
+    try:
+        wait_listening(port, doomed)
+        listen, admin = free_port(), free_port()
+
+        def checked_hourly(envoy_config: dict[str, object]) -> None:
+            for cluster in envoy_config["static_resources"]["clusters"]:  # type: ignore[index]
+                if cluster["name"] == "cognitora_extproc":
+                    cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [_lb(port), _lb(survivor)]}]
+                    for check in cluster["health_checks"]:
+                        check["interval"] = check["no_traffic_interval"] = "3600s"
+
+        rendered = render_config(
+            listen_port=listen,
+            admin_port=admin,
+            extproc_port=port,
+            engines=stack.fleet.endpoint_ids,
+            edit=checked_hourly,
+        )
+        envoy = start_envoy(rendered, tmp_path / "envoy", admin)
+        url, admin_url = f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{admin}"
+        wait_until(lambda: healthy_replicas(admin_url) == 2, 15, "Envoy's first health check passing on both")
+        statuses: Counter[int] = Counter()
+        errors: list[str] = []
+
+        async def run() -> tuple[int, int]:
+            stop = asyncio.Event()
+            load = asyncio.create_task(_load(url, stop, statuses, errors))
+            while statuses[200] < 40:  # both replicas busy before the signal
+                await asyncio.sleep(0.05)
+            doomed.signal(signal.SIGTERM)
+            while doomed.alive():
+                await asyncio.sleep(0.05)
+            before, on_survivor = statuses[200], host_requests(admin_url, survivor)
+            while statuses[200] < before + 40:  # Envoy still picks the dead replica for half the streams
+                await asyncio.sleep(0.05)
+            stop.set()
+            await load
+            return statuses[200] - before, host_requests(admin_url, survivor) - on_survivor
+
+        served_after, survivor_streams = asyncio.run(asyncio.wait_for(run(), 90))
+        log = doomed.log_tail(50)
+        assert doomed.stop() == 0, log
+        assert errors == [] and set(statuses) == {200}, f"{dict(statuses)}: {errors[:3]}"
+        # Envoy never marked the stopped replica: the retry, not the health check, moved its streams.
+        assert healthy_replicas(admin_url) == 2
+        assert stream_retries(admin_url) > 0
+        # Every request served after the stop had its stream on the remaining replica (but those in flight at the
+        # count's start, one per client at most).
+        assert survivor_streams >= served_after - CLIENTS, (survivor_streams, served_after)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        doomed.stop()
 
 
 @pytest.mark.alone  # a drain under load: it refused requests once beside the other worker's load

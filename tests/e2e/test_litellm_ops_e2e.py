@@ -7,7 +7,6 @@ span of the client's trace, exported over OTLP/HTTP to a real receiver, that the
 from __future__ import annotations
 
 import secrets
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from cognitora_sim.harness.process import ManagedProcess, wait_until
 from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.litellm_proxy import LiteLLMProxy
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.reload_files import write_seen, write_unseen
+from tests.support.reload_files import reload_to, write_seen
 
 pytestmark = pytest.mark.e2e
 
@@ -114,24 +113,6 @@ def test_the_config_file_reloads_when_it_changes_and_a_bad_one_is_refused(proxy:
     assert again.status_code == 200, again.text
 
 
-WATCHED = "config reloaded (the config file changed): changed"
-SIGHUP = "config reloaded (SIGHUP): changed"
-
-
-def reload_to(proxy: Proxy, config: dict[str, object], *, sighup: bool) -> None:
-    """Put ``config`` in force by the file watch or (a write the watch cannot see) by SIGHUP to the proxy's process,
-    and wait until its log says a reload that way changed something."""
-    line = SIGHUP if sighup else WATCHED
-    before = proxy.log().count(line)
-    if sighup:
-        write_unseen(proxy.cognitora_yaml, config)
-        proxy.process.signal(signal.SIGHUP)
-    else:
-        write_seen(proxy.cognitora_yaml, config)
-    wait_until(lambda: proxy.log().count(line) > before or not proxy.process.alive(), 60, line)
-    assert proxy.process.alive(), f"the proxy exited ({proxy.process.proc.poll()}): {proxy.log()[-2000:]}"
-
-
 def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup(proxy: Proxy) -> None:
     assert proxy.chat("warm up").status_code == 200  # the core starts, and its watch and SIGHUP handler with it
     write_seen(proxy.cognitora_yaml, proxy.settings)  # padded (tests.support.reload_files); nothing changes
@@ -139,16 +120,18 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     # Priorities: the default class made sheddable with an SLO no engine meets, idle or not: shed (429); back to
     # the shipped classes by SIGHUP alone (the watch cannot see that write), the proxy alive: placed again.
     strict = {"default": {"ttft_slo_s": 0.0001, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
-    reload_to(proxy, {**proxy.settings, "placement": {"priorities": strict}}, sighup=False)
+    reload_to(
+        proxy.cognitora_yaml, {**proxy.settings, "placement": {"priorities": strict}}, [proxy.process], sighup=False
+    )
     shed = [proxy.chat(f"shed {i}") for i in range(3)]
     assert [a.status_code for a in shed] == [429] * 3, shed[0].text
-    reload_to(proxy, proxy.settings, sighup=True)
+    reload_to(proxy.cognitora_yaml, proxy.settings, [proxy.process], sighup=True)
     assert [proxy.chat(f"placed {i}").status_code for i in range(3)] == [200] * 3
 
     # Budgets: the proxy's master key has no team: the requests without one get a small day's limit by the watch:
     # a few are served, then 429 naming the limit; raised by SIGHUP: served again.
     low = {"anonymous": [{"window": "day", "total_tokens": 300}]}
-    reload_to(proxy, {**proxy.settings, "budgets": low}, sighup=False)
+    reload_to(proxy.cognitora_yaml, {**proxy.settings, "budgets": low}, [proxy.process], sighup=False)
     statuses: list[int] = []
     while 429 not in statuses:
         answer = proxy.chat(f"spend {len(statuses)}")
@@ -157,9 +140,9 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
     assert statuses[0] == 200 and set(statuses) == {200, 429}, statuses
     assert "budgets.anonymous" in answer.text, answer.text
     high = {"anonymous": [{"window": "day", "total_tokens": 1_000_000}]}
-    reload_to(proxy, {**proxy.settings, "budgets": high}, sighup=True)
+    reload_to(proxy.cognitora_yaml, {**proxy.settings, "budgets": high}, [proxy.process], sighup=True)
     assert [proxy.chat(f"again {i}").status_code for i in range(3)] == [200] * 3
-    reload_to(proxy, proxy.settings, sighup=False)
+    reload_to(proxy.cognitora_yaml, proxy.settings, [proxy.process], sighup=False)
 
 
 def test_the_decision_is_a_span_of_the_clients_trace_and_the_engine_continues_it(proxy: Proxy) -> None:

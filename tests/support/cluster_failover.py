@@ -1,7 +1,8 @@
-"""The Redis Cluster failover scenario both gateways' tests run (tests/e2e/test_cluster_failover*_e2e.py): steady
-load through a gateway while the master of the fleet slot is killed (its replica is promoted), then a replica
-process, then the collector is restarted; and what the tests read back afterwards (how long placement was degraded,
-the budget ledger against the engines' own token counters). docs/store.md, "Redis Cluster and failover"."""
+"""The Redis Cluster failover scenario the gateways' tests run (tests/e2e/test_cluster_failover*_e2e.py): steady
+load through a gateway, or both at once over one Cluster, while the master of the fleet slot is killed (its replica
+is promoted), then a replica process, then the collector is restarted; and what the tests read back afterwards (how
+long placement was degraded, the budget ledger against the engines' own token counters). docs/store.md, "Redis
+Cluster and failover"."""
 
 from __future__ import annotations
 
@@ -235,27 +236,37 @@ class Failover:
 
 
 async def fail_over_under_load(
-    cluster: Cluster, slot: int, load: Load, collector: Collector, gateway_logs: Sequence[Path], bound_s: float
+    cluster: Cluster,
+    slot: int,
+    loads: Sequence[Load],
+    collector: Collector,
+    gateway_logs: Sequence[Path],
+    bound_s: float,
 ) -> Failover:
-    """Under ``load``: kill the master of ``slot``, wait for its replica's promotion and for placement to read the
-    store again in every gateway (``gateway_logs``; at most ``bound_s`` after the promotion), then kill a replica
-    process, then restart the collector, with requests answered 200 after each step, and placement back on the store
-    at the end (at most ``bound_s`` after the last step's answers). The timings it returns are in seconds from the
-    master's kill: ``promoted_after_s``, ``placement_back_at_s``, ``replica_killed_at_s``,
-    ``collector_restarted_at_s`` and ``load_after_kill_s`` (the last step's requests served)."""
+    """Under ``loads`` (one per gateway, all at once): kill the master of ``slot``, wait for its replica's promotion
+    and for placement to read the store again in every gateway (``gateway_logs``; at most ``bound_s`` after the
+    promotion), then kill a replica process, then restart the collector, with requests answered 200 after each step
+    in every load, and placement back on the store at the end (at most ``bound_s`` after the last step's answers).
+    The timings it returns are in seconds from the master's kill: ``promoted_after_s``, ``placement_back_at_s``,
+    ``replica_killed_at_s``, ``collector_restarted_at_s`` and ``load_after_kill_s`` (the last step's requests
+    served)."""
     timings: dict[str, float] = {}
     back_at = 0.0
     fleet_master = owner(cluster, slot)
     assert fleet_master is not None
     stop = asyncio.Event()
-    running = asyncio.create_task(load.run(stop))
+    running = [asyncio.create_task(load.run(stop)) for load in loads]
+
+    async def until_ok(n: int) -> None:
+        await asyncio.gather(*(load.until_ok(n) for load in loads))
+
     try:
-        await load.until_ok(30)
+        await until_ok(30)
         # 1. The master of the fleet slot dies; its replica must take over.
         killed = time.monotonic()
         cluster.nodes[fleet_master].kill()
         timings["promoted_after_s"] = await wait_promoted(cluster, slot, fleet_master)
-        await load.until_ok(30)
+        await until_ok(30)
         # The next steps start on a recovered placement, so the tests can tell a degradation they cause apart.
         await placement_recovered(gateway_logs, killed + timings["promoted_after_s"] + bound_s)
         timings["placement_back_at_s"] = time.monotonic() - killed
@@ -265,17 +276,17 @@ async def fail_over_under_load(
         replica = next(p for p, proc in cluster.nodes.items() if p not in live and proc.poll() is None)
         cluster.nodes[replica].kill()
         timings["replica_killed_at_s"] = time.monotonic() - killed
-        await load.until_ok(20)
+        await until_ok(20)
         # 3. The collector restarts.
         await collector.restart()
         timings["collector_restarted_at_s"] = time.monotonic() - killed
-        await load.until_ok(30)
+        await until_ok(30)
         # Whatever the later steps degraded is back too, within the same bound from the restart.
         await placement_recovered(gateway_logs, time.monotonic() + bound_s)
         timings["load_after_kill_s"] = time.monotonic() - killed
     finally:
         stop.set()
-        await running
+        await asyncio.gather(*running)
     return Failover({k: round(v, 1) for k, v in timings.items()}, back_at)
 
 
@@ -286,11 +297,12 @@ async def placement_recovered(logs: Sequence[Path], deadline: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def check_ledger(load: Load, engine_urls: Sequence[str], config: Path, cwd: Path, team: str = "ops") -> None:
-    """The engines' own token counters equal what the clients were told, and the Cluster's budget ledger (read by
-    ``cognitora budgets report``) comes to equal them too: no count lost, none doubled."""
+def check_ledger(loads: Sequence[Load], engine_urls: Sequence[str], config: Path, cwd: Path, team: str = "ops") -> None:
+    """The engines' own token counters equal what the clients (of every load) were told, and the Cluster's budget
+    ledger (read by ``cognitora budgets report``) comes to equal them too: no count lost, none doubled."""
     prompt, generated = budgets_e2e.engine_tokens(engine_urls)
-    assert (prompt, generated) == (load.usage["prompt"], load.usage["completion"])
+    told = (sum(load.usage["prompt"] for load in loads), sum(load.usage["completion"] for load in loads))
+    assert (prompt, generated) == told, ((prompt, generated), told)
 
     def ledger_settled() -> bool:
         report = budgets_e2e.budgets_cli("report", "--config", str(config), cwd=cwd)
@@ -302,5 +314,6 @@ def check_ledger(load: Load, engine_urls: Sequence[str], config: Path, cwd: Path
     except TimeoutError:
         report = budgets_e2e.budgets_cli("report", "--config", str(config), cwd=cwd)
         raise AssertionError(
-            f"ledger {budgets_e2e.team_totals(report)} vs engines {(prompt, generated)}, served {load.statuses[200]}"
+            f"ledger {budgets_e2e.team_totals(report)} vs engines {(prompt, generated)}, "
+            f"served {[load.statuses[200] for load in loads]}"
         ) from None

@@ -1,5 +1,6 @@
 """Config edits for the reload end-to-end tests: one a file watch sees, and one only SIGHUP can (so that a test of
-SIGHUP is not passed by the watch beside it).
+SIGHUP is not passed by the watch beside it); and ``reload_to``, which puts a config in force either way in the
+processes of a gateway (``cognitora extproc`` replicas behind Envoy, or a LiteLLM proxy) and waits for their logs.
 
 ``cognitora.ops.reload.ConfigWatch`` compares (modification time, size, inode). Every file written here is padded to
 ``SIZE`` bytes with a YAML comment, so an edit keeps the size; ``write_unseen`` rewrites the bytes in place (same
@@ -9,12 +10,16 @@ inode, one ``pwrite``) and puts the modification time back, so the watch's next 
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["SIZE", "write_seen", "write_unseen"]
+from cognitora_sim.harness.process import ManagedProcess, wait_until
+
+__all__ = ["SIGHUP", "SIZE", "WATCHED", "reload_to", "write_seen", "write_unseen"]
 
 SIZE = 8192
 
@@ -43,3 +48,32 @@ def write_unseen(path: Path, config: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+WATCHED = "config reloaded (the config file changed): changed"
+"""What a gateway process logs when the file watch reloaded a config that changed something."""
+SIGHUP = "config reloaded (SIGHUP): changed"
+"""What it logs when SIGHUP did."""
+
+
+def reload_to(
+    path: Path, config: dict[str, Any], processes: Sequence[ManagedProcess], *, sighup: bool, timeout_s: float = 60.0
+) -> None:
+    """Put ``config`` in force in ``processes`` (each reading its config from ``path``): by the file watch, or by a
+    write the watch cannot see and SIGHUP to each; wait until each one's log says a reload that way changed
+    something, and fail at once, with its log, if one exits."""
+    line = SIGHUP if sighup else WATCHED
+    before = [_log(process).count(line) for process in processes]
+    if sighup:
+        write_unseen(path, config)
+        for process in processes:
+            process.signal(signal.SIGHUP)
+    else:
+        write_seen(path, config)
+    for process, seen in zip(processes, before, strict=True):
+        wait_until(lambda p=process, n=seen: _log(p).count(line) > n or not p.alive(), timeout_s, line)  # type: ignore[misc]
+        assert process.alive(), f"{process.argv} exited ({process.proc.poll()}): {_log(process)[-2000:]}"
+
+
+def _log(process: ManagedProcess) -> str:
+    return process.log_path.read_text(errors="replace")
