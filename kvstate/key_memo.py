@@ -20,7 +20,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from kvstate.keys import BlockKey, chain_block_keys
+from kvstate.keys import BlockKey, chain_block_keys, chain_packed_keys
 
 __all__ = ["BlockKeyMemo"]
 
@@ -68,7 +68,7 @@ class BlockKeyMemo:
             keys = seen[1][:n_full]
         else:
             start = parent if shared == 0 or seen is None else seen[1][shared - 1]
-            rest = chain_block_keys(start, token_ids[shared * block_size : n_full * block_size], block_size)
+            rest = chain_packed_keys(start, raw[shared * width :], n_full - shared)  # packed once, above
             keys = rest if seen is None or shared == 0 else [*seen[1][:shared], *rest]
             self._keep(head, raw, keys)
         self.reused_blocks += shared

@@ -39,7 +39,7 @@ second time and cached then.
 What tokenizing costs is known before it is paid (``ChatTokenizer.uncached_chars``, ``PromptKeyer.keys_inline``),
 so a gateway can key cheap prompts on its event loop and the others on a worker thread: a ``ChatTokenizer`` may be
 used from several threads at once, and long texts are encoded with the GIL released (HF ``Tokenizer.encode`` holds
-it for the whole call; ``encode_batch`` does not).
+it for the whole call; ``encode_batch_fast`` and ``encode_batch`` do not).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ at the soak's unique prompts; a quarter was worse (73.6% on those chats: the cac
 ``bench/results/memory_growth.md``)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
-"""Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
+"""Texts at least this long are encoded with HF ``encode_batch_fast``, which releases the GIL while it runs (``encode``
 holds it throughout: a 1 MB text froze every other thread, the event loop's too, for 1.5 s). Below, the two cost
 the same and the GIL is held for under a millisecond."""
 
@@ -365,7 +365,7 @@ class ChatTokenizer:
 
     def _encode_raw(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) >= GIL_FREE_ENCODE_CHARS:
-            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            return _encode_gil_free(self.tokenizer, text, add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _encode_piece(self, piece: str) -> list[int]:
@@ -438,6 +438,14 @@ class ChatTokenizer:
     def probation_bytes(self) -> int:
         """The bound of the probation segment, in bytes (0: a piece is cached when first seen)."""
         return self._probation_bytes
+
+
+def _encode_gil_free(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """``text``'s token ids, encoded with the GIL released. ``encode_batch_fast`` (tokenizers >= 0.20) gives the same
+    ids without the character offsets we never read: with them (``encode_batch``), a 22k-token prompt cost ~25% more
+    CPU, and dropping its ``Encoding`` held the GIL ~1.3 ms (bench/results/keying_gil.md)."""
+    encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    return encode([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 _INT_BYTES = sys.getsizeof(1 << 20)
