@@ -50,7 +50,7 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -509,14 +509,15 @@ class PromptKeyer:
             hit = self._roots[lora] = root_key(self.model, lora)
         return hit
 
-    def keys(self, prompt: Prompt, lora: str | None = None) -> PromptKeys:
-        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens."""
+    def keys(self, prompt: Prompt, lora: str | None = None, pause: Callable[[], None] | None = None) -> PromptKeys:
+        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens. ``pause``: called
+        between slices of the hashing (``kvstate.keys.chain_packed_keys``), from a worker thread only."""
         if self.tokenizer is not None or (
             isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str)
         ):
             sequences = prompt_token_ids(self.tokenizer or _NO_TEXT, prompt)
             total = sum(len(s) for s in sequences)
-            keys, reused = self.key_memo.chain_reusing(self.root(lora), sequences[0], self.block_size)
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), sequences[0], self.block_size, pause)
             return PromptKeys(keys, total, True, self.block_size, reused)
         return self._approx(prompt, lora)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Mapping
 
 from cognitora.config import CognitoraConfig, ModelConfig
@@ -19,7 +20,7 @@ from cognitora.telemetry import RouterStats
 from kvstate.prompt import Prompt, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.surfaces import surface_keys, surface_prompt_chars
 
-__all__ = ["Keying", "PromptTooLarge", "invalid_unicode"]
+__all__ = ["GIL_PAUSE_S", "Keying", "PromptTooLarge", "invalid_unicode", "let_the_loop_in"]
 
 
 class PromptTooLarge(Exception):
@@ -88,7 +89,7 @@ class Keying:
         self._stats.offloaded_prompts += 1
         self._offloaded_chars += size
         loop = asyncio.get_running_loop()
-        job = self._key_thread.submit(keyer.keys, prompt, lora)
+        job = self._key_thread.submit(keyer.keys, prompt, lora, let_the_loop_in)
 
         def done(_: concurrent.futures.Future[PromptKeys]) -> None:
             # When the job ends, not when this request stops waiting for it (a client gone): it still holds the
@@ -110,6 +111,19 @@ class Keying:
         if self._key_thread is not None:
             self._key_thread.shutdown(wait=False, cancel_futures=drop_queued)
             self._key_thread = None
+
+
+GIL_PAUSE_S = 100e-6
+"""How long the keying thread sleeps between slices of a long prompt's hashing (``let_the_loop_in``)."""
+
+
+def let_the_loop_in() -> None:
+    """The keying thread's pause between slices of a long prompt's hashing (``kvstate.keys.chain_packed_keys``), which
+    holds the GIL throughout: a 22k-token prompt's ~1 ms of it (~3 ms before) made the event loop, waking meanwhile,
+    wait for the GIL up to all of it. A sleep, not ``sleep(0)``: that releases the GIL too, but retakes it at once,
+    before the loop's thread, still waking, can take it; ~100 us per 256 blocks, ~1 ms on a 22k-token prompt's ~50 ms
+    (bench/results/keying_gil.md)."""
+    time.sleep(GIL_PAUSE_S)
 
 
 def invalid_unicode(req: RouteRequest) -> str | None:

@@ -176,7 +176,7 @@ def test_encoding_within_a_budget_is_encoding_or_nothing(
 
 def test_a_long_text_is_encoded_without_holding_the_gil(smollm2_dir: Path) -> None:
     # HF Tokenizer.encode holds the GIL for the whole call (a thread running it froze the event loop with it); the
-    # ChatTokenizer encodes long texts with encode_batch, which releases it. Measured: the other thread's longest
+    # ChatTokenizer encodes long texts with encode_batch_fast, which releases it. Measured: the other thread's longest
     # wait is a few ms of a call of ~0.5 s (the list of ids is built with the GIL held).
     tok = ChatTokenizer(smollm2_dir / "tokenizer.json")
     text = "a " * 150_000
