@@ -72,6 +72,7 @@ __all__ = [
     "ChatPrompt",
     "ChatTokenizer",
     "CompletionPrompt",
+    "Deferred",
     "Message",
     "Prompt",
     "PromptError",
@@ -482,6 +483,17 @@ class PromptKeys:
     prompt's whole blocks, where this prompt's own text begins. 0: none, or not known."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A prompt ``PromptKeyer.keys_inline`` leaves to a worker thread (more of it is new to the piece cache than an
+    event loop may tokenize), with its chat's text as rendered there: ``PromptKeyer.keys`` tokenizes that, not a
+    second rendering (a 22k-token chat's: 0.15-1 ms holding the GIL, bench/results/keying_gil.md)."""
+
+    prompt: Prompt
+    rendered: str | None = None
+    """The chat's text (vLLM's rendering); None for a completion, whose text needs none."""
+
+
 class PromptKeyer:
     """A prompt's block keys for one model: token-exact with a tokenizer (or token-id prompts), else text-approximate.
 
@@ -509,9 +521,19 @@ class PromptKeyer:
             hit = self._roots[lora] = root_key(self.model, lora)
         return hit
 
-    def keys(self, prompt: Prompt, lora: str | None = None, pause: Callable[[], None] | None = None) -> PromptKeys:
-        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens. ``pause``: called
-        between slices of the hashing (``kvstate.keys.chain_packed_keys``), from a worker thread only."""
+    def keys(
+        self, prompt: Prompt | Deferred, lora: str | None = None, pause: Callable[[], None] | None = None
+    ) -> PromptKeys:
+        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens; a ``Deferred``'s
+        chat is not rendered again. ``pause``: called between slices of the hashing
+        (``kvstate.keys.chain_packed_keys``), from a worker thread only."""
+        rendered = None
+        if isinstance(prompt, Deferred):
+            prompt, rendered = prompt.prompt, prompt.rendered
+        if rendered is not None and self.tokenizer is not None:
+            ids = self.tokenizer.encode(rendered, prompt.add_special_tokens)  # as prompt_token_ids encodes a chat
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size, pause)
+            return PromptKeys(keys, len(ids), True, self.block_size, reused)
         if self.tokenizer is not None or (
             isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str)
         ):
@@ -521,23 +543,24 @@ class PromptKeyer:
             return PromptKeys(keys, total, True, self.block_size, reused)
         return self._approx(prompt, lora)
 
-    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | None:
+    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | Deferred:
         """``keys(prompt, lora)`` if computing them tokenizes at most ``max_uncached_chars`` characters that the
-        piece cache does not hold; else None, having tokenized nothing (only rendered the chat): a caller on an
-        event loop then runs ``keys`` on a worker thread. Hashing alone (token ids, text-approximate keys) costs
-        ~1 us per block and always runs."""
+        piece cache does not hold; else a ``Deferred``, having tokenized nothing (only rendered the chat, which it
+        carries): a caller on an event loop then runs ``keys`` of it on a worker thread. Hashing alone (token ids,
+        text-approximate keys) costs ~1 us per block and always runs."""
         tok = self.tokenizer
         if tok is None:
             return self.keys(prompt, lora)
         if isinstance(prompt, ChatPrompt):
-            ids = tok.encode_within(tok.render_chat(prompt), prompt.add_special_tokens, max_uncached_chars)
+            text = tok.render_chat(prompt)
+            ids = tok.encode_within(text, prompt.add_special_tokens, max_uncached_chars)
             if ids is None:
-                return None
+                return Deferred(prompt, text)
             keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size)
             return PromptKeys(keys, len(ids), True, self.block_size, reused)
         texts = [p for p in prompt.prompts if isinstance(p, str)]
         if sum(tok.uncached_chars(t, prompt.add_special_tokens) for t in texts) > max_uncached_chars:
-            return None
+            return Deferred(prompt)
         return self.keys(prompt, lora)
 
     def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int, size: int | None = None) -> PromptKeys:

@@ -3,7 +3,8 @@ prompt must pass before it is read (valid Unicode, a size the gateway will token
 
 Never blocks the event loop for long (``limits``): a prompt over ``exact_prompt_max_chars`` is not tokenized
 (approximate keys, or ``PromptTooLarge``); one with more than ``inline_tokenize_max_chars`` the piece cache lacks is
-tokenized on the keying thread; the rest, nearly every request, on the caller's loop.
+tokenized on the keying thread; the rest, nearly every request, on the caller's loop. The keying thread gets the chat
+as the loop rendered it, and lets the loop take the GIL between slices of its hashing (``let_the_loop_in``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.request import RouteRequest
 from cognitora.telemetry import RouterStats
-from kvstate.prompt import Prompt, PromptKeyer, PromptKeys, prompt_chars, read_prompt
+from kvstate.prompt import Deferred, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.surfaces import surface_keys, surface_prompt_chars
 
 __all__ = ["GIL_PAUSE_S", "Keying", "PromptTooLarge", "invalid_unicode", "let_the_loop_in"]
@@ -72,24 +73,24 @@ class Keying:
         if size <= limits.inline_tokenize_max_chars:
             return keyer.keys(prompt, lora)
         keys = keyer.keys_inline(prompt, lora, limits.inline_tokenize_max_chars)
-        if keys is not None:
+        if isinstance(keys, PromptKeys):
             return keys
-        return await self._keys_on_thread(keyer, prompt, lora, size)
+        return await self._keys_on_thread(keyer, keys, lora, size)
 
-    async def _keys_on_thread(self, keyer: PromptKeyer, prompt: Prompt, lora: str | None, size: int) -> PromptKeys:
+    async def _keys_on_thread(self, keyer: PromptKeyer, deferred: Deferred, lora: str | None, size: int) -> PromptKeys:
         """``keyer.keys`` on the keying thread, unless ``limits.offload_queue_max_chars`` are already waiting there:
         then approximate keys at once (the request is not refused: only a burst of long prompts put it here)."""
         limits = self.config.limits
         if self._offloaded_chars and self._offloaded_chars + size > limits.offload_queue_max_chars:
             self._stats.offload_queue_full += 1
-            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
+            return keyer.approximate_keys(deferred.prompt, lora, limits.exact_prompt_max_chars, size)
         if self._key_thread is None:
             # One thread: tokenizing is CPU-bound, and one core is all it may take from the gateway's own work.
             self._key_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-keys")
         self._stats.offloaded_prompts += 1
         self._offloaded_chars += size
         loop = asyncio.get_running_loop()
-        job = self._key_thread.submit(keyer.keys, prompt, lora, let_the_loop_in)
+        job = self._key_thread.submit(keyer.keys, deferred, lora, let_the_loop_in)
 
         def done(_: concurrent.futures.Future[PromptKeys]) -> None:
             # When the job ends, not when this request stops waiting for it (a client gone): it still holds the
