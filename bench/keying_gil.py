@@ -319,7 +319,9 @@ def report(
         "by > 3 ms, summed, per second of the arm (median of the rounds). **GIL wait**: the overshoot less the time "
         "the loop's thread spent waiting for a CPU meanwhile (its `run_delay` in `/proc/thread-self/schedstat`), so "
         "what it waited for otherwise, the GIL, less the loop alone's median in the same round (its floor: epoll's "
-        "1 ms rounding, timer slack), over all rounds' sleeps; `per prompt`: their sum over the prompts keyed. "
+        "1 ms rounding, timer slack), over all rounds' sleeps; `per prompt`: their sum over the prompts keyed, "
+        "the median of the rounds (and over all rounds: one stall while the keying thread is descheduled holding "
+        "the GIL weighs there). "
         "**Keying CPU**: the "
         "keying thread's own, per prompt, median: whole, GIL held (whole less the tokenizer's call), and the "
         "longest stretch it held the GIL without a release. The machine was shared (2 cores, other sessions' "
@@ -340,7 +342,11 @@ def report(
         cpu = [c for r in rs for c in r["cpu"]]
         prompts = sum(len(r["cpu"]) for r in rs)
         if cpu:
-            per_prompt = f"{1000 * sum(gil) / prompts:.2f}"
+            per_round = [
+                1000 * sum(max(0.0, g - base) for g in r["gil"]) / len(r["cpu"])
+                for r, base in zip(rs, bases, strict=True)
+            ]
+            per_prompt = f"{statistics.median(per_round):.2f} ({1000 * sum(gil) / prompts:.2f})"
             keying = " / ".join(f"{statistics.median(c[k] for c in cpu):.2f}" for k in ("whole", "held", "stretch"))
         else:
             per_prompt = f"({1000 * sum(gil) / sum(r['wall_s'] for r in rs):.2f} per s)"

@@ -529,7 +529,8 @@ class PromptKeyer:
         (``kvstate.keys.chain_packed_keys``), from a worker thread only."""
         rendered = None
         if isinstance(prompt, Deferred):
-            prompt, rendered = prompt.prompt, prompt.rendered
+            rendered = prompt.rendered
+            prompt = prompt.prompt
         if rendered is not None and self.tokenizer is not None:
             ids = self.tokenizer.encode(rendered, prompt.add_special_tokens)  # as prompt_token_ids encodes a chat
             keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size, pause)

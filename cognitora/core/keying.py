@@ -121,8 +121,9 @@ GIL_PAUSE_S = 100e-6
 def let_the_loop_in() -> None:
     """The keying thread's pause between slices of a long prompt's hashing (``kvstate.keys.chain_packed_keys``), which
     holds the GIL throughout: a 22k-token prompt's ~1 ms of it (~3 ms before) made the event loop, waking meanwhile,
-    wait for the GIL up to all of it. A sleep, not ``sleep(0)``: that releases the GIL too, but retakes it at once,
-    before the loop's thread, still waking, can take it; ~100 us per 256 blocks, ~1 ms on a 22k-token prompt's ~50 ms
+    wait for the GIL up to all of it. A sleep, not ``sleep(0)``: that releases the GIL too, but asks for it back at
+    once, and may take it before the loop's thread, still waking, does (CPython hands the GIL over only when the
+    waiter has asked for 5 ms). ~100 us per 256 blocks: ~1 ms on a 22k-token prompt's ~50 ms
     (bench/results/keying_gil.md)."""
     time.sleep(GIL_PAUSE_S)
 
