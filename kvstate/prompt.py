@@ -444,7 +444,7 @@ class ChatTokenizer:
 def _encode_gil_free(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     """``text``'s token ids, encoded with the GIL released. ``encode_batch_fast`` (tokenizers >= 0.20) gives the same
     ids without the character offsets we never read: with them (``encode_batch``), a 22k-token prompt cost ~25% more
-    CPU, and dropping its ``Encoding`` held the GIL ~1.3 ms (bench/results/keying_gil.md)."""
+    CPU, and dropping its ``Encoding`` held the GIL ~1.1 ms (bench/results/keying_gil.md)."""
     encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
     return encode([text], add_special_tokens=add_special_tokens)[0].ids
 
