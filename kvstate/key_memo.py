@@ -18,9 +18,9 @@ lookup more than hashing alone.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from kvstate.keys import BlockKey, chain_block_keys
+from kvstate.keys import BlockKey, chain_packed_keys
 
 __all__ = ["BlockKeyMemo"]
 
@@ -45,18 +45,27 @@ class BlockKeyMemo:
         return self._bytes
 
     def chain(self, parent: BlockKey, token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
-        """``chain_block_keys(parent, token_ids, block_size)``, reusing the keys of a prefix seen before."""
+        """``chain_block_keys(parent, token_ids, block_size)`` (``kvstate.keys``), reusing a prefix seen before."""
         return self.chain_reusing(parent, token_ids, block_size)[0]
 
-    def chain_reusing(self, parent: BlockKey, token_ids: Sequence[int], block_size: int) -> tuple[list[BlockKey], int]:
+    def chain_reusing(
+        self,
+        parent: BlockKey,
+        token_ids: Sequence[int],
+        block_size: int,
+        pause: Callable[[], None] | None = None,
+    ) -> tuple[list[BlockKey], int]:
         """``chain`` and how many of its leading keys were the latest such prompt's: where the two part, which is
-        where a prompt's own text begins after a shared system prompt (0: nothing reused)."""
+        where a prompt's own text begins after a shared system prompt (0: nothing reused). ``pause``: called between
+        slices of the hashing (``kvstate.keys.chain_packed_keys``)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         n_full = len(token_ids) // block_size
-        if self.max_bytes <= 0 or n_full == 0:
-            return chain_block_keys(parent, token_ids, block_size), 0
+        if n_full == 0:
+            return [], 0
         raw = array("I", token_ids[: n_full * block_size]).tobytes()
+        if self.max_bytes <= 0:
+            return chain_packed_keys(parent, raw, n_full, pause), 0
         width = len(raw) // n_full
         head = parent.to_bytes(8, "big") + raw[:width]
         seen = self._latest.get(head)
@@ -68,7 +77,7 @@ class BlockKeyMemo:
             keys = seen[1][:n_full]
         else:
             start = parent if shared == 0 or seen is None else seen[1][shared - 1]
-            rest = chain_block_keys(start, token_ids[shared * block_size : n_full * block_size], block_size)
+            rest = chain_packed_keys(start, raw[shared * width :], n_full - shared, pause)  # packed once, above
             keys = rest if seen is None or shared == 0 else [*seen[1][:shared], *rest]
             self._keep(head, raw, keys)
         self.reused_blocks += shared

@@ -39,7 +39,7 @@ second time and cached then.
 What tokenizing costs is known before it is paid (``ChatTokenizer.uncached_chars``, ``PromptKeyer.keys_inline``),
 so a gateway can key cheap prompts on its event loop and the others on a worker thread: a ``ChatTokenizer`` may be
 used from several threads at once, and long texts are encoded with the GIL released (HF ``Tokenizer.encode`` holds
-it for the whole call; ``encode_batch`` does not).
+it for the whole call; ``encode_batch_fast`` and ``encode_batch`` do not).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,6 +72,7 @@ __all__ = [
     "ChatPrompt",
     "ChatTokenizer",
     "CompletionPrompt",
+    "Deferred",
     "Message",
     "Prompt",
     "PromptError",
@@ -102,7 +103,7 @@ at the soak's unique prompts; a quarter was worse (73.6% on those chats: the cac
 ``bench/results/memory_growth.md``)."""
 
 GIL_FREE_ENCODE_CHARS = 2048
-"""Texts at least this long are encoded with HF ``encode_batch``, which releases the GIL while it runs (``encode``
+"""Texts at least this long are encoded with HF ``encode_batch_fast``, which releases the GIL while it runs (``encode``
 holds it throughout: a 1 MB text froze every other thread, the event loop's too, for 1.5 s). Below, the two cost
 the same and the GIL is held for under a millisecond."""
 
@@ -365,7 +366,7 @@ class ChatTokenizer:
 
     def _encode_raw(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) >= GIL_FREE_ENCODE_CHARS:
-            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+            return _encode_gil_free(self.tokenizer, text, add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _encode_piece(self, piece: str) -> list[int]:
@@ -440,6 +441,14 @@ class ChatTokenizer:
         return self._probation_bytes
 
 
+def _encode_gil_free(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """``text``'s token ids, encoded with the GIL released. ``encode_batch_fast`` (tokenizers >= 0.20) gives the same
+    ids without the character offsets we never read: with them (``encode_batch``), a 22k-token prompt cost ~25% more
+    CPU, and dropping its ``Encoding`` held the GIL ~1.1 ms (bench/results/keying_gil.md)."""
+    encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    return encode([text], add_special_tokens=add_special_tokens)[0].ids
+
+
 _INT_BYTES = sys.getsizeof(1 << 20)
 """A token id above CPython's small-int cache is an object of its own (28 bytes), beside its slot in the list."""
 _ENTRY_OVERHEAD_BYTES = 160
@@ -474,6 +483,17 @@ class PromptKeys:
     prompt's whole blocks, where this prompt's own text begins. 0: none, or not known."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A prompt ``PromptKeyer.keys_inline`` leaves to a worker thread (more of it is new to the piece cache than an
+    event loop may tokenize), with its chat's text as rendered there: ``PromptKeyer.keys`` tokenizes that, not a
+    second rendering (a 22k-token chat's: 0.15-1 ms holding the GIL, bench/results/keying_gil.md)."""
+
+    prompt: Prompt
+    rendered: str | None = None
+    """The chat's text (vLLM's rendering); None for a completion, whose text needs none."""
+
+
 class PromptKeyer:
     """A prompt's block keys for one model: token-exact with a tokenizer (or token-id prompts), else text-approximate.
 
@@ -501,34 +521,47 @@ class PromptKeyer:
             hit = self._roots[lora] = root_key(self.model, lora)
         return hit
 
-    def keys(self, prompt: Prompt, lora: str | None = None) -> PromptKeys:
-        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens."""
+    def keys(
+        self, prompt: Prompt | Deferred, lora: str | None = None, pause: Callable[[], None] | None = None
+    ) -> PromptKeys:
+        """``prompt``'s keys (the first prompt's, for a completions batch) and its prompt tokens; a ``Deferred``'s
+        chat is not rendered again. ``pause``: called between slices of the hashing
+        (``kvstate.keys.chain_packed_keys``), from a worker thread only."""
+        rendered = None
+        if isinstance(prompt, Deferred):
+            rendered = prompt.rendered
+            prompt = prompt.prompt
+        if rendered is not None and self.tokenizer is not None:
+            ids = self.tokenizer.encode(rendered, prompt.add_special_tokens)  # as prompt_token_ids encodes a chat
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size, pause)
+            return PromptKeys(keys, len(ids), True, self.block_size, reused)
         if self.tokenizer is not None or (
             isinstance(prompt, CompletionPrompt) and not isinstance(prompt.prompts[0], str)
         ):
             sequences = prompt_token_ids(self.tokenizer or _NO_TEXT, prompt)
             total = sum(len(s) for s in sequences)
-            keys, reused = self.key_memo.chain_reusing(self.root(lora), sequences[0], self.block_size)
+            keys, reused = self.key_memo.chain_reusing(self.root(lora), sequences[0], self.block_size, pause)
             return PromptKeys(keys, total, True, self.block_size, reused)
         return self._approx(prompt, lora)
 
-    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | None:
+    def keys_inline(self, prompt: Prompt, lora: str | None, max_uncached_chars: int) -> PromptKeys | Deferred:
         """``keys(prompt, lora)`` if computing them tokenizes at most ``max_uncached_chars`` characters that the
-        piece cache does not hold; else None, having tokenized nothing (only rendered the chat): a caller on an
-        event loop then runs ``keys`` on a worker thread. Hashing alone (token ids, text-approximate keys) costs
-        ~1 us per block and always runs."""
+        piece cache does not hold; else a ``Deferred``, having tokenized nothing (only rendered the chat, which it
+        carries): a caller on an event loop then runs ``keys`` of it on a worker thread. Hashing alone (token ids,
+        text-approximate keys) costs ~1 us per block and always runs."""
         tok = self.tokenizer
         if tok is None:
             return self.keys(prompt, lora)
         if isinstance(prompt, ChatPrompt):
-            ids = tok.encode_within(tok.render_chat(prompt), prompt.add_special_tokens, max_uncached_chars)
+            text = tok.render_chat(prompt)
+            ids = tok.encode_within(text, prompt.add_special_tokens, max_uncached_chars)
             if ids is None:
-                return None
+                return Deferred(prompt, text)
             keys, reused = self.key_memo.chain_reusing(self.root(lora), ids, self.block_size)
             return PromptKeys(keys, len(ids), True, self.block_size, reused)
         texts = [p for p in prompt.prompts if isinstance(p, str)]
         if sum(tok.uncached_chars(t, prompt.add_special_tokens) for t in texts) > max_uncached_chars:
-            return None
+            return Deferred(prompt)
         return self.keys(prompt, lora)
 
     def approximate_keys(self, prompt: Prompt, lora: str | None, max_chars: int, size: int | None = None) -> PromptKeys:

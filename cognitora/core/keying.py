@@ -3,7 +3,8 @@ prompt must pass before it is read (valid Unicode, a size the gateway will token
 
 Never blocks the event loop for long (``limits``): a prompt over ``exact_prompt_max_chars`` is not tokenized
 (approximate keys, or ``PromptTooLarge``); one with more than ``inline_tokenize_max_chars`` the piece cache lacks is
-tokenized on the keying thread; the rest, nearly every request, on the caller's loop.
+tokenized on the keying thread; the rest, nearly every request, on the caller's loop. The keying thread gets the chat
+as the loop rendered it, and lets the loop take the GIL between slices of its hashing (``let_the_loop_in``).
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Mapping
 
 from cognitora.config import CognitoraConfig, ModelConfig
 from cognitora.request import RouteRequest
 from cognitora.telemetry import RouterStats
-from kvstate.prompt import Prompt, PromptKeyer, PromptKeys, prompt_chars, read_prompt
+from kvstate.prompt import Deferred, PromptKeyer, PromptKeys, prompt_chars, read_prompt
 from kvstate.surfaces import surface_keys, surface_prompt_chars
 
-__all__ = ["Keying", "PromptTooLarge", "invalid_unicode"]
+__all__ = ["GIL_PAUSE_S", "Keying", "PromptTooLarge", "invalid_unicode", "let_the_loop_in"]
 
 
 class PromptTooLarge(Exception):
@@ -71,24 +73,24 @@ class Keying:
         if size <= limits.inline_tokenize_max_chars:
             return keyer.keys(prompt, lora)
         keys = keyer.keys_inline(prompt, lora, limits.inline_tokenize_max_chars)
-        if keys is not None:
+        if isinstance(keys, PromptKeys):
             return keys
-        return await self._keys_on_thread(keyer, prompt, lora, size)
+        return await self._keys_on_thread(keyer, keys, lora, size)
 
-    async def _keys_on_thread(self, keyer: PromptKeyer, prompt: Prompt, lora: str | None, size: int) -> PromptKeys:
+    async def _keys_on_thread(self, keyer: PromptKeyer, deferred: Deferred, lora: str | None, size: int) -> PromptKeys:
         """``keyer.keys`` on the keying thread, unless ``limits.offload_queue_max_chars`` are already waiting there:
         then approximate keys at once (the request is not refused: only a burst of long prompts put it here)."""
         limits = self.config.limits
         if self._offloaded_chars and self._offloaded_chars + size > limits.offload_queue_max_chars:
             self._stats.offload_queue_full += 1
-            return keyer.approximate_keys(prompt, lora, limits.exact_prompt_max_chars, size)
+            return keyer.approximate_keys(deferred.prompt, lora, limits.exact_prompt_max_chars, size)
         if self._key_thread is None:
             # One thread: tokenizing is CPU-bound, and one core is all it may take from the gateway's own work.
             self._key_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cognitora-keys")
         self._stats.offloaded_prompts += 1
         self._offloaded_chars += size
         loop = asyncio.get_running_loop()
-        job = self._key_thread.submit(keyer.keys, prompt, lora)
+        job = self._key_thread.submit(keyer.keys, deferred, lora, let_the_loop_in)
 
         def done(_: concurrent.futures.Future[PromptKeys]) -> None:
             # When the job ends, not when this request stops waiting for it (a client gone): it still holds the
@@ -110,6 +112,20 @@ class Keying:
         if self._key_thread is not None:
             self._key_thread.shutdown(wait=False, cancel_futures=drop_queued)
             self._key_thread = None
+
+
+GIL_PAUSE_S = 100e-6
+"""How long the keying thread sleeps between slices of a long prompt's hashing (``let_the_loop_in``)."""
+
+
+def let_the_loop_in() -> None:
+    """The keying thread's pause between slices of a long prompt's hashing (``kvstate.keys.chain_packed_keys``), which
+    holds the GIL throughout: a 22k-token prompt's ~1 ms of it (~3 ms before) made the event loop, waking meanwhile,
+    wait for the GIL up to all of it. A sleep, not ``sleep(0)``: that releases the GIL too, but asks for it back at
+    once, and may take it before the loop's thread, still waking, does (CPython hands the GIL over only when the
+    waiter has asked for 5 ms). ~100 us per 256 blocks: ~1 ms on a 22k-token prompt's ~50 ms
+    (bench/results/keying_gil.md)."""
+    time.sleep(GIL_PAUSE_S)
 
 
 def invalid_unicode(req: RouteRequest) -> str | None:

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.keys import chain_block_keys, root_key
+from kvstate.key_memo import BlockKeyMemo
+from kvstate.keys import PAUSE_EVERY_BLOCKS, chain_block_keys, root_key
 from kvstate.prompt import ChatTokenizer, PromptError, PromptKeyer
 
+ROOT = root_key("m")
 CHAT = [
     {"role": "system", "content": "You are a careful assistant for ACME's billing team. " * 40},
     {"role": "user", "content": "Why was I charged twice in March?"},
@@ -21,6 +23,35 @@ def test_same_tokens_same_keys_whether_from_request_or_event() -> None:
     tail = chain_block_keys(whole[1], tokens[32:], 16)
     assert whole[2:] == tail
     assert len(whole) == 6  # 100 // 16: the partial last block gets no key
+
+
+def test_keys_are_the_values_they_always_were() -> None:
+    # Pinned from the hashing before it was reworked to hold the GIL less (one blake2b per block, each key converted
+    # on the way): a store's keys outlive a gateway's upgrade, and engines' events are keyed the same way, so a
+    # change of a single key would orphan every cached block already indexed.
+    ids = [(i * 7919) % 49152 for i in range(80)]
+    assert chain_block_keys(root_key("m"), ids, 16) == [
+        14726747671806145300,
+        13631136619806604965,
+        17817283408449894615,
+        9339021063836953697,
+        3405288236900904829,
+    ]
+    assert chain_block_keys(root_key("m", "lora1"), ids, 32) == [14590087591298670727, 14971958357269806390]
+
+
+@pytest.mark.parametrize("blocks", [0, 1, PAUSE_EVERY_BLOCKS - 1, PAUSE_EVERY_BLOCKS, PAUSE_EVERY_BLOCKS + 1, 1_000])
+def test_hashing_in_slices_gives_the_same_keys_and_pauses_between_them(blocks: int) -> None:
+    ids = [(i * 7919) % 49152 for i in range(blocks * 16 + 5)]
+    pauses: list[int] = []
+    memo = BlockKeyMemo(32 << 20)
+    sliced, _ = memo.chain_reusing(ROOT, ids, 16, pause=lambda: pauses.append(1))
+    assert sliced == chain_block_keys(ROOT, ids, 16)
+    assert len(pauses) == -(-blocks // PAUSE_EVERY_BLOCKS)  # one before each slice: none for nothing to hash
+    pauses.clear()
+    longer = ids + [7] * 16 * PAUSE_EVERY_BLOCKS  # its first blocks reused from the memo, the rest hashed in slices
+    assert memo.chain_reusing(ROOT, longer, 16, pause=lambda: pauses.append(1))[0] == chain_block_keys(ROOT, longer, 16)
+    assert len(pauses) == -(-(len(longer) // 16 - blocks) // PAUSE_EVERY_BLOCKS)
 
 
 def test_keys_are_rooted_at_model_and_lora() -> None:

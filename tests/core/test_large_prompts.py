@@ -38,7 +38,7 @@ from cognitora_sim.harness.envoy_launch import start_gateway
 from cognitora_sim.harness.process import ManagedProcess
 from cognitora_sim.launch import SimFleet, start_fleet
 from kvstate.memory_store import MemoryStore
-from kvstate.prompt import ChatTokenizer, PromptKeyer, read_prompt
+from kvstate.prompt import ChatTokenizer, Deferred, PromptKeyer, read_prompt
 from tests.support.bos_model import write_bos_model
 
 M, A = "m", "10.0.0.1:8000"
@@ -176,7 +176,7 @@ def test_encoding_within_a_budget_is_encoding_or_nothing(
 
 def test_a_long_text_is_encoded_without_holding_the_gil(smollm2_dir: Path) -> None:
     # HF Tokenizer.encode holds the GIL for the whole call (a thread running it froze the event loop with it); the
-    # ChatTokenizer encodes long texts with encode_batch, which releases it. Measured: the other thread's longest
+    # ChatTokenizer encodes long texts with encode_batch_fast, which releases it. Measured: the other thread's longest
     # wait is a few ms of a call of ~0.5 s (the list of ids is built with the GIL held).
     tok = ChatTokenizer(smollm2_dir / "tokenizer.json")
     text = "a " * 150_000
@@ -315,6 +315,24 @@ async def test_a_long_uncached_prompt_is_tokenized_off_the_loop_with_the_same_ke
     # The loop ran on while ~0.3 s (more on a loaded machine) of tokenizing went on beside it: its longest pause is a
     # small part of that (the ids list is built holding the GIL; ~20 ms measured).
     assert max(gaps) < max(0.1, took / 3), (max(gaps), took)
+
+
+def test_a_deferred_prompt_gets_the_same_keys_without_rendering_its_chat_again(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop renders a long chat to learn it is too new to tokenize there; the keying thread tokenizes that text
+    # rather than render it again (~0.15-1 ms of a 22k-token chat, holding the GIL the loop waits for).
+    keyer = PromptKeyer(MODEL, 16, ChatTokenizer(smollm2_dir / "tokenizer.json"))
+    chat = read_prompt(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "b " * 9000}])
+    deferred = keyer.keys_inline(chat, None, 8192)
+    assert isinstance(deferred, Deferred) and deferred.rendered == keyer.tokenizer.render_chat(chat)
+    renders: list[object] = []
+    monkeypatch.setattr(keyer.tokenizer, "render_chat", renders.append)
+    fresh = PromptKeyer(MODEL, 16, ChatTokenizer(smollm2_dir / "tokenizer.json"))
+    assert keyer.keys(deferred) == fresh.keys(chat) and renders == []
+    completion = read_prompt(prompt="b " * 9000)
+    deferred = keyer.keys_inline(completion, None, 8192)
+    assert deferred == Deferred(completion) and keyer.keys(deferred) == fresh.keys(completion)
 
 
 async def test_a_long_prompt_the_cache_holds_is_keyed_on_the_loop(smollm2_dir: Path) -> None:
