@@ -106,7 +106,15 @@ async def wait_line(router: Router, request: RouteRequest, decision: Decision) -
     names = list(bands)
     index = names.index(why.band)
     above = sum(depth.get(name, 0) for name in names[:index])
-    return wait_explanation(why.band, depth.get(why.band, 0), above, why.saturation, why.max_wait_s)
+    return wait_explanation(
+        why.band,
+        depth.get(why.band, 0),
+        above,
+        why.saturation,
+        why.max_wait_s,
+        margin=gate.margin.factor,
+        margin_samples=gate.margin.samples,
+    )
 
 
 def describe_store(router: Router) -> str:

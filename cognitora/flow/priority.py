@@ -63,7 +63,7 @@ from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import HoldReason
 from cognitora.flow.saturation import Saturation, load_s
 
-__all__ = ["BandActivity", "Ceiling", "depth_hold", "poisson_quantile", "priority_hold"]
+__all__ = ["BandActivity", "BandRate", "Ceiling", "depth_hold", "poisson_quantile", "priority_hold"]
 
 
 OWN_TTFT_WEIGHT = 0.2
@@ -95,6 +95,19 @@ class Ceiling:
     (``BandActivity.room_s``): the room its next one needs."""
     rate_per_s: float | None = field(default=None, compare=False)
     """Its recent request rate (``BandActivity.rate_per_s``); None: none lately (room for its next request only)."""
+
+
+@dataclass(frozen=True)
+class BandRate:
+    """What ``BandActivity`` has learned of one band's arrivals (for metrics: ``cognitora_flow_band_*``)."""
+
+    band: str
+    rate_per_s: float | None
+    """``BandActivity.rate_per_s``: the rate a lower band keeps room for; None when none arrived lately."""
+    gaps: int
+    """Gaps between its requests kept (at most ``GAPS_KEPT``); its mean gap is trusted from ``MIN_GAPS``."""
+    mean_gap_s: float | None
+    """``BandActivity.mean_gap_s``: None until ``MIN_GAPS`` gaps are in."""
 
 
 class BandActivity:
@@ -151,6 +164,13 @@ class BandActivity:
         if not recent:
             return None
         return len(recent) / max(1.0, now - recent[0][0])
+
+    def rates(self) -> tuple[BandRate, ...]:
+        """Every band's learned arrivals, highest band first (read for metrics; nothing here changes a decision)."""
+        return tuple(
+            BandRate(name, self.rate_per_s(name), len(self._gaps.get(name, ())), self.mean_gap_s(name))
+            for name, _ in self._bands
+        )
 
     def room_s(self, band: str) -> float:
         """The own TTFT a request of ``band`` needs room for: the most of its requests of the last

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from cognitora.flow.config import HoldReason
 from cognitora.flow.outcome import Departure, Left, WakeReason
 from cognitora.flow.saturation import Saturation
 
@@ -77,13 +78,31 @@ class QueueSnapshot:
         return sum(b.waiting for b in self.bands)
 
 
+_MARGIN_HOLDS = (HoldReason.SLO.value, "priority")
+"""The holds decided with the prediction margin (team isolation's ``slo`` hold is not)."""
+
+
 def wait_explanation(
-    band: str, ahead_in_band: int, ahead_above: int, saturation: Saturation | None, max_wait_s: float
+    band: str,
+    ahead_in_band: int,
+    ahead_above: int,
+    saturation: Saturation | None,
+    max_wait_s: float,
+    *,
+    margin: float | None = None,
+    margin_samples: int = 0,
 ) -> str:
     """``would wait: 3 ahead in band 'batch' (1 in higher bands); <why>; at most 30 s, then 429 with
-    Retry-After (or a cloud target, where the burst policy allows)``."""
+    Retry-After (or a cloud target, where the burst policy allows)``. ``margin``: the prediction margin the
+    decision used and the samples it is from, named after the reason of a hold it decides (``slo``, ``priority``): a
+    gateway learns its own, and ``cognitora explain``'s process, which times no request, has 1."""
     above = f" ({ahead_above} in higher bands)" if ahead_above else ""
     why = saturation.detail if saturation is not None else "requests of its band or higher are already waiting"
+    if margin is not None and saturation is not None and saturation.kind in _MARGIN_HOLDS:
+        why += (
+            f" (predicted times x prediction margin {margin:.2f}, learned from {margin_samples} requests in this "
+            "process; a gateway's own is cognitora_flow_prediction_margin on its /metrics)"
+        )
     return (
         f"would wait: {ahead_in_band} ahead in band {band!r}{above}; {why}; at most {max_wait_s:.3g} s, then 429 "
         "with Retry-After (or a cloud target, where the burst policy allows)"

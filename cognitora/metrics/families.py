@@ -205,7 +205,8 @@ def _burst_families(router: Router) -> Iterator[Metric]:
 
 def flow_families(gate: FlowGate) -> Iterator[Metric]:
     """``cognitora_flow_*``: the gateway queue's depth and oldest wait now, waits by how they ended, dispatches by
-    reason, departures (timeouts among them), held tries, holds by reason."""
+    reason, departures (timeouts among them), held tries, holds by reason; and what it learned and decides with:
+    the prediction margin and each band's arrivals."""
     snap = gate.controller.snapshot()
     label = gate.telemetry.flow_label
     depth = family("cognitora_flow_queue_depth")
@@ -230,6 +231,24 @@ def flow_families(gate: FlowGate) -> Iterator[Metric]:
     yield _counters("cognitora_flow_departures", departures)
     yield _one("cognitora_flow_held_tries", snap.held_tries)
     yield _counters("cognitora_flow_holds", gate.telemetry.holds)
+    yield _one("cognitora_flow_prediction_margin", gate.margin.factor)
+    yield _one("cognitora_flow_prediction_margin_samples", gate.margin.samples)
+    rate, gaps, mean_gap = (
+        family(n)
+        for n in (
+            "cognitora_flow_band_arrival_rate",
+            "cognitora_flow_band_gaps",
+            "cognitora_flow_band_mean_gap_seconds",
+        )
+    )
+    for learned in gate.activity.rates():
+        rate.add_metric([learned.band], learned.rate_per_s or 0.0)
+        gaps.add_metric([learned.band], learned.gaps)
+        if learned.mean_gap_s is not None:
+            mean_gap.add_metric([learned.band], learned.mean_gap_s)
+    yield rate
+    yield gaps
+    yield mean_gap
 
 
 def budget_families(gate: BudgetGate) -> Iterator[Metric]:

@@ -435,6 +435,68 @@ SPECS: tuple[MetricSpec, ...] = (
         "`queue`: a try from the queue that stayed held) and why: `seats`, `kv`, `slo`, `priority` (an `slo` hold "
         "for an active higher band) or `isolation` (team isolation: the last engine free of the team's prefill).",
     ),
+    # What flow control learned at run time and decides with (one worker's with --workers N: each learns its own).
+    replace(
+        _m(
+            "cognitora_flow_prediction_margin",
+            G,
+            (),
+            R,
+            """The prediction margin flow control multiplies its predicted TTFTs by (flow_control.margin;
+            docs/flow_control.md, "The prediction margin"): the quantile (0.9) of achieved / predicted TTFT of this
+            process's last requests predicted at least `min_predicted_s`, within [1, `max_factor`]; 1 until
+            `min_samples` are in. One figure per process (every model, class and engine). With --workers N, one
+            worker's.""",
+        ),
+        merge=Merge.FIRST,
+    ),
+    replace(
+        _m(
+            "cognitora_flow_prediction_margin_samples",
+            G,
+            (),
+            R,
+            """The achieved / predicted TTFT ratios the prediction margin is the quantile of (at most
+            `flow_control.margin.samples`; the margin is 1 below `min_samples`). With --workers N, one worker's.""",
+        ),
+        merge=Merge.FIRST,
+    ),
+    replace(
+        _m(
+            "cognitora_flow_band_arrival_rate",
+            G,
+            ("band",),
+            R,
+            """Requests per second of the band lately, as flow control learned it: its requests of the last 10 s
+            over the span they cover (at least 1 s); 0 when none came in that time. A lower band keeps room for this
+            many arrivals of an active higher band (`flow_control.priority_arrivals_quantile`). With --workers N,
+            one worker's (each sees its own share).""",
+        ),
+        merge=Merge.FIRST,
+    ),
+    replace(
+        _m(
+            "cognitora_flow_band_gaps",
+            G,
+            ("band",),
+            R,
+            """Gaps between the band's requests its mean gap is from: its last 16, trusted from 8 (below that the band
+            stays active `priority_window_s` after its last request). With --workers N, one worker's.""",
+        ),
+        merge=Merge.FIRST,
+    ),
+    replace(
+        _m(
+            "cognitora_flow_band_mean_gap_seconds",
+            G,
+            ("band",),
+            R,
+            """The mean of the band's last gaps between requests (`cognitora_flow_band_gaps` of them): the band stays
+            active 5 mean gaps after its last request. Absent until 8 gaps are in. With --workers N, one
+            worker's.""",
+        ),
+        merge=Merge.FIRST,
+    ),
     # -- KV events ----------------------------------------------------------------------------------------------
     _m("cognitora_kv_event_batches_received", C, E, K, "Live KV-event messages received from the engine."),
     _m("cognitora_kv_event_batches_applied", C, E, K, "Event batches written to the store (live and replayed)."),

@@ -180,6 +180,54 @@ async def test_the_metrics_page_shows_depth_waits_dispatches_and_timeouts() -> N
     assert 'cognitora_flow_queue_depth{band="default",flow=""} 0.0' in page, page
 
 
+async def test_the_metrics_page_shows_the_margin_and_band_rates_flow_control_learned() -> None:
+    """What flow control decides with and learned at run time: the prediction margin and its samples, each band's
+    recent arrival rate and mean gap (once trusted), as the gate holds them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cognitora.flow.priority import BandActivity
+    from cognitora.metrics.families import RouterFamilies
+
+    router = Router(fleet({}), MemoryStore())
+    gate = router.flow
+    assert gate is not None
+    now = [100.0]
+    gate.activity = BandActivity([(n, p["ttft_slo_s"]) for n, p in PRIORITIES.items()], 60.0, clock=lambda: now[0])
+    for i in range(3):  # batch: 3 requests 1 s apart, at 100-102 (2 gaps: its mean gap is not trusted yet)
+        now[0] = 100.0 + i
+        gate.activity.saw("batch")
+    for i in range(9):  # interactive: 9 requests 0.5 s apart, at 102.5-106.5 (8 gaps: trusted)
+        now[0] = 102.5 + i / 2
+        gate.activity.saw("interactive")
+    gate.margin.observe(0.1, 1.0)  # predicted under min_predicted_s: not a sample
+    for i in range(10):
+        gate.margin.observe(1.0, 1.0 + i / 50)  # 1.00 .. 1.18: the 0.9 quantile of ten is the ninth, 1.16
+    registry = CollectorRegistry()
+    registry.register(RouterFamilies(router))
+    page = generate_latest(registry).decode()
+    found = {
+        (s.name, s.labels.get("band", "")): s.value
+        for f in text_string_to_metric_families(page)
+        if f.name.startswith(("cognitora_flow_prediction", "cognitora_flow_band"))
+        for s in f.samples
+    }
+    assert found[("cognitora_flow_prediction_margin", "")] == pytest.approx(1.16) == gate.margin.factor
+    assert found[("cognitora_flow_prediction_margin_samples", "")] == 10
+    rates = {r.band: r for r in gate.activity.rates()}
+    # the rate: its requests of the last 10 s over the span from the first of them to now (106.5)
+    assert found[("cognitora_flow_band_arrival_rate", "interactive")] == pytest.approx(9 / 4.0)
+    assert rates["interactive"].rate_per_s == pytest.approx(9 / 4.0)
+    assert found[("cognitora_flow_band_gaps", "interactive")] == 8
+    assert found[("cognitora_flow_band_mean_gap_seconds", "interactive")] == pytest.approx(0.5)
+    assert found[("cognitora_flow_band_arrival_rate", "batch")] == pytest.approx(3 / 6.5)
+    assert found[("cognitora_flow_band_gaps", "batch")] == 2
+    assert ("cognitora_flow_band_mean_gap_seconds", "batch") not in found  # 2 gaps: not trusted
+    assert found[("cognitora_flow_band_arrival_rate", "default")] == 0  # none came
+    assert found[("cognitora_flow_band_gaps", "default")] == 0
+    await router.close()
+
+
 async def test_explain_says_how_many_wait_ahead_across_replicas(redis_server_url: str, key_prefix: str) -> None:
     """``cognitora explain`` has no queue of its own: with Redis it counts what every live replica published."""
     from cognitora.explain import wait_line

@@ -50,3 +50,19 @@ def test_the_config_says_what_is_wrong() -> None:
     with pytest.raises(ValidationError, match=r"min_samples \(50\) is more than samples \(20\)"):
         MarginConfig(samples=20, min_samples=50)
     assert FlowControlConfig().margin.quantile == 0.9 and FlowControlConfig().priority_arrivals_quantile == 0.9
+
+
+def test_the_wait_explanation_names_the_margin_for_the_holds_it_decides() -> None:
+    """``cognitora explain``'s "would wait" line: an ``slo`` or ``priority`` hold was decided with the margin, and
+    says which (explain's own process times no request: a gateway's is on its /metrics); a seat or team-isolation
+    hold was not, and does not."""
+    from cognitora.flow.config import HoldReason
+    from cognitora.flow.saturation import Saturation
+    from cognitora.flow.snapshot import wait_explanation
+
+    phrase = "predicted times x prediction margin 1.00, learned from 0 requests in this process; a gateway's own is "
+    for held in (Saturation(HoldReason.SLO, "over"), Saturation(HoldReason.SLO, "room", label="priority")):
+        line = wait_explanation("batch", 3, 0, held, 30.0, margin=1.0, margin_samples=0)
+        assert f"; {held.detail} ({phrase}cognitora_flow_prediction_margin on its /metrics); at most 30 s" in line
+    for held in (Saturation(HoldReason.SEATS, "seats"), Saturation(HoldReason.SLO, "team", label="isolation")):
+        assert "margin" not in wait_explanation("batch", 3, 0, held, 30.0, margin=1.2, margin_samples=40)

@@ -311,6 +311,7 @@ PARSER_CASE = r"""(() => {
     'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.1',
     'cognitora_endpoint_running{endpoint="e2"} 7',
     'cognitora_fleet_power_watts 100',
+    'cognitora_flow_prediction_margin 1.2',
   ].join('\n'));
   const b = d.parseProm([
     'cognitora_decisions_total{outcome="placed",endpoint="e1"} 4',
@@ -320,6 +321,7 @@ PARSER_CASE = r"""(() => {
     'cognitora_endpoint_snapshot_age_seconds{endpoint="e2"} 0.9',
     'cognitora_endpoint_running{endpoint="e2"} 6',
     'cognitora_fleet_power_watts 120',
+    'cognitora_flow_prediction_margin 1.05',
   ].join('\n'));
   const m = d.mergePages([a, b]);
   const value = (name, labels) => (m.byName[name] || []).filter((s) =>
@@ -332,6 +334,7 @@ PARSER_CASE = r"""(() => {
       e1: value('cognitora_endpoint_running', {endpoint: 'e1'}),
       e2: value('cognitora_endpoint_running', {endpoint: 'e2'}),
       power: value('cognitora_fleet_power_watts', {}),
+      margin: value('cognitora_flow_prediction_margin', {}),
     },
   };
 })()"""
@@ -369,7 +372,8 @@ def test_dashboard_parser_merge_and_quantiles_in_chromium() -> None:
     }
     expected = [histogram_quantile(q, page, "h") for q in (0.25, 0.5, 0.9, 0.99)]
     assert got["quantiles"] == pytest.approx(expected) and expected == pytest.approx([0.15, 0.4, 0.5, 0.5])
-    assert got["merged"] == {"placed": 7, "shed": 1, "e1": 5, "e2": 7, "power": 100}
+    # each gateway's own prediction margin: the page shows the highest, not a sum
+    assert got["merged"] == {"placed": 7, "shed": 1, "e1": 5, "e2": 7, "power": 100, "margin": 1.2}
 
 
 def test_a_slow_scrape_that_lands_late_is_not_drawn_after_a_newer_one() -> None:
@@ -590,6 +594,7 @@ READ_FLOW = """(() => {
   return {
     bands: rows('flow', (r) => r.dataset.band),
     teams: rows('flow_teams', (r) => r.dataset.flow),
+    margin: Number((document.querySelector('[data-metric="flow_margin"]') || {dataset: {}}).dataset.value),
     ready: !!document.body && document.body.dataset.ready === '1',
   };
 })()"""
@@ -597,7 +602,8 @@ READ_FLOW = """(() => {
 
 def test_the_page_shows_the_gateway_queue_per_band_and_team() -> None:
     """A router whose two one-seat engines are taken: team alpha's request waits in band default, a batch request
-    timed out, and one default request was dispatched after a seat freed. The panel shows each, as /metrics says."""
+    timed out, and one default request was dispatched after a seat freed; its prediction margin learned 1.3. The
+    panel shows each, as /metrics says."""
     from cognitora.core.outcome import Outcome, OutcomeKind
     from cognitora.metrics.exporter import Exporter
     from cognitora.metrics.serve import MetricsServer
@@ -606,6 +612,9 @@ def test_the_page_shows_the_gateway_queue_per_band_and_team() -> None:
 
     async def run() -> dict[str, Any]:
         router, holders = await saturated(fleet({"classes": {"batch": {"max_wait_s": 0.2}}}))
+        assert router.flow is not None
+        for late in (1.0, 1.0, 1.1, 1.1, 1.2, 1.2, 1.2, 1.2, 1.3, 1.4):  # first tokens against 1 s predicted
+            router.flow.margin.observe(1.0, late)  # the 0.9 quantile of ten: the ninth, 1.3
         first = asyncio.ensure_future(router.admit(req("first", team="beta")))
         await until(lambda: waiting(router) == 1)
         timed_out, _ = await router.admit(req("late", "batch"))
@@ -639,3 +648,4 @@ def test_the_page_shows_the_gateway_queue_per_band_and_team() -> None:
     assert batch["flow_timeouts"] == 1 and batch["flow_waiting"] == 0
     assert list(got["bands"]) == ["interactive", "default", "batch"]  # highest band first
     assert got["teams"] == {"default|team:alpha": {"flow_team_waiting": 1}}
+    assert got["margin"] == pytest.approx(1.3)

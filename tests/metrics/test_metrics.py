@@ -209,8 +209,17 @@ def test_workers_pages_merge_sums_counters_and_shows_the_fleet_once() -> None:
 
 def test_every_fleet_and_process_family_merges_first_and_the_rest_sum() -> None:
     # A learned factor is not additive over workers (two workers' 1.5 is not 3), nor is the last prompt-token
-    # difference one worker saw: those gauges show one worker's.
-    not_additive = {"cognitora_ttft_bias_factor", "cognitora_prompt_token_mismatch_last"}
+    # difference one worker saw, nor what flow control learned and decides with (the prediction margin, a band's
+    # rate and gaps as that worker saw them): those gauges show one worker's.
+    not_additive = {
+        "cognitora_ttft_bias_factor",
+        "cognitora_prompt_token_mismatch_last",
+        "cognitora_flow_prediction_margin",
+        "cognitora_flow_prediction_margin_samples",
+        "cognitora_flow_band_arrival_rate",
+        "cognitora_flow_band_gaps",
+        "cognitora_flow_band_mean_gap_seconds",
+    }
     for s in SPECS:
         expected = Merge.FIRST if s.source.value in {"fleet", "process"} or s.name in not_additive else Merge.SUM
         assert s.merge is expected, s.name

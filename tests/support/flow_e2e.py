@@ -48,6 +48,8 @@ class Seen:
     depth_with_leaver: int = 0
     depth_after_leaver: int = 0
     hold_tokens: int = 0
+    page: str = ""
+    """The metrics page once every request of the burst was answered."""
 
 
 def queue_depth(page: str) -> int:
@@ -63,6 +65,14 @@ async def until_depth(client: httpx.AsyncClient, metrics_url: str, n: int) -> No
             return
         assert time.monotonic() < deadline, f"the queue never held {n} (now {queue_depth(page)})"
         await asyncio.sleep(0.05)
+
+
+def gauge(page: str, name: str, band: str | None = None) -> float:
+    """The one sample of gauge ``name`` (of ``band``) on a metrics page; fails when it is not served."""
+    labels = "" if band is None else f'\\{{band="{band}"\\}}'
+    found = re.findall(rf"^{name}{labels} (\S+)$", page, re.M)
+    assert len(found) == 1, f"{name} {band or ''}: {found} in\n{page}"
+    return float(found[0])
 
 
 def body(model: str, text: str, max_tokens: int = 4, stream: bool = False) -> dict[str, object]:
@@ -115,6 +125,8 @@ async def burst_behind_a_held_seat(
                 if line.startswith("data: {") and '"content"' in line:
                     seen.hold_tokens += 1
         await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)
+    async with httpx.AsyncClient(timeout=30) as client:
+        seen.page = (await client.get(metrics_url)).text
     return seen
 
 
@@ -128,3 +140,12 @@ def check(seen: Seen, *, with_leaver: bool = True) -> None:
     if with_leaver:
         assert seen.depth_with_leaver == len(BURST) + 1
         assert seen.depth_after_leaver == seen.depth_with_leaver - 1
+    # What flow control learned is served too: fewer than min_samples (10) requests were timed, so no margin yet;
+    # the gaps between each band's requests as sent (batch: b1, b2; interactive: i1 alone).
+    assert gauge(seen.page, "cognitora_flow_prediction_margin_samples") < 10
+    assert gauge(seen.page, "cognitora_flow_prediction_margin") == 1.0
+    assert gauge(seen.page, "cognitora_flow_band_gaps", "batch") == 1
+    assert gauge(seen.page, "cognitora_flow_band_gaps", "interactive") == 0
+    assert gauge(seen.page, "cognitora_flow_band_gaps", "default") >= 2  # the stream, d1, d2 (and the leaver)
+    for band in PRIORITIES:
+        assert gauge(seen.page, "cognitora_flow_band_arrival_rate", band) >= 0
