@@ -369,10 +369,10 @@ RERUNS = (
 def plan() -> list[str]:
     lines = [
         "| workload | committed: wall per target (s) | setup per target (s) | tail past the load (s) | proposed "
-        "| per target (s) | per seed (min) | 3 seeds (min) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| per target (s) | per seed (min) | 3 seeds (min) | 3 seeds, envoy-rr too (min) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    total = 0.0
+    total = total_rr = 0.0
     for rr in RERUNS:
         w = next(x for x in WORKLOADS if x.name == rr.workload)
         wall, setups, tail = setup_per_target_s(w)
@@ -381,14 +381,16 @@ def plan() -> list[str]:
         drain_wall = min(rr.drain_s / rr.time_scale, max(tail, 0.0))
         per_target = rr.load_s / rr.time_scale + drain_wall + setup
         per_seed = per_target * rr.targets / 60
+        with_rr = 3 * per_target * (rr.targets + 1) / 60
         total += 3 * per_seed
+        total_rr += with_rr
         setups_s = ", ".join(f"{x:.0f}" for x in setups)
         lines.append(
             f"| {rr.workload} | {wall:.0f} | {setup:.0f} ({setups_s}) | {tail:.0f} | {rr.stages}, time scale "
             f"{rr.time_scale:g}, --drain {rr.drain_s:g}, {rr.targets} targets | {per_target:.0f} | {per_seed:.1f} | "
-            f"{3 * per_seed:.0f} |"
+            f"{3 * per_seed:.0f} | {with_rr:.0f} |"
         )
-    lines += ["", f"All four, 3 seeds: {total:.0f} min.", ""]
+    lines += ["", f"All four, 3 seeds: {total:.0f} min ({total_rr:.0f} min with envoy-rr as a fifth target).", ""]
     return lines
 
 
