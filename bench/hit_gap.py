@@ -22,7 +22,7 @@ Below the attainable, per request (in the target's own run: its arrivals and TTF
 
 ``--partition`` also says where Cognitora's placement puts each group's first request on the run's engine URLs
 (``cognitora explain``'s decision, on a fresh in-memory store: an idle fleet, every candidate tied), twice: by the
-prefix hash alone (``placement.tie_cache_bound: null``, what the committed runs' code did), and with the tie rule
+prefix hash alone (``placement.tie_cache_bound: null``, what placement did before the tie rule), and with the tie rule
 (bounded loads, ``--tie-cache-bound``, default the shipped ``placement.tie_cache_bound``), replayed on each seed's
 arrivals: each engine's snapshot carries the blocks its groups sent it so far, as the scraper writes the store's
 count (``EndpointSnapshot.cached_blocks``), and its KV capacity.
@@ -331,8 +331,8 @@ def render(
         for system, endpoint in hashed.items():
             groups.setdefault(endpoint.rsplit(":", 1)[-1], []).append(system)
         notes.append(
-            "Cognitora's prefix hash alone (`placement.tie_cache_bound: null`, the committed runs' code) on an idle, "
-            "empty fleet (every candidate tied), by engine port: "
+            "Cognitora's prefix hash alone (`placement.tie_cache_bound: null`, placement before the tie rule) on an "
+            "idle, empty fleet (every candidate tied), by engine port: "
             + "; ".join(f"{port}: {', '.join(sorted(g))}" for port, g in sorted(groups.items()))
             + ". A group's text is the same in every seed, and so are the engines' URLs (one fleet served every "
             "target), so this is where a group goes whenever its first request finds the fleet idle."
