@@ -111,8 +111,8 @@ def test_even_partitions_are_every_equal_split_once() -> None:
 
 def test_the_prefix_hash_gave_one_engine_three_groups_and_the_tie_rule_gives_two_each() -> None:
     # The engines of the run before the tie rule and seed 20251130's schedule: the split it measured (one engine
-    # served 103-106 of 210 requests) is the hash's; placement's tie rule (the shipped placement.tie_cache_bound, each engine's block
-    # count on its snapshot) splits the groups two per engine.
+    # served 103-106 of 210 requests) is the hash's; placement's tie rule (the shipped placement.tie_cache_bound,
+    # each engine's block count on its snapshot) splits the groups two per engine.
     from bench.real_engines import BLOCK_SIZE, KV_BLOCKS, MODEL, TOKENIZER, schedule_for
 
     urls = ["http://127.0.0.1:37811", "http://127.0.0.1:48887", "http://127.0.0.1:45431"]
