@@ -132,13 +132,7 @@ def test_a_master_fails_over_under_load_and_no_request_or_budget_count_is_lost(
         }
         config_path = tmp_path / "cognitora.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        collector = Collector(
-            lambda: ManagedProcess(
-                [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(config_path)],
-                tmp_path / "collector.log",
-                cwd=ROOT,
-            )
-        )
+        collector = Collector.from_config(config_path, tmp_path / "collector.log", ROOT)
         try:
             with envoy_replicas(config_path, fleet.endpoint_ids, tmp_path) as gateway:
                 load = Load(gateway.url, gateway.headers, envoy_body(fleet.model))

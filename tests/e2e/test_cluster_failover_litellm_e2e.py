@@ -111,13 +111,7 @@ def test_litellm_with_two_workers_keeps_serving_and_counting_through_master_and_
         slot = key_slot(prefix.encode())
         config = cluster_config(tmp_path, fleet, smollm2_dir, cluster.url, prefix)
         cognitora_yaml = export(config, tmp_path)
-        collector = Collector(
-            lambda: ManagedProcess(
-                [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(cognitora_yaml)],
-                tmp_path / "collector.log",
-                env={"PYTHONPATH": str(ROOT)},
-            )
-        )
+        collector = Collector.from_config(cognitora_yaml, tmp_path / "collector.log", ROOT)
         proxy: LiteLLMProxy | None = None
         try:
             asyncio.run(collector.started())

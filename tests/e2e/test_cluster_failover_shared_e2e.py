@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 from redis.crc import key_slot
 
 from bench.harness.redis_cluster import cluster_nodes
-from cognitora_sim.harness.process import ManagedProcess
 from cognitora_sim.launch import start_fleet
 from tests.e2e.test_cluster_failover_e2e import DEGRADED_BOUND_S as ENVOY_BOUND_S
 from tests.e2e.test_cluster_failover_e2e import envoy_body, envoy_replicas
@@ -63,13 +61,7 @@ def test_envoy_and_litellm_over_one_cluster_keep_serving_and_counting_through_a_
         slot = key_slot(prefix.encode())
         config = cluster_config(tmp_path, fleet, smollm2_dir, cluster.url, prefix)
         cognitora_yaml = export(config, tmp_path)  # what the collector and the extproc replicas read
-        collector = Collector(
-            lambda: ManagedProcess(
-                [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(cognitora_yaml)],
-                tmp_path / "collector.log",
-                env={"PYTHONPATH": str(ROOT)},
-            )
-        )
+        collector = Collector.from_config(cognitora_yaml, tmp_path / "collector.log", ROOT)
         proxy: LiteLLMProxy | None = None
         try:
             asyncio.run(collector.started())

@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -194,6 +195,18 @@ class Collector:
 
     def __post_init__(self) -> None:
         self.processes.append(self.start())
+
+    @classmethod
+    def from_config(cls, config_path: Path, log_path: Path, root: Path) -> Collector:
+        """``cognitora collector --config config_path`` run from the checkout ``root``, logging to ``log_path``."""
+        return cls(
+            lambda: ManagedProcess(
+                [sys.executable, "-m", "cognitora.cli", "collector", "--config", str(config_path)],
+                log_path,
+                env={"PYTHONPATH": str(root)},
+                cwd=root,
+            )
+        )
 
     @property
     def current(self) -> ManagedProcess:
