@@ -48,6 +48,7 @@ import contextlib
 import re
 import sys
 import threading
+import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -423,7 +424,9 @@ class ChatTokenizer:
         sightings = self._sightings
         if not sightings:
             return True
-        seen = hash(piece)
+        # A stable hash, not ``hash()``: that one is seeded per process, so which pieces shared a slot (and lost
+        # their sighting) changed from run to run, and so did what the cache held after the same traffic.
+        seen = zlib.crc32(piece.encode("utf-8", "surrogatepass"))
         slot = seen & self._sightings_mask
         if sightings[slot] == seen:
             return True
