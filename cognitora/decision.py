@@ -78,6 +78,12 @@ class CandidateScore:
     (``placement.affinity``). None: not counted (no fresh snapshot, or a store that does not count)."""
     kv_capacity_tokens: int | None = None
     """Tokens the endpoint's KV cache holds (configured, else scraped, else the fleet prior); None: not known."""
+    clock_rate: float = 1.0
+    """Engine seconds per gateway second there (``placement.seat_wait.engine_clock_rate``): 1 on a real engine, the
+    time scale on a time-scaled simulator. Every time above is the engine's; flow control converts its waits
+    (gateway seconds) with it. 0: not known (placed without a fresh snapshot of the engine: a gateway whose
+    collector has not scraped it yet); conversions then take 1, and flow control's prediction margin does not
+    learn from the request's first token (``cognitora.flow.saturation.clock_known``)."""
     basis: str = ""
     """What the estimates rest on (engine kind; learned or prior rate; KV events or routing history; scraped or
     router-counted load): ``cognitora.placement.estimate_basis``."""
@@ -163,6 +169,10 @@ class Decision:
     saturated: bool = False
     """No local endpoint met the request's priority SLO: it was shed (429), or placed on the fastest endpoint anyway
     (the case where bursting to a cloud target helps)."""
+    shed_probe: bool = False
+    """A sheddable class missed its TTFT objective everywhere on learned figures, and was placed on a measured-idle
+    endpoint as a probe instead of shed (``cognitora.placement.shed_probe``): its first token teaches the figures.
+    ``saturated`` is set too."""
     fallbacks: tuple[str, ...] = ()
     """The other eligible endpoints, best first by the same ranking key as the pick (predicted TTFT plus the
     recompute charge): where a gateway that retries (Envoy's ``override_host``) goes next."""

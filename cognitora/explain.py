@@ -20,6 +20,7 @@ from typing import Any
 from cognitora.config import DEFAULT_PRIORITY, CognitoraConfig, ConfigError, load_config
 from cognitora.core.router import Router
 from cognitora.decision import Decision
+from cognitora.flow.margin import most_cautious
 from cognitora.flow.redis_leases import RedisLeases
 from cognitora.flow.snapshot import wait_explanation
 from cognitora.redaction import redact_url
@@ -85,35 +86,48 @@ async def explain(router: Router, request: RouteRequest) -> Decision:
 
 async def wait_line(router: Router, request: RouteRequest, decision: Decision) -> str | None:
     """``would wait: N ahead in band 'X'; ...`` when flow control would hold ``request`` now, else None. This
-    process has no queue of its own: what waits in the gateways' is read from the Redis leases' published depths
-    (every live replica's, per band) when the store is Redis; else nobody is counted ahead."""
+    process has no queue of its own and times no request: what waits in the gateways' queues is read from the
+    Redis leases' published depths (every live replica's, per band) when the store is Redis, else nobody is counted
+    ahead; and it decides with the largest prediction margin the live replicas shared (``most_cautious``) when
+    ``flow_control.leases`` is on, else (none shared, or Redis down) with its own, 1."""
     gate = router.flow
-    if gate is None:
+    flow = router.config.flow_control
+    if gate is None or flow is None:
         return None
-    why = gate.should_wait(request, decision)
+    store = router.store
+    leases = RedisLeases(store.client, router.config.key_prefix, flow.leases) if isinstance(store, RedisStore) else None
+    shared = None
+    if leases is not None and flow.leases.enabled:
+        try:
+            shared = most_cautious(await leases.margins(), flow.margin.min_samples)
+        except StoreUnavailable:
+            shared = None
+    why = gate.should_wait(request, decision, margin=None if shared is None else shared.factor)
     if why is None:
         return None
     depth: dict[str, int] = {}
-    store = router.store
-    if isinstance(store, RedisStore) and router.config.flow_control is not None:
+    if leases is not None:
         try:
-            depth = await RedisLeases(
-                store.client, router.config.key_prefix, router.config.flow_control.leases
-            ).queued()
+            depth = await leases.queued()
         except StoreUnavailable:
             depth = {}
     bands = gate.controller.waiting_by_band()  # every band, highest first
     names = list(bands)
     index = names.index(why.band)
     above = sum(depth.get(name, 0) for name in names[:index])
+    if shared is None:
+        margin, samples, replicas = gate.margin.factor, gate.margin.samples, 0
+    else:
+        margin, samples, replicas = shared.factor, shared.samples, shared.replicas
     return wait_explanation(
         why.band,
         depth.get(why.band, 0),
         above,
         why.saturation,
         why.max_wait_s,
-        margin=gate.margin.factor,
-        margin_samples=gate.margin.samples,
+        margin=margin,
+        margin_samples=samples,
+        margin_replicas=replicas,
     )
 
 

@@ -83,6 +83,9 @@ class DecisionOutcome(StrEnum):
     """Placed on an endpoint that meets the request's priority SLO, from the store's view of the fleet."""
     SATURATED = "saturated"
     """Placed, but no endpoint met the priority's SLO: the fastest one took it (the class is not sheddable)."""
+    PROBE = "probe"
+    """Placed as a probe: a sheddable class missed its SLO everywhere on learned figures alone, and an idle endpoint
+    took it to measure them instead of a 429 (``cognitora.placement.shed_probe``)."""
     DEGRADED = "degraded"
     """Placed without the store (unreachable or too slow): on load and this process's own in-flight counts."""
     FALLBACK = "fallback"
@@ -106,6 +109,8 @@ def decision_outcome(decision: Decision, *, fallback: bool = False) -> DecisionO
         return DecisionOutcome.BURST
     if decision.degraded:
         return DecisionOutcome.DEGRADED
+    if decision.shed_probe:
+        return DecisionOutcome.PROBE
     if decision.saturated:
         return DecisionOutcome.SATURATED
     return DecisionOutcome.PLACED

@@ -38,6 +38,7 @@ from kvstate.engines import (
     EngineSpec,
     MetricsParseError,
     dcgm,
+    declared_clock,
     parse_prometheus_text,
 )
 from kvstate.rates import RateEstimator
@@ -334,7 +335,7 @@ class Scraper:
         if endpoint.metrics_broken:
             log.info("metrics readable again", extra={"endpoint": endpoint.target.endpoint_id})
         endpoint.metrics_broken = False
-        return endpoint.spec.load_from(samples)
+        return replace(endpoint.spec.load_from(samples), clock_rate=declared_clock.declared_clock_rate(samples))
 
     def _on_failure(self, endpoint: _Endpoint) -> None:
         self.stats.failures += 1
@@ -374,7 +375,9 @@ class Scraper:
             kv_capacity_tokens=(load.kv_blocks or 0) * (load.block_size or spec.default_block_size or 0),
             consecutive_failures=endpoint.consecutive_failures,
             mean_service_s=endpoint.estimator.mean_service_s or None,
-            clock_rate=endpoint.estimator.clock_rate or None,
+            # A declared clock (the simulator's) is exact, the learned one an estimate (engines.declared_clock)
+            clock_rate=load.clock_rate or endpoint.estimator.clock_rate or None,
+            clock_declared=load.clock_rate is not None,
             prompt_tokens_total=load.prompt_tokens_total,
             generation_tokens_total=load.generation_tokens_total,
             prefix_cache_hits_total=load.prefix_cache_hits_total,

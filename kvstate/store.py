@@ -123,6 +123,9 @@ class EndpointSnapshot:
     clock_rate: float | None = None
     """Engine seconds per gateway second, learned from the engine's own latencies (``RateEstimator.clock_rate``):
     1 on a real engine; the time scale of a time-scaled simulator. None: not learned."""
+    clock_declared: bool = False
+    """``clock_rate`` is what the engine declares (the simulator's time scale: ``kvstate.engines.declared_clock``),
+    exact, not an estimate."""
     seats: int = 0
     """Requests the engine runs at once (its batch slots), when it says: llama.cpp's ``/slots`` count (``-np``).
     vLLM and SGLang export no such gauge; their ``--max-num-seqs`` is configured (``cost.max_num_seqs``). 0 = not

@@ -133,6 +133,13 @@ class PlacementConfig(StrictModel):
     prefix hash picks, so that cold prefixes do not pile onto one engine by chance (docs/placement.md, "Ties").
     0: only the emptiest; null: off (the hash alone). Without a count or a KV capacity for every tied candidate the
     hash alone picks."""
+    shed_probe_interval_s: float | None = Field(default=5.0, ge=0)
+    """A sheddable class that every endpoint misses by learned figures alone is placed on a measured-idle one as a
+    probe instead of shed, when its own prefill at the endpoint's prior rate fits the objective (docs/placement.md,
+    "Probes instead of shedding"): at most one probe runs on an engine at a time (the probe makes it busy), and this
+    router sends at most one there per this many seconds, so an engine that really is that slow serves a sheddable
+    class at most one late request per interval. 0: only the one-at-a-time bound; null: no probes (shed on the
+    learned figures, as before)."""
     store_timeout_s: float = Field(default=0.25, gt=0)
     """A store read slower than this counts as unavailable: the decision is made degraded, not late."""
     on_error: Literal["fallback", "reject"] = "fallback"

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from cognitora.config import CognitoraConfig, ModelConfig
-from cognitora.core.local_inflight import LocalInflight
+from cognitora.core.local_inflight import LocalInflight, RouterContext
 from cognitora.failsafe import RateLimitedLog
 from cognitora.match_checkpoints import MatchCheckpoints
 from cognitora.outcome_rates import OutcomeRates
@@ -76,6 +76,9 @@ class FleetView:
             e.id for m in config.models for e in m.endpoints if ENGINES.get(e.engine.value).metrics_path is None
         )
         """Rates and cache reuse learned from finished attempts, for engines without metrics (MLX-LM, openai)."""
+        self.shed_probes: dict[str, float] = {}
+        """Per endpoint, when this router last sent a probe there instead of shedding (``placement.shed_probe``):
+        the lifecycle writes it at the dispatch, placement reads it for ``placement.shed_probe_interval_s``."""
         self._snapshots: dict[str, EndpointSnapshot] = {}
         self.health_marks: dict[str, HealthMark] = {}
         """This process's own marks (``note_unhealthy``)."""
@@ -125,8 +128,9 @@ class FleetView:
         seats = self.seat_tenure.progress(self.local.seat_ages(ids, now)) if local else {}
         bias = self.feedback.factors(ids, now)
         routed = self.routed.match(model.name, prompt.keys, now)
+        probes = {e: self.shed_probes[e] for e in ids if e in self.shed_probes} if self.shed_probes else {}
         if view is None:
-            context, recent = self._context(ids, local, self._snapshots)
+            context = self._context(ids, local, self._snapshots)
             degraded = FleetState(
                 now=now,
                 matches=self.outcome_rates.discount(routed),
@@ -135,10 +139,13 @@ class FleetView:
                     self.local.unqueued({e: s for e, s in self._snapshots.items() if e in ids}), ids, now
                 ),
                 health_marks=_newest_marks(self._shared_marks, self.health_marks),
-                context_tokens=context,
-                context_since_snapshot=recent,
+                context_tokens=context.tokens,
+                context_since_snapshot=context.since_snapshot,
+                kv_tokens=context.kv_tokens,
+                kv_since_snapshot=context.kv_since_snapshot,
                 seat_progress=seats,
                 ttft_bias=bias,
+                shed_probes=probes,
                 degraded=True,
             )
             return degraded, None, None  # (already flagged: ``degraded``)
@@ -154,7 +161,7 @@ class FleetView:
         if self.health_marks:
             self._forget_healed(snapshots, now)
         inflight = view.inflight
-        context, recent = self._context(ids, local, snapshots)
+        context = self._context(ids, local, snapshots)
         if local:
             inflight = {e: _at_least(inflight.get(e), local.get(e)) for e in ids}
         state = FleetState(
@@ -163,10 +170,13 @@ class FleetView:
             inflight=inflight,
             snapshots=self.outcome_rates.overlay(self.local.unqueued(snapshots), ids, now),
             health_marks=_newest_marks(view.health_marks, self.health_marks),
-            context_tokens=context,
-            context_since_snapshot=recent,
+            context_tokens=context.tokens,
+            context_since_snapshot=context.since_snapshot,
+            kv_tokens=context.kv_tokens,
+            kv_since_snapshot=context.kv_since_snapshot,
             seat_progress=seats,
             ttft_bias=bias,
+            shed_probes=probes,
         )
         age = min((beat.age_s for beat in view.heartbeats.values()), default=None)
         return state, age, self._staleness(view.heartbeats, now)
@@ -177,9 +187,9 @@ class FleetView:
 
     def _context(
         self, ids: Sequence[str], local: Mapping[str, InFlight], snapshots: Mapping[str, EndpointSnapshot]
-    ) -> tuple[dict[str, float], dict[str, float]]:
+    ) -> RouterContext:
         if not local:
-            return {}, {}
+            return RouterContext()
         return self.local.context(ids, {e: s.last_seen for e, s in snapshots.items()})
 
     def _staleness(self, beats: Mapping[str, Heartbeat], now: float) -> str | None:

@@ -33,11 +33,19 @@ from cognitora.flow.bands import plan_bands
 from cognitora.flow.config import FlowControlConfig, HoldReason
 from cognitora.flow.controller import FlowController, Ticket
 from cognitora.flow.isolation import TeamActivity, TeamPrefill, isolation_hold, prefill_endpoint
-from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
+from cognitora.flow.leases import FairCharge, Leases, MemoryLeases, SharedMargin
 from cognitora.flow.margin import PredictionMargin
 from cognitora.flow.outcome import Held, QueueRefusal, WakeReason
 from cognitora.flow.priority import BandActivity, depth_hold, priority_hold
-from cognitora.flow.saturation import Saturation, own_ttft_s, request_cost, saturation_of
+from cognitora.flow.saturation import (
+    Saturation,
+    chosen_ttft_s,
+    clock_known,
+    clock_rate,
+    own_ttft_s,
+    request_cost,
+    saturation_of,
+)
 from cognitora.flow.telemetry import FlowTelemetry
 from cognitora.request import RouteRequest
 from kvstate.store import StoreUnavailable
@@ -61,6 +69,8 @@ class Waiting:
     max_wait_s: float
     """How long it may wait (``Band.wait_bound_s``: its class's ``max_wait_s``, else what its objective leaves
     after its own predicted TTFT)."""
+    objective_s: float | None = None
+    """Its class's TTFT objective in gateway seconds: its deadline in the queue (``FlowController.wait``)."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +164,10 @@ class FlowGate:
         """Request id -> the engine its lease is on."""
 
     # -- Router.admit's calls ---------------------------------------------------------------------------------
-    def should_wait(self, request: RouteRequest, decision: Decision) -> Waiting | None:
-        """Whether ``decision``'s request waits in the queue (docs/flow_control.md, "When a request waits")."""
+    def should_wait(self, request: RouteRequest, decision: Decision, *, margin: float | None = None) -> Waiting | None:
+        """Whether ``decision``'s request waits in the queue (docs/flow_control.md, "When a request waits").
+        ``margin``: the prediction margin to decide with instead of this process's (``cognitora explain``, which
+        times no request, passes the one the gateway replicas shared)."""
         if decision.cloud is not None or request.pinned_endpoint is not None:
             return None
         priority = request.identity.priority
@@ -167,7 +179,8 @@ class FlowGate:
         self.activity.saw(priority, own)
         if self.teams is not None:
             self.teams.saw(priority, flow)
-        margin = self.margin.factor
+        if margin is None:
+            margin = self.margin.factor
         saturation = (
             self._saturation(decision, pclass.ttft_slo_s, margin)
             or self._below(priority, decision, margin)
@@ -178,8 +191,11 @@ class FlowGate:
         elif not (decision.endpoint is not None and self.controller.must_queue(priority, flow)):
             return None
         cost = request_cost(decision, self.flow.fairness, self.flow.min_cost_tokens)
-        bound = self.bands[priority].wait_bound_s(None if own is None else own * margin)
-        return Waiting(priority, flow, cost, saturation, bound)
+        band = self.bands[priority]
+        bound = band.wait_bound_s(None if own is None else own * margin)
+        if band.max_wait_s is None:  # what the objective leaves, engine seconds: the queue waits on the gateway's
+            bound /= clock_rate(decision)
+        return Waiting(priority, flow, cost, saturation, bound, pclass.ttft_slo_s / clock_rate(decision))
 
     async def wait(
         self, request: RouteRequest, decision: Decision, why: Waiting, *, hold: Hold | None, group: str | None
@@ -203,6 +219,7 @@ class FlowGate:
             give_back=give_back,
             max_wait_s=why.max_wait_s,
             held_itself=_held_for_itself(why.saturation),
+            objective_s=why.objective_s,
         )
         if self.leases is None:
             return await waiting
@@ -228,6 +245,8 @@ class FlowGate:
             return None
         ceiling = self.activity.ceiling(band, self.controller.waiting_by_band())
         if ceiling is not None:
+            if ceiling.rate_per_s is not None:  # arrivals per gateway second, during engine seconds of work
+                ceiling = replace(ceiling, rate_per_s=ceiling.rate_per_s / clock_rate(decision))
             return priority_hold(decision, ceiling, margin, self.flow.priority_arrivals_quantile)
         recent = self.activity.recent(band)
         return None if recent is None else depth_hold(decision, recent, margin)
@@ -251,7 +270,7 @@ class FlowGate:
         endpoint = prefill_endpoint(decision)
         if self.prefill is None or decision.cloud is not None or endpoint is None:
             return
-        duration = self.flow.isolation.prefill_margin * decision.predicted_ttft_s
+        duration = self.flow.isolation.prefill_margin * decision.predicted_ttft_s / clock_rate(decision)
         self.prefill.add(attempt.request_id, flow_of(request), endpoint, duration)
 
     def _saturation(
@@ -284,8 +303,12 @@ class FlowGate:
         """An attempt's prefill or whole life ended here: its lease (if any) goes back, its team's in-flight prefill
         on its engine ends, its first token (if timed) tells the prediction margin how late it was, and the queue
         tries again."""
-        if why is WakeReason.FIRST_TOKEN and attempt.first_token_at is not None and attempt.decision.cloud is None:
-            self._observe_margin(attempt.decision.predicted_ttft_s, attempt.first_token_at - attempt.dispatched_at)
+        first, decision = attempt.first_token_at, attempt.decision
+        # Not on an unknown clock: a LiteLLM proxy's core starts at its first request, before its collector's first
+        # scrape, and the burst placed then read 2x late on the simulator at time scale 0.5 (docs/flow_control.md)
+        if why is WakeReason.FIRST_TOKEN and first is not None and decision.cloud is None and clock_known(decision):
+            achieved = (first - attempt.dispatched_at) * clock_rate(decision)
+            self._observe_margin(decision.predicted_ttft_s, achieved)
         if self.prefill is not None:
             self.prefill.done(attempt.request_id)
         if why is WakeReason.FINISHED:
@@ -295,10 +318,13 @@ class FlowGate:
         self.controller.wake(why)
 
     def _observe_margin(self, predicted_s: float, achieved_s: float) -> None:
-        """One first token for the prediction margin; a move of 0.05 or more is logged (what admission uses)."""
+        """One first token for the prediction margin; a move of 0.05 or more is logged (what admission uses). The
+        margin goes to the leases too, which send it with the replica's next heartbeat (``cognitora explain``)."""
         before = self.margin.factor
         self.margin.observe(predicted_s, achieved_s)
         after = self.margin.factor
+        if self.leases is not None and self.margin.samples:
+            self.leases.publish_margin(SharedMargin(after, self.margin.samples))
         if abs(after - before) >= 0.05:
             log.info(
                 "flow control: prediction margin %.2f (was %.2f): the %g quantile of %d requests' achieved / "
@@ -328,12 +354,15 @@ class FlowGate:
         pclass = self.config.placement.priorities[ticket.band]
         margin = self.margin.factor
         # A wait that follows the objective counts against it; an operator's max_wait_s means "late, not shed".
-        late_after = waited if self.bands[ticket.band].max_wait_s is None else 0.0
+        # The wait is gateway seconds, the objective engine seconds (``clock_rate``: 1 on real engines).
+        late_after = waited * clock_rate(decision) if self.bands[ticket.band].max_wait_s is None else 0.0
         saturation = self._saturation(decision, pclass.ttft_slo_s, margin, late_after)
+        ttft = chosen_ttft_s(decision)
+        needs = None if ttft is None else ttft * margin / clock_rate(decision)  # what it takes, gateway seconds
         if saturation is not None:
             self.telemetry.held("queue", saturation.kind)
             # seats: nothing else fits either; kv, slo: a smaller request of another flow may
-            return Held(saturation.detail, only_this=saturation.reason is not HoldReason.SEATS)
+            return Held(saturation.detail, only_this=saturation.reason is not HoldReason.SEATS, needs_s=needs)
         if not ticket.aged:  # the anti-starvation rule's dispatch is not held for the bands above, nor for isolation
             below = self._below(ticket.band, decision, margin)
             if below is not None:
@@ -342,7 +371,7 @@ class FlowGate:
             isolated = self._isolated(ticket.band, ticket.flow, decision)
             if isolated is not None:  # about this team only: another team's head may go
                 self.telemetry.held("queue", isolated.kind)
-                return Held(isolated.detail, only_this=True)
+                return Held(isolated.detail, only_this=True, needs_s=needs)
         if decision.endpoint is None:  # refused meanwhile for another reason (every engine unhealthy): its hold back
             if queued.hold is not None and self._budgets is not None:
                 self._budgets.give_back_later(queued.hold)

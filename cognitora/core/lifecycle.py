@@ -138,6 +138,8 @@ class Lifecycle:
             decision.expected_decode_tokens,
             expires,
             context_tokens=decision.prompt_tokens + decision.expected_decode_tokens / 2,
+            kv_tokens=max(0.0, decision.prompt_tokens - decision.predicted_cached_tokens)
+            + decision.expected_decode_tokens / 2,
             dispatched_at=now,
         )
         self.fleet.local.add(decision.request_id, entry, now)
@@ -146,6 +148,8 @@ class Lifecycle:
                 _prefill_leg_id(decision.request_id), LocalRequest(leg.endpoint, prefill, 0, expires), now
             )
         self.stats.dispatched += 1
+        if decision.shed_probe:  # the next probe there waits placement.shed_probe_interval_s (placement.shed_probe)
+            self.fleet.shed_probes[endpoint] = now
         ttl = self._history_ttl(endpoint)
         if decision.keys:
             self.fleet.routed.add(self._key_space(decision), endpoint, decision.keys, now, now + ttl)

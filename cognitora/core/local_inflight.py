@@ -10,15 +10,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvstate.store import EndpointSnapshot, InFlight
 
-__all__ = ["LocalInflight", "LocalRequest"]
+__all__ = ["LocalInflight", "LocalRequest", "RouterContext"]
 
 _LEFT_QUEUE_KEPT = 256
 """Per endpoint, how many of the latest times this router saw a request leave the engine's queue are kept: more
 than an engine's queue holds between two scrapes."""
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """Per endpoint, the context of what this router has in flight (``LocalInflight.context``): ``tokens`` its
+    steps read (prompt plus half ``max_tokens`` each), ``kv_tokens`` the KV it adds (the uncached prompt plus half
+    ``max_tokens`` each), and of each, ``*since_snapshot`` what was dispatched after the endpoint's snapshot."""
+
+    tokens: dict[str, float] = field(default_factory=dict)
+    since_snapshot: dict[str, float] = field(default_factory=dict)
+    kv_tokens: dict[str, float] = field(default_factory=dict)
+    kv_since_snapshot: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -29,7 +41,11 @@ class LocalRequest:
     expires: float
     prefill_done: bool = False
     context_tokens: float = 0.0
-    """Its prompt plus half its ``max_tokens``: the KV it holds on average over its life."""
+    """Its prompt plus half its ``max_tokens``: the context its steps read on average over its life."""
+    kv_tokens: float = 0.0
+    """Its uncached prompt plus half its ``max_tokens``: the KV it adds on average over its life. Its cached prefix
+    is shared with the requests that brought it (one copy of the blocks), so counting it per request made 140
+    requests of one 2,048-token system prompt read as 340k resident tokens on an engine a third full."""
     dispatched_at: float = 0.0
     seat_since: float | None = None
     """When its first token came back (router clock): from then it holds a seat (``cognitora.seat_tenure``)."""
@@ -122,20 +138,19 @@ class LocalInflight:
             row[2] += entry.decode_tokens
         return {e: InFlight(*row) for e, row in acc.items() if e in endpoints}
 
-    def context(
-        self, endpoints: Sequence[str], since: Mapping[str, float]
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Context tokens of the requests in flight per endpoint of ``endpoints`` that has any, and of those
+    def context(self, endpoints: Sequence[str], since: Mapping[str, float]) -> RouterContext:
+        """What the requests in flight per endpoint of ``endpoints`` that has any hold, all of them and those
         dispatched after ``since[endpoint]`` (its snapshot's time: what the snapshot cannot show yet)."""
-        total: dict[str, float] = {}
-        recent: dict[str, float] = {}
+        out = RouterContext()
         for entry in self._requests.values():
             e = entry.endpoint
             if e in endpoints:
-                total[e] = total.get(e, 0.0) + entry.context_tokens
+                out.tokens[e] = out.tokens.get(e, 0.0) + entry.context_tokens
+                out.kv_tokens[e] = out.kv_tokens.get(e, 0.0) + entry.kv_tokens
                 if entry.dispatched_at > since.get(e, float("inf")):
-                    recent[e] = recent.get(e, 0.0) + entry.context_tokens
-        return total, recent
+                    out.since_snapshot[e] = out.since_snapshot.get(e, 0.0) + entry.context_tokens
+                    out.kv_since_snapshot[e] = out.kv_since_snapshot.get(e, 0.0) + entry.kv_tokens
+        return out
 
     def _prune(self, now: float) -> None:
         expired = [rid for rid, entry in self._requests.items() if entry.expires <= now]

@@ -14,7 +14,7 @@ across teams (by the prefill they really add), and are placed when they leave, o
 | ``outcome`` | what the queue hands back (``QueueRefusal``, ``Departure``) and asks (``Placer``, ``Held``) |
 | ``drain_rate`` | the recent dispatch rate, for Retry-After |
 | ``snapshot`` | a typed snapshot for metrics, and ``cognitora explain``'s sentence |
-| ``leases``, ``redis_leases`` | per-engine admission leases shared by replicas (Redis, Lua, TTL by heartbeat) |
+| ``leases``, ``redis_leases`` | per-engine leases, queue depths and margins shared by replicas (Redis, heartbeat TTL) |
 | ``shared_served`` | fairness counters shared by replicas |
 
 docs/flow_control.md describes the design, its bounds and its limits.
@@ -31,8 +31,8 @@ from cognitora.flow.config import (
     MarginConfig,
 )
 from cognitora.flow.controller import FlowController, Ticket
-from cognitora.flow.leases import FairCharge, LeaseGrant, Leases, MemoryLeases
-from cognitora.flow.margin import PredictionMargin
+from cognitora.flow.leases import FairCharge, LeaseGrant, Leases, MemoryLeases, SharedMargin
+from cognitora.flow.margin import FleetMargin, PredictionMargin, most_cautious
 from cognitora.flow.outcome import Departure, Held, Left, Placer, QueueRefusal, WakeReason
 from cognitora.flow.saturation import Saturation, request_cost, saturation_of
 from cognitora.flow.snapshot import QueueSnapshot, wait_explanation
@@ -42,6 +42,7 @@ __all__ = [
     "Departure",
     "FairCharge",
     "FairnessCost",
+    "FleetMargin",
     "FlowClassConfig",
     "FlowControlConfig",
     "FlowController",
@@ -59,8 +60,10 @@ __all__ = [
     "QueueRefusal",
     "QueueSnapshot",
     "Saturation",
+    "SharedMargin",
     "Ticket",
     "WakeReason",
+    "most_cautious",
     "plan_bands",
     "request_cost",
     "saturation_of",

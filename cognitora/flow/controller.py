@@ -13,12 +13,15 @@ when woken:
 
 Woken, it takes the queue's next entry and asks the core's ``Placer`` to place it now. Placed: the waiter's
 future gets the result and the next entry is tried, and so on while the fleet takes them. Held for that request
-only (``Held.only_this``: its prompt is too long for the load now): its flow sits out this wake-up and the next
-flow's head of the band is tried (each flow at most once), so one team's long request does not block another
-team's short one. Held for all (every seat taken), or every flow of the band held: it stops, and tries again on
-the next wake-up, not sooner than ``retry_spacing_s`` later. Wake-ups that arrive meanwhile are
-merged into one. So a storm of finishes costs at most one placement per dispatch plus one per spacing, whatever
-the number of waiters; and the queue's own work per dispatch is O(log flows).
+only (``Held.only_this``: its prompt is too long for the load now, or too little of its objective is left): its
+flow's waiter with the earliest deadline that can still make it goes in its place (else its newest), and the
+next, while they are placed (``_turn``); then its flow sits out this wake-up and the next flow's head of the band
+is tried (each flow's head at most once), so one team's long request does not block another team's short one.
+Held for all (every seat taken), or every flow of the band held: it stops, and tries again on the next wake-up,
+not sooner than ``retry_spacing_s`` later. Wake-ups that arrive meanwhile are
+merged into one. So a storm of finishes costs at most one placement per dispatch plus one per spacing and per
+flow held for itself, whatever the number of waiters; and the queue's own work per dispatch is O(log flows), plus
+O(the flow's waiters) for a held head's turn (a scan of their deadlines, no placement tries).
 
 **Leaving.** A waiter leaves without being placed when its wait bound runs out (its class's ``max_wait_s``, else
 what its TTFT objective leaves after its own predicted TTFT: ``Band.wait_bound_s``; a ``QueueRefusal``
@@ -59,6 +62,13 @@ YIELD_EVERY = 32
 a burst that drains at once never holds the loop for more than this many placements."""
 
 
+EDF_CUSHION = 1.2
+"""A held head's turn goes to a waiter whose deadline leaves at least this many times what the head needs. Earliest
+deadline first serves the waiter with the least slack, so a prediction a little short turns its placement into a
+miss (and the waiter's own prompt may be longer than the head's): the cushion keeps such near misses for later
+waiters, which have the slack."""
+
+
 def timeout_message(band: Band, waited_s: float) -> str:
     """The 429's message for a request of ``band`` that waited ``waited_s`` (its bound) unplaced."""
     if band.max_wait_s is not None:
@@ -71,6 +81,18 @@ def timeout_message(band: Band, waited_s: float) -> str:
         f"{band.name!r}'s {band.ttft_slo_s:g} s TTFT objective (the wait follows it; flow_control max_wait_s "
         "overrides); retry later"
     )
+
+
+class _Tried(Enum):
+    """What one placement try of the dispatcher came to."""
+
+    PLACED = 1
+    HELD_ALL = 2
+    """Held for every request (every seat taken): the wake-up stops."""
+    HELD_ITSELF = 3
+    """Held for its own sake (``Held.only_this``): another request may go."""
+    GONE = 4
+    """Left meanwhile, or its placement raised."""
 
 
 class _State(Enum):
@@ -103,6 +125,8 @@ class Ticket(Generic[T]):
     """Its last try held it for its own sake (``Held.only_this``): the dispatcher's, else its admission's
     (``wait(held_itself=...)``). A newcomer of another flow may go past it while it is its flow's head
     (``must_queue``)."""
+    needs_s: float | None = None
+    """What its last hold said it takes once placed (``Held.needs_s``, gateway seconds)."""
     aged: bool = False
     """Being placed by the anti-starvation rule (ahead of a higher band, or waited its band's ``aged_after_s``):
     the placer must not hold it for the higher bands' sake (``cognitora.flow.priority``)."""
@@ -141,8 +165,9 @@ class FlowController(Generic[T, R]):
         ``band`` has its head where the last try held it for its own sake (``Held.only_this``: its prompt against
         the load, its team's isolation), a request of another ``flow`` that the fleet takes now is placed at
         once, as the dispatcher would place it after trying them (it skips such heads), without the queue's round
-        trip and its retry spacing. Not past its own flow's waiters (FIFO within a flow), nor a higher band's
-        (strict bands: the dispatcher does not try a lower band while a higher one waits). A head that could fit
+        trip and its retry spacing. Not past its own flow's waiters (it is its flow's newest then, tried at the
+        next wake-up), nor a higher band's (strict bands: the dispatcher does not try a lower band while a higher
+        one waits). A head that could fit
         since its last try (capacity freed meanwhile) is tried at the next wake-up, which that freeing
         triggered: the newcomer may go first by that much. A head that has not been tried since it became the head
         (its flow's previous head timed out, or it is its flow's first waiter) counts as held for itself when its
@@ -173,14 +198,16 @@ class FlowController(Generic[T, R]):
         give_back: Callable[[], None] | None = None,
         max_wait_s: float | None = None,
         held_itself: bool = False,
+        objective_s: float | None = None,
     ) -> R | QueueRefusal:
         """Queue ``item`` and wait until the ``Placer`` places it (its result), or it leaves unplaced (a
         ``QueueRefusal``). ``saturation``: why it waits (None: only because others wait ahead, ``must_queue``).
         ``max_wait_s``: how long it may wait (``Band.wait_bound_s`` of its own predicted TTFT); None: its band's
         longest wait. ``held_itself``: its admission held it for its own sake, as ``Held.only_this`` says (until
         the dispatcher tries it, a newcomer of another flow may go past it: ``must_queue``).
-        ``give_back``: called once if it leaves unplaced (its budget hold). Cancelling the caller's task removes it
-        at once (and re-raises). Raises what the placer raised for it."""
+        ``objective_s``: its TTFT objective in this loop's seconds (its deadline is now + that); None: its band's
+        ``ttft_slo_s``, else no deadline. ``give_back``: called once if it leaves unplaced (its budget hold).
+        Cancelling the caller's task removes it at once (and re-raises). Raises what the placer raised for it."""
         loop = asyncio.get_running_loop()
         index = self._queue.band_index(band)
         limits = self._queue.bands[index]
@@ -196,7 +223,9 @@ class FlowController(Generic[T, R]):
             item, request_id, band, flow, cost, saturation, give_back, loop.create_future(), queued_at=now
         )
         ticket.held_itself = held_itself
-        ticket.entry = self._queue.push(ticket, index, flow, cost, now)
+        objective = limits.ttft_slo_s if objective_s is None else objective_s
+        due = None if objective is None else now + objective
+        ticket.entry = self._queue.push(ticket, index, flow, cost, now, due)
         self.counters.queued[band] += 1
         self._start()
         if saturation is None:
@@ -334,7 +363,8 @@ class FlowController(Generic[T, R]):
     async def _drain(self, why: WakeReason) -> bool:
         """Dispatch while the fleet takes them; True when it stopped on a ``Held``. A head held for itself
         (``Held.only_this``: a long prompt over its objective) does not block the other flows of its band: its
-        flow sits out this wake-up (``FairQueue.skip``) and the next flow's head is tried."""
+        flow's other waiters get its turns (``_turns``), then it sits out this wake-up (``FairQueue.skip``) and the
+        next flow's head is tried."""
         try:
             return await self._drain_once(why)
         finally:
@@ -345,38 +375,88 @@ class FlowController(Generic[T, R]):
         placed = 0
         skipped = False
         while (choice := self._queue.next(loop.time())) is not None:
-            ticket = choice.entry.payload
-            if ticket.future.done():  # its deadline or its client's cancel fired; its own code has not run yet
-                self._give_back(ticket)
-                continue
-            ticket.state = _State.PLACING
-            after = self._queue.bands[choice.entry.band].aged_after_s
-            ticket.aged = choice.aged or (after is not None and loop.time() - choice.entry.at >= after)
-            try:
-                result = await self._placer.place(ticket)
-            except Exception as exc:
-                self.counters.placer_errors += 1
-                self._give_back(ticket)
-                if not ticket.future.done():
-                    ticket.future.set_exception(exc)
-                continue
-            if isinstance(result, Held):
-                if ticket.leaving or ticket.future.done():
-                    self._give_back(ticket)
-                    continue
-                ticket.state = _State.QUEUED
-                self.counters.held_tries += 1
-                ticket.held_itself = result.only_this
-                if not result.only_this:
-                    return True
+            tried = await self._try(choice, why)
+            if tried is _Tried.HELD_ALL:
+                return True
+            if tried is _Tried.HELD_ITSELF:
                 self._queue.skip(choice.entry)
                 skipped = True
-                continue
-            self._dispatched(ticket, choice, result, why, loop.time())
-            placed += 1
-            if placed % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+                held_all, placed = await self._turns(choice, why, placed)
+                if held_all:
+                    return True
+            elif tried is _Tried.PLACED:
+                placed += 1
+                if placed % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         return skipped
+
+    async def _turns(self, held: Choice[Ticket[T]], why: WakeReason, placed: int) -> tuple[bool, int]:
+        """The turns of a flow whose head ``held`` was held for itself, before it sits out the wake-up: its
+        waiters are tried one by one (``_turn``) while they are placed, each at most once (bounded by the waiters
+        behind the head), so seats that freed together are filled together. Stops at the first held. Returns
+        (held for all: the wake-up stops, ``placed`` plus what it placed)."""
+        loop = asyncio.get_running_loop()
+        head = held.entry
+        for _ in range(self._queue.waiting_from(head.band, head.flow) - 1):
+            entry = self._turn(head, loop.time())
+            if entry is None:
+                break
+            tried = await self._try(Choice(entry, held.aged), why)
+            if tried is _Tried.HELD_ALL:
+                return True, placed
+            if tried is _Tried.HELD_ITSELF:
+                break
+            if tried is _Tried.PLACED:
+                placed += 1
+                if placed % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        return False, placed
+
+    def _turn(self, head: Entry[Ticket[T]], now: float) -> Entry[Ticket[T]] | None:
+        """Who goes in the place of ``head``, held for itself: its flow's waiter with the earliest deadline among
+        those whose deadline leaves what the head needs (``Held.needs_s``) x ``EDF_CUSHION``, the oldest that can
+        still make its objective; else (none can, or the need is unknown) its newest. Under overload the head is
+        the flow's oldest waiter, held for having too little of its objective left; the newest alone skipped the
+        ones just behind it that could still make it: at 200 rps on the 32 x 32 ladder, seats freed at 12.4-14
+        engine s went to 300-rps arrivals while 200-rps waiters with 0.5-1.9 s left timed out. The newest stays the
+        fallback: in deep overload (the 300-rps stage) nobody's deadline is far enough, and a FIFO of deadlines
+        served nobody there (docs/flow_control.md, "A held head does not block the band")."""
+        needs = head.payload.needs_s
+        if needs is not None:
+            entry = self._queue.earliest_deadline(head.band, head.flow, now + needs * EDF_CUSHION, head)
+            if entry is not None:
+                return entry
+        return self._queue.newest(head.band, head.flow)
+
+    async def _try(self, choice: Choice[Ticket[T]], why: WakeReason) -> _Tried:
+        """Ask the placer to place ``choice``'s request now; dispatch it if placed."""
+        loop = asyncio.get_running_loop()
+        ticket = choice.entry.payload
+        if ticket.future.done():  # its deadline or its client's cancel fired; its own code has not run yet
+            self._give_back(ticket)
+            return _Tried.GONE
+        ticket.state = _State.PLACING
+        after = self._queue.bands[choice.entry.band].aged_after_s
+        ticket.aged = choice.aged or (after is not None and loop.time() - choice.entry.at >= after)
+        try:
+            result = await self._placer.place(ticket)
+        except Exception as exc:
+            self.counters.placer_errors += 1
+            self._give_back(ticket)
+            if not ticket.future.done():
+                ticket.future.set_exception(exc)
+            return _Tried.GONE
+        if isinstance(result, Held):
+            if ticket.leaving or ticket.future.done():
+                self._give_back(ticket)
+                return _Tried.GONE
+            ticket.state = _State.QUEUED
+            self.counters.held_tries += 1
+            ticket.held_itself = result.only_this
+            ticket.needs_s = result.needs_s
+            return _Tried.HELD_ITSELF if result.only_this else _Tried.HELD_ALL
+        self._dispatched(ticket, choice, result, why, loop.time())
+        return _Tried.PLACED
 
     def _dispatched(self, ticket: Ticket[T], choice: Choice[Ticket[T]], result: R, why: WakeReason, now: float) -> None:
         entry = choice.entry

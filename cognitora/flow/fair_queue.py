@@ -1,6 +1,6 @@
-"""The gateway queue's order: strict priority bands, fair shares across flows within a band, FIFO within a flow,
-and a bounded anti-starvation rule between bands. Plain data structure: no clock of its own, no asyncio (the
-controller, ``cognitora.flow.controller``, drives it).
+"""The gateway queue's order: strict priority bands, fair shares across flows within a band, FIFO within a flow while
+its head can go (else the waiter that can still make it soonest), and a bounded anti-starvation rule between bands.
+Plain data structure: no clock of its own, no asyncio (the controller, ``cognitora.flow.controller``, drives it).
 
 **Within a band: deficit round robin in its virtual-time form.** Each flow (a team, else an API key) has a counter
 of the service it received: the cost of each request dispatched from it (its uncached prompt tokens, by default),
@@ -23,10 +23,12 @@ oldest waiter has waited ``aged_after_s`` (``Band``) may go ahead: the queue kee
 Among several aged bands, the one whose oldest waiter is most overdue goes first.
 
 **A held head skips its turn.** When the placer cannot place a flow's head now for that request's own sake (a long
-prompt over its objective), the controller ``skip``s the flow for the rest of the wake-up: the next flow's head
-of the band is offered, the skipped flow is not charged and keeps its counter (its deficit), so it is first again
-after ``unskip``; FIFO within it is kept. With every flow of the band skipped, ``next`` answers None rather than a
-lower band's head.
+prompt over its objective, or too little of its objective left), the controller ``skip``s the flow for the rest
+of the wake-up: the next flow's head of the band is offered, the skipped flow is not charged and keeps its counter
+(its deficit), so it is first again after ``unskip``. Before that, the controller offers the head's turns to the
+flow's waiter with the ``earliest_deadline`` that can still make it, else its ``newest`` (committed like a head,
+charged to the flow): FIFO within a flow holds while its head can go. With every flow of the band skipped,
+``next`` answers None rather than a lower band's head.
 
 Entries are removed in O(1) wherever they are (a client that disconnects leaves at once); each entry is in two
 ordered dicts (its flow's, for FIFO; its band's, for the oldest waiter), each flow at most once in its band's
@@ -69,6 +71,8 @@ class Entry(Generic[P]):
     seq: int
     at: float
     """When it was queued (the controller's clock)."""
+    deadline: float | None = None
+    """When its TTFT objective runs out (the controller's clock); None: unknown. What ``earliest_deadline`` reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,27 @@ class FairQueue(Generic[P]):
         f = self._bands[band].flows.get(flow)
         return None if f is None or not f.queue else next(iter(f.queue.values()))
 
+    def newest(self, band: int, flow: str) -> Entry[P] | None:
+        """``flow``'s last waiter in ``band`` when it has more than one, else None: the one a held head gives its
+        turn to (the controller's ``_drain_once``)."""
+        f = self._bands[band].flows.get(flow)
+        return None if f is None or len(f.queue) < 2 else next(reversed(f.queue.values()))
+
+    def earliest_deadline(self, band: int, flow: str, not_before: float, besides: Entry[P]) -> Entry[P] | None:
+        """``flow``'s waiter in ``band`` with the earliest ``deadline`` at or after ``not_before`` (ties: the
+        oldest), other than ``besides``; None if none (an unknown deadline never counts): the one a held head
+        gives its turn to when it can still make its objective (the controller's ``_turn``). Reads only the
+        entries, O(the flow's waiters)."""
+        f = self._bands[band].flows.get(flow)
+        if f is None:
+            return None
+        best: Entry[P] | None = None
+        earliest = float("inf")
+        for e in f.queue.values():
+            if e is not besides and e.deadline is not None and not_before <= e.deadline < earliest:
+                best, earliest = e, e.deadline
+        return best
+
     def vtime(self, band: int) -> float:
         return self._bands[band].vtime
 
@@ -189,9 +214,11 @@ class FairQueue(Generic[P]):
         return ahead
 
     # -- changing -----------------------------------------------------------------------------------------------
-    def push(self, payload: P, band: int, flow: str, cost: float, now: float) -> Entry[P]:
+    def push(
+        self, payload: P, band: int, flow: str, cost: float, now: float, deadline: float | None = None
+    ) -> Entry[P]:
         state = self._bands[band]
-        entry = Entry(payload, band, flow, cost, next(self._seq), now)
+        entry = Entry(payload, band, flow, cost, next(self._seq), now, deadline)
         f = state.flows.get(flow)
         if f is None:
             f = state.flows[flow] = _Flow(counter=state.vtime)

@@ -9,6 +9,10 @@ one process (one gateway, and the tests).
 
 A grant may also charge the request's cost to its flow's shared fairness counter and read back the counters of
 the flows this replica has waiting (``FairCharge``), in the same call: what ``FlowController.merge_served`` takes.
+
+Each replica also shares what ``cognitora explain`` cannot learn itself, with its heartbeat: its queue depth per band
+(``publish_depth``, read back summed by ``queued``) and its prediction margin (``publish_margin``, read back per
+live replica by ``margins``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["FairCharge", "LeaseGrant", "Leases", "MemoryLeases"]
+__all__ = ["LOCAL_REPLICA", "FairCharge", "LeaseGrant", "Leases", "MemoryLeases", "SharedMargin"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,15 @@ class LeaseGrant:
     replica); else empty."""
 
 
+@dataclass(frozen=True)
+class SharedMargin:
+    """One replica's prediction margin (``cognitora.flow.margin``) as it last published it."""
+
+    factor: float
+    samples: int
+    """The achieved / predicted ratios it is the quantile of (the factor is 1 below ``margin.min_samples``)."""
+
+
 class Leases(Protocol):
     async def acquire(
         self, endpoint: str, lease_id: str, capacity: int, charge: FairCharge | None = None
@@ -60,7 +73,20 @@ class Leases(Protocol):
         """Requests waiting per band in every live replica's queue."""
         ...
 
+    def publish_margin(self, margin: SharedMargin) -> None:
+        """This replica's prediction margin, for ``margins``. Kept for the next heartbeat: no I/O, so the first
+        token that moved it (a synchronous call) pays nothing."""
+        ...
+
+    async def margins(self) -> dict[str, SharedMargin]:
+        """The prediction margin each live replica published last, by replica id (a dead replica's is gone)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+LOCAL_REPLICA = "local"
+"""``MemoryLeases.margins``' one replica: this process."""
 
 
 class MemoryLeases:
@@ -70,6 +96,7 @@ class MemoryLeases:
         self._leases: dict[str, set[str]] = {}
         self._served: dict[tuple[str, str], float] = {}
         self._depth: dict[str, int] = {}
+        self._margin: SharedMargin | None = None
 
     async def acquire(
         self, endpoint: str, lease_id: str, capacity: int, charge: FairCharge | None = None
@@ -99,6 +126,12 @@ class MemoryLeases:
 
     async def queued(self) -> dict[str, int]:
         return dict(self._depth)
+
+    def publish_margin(self, margin: SharedMargin) -> None:
+        self._margin = margin
+
+    async def margins(self) -> dict[str, SharedMargin]:
+        return {} if self._margin is None else {LOCAL_REPLICA: self._margin}
 
     async def close(self) -> None:
         self._leases.clear()

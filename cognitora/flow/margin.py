@@ -21,16 +21,23 @@ Bounds: the quantile of the last ``samples`` requests, so it follows a change in
 with 10 samples its 0.9 quantile is the second-largest ratio (a noisy estimate: more samples, less noise, slower).
 It is one figure for the whole process (every class and engine): the per-engine bias is the TTFT feedback's
 (``cognitora.ttft_feedback``), which corrects the predictions before this sees them.
+
+Each gateway learns its own; with ``flow_control.leases`` each replica shares it with its heartbeat
+(``Leases.publish_margin``), and ``cognitora explain``, whose process times no request, decides with the largest
+of those that reached ``min_samples`` (``most_cautious``): the gateway that would hold the request soonest.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from cognitora.flow.config import MarginConfig
+from cognitora.flow.leases import SharedMargin
 
-__all__ = ["PredictionMargin"]
+__all__ = ["FleetMargin", "PredictionMargin", "most_cautious"]
 
 
 class PredictionMargin:
@@ -68,3 +75,25 @@ class PredictionMargin:
         ordered = sorted(self._ratios)
         at = ordered[min(n - 1, max(0, math.ceil(self.config.quantile * n) - 1))]
         return min(self.config.max_factor, max(1.0, at))
+
+
+@dataclass(frozen=True)
+class FleetMargin:
+    """The margin the gateway replicas shared that ``cognitora explain`` decides with (``most_cautious``)."""
+
+    factor: float
+    samples: int
+    """The ratios that replica's margin is from."""
+    replicas: int
+    """Live replicas whose margin reached ``min_samples`` (the largest is among them)."""
+
+
+def most_cautious(shared: Mapping[str, SharedMargin], min_samples: int) -> FleetMargin | None:
+    """The largest factor among the replicas' margins from at least ``min_samples`` ratios (a margin from fewer is
+    1, not a measurement); None when there is none. The largest, not a mean: explain answers "would this request
+    wait", and the replica with the largest margin is the one that holds it soonest."""
+    learned = [m for m in shared.values() if m.samples >= min_samples]
+    if not learned:
+        return None
+    top = max(learned, key=lambda m: (m.factor, m.samples))
+    return FleetMargin(top.factor, top.samples, len(learned))

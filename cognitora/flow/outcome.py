@@ -62,6 +62,10 @@ class Held:
     """True: the hold is about this request (its KV, its prompt against its objective), a smaller one may fit: the
     dispatcher tries the next flow's head of the band (each flow once per wake-up). False (every seat is taken):
     nothing else would be placed either, and the dispatcher stops until the next wake-up."""
+    needs_s: float | None = None
+    """Gateway seconds this request takes once placed: the chosen engine's predicted TTFT x the prediction margin,
+    over the engine's clock rate. With ``only_this``, the dispatcher gives the turn to a waiter of the same flow
+    whose deadline leaves at least that (``FlowController``); None: unknown, its newest waiter gets it."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ queue, and one heartbeat per replica every third of ``replica_ttl_s``. It is not
 | ``L:held:<replica>`` | HASH | lease id -> endpoint: what to release when the replica dies |
 | ``L:served:<band>`` | HASH | flow -> cost served through every replica (cumulative, float) |
 | ``L:depth`` | HASH | ``"<replica> <band>"`` -> requests waiting in that replica's queue |
+| ``L:margin`` | HASH | replica -> ``"<factor> <samples>"``: its prediction margin, as its last heartbeat sent it |
 
 ``L`` is ``<prefix>:flow:{<prefix>.flow}``. Replica ids hold no space (the scripts split members at the first).
 """
@@ -49,3 +50,6 @@ class FlowKeys:
 
     def depth(self) -> str:
         return f"{self.base}:depth"
+
+    def margin(self) -> str:
+        return f"{self.base}:margin"

@@ -11,6 +11,9 @@ Semantics (docs/flow_control.md, "Across replicas", says the same with their lim
   the time until any replica's next call: at most a third of the TTL while a replica lives). A clean ``close``
   releases them at once.
 - **A lease never outlives ``max_lease_s``**, even on a live replica (a release lost to a bug).
+- **A replica's queue depth and prediction margin ride on its heartbeat** (``publish_depth``, ``publish_margin``:
+  kept until the next one, no round trip of their own) and are read back for the live replicas only (``queued``,
+  ``margins``): a dead replica's stop counting when its heartbeat expires, and are deleted when it is reaped.
 - Time is the Redis server's; nothing depends on the replicas' clocks agreeing.
 - Redis unreachable: ``StoreUnavailable``, like the store (the core then dispatches unleased: placement's own
   saturation check still stands).
@@ -29,7 +32,7 @@ from redis.exceptions import RedisClusterException
 
 from cognitora.flow import redis_scripts
 from cognitora.flow.config import LeaseConfig
-from cognitora.flow.leases import FairCharge, LeaseGrant
+from cognitora.flow.leases import FairCharge, LeaseGrant, SharedMargin
 from cognitora.flow.redis_keys import FlowKeys
 from kvstate.redis_client import UNAVAILABLE_ERRORS, Client, Script, run_script, text
 from kvstate.store import StoreUnavailable
@@ -55,6 +58,7 @@ class RedisLeases:
         self._max_ms = int(config.max_lease_s * 1000)
         self._beat_s = config.replica_ttl_s / 3
         self._depth: dict[str, int] = {}
+        self._margin: SharedMargin | None = None
         self._task: asyncio.Task[None] | None = None
         self._acquire = Script(redis_scripts.ACQUIRE)
         self._charge = Script(redis_scripts.CHARGE)
@@ -63,6 +67,7 @@ class RedisLeases:
         self._leave = Script(redis_scripts.LEAVE)
         self._held = Script(redis_scripts.HELD)
         self._queued = Script(redis_scripts.QUEUED)
+        self._margins = Script(redis_scripts.MARGINS)
 
     @contextlib.contextmanager
     def _unavailable(self, what: str) -> Iterator[None]:
@@ -112,15 +117,16 @@ class RedisLeases:
             counts = await run_script(self._client, self._held, keys, [])
         return {e: int(n) for e, n in zip(endpoints, counts, strict=True)}
 
-    # -- the replica's heartbeat and queue depth ------------------------------------------------------------------
+    # -- the replica's heartbeat, queue depth and prediction margin -----------------------------------------------
     async def heartbeat(self) -> None:
-        """Renew this replica (releasing dead replicas' leases) and publish its queue depth."""
+        """Renew this replica (releasing dead replicas' leases) and publish its queue depth and margin."""
         k = self.keys
-        args: list[Any] = [self.replica, self._ttl_ms, self._max_ms, k.leases_base(), k.held_base()]
+        margin = "" if self._margin is None else f"{self._margin.factor!r} {self._margin.samples}"
+        args: list[Any] = [self.replica, self._ttl_ms, self._max_ms, k.leases_base(), k.held_base(), margin]
         for band, n in self._depth.items():
             args += [band, n]
         with self._unavailable("heartbeat"):
-            await run_script(self._client, self._heartbeat, [k.replicas(), k.depth()], args)
+            await run_script(self._client, self._heartbeat, [k.replicas(), k.depth(), k.margin()], args)
         self._depth = {band: n for band, n in self._depth.items() if n > 0}
 
     async def publish_depth(self, waiting: Mapping[str, int]) -> None:
@@ -131,6 +137,19 @@ class RedisLeases:
         with self._unavailable("queued"):
             flat = await run_script(self._client, self._queued, [self.keys.replicas(), self.keys.depth()], [])
         return {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def publish_margin(self, margin: SharedMargin) -> None:
+        """Sent with every heartbeat from now on (each replaces the last)."""
+        self._margin = margin
+
+    async def margins(self) -> dict[str, SharedMargin]:
+        with self._unavailable("margins"):
+            flat = await run_script(self._client, self._margins, [self.keys.replicas(), self.keys.margin()], [])
+        found: dict[str, SharedMargin] = {}
+        for i in range(0, len(flat), 2):
+            factor, samples = text(flat[i + 1]).split(" ")
+            found[text(flat[i])] = SharedMargin(float(factor), int(samples))
+        return found
 
     def start(self) -> None:
         """Renew the heartbeat every third of ``replica_ttl_s`` on the running loop, until ``close``."""
@@ -154,7 +173,10 @@ class RedisLeases:
         k = self.keys
         with self._unavailable("leave"):
             await run_script(
-                self._client, self._leave, [k.replicas(), k.depth()], [self.replica, k.leases_base(), k.held_base()]
+                self._client,
+                self._leave,
+                [k.replicas(), k.depth(), k.margin()],
+                [self.replica, k.leases_base(), k.held_base()],
             )
 
 

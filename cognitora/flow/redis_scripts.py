@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kvstate.redis_scripts import PRELUDE
 
-__all__ = ["ACQUIRE", "CHARGE", "HEARTBEAT", "HELD", "LEAVE", "QUEUED", "RELEASE"]
+__all__ = ["ACQUIRE", "CHARGE", "HEARTBEAT", "HELD", "LEAVE", "MARGINS", "QUEUED", "RELEASE"]
 
 _REPLICAS = """
 -- Release every lease of the replicas whose heartbeat expired, and forget them (their queue depths too).
@@ -114,17 +114,25 @@ HEARTBEAT = (
     PRELUDE
     + _REPLICAS
     + """
--- KEYS: replicas hash, depth hash. ARGV: replica, ttl ms, keep ms, leases base, held base, then band, waiting...
--- Renews the replica, releases dead replicas' leases, and publishes this replica's queue depth per band.
+-- KEYS: replicas hash, depth hash, margin hash. ARGV: replica, ttl ms, keep ms, leases base, held base, margin
+-- ("<factor> <samples>", or '' when it has none yet), then band, waiting...
+-- Renews the replica, releases dead replicas' leases, and publishes this replica's queue depth per band and its
+-- prediction margin. A margin whose replica is no longer in the replicas hash (reaped, here or by an acquire) is
+-- dropped; one whose replica's heartbeat expired but was not reaped yet is skipped by MARGINS.
 local now = now_ms()
 local keep = tonumber(ARGV[3])
 reap(KEYS[1], KEYS[2], ARGV[4], ARGV[5], now)
 beat(KEYS[1], ARGV[1], now, tonumber(ARGV[2]), keep)
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local field = ARGV[1] .. ' ' .. ARGV[i]
   if tonumber(ARGV[i + 1]) > 0 then rcall('HSET', KEYS[2], field, ARGV[i + 1]) else rcall('HDEL', KEYS[2], field) end
 end
 if rcall('EXISTS', KEYS[2]) == 1 then rcall('PEXPIRE', KEYS[2], keep) end
+if ARGV[6] ~= '' then rcall('HSET', KEYS[3], ARGV[1], ARGV[6]) end
+for _, r in ipairs(rcall('HKEYS', KEYS[3])) do
+  if rcall('HEXISTS', KEYS[1], r) == 0 then rcall('HDEL', KEYS[3], r) end
+end
+if rcall('EXISTS', KEYS[3]) == 1 then rcall('PEXPIRE', KEYS[3], keep) end
 return 1
 """
 )
@@ -133,8 +141,9 @@ LEAVE = (
     PRELUDE
     + _REPLICAS
     + """
--- KEYS: replicas hash, depth hash. ARGV: replica, leases base, held base. A clean shutdown: the replica's leases
--- are released now rather than when its heartbeat would have expired.
+-- KEYS: replicas hash, depth hash, margin hash. ARGV: replica, leases base, held base. A clean shutdown: the
+-- replica's leases are released now rather than when its heartbeat would have expired, its margin dropped.
+rcall('HDEL', KEYS[3], ARGV[1])
 if rcall('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 rcall('HSET', KEYS[1], ARGV[1], '0')
 return reap(KEYS[1], KEYS[2], ARGV[2], ARGV[3], now_ms())
@@ -180,6 +189,22 @@ for j = 1, #all, 2 do
 end
 local out = {}
 for _, band in ipairs(order) do out[#out + 1] = band; out[#out + 1] = sums[band] end
+return out
+"""
+)
+
+MARGINS = (
+    "#!lua flags=no-writes\n"
+    + PRELUDE
+    + _REPLICAS
+    + """
+-- KEYS: replicas hash, margin hash. Returns a flat list replica, "<factor> <samples>" of the live replicas.
+local live = alive(KEYS[1], now_ms())
+local out = {}
+local all = rcall('HGETALL', KEYS[2])
+for j = 1, #all, 2 do
+  if live[all[j]] then out[#out + 1] = all[j]; out[#out + 1] = all[j + 1] end
+end
 return out
 """
 )

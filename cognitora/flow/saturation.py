@@ -24,13 +24,23 @@ Dynamo's router. ``prompt_tokens`` and ``requests`` are there to compare (bench/
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from cognitora.decision import CandidateScore, Decision
 from cognitora.flow.config import FairnessCost, HoldReason
 
-__all__ = ["Saturation", "load_s", "own_ttft_s", "request_cost", "saturation_of", "uncached_tokens"]
+__all__ = [
+    "Saturation",
+    "chosen_ttft_s",
+    "clock_known",
+    "clock_rate",
+    "load_s",
+    "own_ttft_s",
+    "request_cost",
+    "saturation_of",
+    "uncached_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,38 @@ def own_ttft_s(decision: Decision) -> float | None:
     return min(max(0.0, c.predicted_ttft_s - load_s(c)) for c in eligible)
 
 
+def chosen_ttft_s(decision: Decision) -> float | None:
+    """The predicted TTFT (engine seconds) on the engine ``decision`` chose, else on its best eligible one, as the
+    ``slo`` hold reads it; None: no eligible candidate."""
+    eligible = _eligible(decision)
+    return _chosen(decision, eligible).predicted_ttft_s if eligible else None
+
+
+def _chosen(decision: Decision, eligible: Sequence[CandidateScore]) -> CandidateScore:
+    """The candidate on the engine ``decision`` chose, else the one with the lowest predicted TTFT (``eligible``
+    not empty)."""
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), None)
+    return chosen if chosen is not None else min(eligible, key=lambda c: c.predicted_ttft_s)
+
+
+def clock_rate(decision: Decision) -> float:
+    """Engine seconds per gateway second on the engine ``decision`` chose (else its first eligible one; 1 with
+    none): ``CandidateScore.clock_rate``. Predictions and objectives are engine seconds, the queue's waits gateway
+    seconds; on real engines the two are one clock, on a time-scaled simulator this converts between them."""
+    eligible = _eligible(decision)
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), eligible[0] if eligible else None)
+    return 1.0 if chosen is None or chosen.clock_rate <= 0 else chosen.clock_rate
+
+
+def clock_known(decision: Decision) -> bool:
+    """Whether ``clock_rate(decision)`` is the engine's, not a stand-in: placement had a fresh snapshot of the
+    engine it chose (``CandidateScore.clock_rate`` 0 says it had none). A first token timed on an unknown clock says
+    nothing about the prediction: on the simulator at time scale 0.5 it reads twice as late."""
+    eligible = _eligible(decision)
+    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), eligible[0] if eligible else None)
+    return chosen is None or chosen.clock_rate > 0
+
+
 def uncached_tokens(decision: Decision) -> float:
     """Its prompt tokens less the most any eligible engine holds: the prefill it adds wherever it goes."""
     cached = max((c.cached_tokens for c in _eligible(decision)), default=0.0)
@@ -102,8 +144,7 @@ def saturation_of(
             return Saturation(reason, sentence.format(e=soonest.endpoint, ms=getattr(soonest, term) * 1000))
     if HoldReason.SLO not in hold_on:
         return None
-    best = min(eligible, key=lambda c: c.predicted_ttft_s)
-    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), best)
+    chosen = _chosen(decision, eligible)
     left = ttft_slo_s - waited_s
     if not (decision.saturated or chosen.predicted_ttft_s * margin > left):
         return None

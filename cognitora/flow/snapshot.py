@@ -91,18 +91,28 @@ def wait_explanation(
     *,
     margin: float | None = None,
     margin_samples: int = 0,
+    margin_replicas: int = 0,
 ) -> str:
     """``would wait: 3 ahead in band 'batch' (1 in higher bands); <why>; at most 30 s, then 429 with
     Retry-After (or a cloud target, where the burst policy allows)``. ``margin``: the prediction margin the
-    decision used and the samples it is from, named after the reason of a hold it decides (``slo``, ``priority``): a
-    gateway learns its own, and ``cognitora explain``'s process, which times no request, has 1."""
+    decision used and the samples it is from, named after the reason of a hold it decides (``slo``, ``priority``).
+    ``margin_replicas``: 0 when it is this process's own (``cognitora explain``'s, which times no request, is 1);
+    else it is the largest of that many gateway replicas' shared margins (``cognitora.flow.margin.most_cautious``)."""
     above = f" ({ahead_above} in higher bands)" if ahead_above else ""
     why = saturation.detail if saturation is not None else "requests of its band or higher are already waiting"
     if margin is not None and saturation is not None and saturation.kind in _MARGIN_HOLDS:
-        why += (
-            f" (predicted times x prediction margin {margin:.2f}, learned from {margin_samples} requests in this "
-            "process; a gateway's own is cognitora_flow_prediction_margin on its /metrics)"
-        )
+        if margin_replicas:
+            whose = "replica" if margin_replicas == 1 else "replicas"
+            why += (
+                f" (predicted times x prediction margin {margin:.2f}, learned by {margin_replicas} gateway {whose}, "
+                f"the largest, from {margin_samples} requests: the most cautious gateway decides; each holds with "
+                "its own, cognitora_flow_prediction_margin on its /metrics)"
+            )
+        else:
+            why += (
+                f" (predicted times x prediction margin {margin:.2f}, learned from {margin_samples} requests in "
+                "this process; a gateway's own is cognitora_flow_prediction_margin on its /metrics)"
+            )
     return (
         f"would wait: {ahead_in_band} ahead in band {band!r}{above}; {why}; at most {max_wait_s:.3g} s, then 429 "
         "with Retry-After (or a cloud target, where the burst policy allows)"

@@ -85,10 +85,11 @@ SPECS: tuple[MetricSpec, ...] = (
         C,
         ("model", "priority", "endpoint", "outcome", "status"),
         R,
-        """Requests the gateway asked the core to place, by what became of them. `outcome`: placed, saturated,
-        degraded, fallback (placed) or shed, rejected (refused). `endpoint` is empty for a refusal; `status` is the
-        HTTP status a refusal answered (empty for a placement). A model or priority class the config does not define is
-        `(unknown)`. One request is one decision, whatever retries follow.""",
+        """Requests the gateway asked the core to place, by what became of them. `outcome`: placed, saturated, probe (a
+        sheddable class placed on an idle engine as a probe instead of shed: docs/placement.md, "Probes instead of
+        shedding"), degraded, fallback (placed) or shed, rejected (refused). `endpoint` is empty for a refusal; `status`
+        is the HTTP status a refusal answered (empty for a placement). A model or priority class the config does not
+        define is `(unknown)`. One request is one decision, whatever retries follow.""",
     ),
     _m(
         "cognitora_rewrites",

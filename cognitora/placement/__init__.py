@@ -21,6 +21,7 @@ from cognitora.placement.cost import (
 from cognitora.placement.filters import FilterContext, run_filters
 from cognitora.placement.picker import pick
 from cognitora.placement.rate_pooling import pooled_joules_per_token, pooled_prefill_rates
+from cognitora.placement.shed_probe import probe_prefills
 from cognitora.placement.state import FleetState, HealthMark
 from cognitora.request import RouteRequest
 from kvstate.prompt import PromptKeys
@@ -120,7 +121,14 @@ def place(
     tie_breaker = affinity_key(
         prompt, req.request_id, params.affinity_prefix_tokens, config.cost_model.affinity_prompt_share
     )
-    outcome = pick(ranked, priority, pclass, params, tie_breaker)
+    outcome = pick(
+        ranked,
+        priority,
+        pclass,
+        params,
+        tie_breaker,
+        probes=lambda: probe_prefills(ranked, by_id, prompt.prompt_tokens, state, params),
+    )
     if isinstance(outcome, Rejection):
         return replace(base, reason=outcome.message, rejection=outcome, runner_up=ranked[0], saturated=True)
     chosen = outcome.chosen
@@ -134,4 +142,5 @@ def place(
         fallbacks=tuple(c.endpoint for c in ranked if c.endpoint != chosen.endpoint),
         reason="; ".join([outcome.reason, *filtered.notes]),
         saturated=outcome.saturated,
+        shed_probe=outcome.probe,
     )

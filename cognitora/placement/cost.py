@@ -316,6 +316,10 @@ def score_endpoint(
             running=running,
             counted_resident=state.context_tokens.get(endpoint.id, 0.0),
             resident_since_snapshot=state.context_since_snapshot.get(endpoint.id, 0.0),
+            counted_kv=state.kv_tokens.get(endpoint.id, state.context_tokens.get(endpoint.id, 0.0)),
+            kv_since_snapshot=state.kv_since_snapshot.get(
+                endpoint.id, state.context_since_snapshot.get(endpoint.id, 0.0)
+            ),
             decode_tokens=decode_tokens,
             fewest_uncached_tokens=fewest_uncached_tokens,
             rate=free_rate,
@@ -359,6 +363,7 @@ def score_endpoint(
         ttft_bias_factor=bias,
         cache_held_tokens=None if snap is None or snap.cached_blocks is None else snap.cached_blocks * tokens_per_key,
         kv_capacity_tokens=kv_capacity_tokens(endpoint, snap, cost_model),
+        clock_rate=engine_clock_rate(snap) if snap is not None else 0.0,  # no snapshot: its clock is not known
     )
 
 

@@ -50,9 +50,15 @@ docs/sim.md cites where it comes from):
 
       kv_pressure_s = overflow x mean_service_s / R    or    overflow / prefill_rate
 
-``R`` is the engine's fresh ``kv_usage x kv_capacity_tokens`` plus the context the routers dispatched there since
-that snapshot, or the routers' own count (each in-flight request's prompt plus half its ``max_tokens``) when that
-is larger. Everything here is a pure function of its arguments.
+For the steps' reads (interference, decode) ``R`` is the context resident there: the engine's fresh
+``kv_usage x kv_capacity_tokens`` plus the context the routers dispatched there since that snapshot, or the
+routers' own count (each in-flight request's prompt plus half its ``max_tokens``) when that is larger. Every
+request reads its whole context, shared prefix included. For the KV capacity, ``R`` is the KV *held*: the same
+reading, but the routers count each request's uncached prompt plus half its ``max_tokens``, since a prefix the
+running requests share is one copy of its blocks. (Counting it per request, 140 requests of one 2,048-token
+system prompt read as 340k tokens on an engine a third full, and flow control held every request of the 32 x 32
+ladder's 150-rps stage "for KV room" until it was shed: docs/flow_control.md.) Everything here is a pure
+function of its arguments.
 """
 
 from __future__ import annotations
@@ -192,6 +198,8 @@ def long_context_cost(
     running: int,
     counted_resident: float,
     resident_since_snapshot: float,
+    counted_kv: float,
+    kv_since_snapshot: float,
     decode_tokens: int,
     fewest_uncached_tokens: float,
     rate: float,
@@ -216,12 +224,14 @@ def long_context_cost(
     )
     pressure = 0.0
     if priors.kv_capacity_tokens is not None and model.kv_pressure_weight > 0:
-        room = priors.kv_capacity_tokens * saturated_kv_usage - resident
+        # The KV held, not the context read: a prefix the running requests share is one copy of its blocks.
+        held = resident_tokens(counted_kv, snap, priors.kv_capacity_tokens, kv_since_snapshot)
+        room = priors.kv_capacity_tokens * saturated_kv_usage - held
         overflow = uncached + decode_tokens - max(0.0, room)
         if overflow > 0:
-            # Resident context leaves at resident / mean_service_s tokens a second; else recompute after preemption.
-            waits = mean_service_s > 0 and resident > 0
-            pressure = overflow * mean_service_s / resident if waits else overflow / rate
+            # Held KV leaves at held / mean_service_s tokens a second; else recompute after preemption.
+            waits = mean_service_s > 0 and held > 0
+            pressure = overflow * mean_service_s / held if waits else overflow / rate
             pressure *= model.kv_pressure_weight
     return LongContextCost(
         resident_tokens=resident,

@@ -30,7 +30,11 @@ Rules, in order:
 4. **Saturated for the class** (nothing feasible): a sheddable class is rejected with 429 and a Retry-After of the
    predicted overshoot (1 s for an ITL overshoot: a decode step shortens as soon as requests finish); any other
    class takes the fastest endpoint anyway (ties broken as in rule 3: a 30k-token prompt is over a 2 s SLO on
-   every idle engine, and without it every such prompt went to the first by name).
+   every idle engine, and without it every such prompt went to the first by name). Except a **probe**: when no
+   endpoint meets the TTFT objective, a sheddable request goes to the best-ranked endpoint that may be probed
+   (``shed_probe``: measured idle, none sent there within ``shed_probe_interval_s``) and where its own prefill at
+   the endpoint's prior rate fits the objective; the learned figures alone made it miss, and only traffic there
+   corrects them. Its reason starts with ``probe:``.
 
 The runner-up is the best-ranked candidate other than the pick.
 """
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cognitora.config import PlacementConfig, PriorityClass
@@ -58,7 +62,9 @@ class Pick:
     runner_up: CandidateScore | None
     reason: str
     saturated: bool = False
-    """No candidate met the class's SLO; ``chosen`` is the fastest anyway."""
+    """No candidate met the class's SLO; ``chosen`` is the fastest anyway (or, for a probe, an idle one)."""
+    probe: bool = False
+    """A sheddable class placed as a probe instead of shed (rule 4, ``shed_probe``)."""
 
 
 def _ms(seconds: float) -> str:
@@ -75,8 +81,12 @@ def pick(
     pclass: PriorityClass,
     params: PlacementConfig,
     affinity_key: str,
+    probes: Callable[[], Mapping[str, float]] | None = None,
 ) -> Pick | Rejection:
-    """``ranked`` is non-empty and sorted best first (``cost.by_ranking_cost``); ``affinity_key`` breaks ties."""
+    """``ranked`` is non-empty and sorted best first (``cost.by_ranking_cost``); ``affinity_key`` breaks ties.
+    ``probes``: the endpoints that may be probed instead of shedding, each with the request's own prefill there at
+    its prior rate (``shed_probe.probe_prefills``); called only when a sheddable class misses its TTFT objective
+    everywhere (None: no probes)."""
     fast_enough = [c for c in ranked if c.predicted_ttft_s <= pclass.ttft_slo_s]
     feasible = [c for c in fast_enough if meets_itl_slo(c, pclass)]
     if not feasible:
@@ -98,6 +108,9 @@ def pick(
                 f"(on {best.endpoint}) exceeds its SLO of {pclass.ttft_slo_s:g} s"
             )
         if pclass.sheddable:
+            probed = None if fast_enough or probes is None else _probe(ranked, probes(), pclass, message)
+            if probed is not None:
+                return probed
             retry = min(MAX_RETRY_AFTER_S, max(1, math.ceil(overshoot)))
             return Rejection(status=429, message=message + "; retry later", retry_after_s=retry)
         # Ties are broken as for feasible candidates: a long prompt predicted over the SLO everywhere on an idle
@@ -158,6 +171,34 @@ def pick(
         reason = _tie_reason(chosen, best, hashed, band)
     reason += _bound_note(pool, hashed, params)
     return Pick(chosen, _runner_up(ranked, chosen), reason)
+
+
+def _probe(
+    ranked: Sequence[CandidateScore], prior_prefill_s: Mapping[str, float], pclass: PriorityClass, message: str
+) -> Pick | None:
+    """The best-ranked endpoint that may be probed and where the request's own prefill at its prior rate fits the
+    objective, placed as a probe; None when there is none (the request is shed)."""
+    chosen = next((c for c in ranked if prior_prefill_s.get(c.endpoint, math.inf) <= pclass.ttft_slo_s), None)
+    if chosen is None:
+        return None
+    reason = (
+        f"probe: {chosen.endpoint} is idle (nothing running, waiting or in flight) and this request's own prefill "
+        f"at its prior rate takes {_ms(prior_prefill_s[chosen.endpoint])}, within the {pclass.ttft_slo_s:g} s "
+        f"objective; predicted at {_ms(chosen.predicted_ttft_s)} on learned figures ({_learned_terms(chosen)}), "
+        f"so placed to measure it instead of shed ({message})"
+    )
+    return Pick(chosen, _runner_up(ranked, chosen), reason, saturated=True, probe=True)
+
+
+def _learned_terms(c: CandidateScore) -> str:
+    """The learned figures in ``c``'s prediction, in words."""
+    terms = []
+    if c.short_prompt_floor_s > 0:
+        terms.append(f"short-prompt floor {_ms(c.short_prompt_floor_s)}")
+    terms.append(f"rate {c.prefill_tokens_per_s:.0f} tokens/s")
+    if c.ttft_bias_factor != 1.0:
+        terms.append(f"TTFT feedback x{c.ttft_bias_factor:.2f}")
+    return ", ".join(terms)
 
 
 def meets_itl_slo(c: CandidateScore, pclass: PriorityClass) -> bool:

@@ -47,9 +47,6 @@ from kvstate.store import EndpointSnapshot, InFlight
 
 __all__ = ["departure_wait_s", "engine_clock_rate", "seat_wait_s"]
 
-CLOCK_AGREES = (0.67, 1.5)
-"""A learned engine clock rate in this range is taken as 1 (``engine_clock_rate``)."""
-
 
 def departure_wait_s(
     departures: int, holders: int, service_s: float, progress: SeatProgress | None, clock_rate: float = 1.0
@@ -74,13 +71,14 @@ def departure_wait_s(
 
 
 def engine_clock_rate(snap: EndpointSnapshot | None) -> float:
-    """Engine seconds per gateway second: the scraper's ``clock_rate`` when it is far from 1 (a time-scaled
-    simulator), else 1. A real engine's clock is the gateway's; the estimate's noise (a running count read at a
-    window's two ends) is not applied to it."""
-    rate = snap.clock_rate if snap is not None else None
-    if rate is None or rate <= 0 or CLOCK_AGREES[0] <= rate <= CLOCK_AGREES[1]:
-        return 1.0
-    return rate
+    """Engine seconds per gateway second: the rate the engine declares (the time-scaled simulator,
+    ``kvstate.engines.declared_clock``), else 1. A real engine's clock is the gateway's. The scraper's learned
+    ``clock_rate`` is not used: it reads every running request as decoding, so a real engine under prefill-heavy
+    load measured 0.4-0.6 as often as 1, and flow control, which converts its waits with this rate, would have held
+    requests twice their objective's bound there."""
+    if snap is not None and snap.clock_declared and snap.clock_rate is not None and snap.clock_rate > 0:
+        return snap.clock_rate
+    return 1.0
 
 
 def seat_wait_s(

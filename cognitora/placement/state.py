@@ -49,9 +49,17 @@ class FleetState:
     context_since_snapshot: Mapping[str, float] = field(default_factory=dict)
     """Of ``context_tokens``: the requests dispatched after the endpoint's snapshot was taken, which its
     ``kv_usage`` cannot show yet."""
+    kv_tokens: Mapping[str, float] = field(default_factory=dict)
+    """The KV those requests add per endpoint (uncached prompt plus half of ``max_tokens`` each: a shared prefix is
+    one copy): the KV-capacity floor of the long-context terms. Absent: ``context_tokens`` stands for it."""
+    kv_since_snapshot: Mapping[str, float] = field(default_factory=dict)
+    """Of ``kv_tokens``: the requests dispatched after the endpoint's snapshot was taken."""
     seat_progress: Mapping[str, SeatProgress] = field(default_factory=dict)
     """Per endpoint this router has requests holding a seat on and has learned a tenure for: their ages."""
     ttft_bias: Mapping[str, float] = field(default_factory=dict)
     """Per endpoint, the factor its predicted TTFT is corrected by (``cognitora.ttft_feedback``); absent: 1."""
+    shed_probes: Mapping[str, float] = field(default_factory=dict)
+    """Per endpoint, when this router last sent a probe there instead of shedding (``placement.shed_probe``, on the
+    router's clock, as ``now``); absent: never."""
     degraded: bool = False
     """The store could not be read; ``matches``/``inflight``/``snapshots`` are what the router had locally."""

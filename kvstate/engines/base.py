@@ -63,6 +63,9 @@ class EngineLoad:
     """Current draw of the engine's accelerators (DCGM ``DCGM_FI_DEV_POWER_USAGE``, summed over GPUs)."""
     energy_joules: float | None = None
     """Cumulative energy (DCGM ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, mJ converted to J, summed over GPUs)."""
+    clock_rate: float | None = None
+    """Engine seconds per wall second, as the engine declares it (``kvstate.engines.declared_clock``: only the
+    time-scaled simulator does; a real engine's clock is the gateway's, and the scraper learns it otherwise)."""
 
 
 def accepts_2xx(status: int) -> bool:

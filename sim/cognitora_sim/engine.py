@@ -215,6 +215,7 @@ class SimEngine:
             lambda: self.meter.energy_joules(self.clock.now()),
             lambda: self.meter.utilization(self.clock.now()),
         )
+        m.declare_clock(self.clock.scale)
         return m
 
     # ---- requests -------------------------------------------------------------------------------------------

@@ -96,6 +96,12 @@ PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfe
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
+CLOCK_RATE = "cognitora_sim_engine_clock_rate"
+"""Gauge: engine seconds per wall second. Times on this page (histograms, TTFT, ITL) are the engine's, which runs
+``--time-scale`` times as fast as the gateway's clock; the scraper reads this (``kvstate.engines.declared_clock``)
+so that a gateway converts its own waits exactly. A real engine has no such metric: its clock is the gateway's."""
+
+
 class _DcgmPower:
     """DCGM exporter's power series, written as text: its counter has no ``_total`` suffix, which
     prometheus_client's own counters would add."""
@@ -286,9 +292,25 @@ class EngineMetrics:
 
     _dcgm: _DcgmPower | None = None
 
+    def declare_clock(self, rate: float) -> None:
+        """Engine seconds per wall second (the engine's ``--time-scale``), shown as ``CLOCK_RATE``."""
+        self._clock_rate = rate
+
+    _clock_rate: float | None = None
+
     def power_exposition(self) -> bytes:
-        """The DCGM exporter's power lines (after ``add_power``), else nothing: every kind's page ends with them."""
-        return self._dcgm.exposition() if self._dcgm is not None else b""
+        """The DCGM exporter's power lines (after ``add_power``) and the declared clock (after ``declare_clock``),
+        else nothing: every kind's page ends with them."""
+        power = self._dcgm.exposition() if self._dcgm is not None else b""
+        if self._clock_rate is None:
+            return power
+        return (
+            power
+            + (
+                f"# HELP {CLOCK_RATE} Engine seconds per wall second: this simulated engine's time scale.\n"
+                f"# TYPE {CLOCK_RATE} gauge\n{CLOCK_RATE} {self._clock_rate!r}\n"
+            ).encode()
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry) + self.power_exposition()

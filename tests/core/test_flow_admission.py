@@ -253,6 +253,70 @@ async def test_explain_says_how_many_wait_ahead_across_replicas(redis_server_url
     await explainer.close()
 
 
+async def test_explain_decides_with_the_largest_margin_the_gateway_replicas_learned(
+    redis_server_url: str, key_prefix: str
+) -> None:
+    """A gateway replica whose first tokens came far later than predicted learned a margin of 1.5 (its bound) and
+    shares it with its heartbeat; another shared 1.2, a third 2.0 from too few requests. ``cognitora explain``
+    times no request: it decides with the largest learned one, and a request predicted at 10 s against a 12 s
+    objective would wait (10 s x 1.5 is over 12 s). Once no gateway shares one, it decides with its own, 1, and
+    the same request would not wait."""
+    from cognitora.core.core import open_leases
+    from cognitora.explain import wait_line
+    from cognitora.flow.leases import SharedMargin
+    from cognitora.flow.redis_leases import RedisLeases
+    from kvstate.redis_store import RedisStore
+
+    flow = {
+        "hold_on": ["slo"],
+        "leases": {"enabled": True, "replica_ttl_s": 3},
+        "margin": {"min_samples": 2, "min_predicted_s": 0},
+    }
+    strict = {"priorities": {"default": {"ttft_slo_s": 12}}}
+    config = fleet(flow, placement=strict, redis_url=redis_server_url, key_prefix=key_prefix)
+    assert config.flow_control is not None
+    gateway_store = RedisStore.from_url(redis_server_url, key_prefix)
+    gateway = Router(config, gateway_store, leases=open_leases(config, gateway_store))
+    for e in (A, B):  # the gateway has scraped its engines: it times first tokens on their clock
+        await gateway_store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), running=1))
+    for holder in await take_seats(gateway, 2):
+        holder.dispatched_at -= 10.0  # its first token 10 s after dispatch, against a prediction of milliseconds
+        holder.first_token()
+    others = [RedisLeases(gateway_store.client, key_prefix, config.flow_control.leases) for _ in range(2)]
+    for other, margin in zip(others, (SharedMargin(1.2, 50), SharedMargin(2.0, 1)), strict=True):
+        other.publish_margin(margin)
+        await other.heartbeat()
+
+    store = RedisStore.from_url(redis_server_url, key_prefix)
+    explainer = Router(config, store)
+    for e in (A, B):
+        await store.put_snapshot(EndpointSnapshot(endpoint=e, last_seen=time.time(), running=1, mean_service_s=10.0))
+    request = req("asked")
+    decision = await explainer.place(request)
+    assert 9.9 < decision.predicted_ttft_s < 11, decision.explain()
+
+    async def shared_by_all() -> bool:  # the gateway's margin goes with its next heartbeat (every second here)
+        return len(await others[0].margins()) == 3
+
+    await until(shared_by_all)
+    line = await wait_line(explainer, request, decision)
+    assert line is not None and line.startswith("would wait: 0 ahead in band 'default'; "), line
+    assert "over the class's 12 s objective (x margin 1.50, " in line, line
+    assert (
+        "(predicted times x prediction margin 1.50, learned by 2 gateway replicas, the largest, from 2 requests: "
+        "the most cautious gateway decides; each holds with its own, cognitora_flow_prediction_margin on its "
+        "/metrics)"
+    ) in line, line
+
+    await gateway.close()  # a replica that leaves takes its margin with it
+    for other in others:
+        await other.close()
+    assert await wait_line(explainer, request, decision) is None  # none shared: its own margin, 1
+    await explainer.close()
+    await store.close()
+    await gateway_store.close()
+
+
 async def test_a_queued_request_refused_meanwhile_gets_the_refusal_and_its_hold_back() -> None:
     """Both engines go unhealthy while it waits: placement refuses it (not saturation), and its reservation goes
     back, as for any refused request."""
@@ -344,6 +408,10 @@ async def test_a_teams_long_prompt_held_for_its_objective_does_not_block_another
     router, store = await loaded({}, waiting=20)
     long = asyncio.ensure_future(router.admit(replace(req("a-long", team="a"), prompt="word " * 10_000)))
     await until(lambda: waiting(router) == 1)
+    assert router.flow is not None
+    asked = replace(req("asked", team="a"), prompt="word " * 10_000)
+    why = router.flow.should_wait(asked, await router.place(asked))
+    assert why is not None and why.objective_s == pytest.approx(2.0)  # its deadline in the queue: queued + 2 s
     decision, attempt = await asyncio.wait_for(router.admit(req("b-short", team="b")), 2)
     assert attempt is not None, decision.explain()
     assert not long.done() and waiting(router) == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -34,14 +35,24 @@ def req(rid: str, priority: str, words: int = 0) -> RouteRequest:
     return RouteRequest(model="m", prompt=prompt, request_id=rid, identity=who)
 
 
-async def seats_taken(priorities: dict[str, Any], flow: dict[str, Any]) -> tuple[Router, list[Attempt]]:
-    """Two engines of one seat each, both taken by the router's own dispatches (10 s of service each)."""
+async def seats_taken(
+    priorities: dict[str, Any], flow: dict[str, Any], clock_rate: float | None = None
+) -> tuple[Router, list[Attempt]]:
+    """Two engines of one seat each, both taken by the router's own dispatches (10 s of service each).
+    ``clock_rate``: engine seconds per gateway second the engine declares (a time-scaled simulator's)."""
     endpoints = [{"url": f"http://{e}", "cost": {"max_num_seqs": 1}} for e in (A, B)]
     model = {"name": "m", "endpoints": endpoints}
     config = config_from_dict({"models": [model], "placement": {"priorities": priorities}, "flow_control": flow})
     store = MemoryStore()
     for e in (A, B):
-        snap = EndpointSnapshot(endpoint=e, last_seen=time.time(), mean_service_s=10.0, prefill_tokens_per_s=RATE)
+        snap = EndpointSnapshot(
+            endpoint=e,
+            last_seen=time.time(),
+            mean_service_s=10.0,
+            prefill_tokens_per_s=RATE,
+            clock_rate=clock_rate,
+            clock_declared=clock_rate is not None,
+        )
         await store.put_snapshot(snap)
     router = Router(config, store)
     return router, await take_seats(router, 2)
@@ -114,6 +125,41 @@ async def test_an_explicit_max_wait_overrides_the_objective() -> None:
     assert "max_wait_s of class 'batch'" in decision.rejection.message
     assert bound == 0.2
     assert bound <= waited < 5, waited
+
+
+async def test_on_a_slower_engine_clock_the_wait_follows_the_objective_in_engine_seconds() -> None:
+    """A time-scaled simulator runs 4 gateway seconds per engine second (``clock_rate`` 0.25): the objective and
+    the predictions are engine seconds, so the queue may hold the request 4x its bound in gateway seconds (0.8 s
+    of objective: ~3.2 s), and a seat freed after 0.6 s of wall time (0.15 engine seconds of the objective used)
+    still places it. On the gateway's clock it would have been shed at 0.8 s, or held as too late at 0.6."""
+    router, holders = await seats_taken(LAX, {}, clock_rate=0.25)
+    bounds: list[float] = []
+
+    async def on_wait(max_wait_s: float) -> None:
+        bounds.append(max_wait_s)
+
+    task = asyncio.ensure_future(router.admit(req("r", "batch"), on_wait=on_wait))
+    await until(lambda: waiting(router) == 1)
+    assert len(bounds) == 1 and 2.4 <= bounds[0] < 3.2, bounds
+    started = time.monotonic()
+    await until(lambda: time.monotonic() - started >= 0.6)  # past 0.8 s of gateway time since it queued
+    holders[0].finish(Outcome(OutcomeKind.COMPLETED))
+    decision, attempt = await asyncio.wait_for(task, 3)
+    assert attempt is not None and decision.endpoint == holders[0].endpoint, decision.explain()
+
+
+async def test_on_a_slower_engine_clock_the_margin_compares_engine_seconds() -> None:
+    """First tokens 4 gateway seconds after dispatch on a 0.25 clock are 1 engine second: against a prediction of
+    1 s that is on time (margin 1), not 4x late."""
+    router, holders = await seats_taken(TIERED, {"margin": {"min_samples": 2, "min_predicted_s": 0}}, 0.25)
+    assert router.flow is not None
+    flow = router.flow
+    for holder in holders:
+        holder.decision = replace(holder.decision, predicted_ttft_s=1.0)
+        holder.dispatched_at -= 4.0
+        holder.first_token()
+    await until(lambda: flow.margin.samples == 2)
+    assert flow.margin.factor == pytest.approx(1.0, abs=0.01)
 
 
 TIERED = {"default": {"ttft_slo_s": 2}, "batch": {"ttft_slo_s": 30, "sheddable": True}}

@@ -422,6 +422,27 @@ def test_context_dispatched_since_the_snapshot_counts_on_top_of_it() -> None:
     assert decision.endpoint == B, decision.explain()
 
 
+def test_a_prefix_the_running_requests_share_is_held_once_not_per_request() -> None:
+    # The 32 x 32 ladder's engine: 140 requests of one group in flight, each a 2,048-token shared system prompt,
+    # 256 question tokens and 256 output tokens; the engine reads 33% of its 300k tokens of KV. Their steps read
+    # 140 x 2,432 = 340k tokens of context (the interference), but they hold the system prompt's blocks once: the
+    # next request of the group (its 256 new tokens and 256 output) fits, with no wait for KV room. Counted per
+    # request, 340k > 97% of 300k, and flow control held every request of the 150-rps stage "for KV room".
+    shared = fleet(ep(8001, cost={"kv_capacity_tokens": 300_000}), ep(8002, cost={"kv_capacity_tokens": 300_000}))
+    in_flight = 140
+    state = FleetState(
+        NOW,
+        matches={A: PrefixMatch(128, 128.0)},
+        snapshots={A: snap(A, running=in_flight, kv_usage=0.33, mean_service_s=13.0), B: snap(B)},
+        context_tokens={A: in_flight * 2_432.0},
+        kv_tokens={A: in_flight * 384.0},
+    )
+    decision = place(req(max_tokens=256), keys(2_304), shared, state)
+    a = score(decision, A)
+    assert a.resident_tokens == pytest.approx(in_flight * 2_432.0)  # the steps still read every request's context
+    assert a.kv_pressure_s == 0.0, decision.explain()
+
+
 def test_kv_usage_is_priced_not_filtered_when_the_capacity_is_known() -> None:
     # Every engine of a KV-bound fleet reads 95-100%: as a filter, whichever read under 97% took every request.
     full = {

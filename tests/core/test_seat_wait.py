@@ -99,11 +99,20 @@ def test_before_a_tenure_is_measured_ages_are_read_on_the_engines_clock() -> Non
     assert departure_wait_s(1, 256, 15.0, ramp, clock_rate=1.0) == pytest.approx(0.0)
 
 
-def test_a_clock_rate_near_one_is_a_real_engines_and_taken_as_one() -> None:
+def test_only_a_declared_clock_rate_is_used_a_learned_one_is_not() -> None:
+    # The scraper's estimate reads every running request as decoding: under prefill-heavy load a real engine's
+    # read 0.4-0.6, which flow control would have turned into waits twice their bound.
     assert engine_clock_rate(snap(A, clock_rate=1.3)) == 1.0
     assert engine_clock_rate(snap(A, clock_rate=None)) == 1.0
-    assert engine_clock_rate(snap(A, clock_rate=0.1)) == pytest.approx(0.1)
+    assert engine_clock_rate(snap(A, clock_rate=0.5)) == 1.0
+    assert engine_clock_rate(snap(A, clock_rate=0.1, clock_declared=True)) == pytest.approx(0.1)
     assert engine_clock_rate(None) == 1.0
+
+
+def test_a_declared_clock_rate_is_exact_even_near_one() -> None:
+    # The simulator at time scale 0.7 says so (kvstate.engines.declared_clock): not an estimate's noise.
+    assert engine_clock_rate(snap(A, clock_rate=0.7, clock_declared=True)) == pytest.approx(0.7)
+    assert engine_clock_rate(snap(A, clock_rate=0.7)) == 1.0
 
 
 def test_no_seat_wait_while_a_seat_is_free_or_the_seats_are_unknown() -> None:
@@ -262,7 +271,7 @@ async def test_on_a_ramp_nothing_has_finished_and_the_engines_clock_reads_the_ag
     clock.now += 8.0
     for e in (A, B):
         await store.put_snapshot(
-            EndpointSnapshot(endpoint=e, last_seen=clock.now, mean_service_s=10.0, clock_rate=0.25)
+            EndpointSnapshot(endpoint=e, last_seen=clock.now, mean_service_s=10.0, clock_rate=0.25, clock_declared=True)
         )
     decision = await router.place(RouteRequest(model="m", prompt="the next one", request_id="next"))
     assert decision.endpoint == B, decision.explain()

@@ -43,6 +43,7 @@ def decision(**fields: object) -> Decision:
     [
         ({}, False, DecisionOutcome.PLACED),
         ({"saturated": True}, False, DecisionOutcome.SATURATED),
+        ({"saturated": True, "shed_probe": True}, False, DecisionOutcome.PROBE),
         ({"degraded": True, "saturated": True}, False, DecisionOutcome.DEGRADED),
         ({"degraded": True}, True, DecisionOutcome.FALLBACK),
         ({"endpoint": None, "saturated": True, "rejection": Rejection(429, "busy", 1)}, False, DecisionOutcome.SHED),

@@ -365,10 +365,10 @@ class Room(Seats):
 
 
 async def test_a_long_request_held_for_itself_does_not_block_another_teams_short_one() -> None:
-    """Team A's 20,000-token prompt heads the band and cannot be placed under the load; team B's short requests
-    behind it fit: they are placed at once, A's flow sits out the wake-up (its short second request stays behind
-    its long first: FIFO within a flow), each flow is tried once, and A keeps its turn (it was not charged) for
-    when its long request fits."""
+    """Team A's 20,000-token prompt heads the band and cannot be placed under the load; the short requests behind
+    it fit: A's newest (its short second request; ``Room`` says nothing of deadlines, so the fallback) gets the
+    head's turn, then A's flow sits out the wake-up and team B's are placed until the seats run out; A keeps its
+    turn for its long request (it was charged only the short one's cost)."""
     seats = Room(0)
     c = controller(seats)
     tasks = [waiter(c, "a0", "team:a", cost=20_000), waiter(c, "a1", "team:a", cost=100)]
@@ -376,19 +376,99 @@ async def test_a_long_request_held_for_itself_does_not_block_another_teams_short
     await asyncio.sleep(0)
     seats.free, seats.room = 2, 1_000
     c.wake(WakeReason.FINISHED)
-    await until(lambda: seats.placed == ["b0", "b1"])
+    await until(lambda: seats.placed == ["a1", "b0"])
     await asyncio.sleep(0.02)
-    assert seats.tried == ["a0", "b0", "b1", "b2"]  # a0 held once, then B until the seats ran out
+    assert seats.tried == ["a0", "a1", "b0", "b1"]  # a0 held once, its newest in its place, then B until full
     assert c.snapshot().waiting == 3 and c.snapshot().held_tries == 2
     seats.free, seats.room = 2, 50_000
     c.wake(WakeReason.FINISHED)
     await until(lambda: len(seats.placed) == 4)
-    # A was served nothing so far and B 1,000 tokens: A goes first, then B (A's counter is now 20,000)
-    assert seats.placed == ["b0", "b1", "a0", "b2"]
+    # A was served 100 tokens so far and B 500: A goes first, then B
+    assert seats.placed == ["a1", "b0", "a0", "b1"]
     seats.free = 1
     c.wake(WakeReason.FINISHED)
     assert await asyncio.gather(*tasks) == ["placed:a0", "placed:a1", "placed:b0", "placed:b1", "placed:b2"]
     await c.close()
+
+
+class Deadlines(Seats):
+    """``Seats`` where each request takes ``needs[item]`` seconds (default ``needs_s``) once placed: one whose
+    deadline (queued + its objective, ``Entry.deadline``) leaves less than that is held for itself with what it
+    needs (``Held.only_this``, ``needs_s``), as the core's ``slo`` hold answers for a request whose wait used its
+    objective."""
+
+    def __init__(self, free: int = 0, needs_s: float = 1.0) -> None:
+        super().__init__(free)
+        self.needs_s = needs_s
+        self.needs: dict[str, float] = {}
+        self.tried: list[str] = []
+
+    async def place(self, ticket: Ticket[str]) -> str | Held:
+        self.tried.append(ticket.item)
+        assert ticket.entry is not None and ticket.entry.deadline is not None
+        needs = self.needs.get(ticket.item, self.needs_s)
+        if self.free > 0 and ticket.entry.deadline - asyncio.get_running_loop().time() < needs:
+            return Held("too little of its objective left", only_this=True, needs_s=needs)
+        return await super().place(ticket)
+
+
+def timed(c: FlowController[str, str], item: str, objective_s: float) -> asyncio.Task[str | QueueRefusal]:
+    """A waiter of one flow with its TTFT objective (its deadline: queued + ``objective_s``)."""
+    return asyncio.create_task(
+        c.wait(item, request_id=item, band="interactive", flow="anonymous", cost=100.0, saturation=FULL,
+               objective_s=objective_s)
+    )  # fmt: skip
+
+
+async def test_a_seat_that_frees_goes_to_the_oldest_request_that_can_still_make_it() -> None:
+    """Sustained overload in one flow: when a seat frees, the flow's head has too little of its objective left and
+    is held for it; the seat goes to the oldest waiter whose deadline leaves what it takes (earliest deadline
+    first among those that can make it), not to the newest: at 200 rps on the 32 x 32 ladder seats freed at
+    12.4-14 s went to 300-rps arrivals while waiters with 0.5-1.9 s left timed out."""
+    seats = Deadlines(0)
+    c = controller(seats)
+    tasks = [timed(c, f"r{i}", 0.5 if i < 2 else 30.0) for i in range(5)]  # r0, r1: 0.5 s left, 1 s needed
+    await until(lambda: c.snapshot().waiting == 5)
+    seats.free = 1
+    c.wake(WakeReason.FINISHED)
+    await until(lambda: seats.placed == ["r2"] and seats.free == 0 and len(seats.tried) == 3)
+    assert seats.tried == ["r0", "r2", "r3"]  # r1 never tried (the scan reads deadlines); r3 found no seat
+    assert c.snapshot().waiting == 4
+    await c.close()
+    assert (await asyncio.gather(*tasks))[2] == "placed:r2"
+
+
+async def test_seats_that_free_together_are_filled_in_one_wake_up() -> None:
+    """The head held for itself, three seats free: the three oldest that can make it are placed at once, not one
+    per wake-up."""
+    seats = Deadlines(0)
+    c = controller(seats)
+    tasks = [timed(c, f"r{i}", 0.5 if i == 0 else 30.0) for i in range(5)]
+    await until(lambda: c.snapshot().waiting == 5)
+    seats.free = 3
+    c.wake(WakeReason.FINISHED)  # the only wake-up: recheck_interval_s is 10 s
+    await until(lambda: seats.placed == ["r1", "r2", "r3"])
+    await until(lambda: seats.tried == ["r0", "r1", "r2", "r3", "r4"])  # r4 found the seats taken: it stopped
+    assert c.snapshot().waiting == 2
+    await c.close()
+    assert (await asyncio.gather(*tasks))[1:4] == ["placed:r1", "placed:r2", "placed:r3"]
+
+
+async def test_when_no_waiter_can_make_it_by_the_heads_measure_the_newest_still_goes() -> None:
+    """Deep overload (the 300-rps stage): by what the held head needs, no waiter's deadline leaves enough; the
+    newest is tried anyway (the fallback), and the next newest while seats remain, so fresh arrivals are served
+    rather than none."""
+    seats = Deadlines(0, needs_s=2.0)
+    seats.needs = {"r3": 0.5, "r4": 0.5}  # shorter prompts: they make 1.5 s where the head needs 2 s
+    c = controller(seats)
+    tasks = [timed(c, f"r{i}", 1.0 if i == 0 else 1.5) for i in range(5)]
+    await until(lambda: c.snapshot().waiting == 5)
+    seats.free = 2
+    c.wake(WakeReason.FINISHED)
+    await until(lambda: seats.placed == ["r4", "r3"])
+    await until(lambda: seats.tried == ["r0", "r4", "r3", "r2"])  # r2: no seat left, the wake-up stops
+    await c.close()
+    assert (await asyncio.gather(*tasks))[3:] == ["placed:r3", "placed:r4"]
 
 
 async def test_when_every_flow_is_held_for_itself_the_dispatcher_stops_without_a_lower_band() -> None:

@@ -201,3 +201,22 @@ def test_a_skipped_flow_sits_out_uncharged_and_is_first_again_after_unskip() -> 
     assert q.next(5) is None  # team:a skipped, team:b empty: not "low"
     q.unskip()
     assert drain(q, 3, now=5) == ["a-long", "a-short", "low"]
+
+
+def test_earliest_deadline_reads_only_deadlines_that_leave_enough() -> None:
+    """A held head's turn: the flow's waiter with the earliest deadline at or after ``not_before``, never the head
+    itself, nor one with no deadline; ties go to the oldest; another flow's waiters do not count."""
+    q: FairQueue[str] = FairQueue([HIGH])
+    head = q.push("head", 0, "team:a", cost=1.0, now=0, deadline=10.0)
+    q.push("short", 0, "team:a", cost=1.0, now=1, deadline=11.0)  # too little left
+    q.push("unknown", 0, "team:a", cost=1.0, now=2)
+    q.push("late", 0, "team:a", cost=1.0, now=3, deadline=40.0)
+    q.push("tie-1", 0, "team:a", cost=1.0, now=4, deadline=20.0)
+    q.push("tie-2", 0, "team:a", cost=1.0, now=5, deadline=20.0)
+    q.push("other", 0, "team:b", cost=1.0, now=6, deadline=15.0)
+    found = q.earliest_deadline(0, "team:a", not_before=12.0, besides=head)
+    assert found is not None and found.payload == "tie-1"
+    soonest = q.earliest_deadline(0, "team:a", not_before=9.0, besides=head)
+    assert soonest is not None and soonest.payload == "short"  # the head's own 10 s does not count
+    assert q.earliest_deadline(0, "team:a", not_before=41.0, besides=head) is None
+    assert q.earliest_deadline(0, "team:c", not_before=0.0, besides=head) is None

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from cognitora.flow.config import LeaseConfig
-from cognitora.flow.leases import FairCharge, Leases, MemoryLeases
+from cognitora.flow.leases import LOCAL_REPLICA, FairCharge, Leases, MemoryLeases, SharedMargin
 from cognitora.flow.redis_leases import RedisLeases
 from cognitora.flow.shared_served import SharedServed
 from kvstate.store import StoreUnavailable
@@ -118,6 +118,60 @@ async def test_memory_leases_report_the_last_depth_published() -> None:
     assert await leases.queued() == {"batch": 2}
 
 
+async def test_margins_go_with_the_heartbeat_and_leave_with_the_replica(redis_client: Any, key_prefix: str) -> None:
+    """Each replica's prediction margin is read back by replica once its heartbeat sent it (publishing is no round
+    trip); a replica that never learned one is not listed, and one that leaves takes its margin with it."""
+    one, two, quiet = (RedisLeases(redis_client, key_prefix, LeaseConfig(enabled=True)) for _ in range(3))
+    one.publish_margin(SharedMargin(1.25, 40))
+    two.publish_margin(SharedMargin(1.0, 3))
+    assert await one.margins() == {}  # not sent yet
+    for replica in (one, two, quiet):
+        await replica.heartbeat()
+    assert await quiet.margins() == {one.replica: SharedMargin(1.25, 40), two.replica: SharedMargin(1.0, 3)}
+    one.publish_margin(SharedMargin(1.4375, 41))  # each heartbeat replaces the last
+    await one.heartbeat()
+    assert (await quiet.margins())[one.replica] == SharedMargin(1.4375, 41)
+    await one.close()
+    assert await quiet.margins() == {two.replica: SharedMargin(1.0, 3)}
+    await two.close()
+    await quiet.close()
+
+
+async def test_a_dead_replicas_margin_stops_counting_within_its_ttl(redis_client: Any, key_prefix: str) -> None:
+    """A replica dies (no heartbeat, no clean close): its margin is no longer read back once its heartbeat expired
+    (1 s), and a live replica's next heartbeat deletes it."""
+    config = LeaseConfig(enabled=True, replica_ttl_s=1.0)
+    dead = RedisLeases(redis_client, key_prefix, config, replica="dead-replica")
+    live = RedisLeases(redis_client, key_prefix, config, replica="live-replica")
+    dead.publish_margin(SharedMargin(1.5, 200))
+    live.publish_margin(SharedMargin(1.1, 20))
+    await dead.heartbeat()
+    died_at = time.monotonic()
+    live.start()
+    deadline = died_at + 5.0
+    while "dead-replica" in (seen := await live.margins()):
+        assert time.monotonic() < deadline, "the dead replica's margin never stopped counting"
+        await asyncio.sleep(0.05)
+    assert time.monotonic() - died_at >= 0.9
+    assert seen == {"live-replica": SharedMargin(1.1, 20)}
+
+    async def deleted() -> bool:
+        return not await redis_client.hexists(live.keys.margin(), "dead-replica")
+
+    while not await deleted():
+        assert time.monotonic() < deadline, "the dead replica's margin was never deleted"
+        await asyncio.sleep(0.05)
+    await live.close()
+
+
+async def test_memory_leases_report_the_last_margin_published() -> None:
+    leases = MemoryLeases()
+    assert await leases.margins() == {}
+    leases.publish_margin(SharedMargin(1.2, 10))
+    leases.publish_margin(SharedMargin(1.3, 11))
+    assert await leases.margins() == {LOCAL_REPLICA: SharedMargin(1.3, 11)}
+
+
 async def test_a_dead_replicas_leases_are_released_within_its_ttl(redis_client: Any, key_prefix: str) -> None:
     """Replica A takes every seat and dies (stops its heartbeat, no clean close). B is refused until A's
     heartbeat expires (1 s), then granted; A's leases no longer count the moment it is dead."""
@@ -195,4 +249,6 @@ async def test_an_unreachable_redis_is_store_unavailable(key_prefix: str) -> Non
     leases = RedisLeases(client, key_prefix, LeaseConfig(enabled=True))
     with pytest.raises(StoreUnavailable, match="flow-control leases: Redis did not answer"):
         await leases.acquire("e1", "r1", 1)
+    with pytest.raises(StoreUnavailable, match="flow-control leases: Redis did not answer"):
+        await leases.margins()  # what cognitora explain catches, to say its own margin instead
     await client.aclose()

@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from cognitora.flow.config import FlowControlConfig, MarginConfig
-from cognitora.flow.margin import PredictionMargin
+from cognitora.flow.leases import SharedMargin
+from cognitora.flow.margin import FleetMargin, PredictionMargin, most_cautious
 
 
 def test_the_margin_is_the_quantile_of_achieved_over_predicted() -> None:
@@ -66,3 +67,33 @@ def test_the_wait_explanation_names_the_margin_for_the_holds_it_decides() -> Non
         assert f"; {held.detail} ({phrase}cognitora_flow_prediction_margin on its /metrics); at most 30 s" in line
     for held in (Saturation(HoldReason.SEATS, "seats"), Saturation(HoldReason.SLO, "team", label="isolation")):
         assert "margin" not in wait_explanation("batch", 3, 0, held, 30.0, margin=1.2, margin_samples=40)
+
+
+def test_explain_takes_the_most_cautious_margin_among_replicas_that_learned_one() -> None:
+    """The largest factor among the replicas' margins from at least ``min_samples`` ratios: a margin from fewer is
+    1 by definition, not a measurement, and does not count."""
+    shared = {
+        "a": SharedMargin(1.2, 50),
+        "b": SharedMargin(1.35, 10),
+        "c": SharedMargin(1.6, 9),  # the largest, but from too few
+        "d": SharedMargin(1.0, 200),
+    }
+    assert most_cautious(shared, 10) == FleetMargin(1.35, 10, 3)
+    assert most_cautious({"c": SharedMargin(1.0, 9)}, 10) is None
+    assert most_cautious({}, 10) is None
+
+
+def test_the_wait_explanation_says_a_shared_margin_came_from_the_gateway_replicas() -> None:
+    from cognitora.flow.config import HoldReason
+    from cognitora.flow.saturation import Saturation
+    from cognitora.flow.snapshot import wait_explanation
+
+    held = Saturation(HoldReason.SLO, "over")
+    line = wait_explanation("batch", 3, 0, held, 30.0, margin=1.35, margin_samples=10, margin_replicas=3)
+    assert (
+        "; over (predicted times x prediction margin 1.35, learned by 3 gateway replicas, the largest, from 10 "
+        "requests: the most cautious gateway decides; each holds with its own, cognitora_flow_prediction_margin on "
+        "its /metrics); at most 30 s"
+    ) in line, line
+    one = wait_explanation("batch", 3, 0, held, 30.0, margin=1.1, margin_samples=20, margin_replicas=1)
+    assert "learned by 1 gateway replica, the largest, from 20 requests" in one, one
