@@ -166,7 +166,10 @@ class SimEngine:
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._start_publisher()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"sim-engine-{self.config.index}")
+        # engine time starts now, not when the loop first runs the task: a request submitted meanwhile starts at its
+        # arrival, and the loop's latency in starting the task (a loaded host) is not engine time
+        started = self.clock.now()
+        self._task = asyncio.get_running_loop().create_task(self._run(started), name=f"sim-engine-{self.config.index}")
 
     def _start_publisher(self) -> None:
         c = self.config
@@ -401,8 +404,8 @@ class SimEngine:
         finally:
             self._interrupt = None
 
-    async def _run(self) -> None:
-        vt = self.clock.now()
+    async def _run(self, started: float) -> None:
+        vt = started
         while True:
             try:
                 self._note_busy()
