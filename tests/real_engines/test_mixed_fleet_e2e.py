@@ -20,6 +20,7 @@ from cognitora_sim.harness.real_engines.llamacpp import LlamaCppServer, provisio
 from cognitora_sim.harness.real_engines.provision import ProvisionError
 from tests.real_engines.stack import Gateway, Upstream, envoy_gateway, explain, litellm_gateway, vllm_upstreams
 from tests.real_engines.traffic import messages
+from tests.support.gateway_log import decision_lines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the first test may build llama.cpp (~5 min)
 
@@ -72,9 +73,9 @@ def ask(salt: str, n: int) -> dict[str, object]:
 
 
 def decisions(gateway: Gateway) -> str:
-    """The gateway log's decision lines (what it predicted per engine, and why it picked one): a failure shows them."""
-    lines = gateway.log.log_tail(400).splitlines()
-    return "\n".join(line for line in lines if '"reason"' in line or "Traceback" in line)[-6000:]
+    """The gateway log's decision lines (what it predicted per engine, and why it picked one), the first round's
+    included: a failure shows them. The LiteLLM proxy logs much besides, so the whole log is read."""
+    return decision_lines(gateway.log.log_tail(1_000_000), 16000)
 
 
 def test_both_engines_placed_and_each_prompt_stays_where_it_went(
@@ -97,10 +98,16 @@ def test_both_engines_placed_and_each_prompt_stays_where_it_went(
         for s in salts:
             reply = gateway.client.send("/v1/chat/completions", ask(s, n))
             assert reply.status == 200, reply.error
-            assert reply.engine == home[s], (
-                f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]}; the gateway's last "
-                f"decisions:\n{decisions(gateway)}"
-            )
+            if reply.engine != home[s]:
+                # What the shared store says of this prompt now, per engine (cached tokens and on what basis): the
+                # routing history this test relies on, as Redis holds it, beside the proxy's own decisions.
+                now = explain(gateway.config_path, gateway.model, messages(s, n, words=SYSTEM_WORDS), tmp_path).text
+                pytest.fail(
+                    f"{s} question {n} went to {reply.engine}, its prompt is on {home[s]} (vLLM is "
+                    f"{vllm.endpoint_id}, llama.cpp {llama.endpoint_id}; first answers: {home}); the gateway's "
+                    f"decisions:\n{decisions(gateway)}\n`cognitora explain` of that question now:\n{now}",
+                    pytrace=False,
+                )
 
     on_llama = next(s for s in salts if home[s] == llama.endpoint_id)
     explained = explain(gateway.config_path, gateway.model, messages(on_llama, 3, words=SYSTEM_WORDS), tmp_path)
