@@ -15,21 +15,28 @@ One schedule per seed, sent to every target in turn, each in front of a fresh si
    sheddable): per class TTFT p99, who waits and who is shed, and goodput (requests whose TTFT met their class's
    SLO, per engine second).
 
-Time scale 1 by default (engine seconds per wall second): flow control decides on the gateway's clock. A class's
-wait bound (its objective less the request's predicted TTFT, both engine seconds) runs on the wall clock, and so do
-the isolation and priority windows; the load generator reports TTFT as wall time x the scale. At time scale 2 a
-request released at the end of its bound had used twice the engine seconds the bound allowed, and the more
-accurately placement predicted (the attention term no longer counted twice), the more of the bound it used: the
-``default`` class's p99 went from 1.89 s to 3.06 s (docs/flow_control.md, "The bench's clock"). At scale 1 the
-gateway's clock is the engines' (as on real engines); the run takes ~2.3 wall minutes per target (36 for the
-default 5 targets x 3 seeds).
+Time scale 1 by default (engine seconds per wall second). Flow control compares its waits with predictions on
+the engines' clock (the scraper's learned ``clock_rate``, docs/flow_control.md, "The engines' clock, not the
+gateway's"), so any scale is measured alike; before 2026-12-07 its waits ran on the gateway's wall clock and only
+scale 1 was right (at scale 2 ``default``'s p99 went from 1.89 s to 3.06 s: "The bench's clock"). A scale below 1
+slows the simulated engines so that the gateway's, Envoy's and the load generator's milliseconds on the same 2
+cores weigh less against the engines' (as the protocol ladders run, 0.1-0.7). The isolation and priority windows
+stay on the gateway's clock (configured seconds). At scale 1 the run takes ~2.3 wall minutes per target.
 
 ``--phase noisy`` or ``--phase priority`` runs one part of the schedule (``flow_phase``): the warm-up, then the
 noisy-neighbour stages, or the overload stage after a short gap (its arrivals the same, relative to the stage's
 start, as in the whole schedule of that seed): what a change to one rule is measured on in a third of the time.
 
 Team and class travel as headers a trusted auth filter would set (``x-bench-team``, ``x-bench-priority``; the
-Cognitora target's extproc is told to trust them). Peers ignore them: they have no notion of team or class.
+Cognitora Envoy target's extproc is told to trust them). Peers ignore them: they have no notion of team or class.
+The Cognitora LiteLLM targets (``cognitora-litellm``, ``cognitora-litellm@flow_control={}``) take identity from
+the caller's API key, as an operator's proxy does (litellm_plugin.auth, examples/litellm_config.yaml): each run
+mints one random key per (team, class) of the schedule, lists them in the proxy's config as ``os.environ/NAME``
+(the values only in its environment, never in a file or the results), and each request sends its team's and
+class's key as ``Authorization: Bearer`` (``with_api_keys``)::
+
+    python -m bench.flow_bench --seeds 1 --phase noisy --targets 'cognitora-litellm@flow_control={}'
+
 Results: ``bench/results/flow_bench.{md,json}`` with the exact command.
 """
 
@@ -52,18 +59,39 @@ from bench import workloads as wl
 from bench.report import Slo, why_unusable
 from bench.run_all import RESULTS, FleetSpec, run_target
 from bench.run_args import SMOLLM2_TOKENIZER
-from bench.targets import CognitoraEnvoyTarget, Target
+from bench.targets import (
+    BenchApiKey,
+    CognitoraEnvoyTarget,
+    CognitoraLiteLLMTarget,
+    Target,
+    mint_api_keys,
+    takes_api_keys,
+)
 
-__all__ = ["PHASES", "FlowWorkload", "flow_phase", "flow_schedule", "main", "summarize"]
+__all__ = [
+    "PHASES",
+    "FlowWorkload",
+    "flow_identities",
+    "flow_phase",
+    "flow_schedule",
+    "main",
+    "summarize",
+    "with_api_keys",
+]
 
 TEAM_HEADER = "x-bench-team"
 PRIORITY_HEADER = "x-bench-priority"
+AUTH_HEADER = "Authorization"
+"""Spelled as ``LiteLLMTarget.headers`` spells it, so a request's own key replaces the run's master key."""
 CLASS_SLO_S = {"default": 2.0, "batch": 30.0}
 """Cognitora's default priority classes (placement.priorities): the TTFT objective each is judged by."""
 
-DEFAULT_TARGETS = "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,cognitora-envoy@flow_control={}"
-"""Cognitora without flow control, and with ``flow_control: {}`` (its defaults: each class's wait follows its
-objective), what an operator turns on."""
+DEFAULT_TARGETS = (
+    "envoy-rr,sglang-cache-aware,vllm-cache-aware,cognitora-envoy,cognitora-envoy@flow_control={},"
+    "cognitora-litellm,cognitora-litellm@flow_control={}"
+)
+"""Cognitora in both gateways without flow control, and with ``flow_control: {}`` (its defaults: each class's wait
+follows its objective), what an operator turns on."""
 PHASES = ("all", "noisy", "priority")
 """``--phase``: the whole schedule, or one of its two measured parts (``flow_phase``)."""
 PHASE_GAP_S = 12.0
@@ -157,6 +185,26 @@ def flow_schedule(w: FlowWorkload, seed: int) -> wl.Schedule:
     )
 
 
+def _identity(request: wl.BenchRequest) -> tuple[str, str]:
+    headers = dict(request.headers)
+    return headers[TEAM_HEADER], headers[PRIORITY_HEADER]
+
+
+def flow_identities(schedule: wl.Schedule) -> set[tuple[str, str]]:
+    """The (team, class) pairs ``schedule``'s requests are sent as."""
+    return {_identity(r) for r in schedule.requests}
+
+
+def with_api_keys(schedule: wl.Schedule, keys: Sequence[BenchApiKey]) -> wl.Schedule:
+    """``schedule`` for a target that identifies callers by key (``takes_api_keys``): each request also sends the
+    key of its team and class as ``Authorization: Bearer``; without keys, ``schedule`` itself."""
+    if not keys:
+        return schedule
+    bearer = {(k.team, k.priority): f"Bearer {k.key}" for k in keys}
+    requests = [replace(r, headers=(*r.headers, (AUTH_HEADER, bearer[_identity(r)]))) for r in schedule.requests]
+    return replace(schedule, requests=requests)
+
+
 def flow_phase(schedule: wl.Schedule, w: FlowWorkload, phase: str) -> wl.Schedule:
     """``schedule`` (``flow_schedule``'s) cut to ``phase``: ``all`` as it is; ``noisy``: the warm-up, B alone and
     beside A; ``priority``: the warm-up, then the overload stage ``PHASE_GAP_S`` after it, its arrivals moved
@@ -216,11 +264,14 @@ def summarize(raw: Sequence[dict[str, Any]], w: FlowWorkload) -> dict[str, Any]:
     return out
 
 
-def _configure(log_level: str | None) -> Callable[[Target], None]:
-    """Trust the bench's identity headers; ``log_level``: the extproc's (``info``: a JSON line per decision and
-    per departure from the gateway queue, in ``<workdir>/extproc.log``, whose path is printed)."""
+def _configure(log_level: str | None, api_keys: Sequence[BenchApiKey] = ()) -> Callable[[Target], None]:
+    """Trust the bench's identity headers (Envoy) or list ``api_keys`` (LiteLLM); ``log_level``: the extproc's
+    (``info``: a JSON line per decision and per departure from the gateway queue, in ``<workdir>/extproc.log``,
+    whose path is printed)."""
 
     def configure(target: Target) -> None:
+        if isinstance(target, CognitoraLiteLLMTarget):
+            target.api_keys = tuple(api_keys)
         if isinstance(target, CognitoraEnvoyTarget):
             more = ("--log-level", log_level) if log_level else ()
             target.extproc_args = (
@@ -339,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--time-scale",
         type=float,
         default=1.0,
-        help="engine seconds per wall second; flow control's waits are on the gateway's clock (see the docstring)",
+        help="engine seconds per wall second; below 1 the gateway's own milliseconds weigh less (see the docstring)",
     )
     p.add_argument("--drain", type=float, default=60.0, help="engine seconds to wait after the last request")
     p.add_argument("--phase", choices=PHASES, default="all", help="run one part of the schedule (see the docstring)")
@@ -380,7 +431,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             print(f"== seed {seed} {name}", file=sys.stderr, flush=True)
             raw: list[dict[str, Any]] = []
-            run = run_target(name, schedule, spec, run_args, slo, raw=raw, configure=_configure(args.log_level))
+            keys = mint_api_keys(flow_identities(schedule)) if takes_api_keys(name) else ()
+            run = run_target(
+                name,
+                with_api_keys(schedule, keys),
+                spec,
+                run_args,
+                slo,
+                raw=raw,
+                configure=_configure(args.log_level, keys),
+            )
             why = why_unusable(run)
             if why:
                 seed_doc["skipped"][name] = why

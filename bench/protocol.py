@@ -60,17 +60,17 @@ class Spread:
         return f"{self.median:.{digits}f} [{self.lo:.{digits}f}-{self.hi:.{digits}f}]"
 
 
-def _spread(stages: Sequence[StageSummary], field: str) -> Spread | None:
-    return _values([getattr(s, field) for s in stages])
+def spread(stages: Sequence[StageSummary], field: str) -> Spread | None:
+    return spread_of([getattr(s, field) for s in stages])
 
 
-def _values(values: Sequence[float | None]) -> Spread | None:
+def spread_of(values: Sequence[float | None]) -> Spread | None:
     """The spread of the values that are known (None when none is)."""
     kept = tuple(v for v in values if v is not None)
     return Spread(kept) if kept else None
 
 
-def _show(s: Spread | None, digits: int = 2) -> str:
+def show(s: Spread | None, digits: int = 2) -> str:
     return "-" if s is None else s.show(digits)
 
 
@@ -86,17 +86,10 @@ def verdict(mine: Spread | None, theirs: Spread | None, higher_is_better: bool) 
 def aggregate(reports: Sequence[Report], command: str) -> str:
     """The protocol's Markdown report over ``reports`` (one per seed, same workload and targets)."""
     first = reports[0]
-    measured = [s["label"] for s in first.stages if s.get("measured", True)]
+    measured = measured_stages(first)
     targets = [r.target for r in first.runs if not r.skipped]
     slo = first.slo
-
-    def stages_of(target: str, label: str) -> list[StageSummary]:
-        out = []
-        for rep in reports:
-            for run in rep.runs:
-                if run.target == target:
-                    out += [s for s in run.stages if s.stage == label]
-        return out
+    stages_of = stages_lookup(reports)
 
     lines = [
         f"# Benchmark protocol: {first.workload}, {len(reports)} seeds",
@@ -127,53 +120,50 @@ def aggregate(reports: Sequence[Report], command: str) -> str:
             if not st:
                 continue
             lines.append(
-                f"| {label} | {t} | {_show(_spread(st, 'ttft_p50'))} | {_show(_spread(st, 'ttft_p90'))} | "
-                f"{_show(_spread(st, 'ttft_p99'))} | {_show(_spread(st, 'goodput_rps'))} | "
-                f"{_show(_spread(st, 'hit_rate'), 3)} | {_show(_spread(st, 'reuse_bound'), 3)} | "
-                f"{_show(_ratios(reports, t, label, lambda rep, st: st.reuse_bound))} | "
-                f"{_show(_spread(st, 'router_cpu_share'))} |"
+                f"| {label} | {t} | {show(spread(st, 'ttft_p50'))} | {show(spread(st, 'ttft_p90'))} | "
+                f"{show(spread(st, 'ttft_p99'))} | {show(spread(st, 'goodput_rps'))} | "
+                f"{show(spread(st, 'hit_rate'), 3)} | {show(spread(st, 'reuse_bound'), 3)} | "
+                f"{show(_ratios(reports, t, label, lambda rep, st: st.reuse_bound))} | "
+                f"{show(spread(st, 'router_cpu_share'))} |"
             )
     peers = [t for t in targets if not t.startswith("cognitora")]
     mine = [t for t in targets if t.startswith("cognitora")]
     lines += ["", "## Cognitora against the best peer per stage", ""]
     lines += ["| stage | Cognitora target | best peer | TTFT p90 | goodput | vs round-robin (TTFT p90, goodput) |"]
     lines += ["|---|---|---|---|---|---|"]
-    first_miss: str | None = None
+    missed = first_missed_stage(reports)
     for label in measured:
-        best = _best_peer(peers, label, stages_of)
+        best = best_peer(peers, label, stages_of)
         if best is None:
             continue
-        bp90 = _spread(stages_of(best, label), "ttft_p90")
-        if first_miss is None and bp90 is not None and bp90.median > slo.ttft_s:
-            first_miss = label
+        bp90 = spread(stages_of(best, label), "ttft_p90")
         for t in mine:
             st = stages_of(t, label)
-            p90, good = _spread(st, "ttft_p90"), _spread(st, "goodput_rps")
+            p90, good = spread(st, "ttft_p90"), spread(st, "goodput_rps")
             rr = "-"
             if "envoy-rr" in peers:
                 rst = stages_of("envoy-rr", label)
                 rr = (
-                    f"{verdict(p90, _spread(rst, 'ttft_p90'), False)}, "
-                    f"{verdict(good, _spread(rst, 'goodput_rps'), True)}"
+                    f"{verdict(p90, spread(rst, 'ttft_p90'), False)}, {verdict(good, spread(rst, 'goodput_rps'), True)}"
                 )
             lines.append(
-                f"| {label} | {t} | {best} | {verdict(p90, bp90, False)} ({_show(p90)} vs {_show(bp90)}) | "
-                f"{verdict(good, _spread(stages_of(best, label), 'goodput_rps'), True)} "
-                f"({_show(good)} vs {_show(_spread(stages_of(best, label), 'goodput_rps'))}) | {rr} |"
+                f"| {label} | {t} | {best} | {verdict(p90, bp90, False)} ({show(p90)} vs {show(bp90)}) | "
+                f"{verdict(good, spread(stages_of(best, label), 'goodput_rps'), True)} "
+                f"({show(good)} vs {show(spread(stages_of(best, label), 'goodput_rps'))}) | {rr} |"
             )
     lines.append("")
-    if first_miss is None:
+    if missed is None:
         lines.append(
             f"The best peer meets the TTFT SLO (median TTFT p90 <= {slo.ttft_s:g} s) at every stage: the ladder "
             "does not reach overload for it."
         )
     else:
+        first_miss, best = missed
         lines.append(f"First stage where the best peer misses the TTFT SLO: **{first_miss}**. Goodput there:")
         lines.append("")
-        best = _best_peer(peers, first_miss, stages_of)
-        theirs = _spread(stages_of(best, first_miss), "goodput_rps") if best else None
+        theirs = spread(stages_of(best, first_miss), "goodput_rps")
         for t in mine:
-            ours = _spread(stages_of(t, first_miss), "goodput_rps")
+            ours = spread(stages_of(t, first_miss), "goodput_rps")
             if ours and theirs and theirs.median > 0:
                 lines.append(f"- {t}: {ours.median / theirs.median:.2f}x {best}'s (bar: 1.3x)")
             elif ours and theirs:
@@ -242,7 +232,7 @@ def _carried_over_section(
         met = _met_slo(reports, t, labels)
         if met is not None:
             per_seed = ", ".join(f"{v:g}" for v in met.values)
-            lines.append(f"- {t}: {_show(met, 0)} (seeds: {per_seed})")
+            lines.append(f"- {t}: {show(met, 0)} (seeds: {per_seed})")
     return lines
 
 
@@ -262,15 +252,15 @@ def _capacity_section(reports: Sequence[Report], measured: Sequence[str], mine: 
         "|---|---|---|---|---|---|---|",
     ]
     for label in measured:
-        cap = _values([rep.capacity_bound.get(label) for rep in reports])
-        lru = _values([rep.pooled_lru_bound.get(label) for rep in reports])
-        reuse = _values([rep.reuse_bound.get(label) for rep in reports])  # (= each stage summary's)
+        cap = spread_of([rep.capacity_bound.get(label) for rep in reports])
+        lru = spread_of([rep.pooled_lru_bound.get(label) for rep in reports])
+        reuse = spread_of([rep.reuse_bound.get(label) for rep in reports])  # (= each stage summary's)
         for t in mine:
             of_cap = _ratios(reports, t, label, lambda rep, st: rep.capacity_bound.get(st.stage))
             of_lru = _ratios(reports, t, label, lambda rep, st: rep.pooled_lru_bound.get(st.stage))
             lines.append(
-                f"| {label} | {_show(reuse, 3)} | {_show(cap, 3)} | {_show(lru, 3)} | {t} | {_show(of_cap)} | "
-                f"{_show(of_lru)} |"
+                f"| {label} | {show(reuse, 3)} | {show(cap, 3)} | {show(lru, 3)} | {t} | {show(of_cap)} | "
+                f"{show(of_lru)} |"
             )
     return lines
 
@@ -290,11 +280,52 @@ def fill_capacity_bound(report: Report) -> bool:
     return True
 
 
-def _best_peer(peers: Sequence[str], label: str, stages_of: Callable[[str, str], list[StageSummary]]) -> str | None:
+def measured_stages(report: Report) -> list[str]:
+    """The labels of the stages ``report`` measured (a warm-up is not one), in order."""
+    return [s["label"] for s in report.stages if s.get("measured", True)]
+
+
+StagesOf = Callable[[str, str], list[StageSummary]]
+"""(target, stage label) -> that target's summaries of the stage, one per seed that has it."""
+
+
+def stages_lookup(reports: Sequence[Report]) -> StagesOf:
+    """Each target's stage summaries over ``reports`` (one report per seed)."""
+
+    def stages_of(target: str, label: str) -> list[StageSummary]:
+        out = []
+        for rep in reports:
+            for run in rep.runs:
+                if run.target == target:
+                    out += [s for s in run.stages if s.stage == label]
+        return out
+
+    return stages_of
+
+
+def first_missed_stage(reports: Sequence[Report]) -> tuple[str, str] | None:
+    """(the first measured stage where the best peer's median TTFT p90 is over the TTFT SLO, that peer), the
+    issue's overload bar's stage; None when the best peer meets the SLO at every stage. Peers: the targets of the
+    first report that ran and are not Cognitora's."""
+    first = reports[0]
+    peers = [r.target for r in first.runs if not r.skipped and not r.target.startswith("cognitora")]
+    stages_of = stages_lookup(reports)
+    for label in measured_stages(first):
+        best = best_peer(peers, label, stages_of)
+        if best is None:
+            continue
+        p90 = spread(stages_of(best, label), "ttft_p90")
+        if p90 is not None and p90.median > first.slo.ttft_s:
+            return label, best
+    return None
+
+
+def best_peer(peers: Sequence[str], label: str, stages_of: StagesOf) -> str | None:
+    """The peer with the highest median goodput at ``label``, ties by the lower median TTFT p90."""
     scored = []
     for p in peers:
         st = stages_of(p, label)
-        good, p90 = _spread(st, "goodput_rps"), _spread(st, "ttft_p90")
+        good, p90 = spread(st, "goodput_rps"), spread(st, "ttft_p90")
         if good is None:
             continue
         scored.append((-good.median, p90.median if p90 else float("inf"), p))

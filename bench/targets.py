@@ -27,7 +27,8 @@ import shutil
 import sys
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -331,10 +332,14 @@ class LiteLLMTarget(Target):
             "LITELLM_LOG": "ERROR",
         }
 
-    def start(self, fleet: FleetLike) -> str:
+    def write_config(self, fleet: FleetLike) -> Path:
+        """The proxy's config file, in the target's workdir: what ``start`` gives ``litellm --config``."""
         path = self.workdir / f"{self.name}.yaml"
         path.write_text(yaml.safe_dump(_with_hop_callback(self.config(fleet), self.workdir), sort_keys=False))
-        return self._start_proxy(path)
+        return path
+
+    def start(self, fleet: FleetLike) -> str:
+        return self._start_proxy(self.write_config(fleet))
 
     def _start_proxy(self, path: Path) -> str:
         """``litellm --config path``, once it answers."""
@@ -531,8 +536,40 @@ def engine_facts(fleet: CognitoraFleet, i: int, events: str, replay: str) -> dic
     return facts
 
 
+@dataclass(frozen=True)
+class BenchApiKey:
+    """An API key of one team and priority class, for a proxy whose callers' identity is their key
+    (``CognitoraLiteLLMTarget.api_keys``). Minted per run; its value goes to the proxy's environment and the
+    requests' ``Authorization`` header only, never to a file (hence no repr)."""
+
+    team: str
+    priority: str
+    key: str = field(repr=False)
+
+    @property
+    def key_alias(self) -> str:
+        """The key's name in LiteLLM's and Cognitora's logs and metrics."""
+        return f"bench-{self.team}-{self.priority}"
+
+
+def mint_api_keys(identities: Iterable[tuple[str, str]]) -> tuple[BenchApiKey, ...]:
+    """A fresh random key for each distinct (team, priority) of ``identities``, in sorted order."""
+    return tuple(
+        BenchApiKey(team, priority, "sk-bench-" + secrets.token_hex(16)) for team, priority in sorted(set(identities))
+    )
+
+
+API_KEY_ENV = "COGNITORA_BENCH_API_KEY_{}"
+"""The environment variable holding ``api_keys[i]`` in the proxy (the config names it: ``os.environ/NAME``)."""
+
+
 class CognitoraLiteLLMTarget(LiteLLMTarget):
     """LiteLLM proxy with ``routing_strategy: cognitora``, configured as examples/litellm_config.yaml (no Redis)."""
+
+    api_keys: tuple[BenchApiKey, ...] = ()
+    """With keys (``bench.flow_bench``): the config lists them for Cognitora's ``custom_auth`` hook
+    (``general_settings.cognitora_api_keys``, as examples/litellm_config.yaml), each as ``os.environ/NAME`` with its
+    value in the proxy's environment, so a request's team and class are those of the key it sends."""
 
     def __init__(self, model: str, workdir: Path | None = None) -> None:
         super().__init__(model, "cognitora", workdir)
@@ -566,7 +603,23 @@ class CognitoraLiteLLMTarget(LiteLLMTarget):
             facts = engine_facts(cf, i, events, replay)
             dep["model_info"].update({f"cognitora_{key}": value for key, value in facts.items()})
         cfg["litellm_settings"]["callbacks"] = ["litellm_plugin.callbacks.cognitora"]
+        if self.api_keys:
+            cfg["general_settings"] = {
+                "custom_auth": "litellm_plugin.auth.user_api_key_auth",
+                "cognitora_api_keys": [
+                    {
+                        "key": f"os.environ/{API_KEY_ENV.format(i)}",
+                        "team": k.team,
+                        "key_alias": k.key_alias,
+                        "priority": k.priority,
+                    }
+                    for i, k in enumerate(self.api_keys)
+                ],
+            }
         return cfg
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **{API_KEY_ENV.format(i): k.key for i, k in enumerate(self.api_keys)}}
 
     def start(self, fleet: FleetLike) -> str:
         _require("litellm_plugin.callbacks", "the Cognitora LiteLLM plugin")
@@ -808,3 +861,13 @@ def make_target(name: str, model: str, workdir: Path | None = None) -> Target:
         target.name = name
         target.settings += "; placement overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     return target
+
+
+API_KEY_TARGETS = frozenset({"cognitora-litellm", "cognitora-litellm-redis-1w", "cognitora-litellm-redis-2w"})
+"""The targets that take ``api_keys`` (``CognitoraLiteLLMTarget``'s): a caller's team and class are its key's."""
+
+
+def takes_api_keys(name: str) -> bool:
+    """Whether target ``name`` (overrides included) identifies callers by API key (``API_KEY_TARGETS``): its
+    requests must each carry the key of their team and class, where the other targets read identity headers."""
+    return split_target(name)[0] in API_KEY_TARGETS
