@@ -28,8 +28,9 @@ what the client saw (HTTP status, timeout, connection error, cut stream), with s
   ``SAMPLE_INTERVAL_S``): how many requests Envoy sent to the failed engine after the fault and when the last
   one left (when it "stopped getting picks"), and when it got its first request again after the heal.
 
-The run is bounded: its length is fixed by the phase plan (``--phase-s`` each) and at most ``--max-requests``
-requests are sent. The report (``OUT.md``, ``OUT.json``) starts with the exact command.
+The run is bounded: its length is fixed by the phase plan (``--phase-s`` each, a phase running on to
+``AFTER_HEAL_S`` past its healed part's restart when that ends later, so that every phase sees its recovery) and at
+most ``--max-requests`` requests are sent. The report (``OUT.md``, ``OUT.json``) starts with the exact command.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ from cognitora_sim.tokenizer import SMOLLM2_DIR
 
 MODEL = "smollm2"
 SAMPLE_INTERVAL_S = 0.25
+AFTER_HEAL_S = 1.5
+"""A phase lasts at least this long after its heal finished: on a loaded 2-core CI machine an ext_proc restart took
+3.6 s and ended past a 6 s phase, so no request after it was seen and its recovery read as none."""
 PHASES = ("baseline", "engine-crash", "engine-hang", "redis-restart", "extproc-restart", "collector-restart")
 SYSTEM_PROMPTS = 12
 """Distinct shared system prompts (prefix groups) two thirds of the client's requests are spread over; the other
@@ -506,6 +510,7 @@ async def run_plan(dep: Deployment, plan: Plan, t0: float, samples: list[HostSam
 
     for name in plan.phases:
         log = PhaseLog(name=name, start=now())
+        end = log.start + plan.phase_s
         logs.append(log)
         action = actions.get(name)
         if action is not None:
@@ -519,7 +524,8 @@ async def run_plan(dep: Deployment, plan: Plan, t0: float, samples: list[HostSam
             log.heal_at = now()
             await asyncio.to_thread(heal)
             log.healed_at = now()
-        await until(log.start + plan.phase_s)
+            end = max(end, log.healed_at + AFTER_HEAL_S)
+        await until(end)
         log.end = now()
     return logs
 

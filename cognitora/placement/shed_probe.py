@@ -9,7 +9,8 @@ An endpoint may be probed, and the picker then places the request there instead 
 
 - it is **measured idle**: a fresh snapshot shows nothing running and nothing waiting, and the routers count nothing
   in flight there. So at most one probe runs on an engine at a time: the probe itself makes it busy;
-- the request's own uncached prefill at the endpoint's **prior** rate (its configured ``prefill_tokens_per_s``, else
+- the request's own uncached prefill (at least one token: an engine always computes the last) at the endpoint's
+  **prior** rate (its configured ``prefill_tokens_per_s``, else
   ``placement.default_prefill_tokens_per_s``; never a learned or pooled one), plus its tier reload, **fits the
   class's objective**: then the learned figures are what made it miss, not the request. A 1e-9 s objective, or a
   prompt too long for its objective on any engine of that prior, is still refused;
@@ -73,6 +74,8 @@ def probe_prefills(
         endpoint = endpoints.get(c.endpoint)
         if endpoint is None or not measured_idle(c.endpoint, state, params):
             continue
-        uncached = max(0.0, prompt_tokens - c.cached_tokens)
+        # an engine computes at least the prompt's last token however much is cached (vLLM and SGLang recompute it
+        # to sample from), so a fully cached prompt is never free and a 1e-9 s objective is never met by a probe
+        uncached = max(1.0, prompt_tokens - c.cached_tokens)
         due[c.endpoint] = uncached / prior_prefill_rate(endpoint, params) + c.reload_s
     return due

@@ -22,7 +22,7 @@ from kvstate.engines import EngineLoad
 from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptKeys
 from kvstate.rates import RateEstimator
-from kvstate.store import EndpointSnapshot, InFlight
+from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
 
 NOW = 1_000_000.0
 BLOCK = 16
@@ -87,6 +87,17 @@ def test_a_one_nanosecond_objective_is_still_shed() -> None:
         decision = batch(18, fleet(ep(8001), ep(8002), slo_s=1e-9), state)
         assert decision.rejection is not None and decision.rejection.status == 429, decision.explain()
         assert not decision.shed_probe
+
+
+def test_a_fully_cached_prompt_still_costs_its_last_token_so_a_tinier_objective_is_shed() -> None:
+    # 32 tokens, both blocks cached on A: its prefill is the last token (0.1 ms at the 10k prior), never 0, so a
+    # 50 us objective is shed and a 1 ms one is probed. (Counted as 0, any objective took a probe: the gateways'
+    # reload tests, with a 0.1 ms objective, saw a 200 when their short prompt was cached.)
+    state = replace(FLOORED, matches={A: PrefixMatch(2, 2.0), B: PrefixMatch(2, 2.0)})
+    shed = batch(32, fleet(ep(8001), ep(8002), slo_s=5e-5), state)
+    assert shed.rejection is not None and shed.rejection.status == 429 and not shed.shed_probe, shed.explain()
+    probed = batch(32, fleet(ep(8001), ep(8002), slo_s=1e-3), state)
+    assert probed.shed_probe and "0.1 ms" in probed.reason, probed.explain()
 
 
 def test_a_prompt_too_long_for_its_objective_at_the_prior_rate_is_still_shed() -> None:

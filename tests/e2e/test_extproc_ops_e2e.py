@@ -201,7 +201,7 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
 
     # Priorities: the default class made sheddable with an SLO no engine meets, idle or not: shed (429); back to
     # the shipped classes by SIGHUP alone (the watch cannot see that write): placed again.
-    strict = {"default": {"ttft_slo_s": 0.0001, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
+    strict = {"default": {"ttft_slo_s": 1e-9, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
     reload_to(stack.config_path, with_(stack.config, placement={"priorities": strict}), stack.replicas, sighup=False)
     shed = [chat(stack.url, 310 + i) for i in range(4)]
     assert [a.status_code for a in shed] == [429] * 4, shed[0].text

@@ -119,7 +119,7 @@ def test_a_reload_changes_priorities_and_budgets_by_the_file_watch_and_by_sighup
 
     # Priorities: the default class made sheddable with an SLO no engine meets, idle or not: shed (429); back to
     # the shipped classes by SIGHUP alone (the watch cannot see that write), the proxy alive: placed again.
-    strict = {"default": {"ttft_slo_s": 0.0001, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
+    strict = {"default": {"ttft_slo_s": 1e-9, "sheddable": True}, "batch": {"ttft_slo_s": 30, "sheddable": True}}
     reload_to(
         proxy.cognitora_yaml, {**proxy.settings, "placement": {"priorities": strict}}, [proxy.process], sighup=False
     )
