@@ -23,6 +23,7 @@ from kvstate.memory_store import MemoryStore
 from kvstate.prompt import PromptKeys
 from kvstate.rates import RateEstimator
 from kvstate.store import EndpointSnapshot, InFlight, PrefixMatch
+from tests.support.engine_loads import short_prompts_finished
 
 NOW = 1_000_000.0
 BLOCK = 16
@@ -142,29 +143,16 @@ def test_one_probe_per_engine_per_interval() -> None:
     assert batch(18, off, FLOORED).rejection is not None
 
 
-def _window(base: EngineLoad, requests: int, seconds_each: float) -> EngineLoad:
-    """``requests`` more short prompts (50 tokens, 32 cached) of ``seconds_each`` prefill, all finished."""
-    return EngineLoad(
-        prompt_tokens_total=(base.prompt_tokens_total or 0) + 50 * requests,
-        prefix_cache_hits_total=(base.prefix_cache_hits_total or 0) + 32 * requests,
-        ttft_seconds_sum=(base.ttft_seconds_sum or 0) + requests * seconds_each,
-        ttft_count=(base.ttft_count or 0) + requests,
-        prefill_seconds_sum=(base.prefill_seconds_sum or 0) + requests * seconds_each,
-        finish_count=(base.finish_count or 0) + requests,
-        finished_prompt_tokens_sum=(base.finished_prompt_tokens_sum or 0) + 50 * requests,
-    )
-
-
 def test_the_probe_corrects_the_floor_and_ordinary_placement_takes_over() -> None:
     # The scraper learns a 1.75 s floor under load; idle, the engine is predicted over a 1 s objective and the
     # sheddable class would be refused for good. The probe's one request (16 ms) is a window the learned rate
     # explains: the floor drops to it at once (kvstate.rates), and the next request is placed as usual.
     est = RateEstimator()
-    load = _window(EngineLoad(), 0, 0.0)
+    load = short_prompts_finished(EngineLoad(), 0, 0.0)
     est.observe(load, now=0.0)
     est.per_request_prefill = 600.0
     for t in range(1, 4):
-        load = _window(load, 6, 1.75)
+        load = short_prompts_finished(load, 6, 1.75)
         est.observe(load, now=float(t))
 
     def state() -> FleetState:
@@ -174,7 +162,7 @@ def test_the_probe_corrects_the_floor_and_ordinary_placement_takes_over() -> Non
     one = fleet(ep(8001))
     probe = batch(18, one, state())
     assert probe.endpoint == A and probe.shed_probe, probe.explain()
-    load = _window(load, 1, 0.016)  # the probe, on the idle engine
+    load = short_prompts_finished(load, 1, 0.016)  # the probe, on the idle engine
     est.observe(load, now=4.0)
     assert est.short_prompt_prefill_s == pytest.approx(0.016)
     after = batch(18, one, state())  # its rate (the loaded windows' ceiling) still slow, but within the objective

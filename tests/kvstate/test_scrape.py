@@ -20,6 +20,7 @@ from kvstate.memory_store import MemoryStore
 from kvstate.rates import RateEstimator
 from kvstate.redis_store import RedisStore
 from kvstate.scrape import Scraper, ScrapeTarget, base_url
+from tests.support.engine_loads import short_prompts_finished
 
 
 @dataclass
@@ -680,25 +681,14 @@ def test_estimator_a_floor_learned_under_load_comes_down_when_the_engine_is_quic
     # cloud e2e tests). Idle again, the same prompts prefill in 16 ms: the learned rate explains that, so the
     # window teaches no floor, but the floor can be no higher than what the requests took. Before, it stayed at
     # 1.75 s for good and the idle engine was predicted at 1.96 s for an 18-token prompt.
-    def window(base: EngineLoad, requests: int, seconds_each: float) -> EngineLoad:
-        return EngineLoad(
-            prompt_tokens_total=(base.prompt_tokens_total or 0) + 50 * requests,
-            prefix_cache_hits_total=(base.prefix_cache_hits_total or 0) + 32 * requests,
-            ttft_seconds_sum=(base.ttft_seconds_sum or 0) + requests * seconds_each,
-            ttft_count=(base.ttft_count or 0) + requests,
-            prefill_seconds_sum=(base.prefill_seconds_sum or 0) + requests * seconds_each,
-            finish_count=(base.finish_count or 0) + requests,
-            finished_prompt_tokens_sum=(base.finished_prompt_tokens_sum or 0) + 50 * requests,
-        )
-
     est = RateEstimator()
-    load = window(EngineLoad(), 0, 0.0)  # every counter at 0
+    load = short_prompts_finished(EngineLoad(), 0, 0.0)  # every counter at 0
     est.observe(load, now=0.0)
     est.per_request_prefill = 600.0  # what the load step taught (18 uncached tokens: 30 ms at that rate)
     for t in range(1, 4):  # loaded: 1.75 s each, far above what the rate explains: a floor
-        load = window(load, 6, 1.75)
+        load = short_prompts_finished(load, 6, 1.75)
         est.observe(load, now=float(t))
     assert est.short_prompt_prefill_s > 1.0
-    load = window(load, 3, 0.016)  # idle: the next window of the same prompts took 16 ms each
+    load = short_prompts_finished(load, 3, 0.016)  # idle: the next window of the same prompts took 16 ms each
     est.observe(load, now=4.0)
     assert est.short_prompt_prefill_s == pytest.approx(0.016)
