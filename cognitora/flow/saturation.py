@@ -99,18 +99,23 @@ def clock_rate(decision: Decision) -> float:
     """Engine seconds per gateway second on the engine ``decision`` chose (else its first eligible one; 1 with
     none): ``CandidateScore.clock_rate``. Predictions and objectives are engine seconds, the queue's waits gateway
     seconds; on real engines the two are one clock, on a time-scaled simulator this converts between them."""
-    eligible = _eligible(decision)
-    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), eligible[0] if eligible else None)
-    return 1.0 if chosen is None or chosen.clock_rate <= 0 else chosen.clock_rate
+    clocked = _clocked(decision)
+    return 1.0 if clocked is None or clocked.clock_rate <= 0 else clocked.clock_rate
 
 
 def clock_known(decision: Decision) -> bool:
     """Whether ``clock_rate(decision)`` is the engine's, not a stand-in: placement had a fresh snapshot of the
     engine it chose (``CandidateScore.clock_rate`` 0 says it had none). A first token timed on an unknown clock says
     nothing about the prediction: on the simulator at time scale 0.5 it reads twice as late."""
+    clocked = _clocked(decision)
+    return clocked is None or clocked.clock_rate > 0
+
+
+def _clocked(decision: Decision) -> CandidateScore | None:
+    """The candidate whose clock ``clock_rate`` and ``clock_known`` read: the engine ``decision`` chose, else its
+    first eligible one; None with none."""
     eligible = _eligible(decision)
-    chosen = next((c for c in eligible if c.endpoint == decision.endpoint), eligible[0] if eligible else None)
-    return chosen is None or chosen.clock_rate > 0
+    return next((c for c in eligible if c.endpoint == decision.endpoint), eligible[0] if eligible else None)
 
 
 def uncached_tokens(decision: Decision) -> float:

@@ -1,6 +1,6 @@
 """The engine's clock as the engine declares it: ``cognitora_sim_engine_clock_rate``, engine seconds per wall second.
 
-Only the time-scaled simulator shows it (``cognitora_sim.metrics.CLOCK_RATE``, its ``--time-scale``): every time on
+Only the time-scaled simulator shows it (``cognitora_sim.metrics``, its ``--time-scale``): every time on
 its page runs that many times as fast as the gateway's clock. The scraper otherwise learns the rate from the ITL
 histogram (``kvstate.rates.RateEstimator.clock_rate``), which needs a steady window of decoding requests and reads
 the running gauge, prefills included, as decoding: on the long-context bench at time scale 0.5 no rate was learned
@@ -16,7 +16,7 @@ from kvstate.engines.prom import MetricSamples
 __all__ = ["CLOCK_RATE", "declared_clock_rate"]
 
 CLOCK_RATE = "cognitora_sim_engine_clock_rate"
-"""Gauge, engine seconds per wall second (the simulator's name for it: ``cognitora_sim.metrics.CLOCK_RATE``)."""
+"""Gauge, engine seconds per wall second (``cognitora_sim.metrics`` shows it under this name)."""
 
 
 def declared_clock_rate(samples: MetricSamples) -> float | None:

@@ -19,6 +19,10 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# The gauge of this engine's clock (engine seconds per wall second, its --time-scale): named where the scraper
+# reads it, since only the simulator shows it and the gateway converts its own waits with it.
+from kvstate.engines.declared_clock import CLOCK_RATE
+
 _M = TypeVar("_M", Gauge, Counter, Histogram)
 
 TTFT_BUCKETS = (
@@ -94,12 +98,6 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 """vLLM 0.32's ``prompt_tokens_by_source`` label values."""
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
-
-
-CLOCK_RATE = "cognitora_sim_engine_clock_rate"
-"""Gauge: engine seconds per wall second. Times on this page (histograms, TTFT, ITL) are the engine's, which runs
-``--time-scale`` times as fast as the gateway's clock; the scraper reads this (``kvstate.engines.declared_clock``)
-so that a gateway converts its own waits exactly. A real engine has no such metric: its clock is the gateway's."""
 
 
 class _DcgmPower:
