@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from cognitora_sim.launch import start_fleet
+from cognitora_sim.launch import SimFleet, start_fleet
 from tests.support.flow_e2e import FLOW_CONTROL, PRIORITIES, body, burst_behind_a_held_seat, check, gauge
 from tests.support.litellm_proxy import LiteLLMProxy
 
@@ -38,6 +39,28 @@ async def user_api_key_auth(request, api_key: str) -> UserAPIKeyAuth:
 """
 
 
+def proxy_config(fleet: SimFleet, tokenizer: str, endpoints: list[dict[str, Any]], **strategy: Any) -> dict[str, Any]:
+    """The proxy's config: model group ``chat`` over every engine of ``fleet``, placed by Cognitora over
+    ``endpoints``, with ``strategy`` as further ``routing_strategy_args`` (placement, flow_control)."""
+    return {
+        "model_list": [
+            {
+                "model_name": "chat",
+                "litellm_params": {"model": f"hosted_vllm/{fleet.model}", "api_base": f"{url}/v1", "api_key": "x"},
+            }
+            for url in fleet.urls
+        ],
+        "router_settings": {
+            "routing_strategy": "cognitora",
+            "routing_strategy_args": {
+                "models": [{"name": "chat", "block_size": 16, "tokenizer": tokenizer, "endpoints": endpoints}],
+                **strategy,
+            },
+        },
+        "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora"]},
+    }
+
+
 def headers_of(priority: str) -> dict[str, str]:
     return {"Authorization": f"Bearer sk-ops-{priority}"}
 
@@ -46,33 +69,16 @@ def test_flow_control_through_litellm(smollm2_dir: Path, tmp_path: Path) -> None
     tokenizer = str(smollm2_dir / "tokenizer.json")
     with start_fleet(1, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path) as fleet:
         url = fleet.urls[0]
-        config = {
-            "model_list": [
-                {
-                    "model_name": "chat",
-                    "litellm_params": {"model": f"hosted_vllm/{fleet.model}", "api_base": f"{url}/v1", "api_key": "x"},
-                }
-            ],
-            "router_settings": {
-                "routing_strategy": "cognitora",
-                "routing_strategy_args": {
-                    "models": [
-                        {
-                            "name": "chat",
-                            "block_size": 16,
-                            "tokenizer": tokenizer,
-                            "endpoints": [{"url": url, "cost": {"max_num_seqs": 1}}],
-                        }
-                    ],
-                    "placement": {"priorities": PRIORITIES},
-                    "flow_control": FLOW_CONTROL,
-                },
-            },
-            "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora"]},
-            "general_settings": {
-                "master_key": "os.environ/LITELLM_MASTER_KEY",
-                "custom_auth": "flow_auth.user_api_key_auth",
-            },
+        config = proxy_config(
+            fleet,
+            tokenizer,
+            [{"url": url, "cost": {"max_num_seqs": 1}}],
+            placement={"priorities": PRIORITIES},
+            flow_control=FLOW_CONTROL,
+        )
+        config["general_settings"] = {
+            "master_key": "os.environ/LITELLM_MASTER_KEY",
+            "custom_auth": "flow_auth.user_api_key_auth",
         }
         (tmp_path / "flow_auth.py").write_text(AUTH_MODULE)
         path = tmp_path / "litellm_config.yaml"
@@ -110,30 +116,7 @@ def test_the_margin_times_first_tokens_on_the_engines_clock(smollm2_dir: Path, t
     with start_fleet(
         BURST, profile="h100x2", time_scale=0.5, tokenizer=smollm2_dir / "tokenizer.json", log_dir=tmp_path
     ) as fleet:
-        config = {
-            "model_list": [
-                {
-                    "model_name": "chat",
-                    "litellm_params": {"model": f"hosted_vllm/{fleet.model}", "api_base": f"{url}/v1", "api_key": "x"},
-                }
-                for url in fleet.urls
-            ],
-            "router_settings": {
-                "routing_strategy": "cognitora",
-                "routing_strategy_args": {
-                    "models": [
-                        {
-                            "name": "chat",
-                            "block_size": 16,
-                            "tokenizer": tokenizer,
-                            "endpoints": [{"url": url} for url in fleet.urls],
-                        }
-                    ],
-                    "flow_control": {},
-                },
-            },
-            "litellm_settings": {"callbacks": ["litellm_plugin.callbacks.cognitora"]},
-        }
+        config = proxy_config(fleet, tokenizer, [{"url": url} for url in fleet.urls], flow_control={})
         path = tmp_path / "litellm_config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         proxy = LiteLLMProxy(path, tmp_path, salt="clock")
